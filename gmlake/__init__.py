@@ -1,0 +1,41 @@
+"""gmlake: a GPU memory allocator that defragments by virtual memory stitching (after GMLake, ASPLOS'24).
+
+    from gmlake import Allocator, SimDriver
+    alloc = Allocator(SimDriver(capacity=80 << 30))
+    ptr = alloc.malloc(300 << 20)
+    alloc.free(ptr)
+
+Drivers: SimDriver (bookkeeping, any size), HostDriver (real bytes on the CPU), cuda_driver() (CUDA VMM; needs a GPU).
+"""
+from __future__ import annotations
+
+from gmlake._allocator import CALL_NAMES, Allocator, bench_cache_hits
+from gmlake._driver import Driver
+from gmlake._host_driver import HostDriver
+from gmlake._sim_driver import SimDriver
+from gmlake.errors import DriverError, GmlakeError, InvalidPointerError, OutOfMemoryError
+from gmlake.policies import GMLakePolicy, Policy
+
+__version__ = "0.1.0"
+
+
+def cuda_driver(device: int = 0) -> Driver:
+    """The CUDA VMM driver for `device`. Raises CudaDriverError where no CUDA driver or device exists."""
+    from gmlake._cuda_driver import CudaDriver
+
+    return CudaDriver(device)
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA driver with at least one device can be used here."""
+    try:
+        cuda_driver(0)
+    except Exception:
+        return False
+    return True
+
+
+__all__ = [
+    "Allocator", "Driver", "SimDriver", "HostDriver", "cuda_driver", "cuda_available", "Policy", "GMLakePolicy",
+    "OutOfMemoryError", "DriverError", "InvalidPointerError", "GmlakeError", "CALL_NAMES", "bench_cache_hits",
+]

@@ -1,0 +1,201 @@
+# The allocator core: one per device. See _allocator.pyx for the algorithm.
+from libc.stdint cimport uint64_t, int64_t, uintptr_t
+from libcpp.vector cimport vector
+from libcpp.map cimport map as cmap
+from libcpp.unordered_map cimport unordered_map
+from libcpp.pair cimport pair
+from gmlake._driver cimport Driver
+
+cdef extern from "<mutex>" namespace "std" nogil:
+    # Declared without except+: lock() only throws on misuse, and we call it from noexcept nogil code.
+    cppclass std_mutex "std::mutex":
+        void lock()
+        void unlock()
+
+cdef extern from "_structs.h" namespace "gmlake" nogil:
+    cdef enum BlockState:
+        BLOCK_FREE
+        BLOCK_ALLOCATED
+        BLOCK_CLAIMED
+        BLOCK_UNMAPPED
+    cdef enum Pool:
+        POOL_SMALL
+        POOL_LARGE
+    cppclass Segment
+    cppclass SBlock
+    cppclass Block:
+        uintptr_t addr
+        size_t size
+        size_t requested
+        int64_t stream
+        uint64_t free_seq
+        int state
+        Segment* seg
+        Block* prev
+        Block* next
+        SBlock* sblock
+    cppclass Segment:
+        uint64_t serial
+        uintptr_t va
+        size_t size
+        size_t chunk_size
+        int pool
+        vector[uint64_t] handles
+        vector[int] sblock_maps
+        size_t mapped_chunks
+        Block* first
+    cppclass Piece:
+        uintptr_t addr
+        size_t size
+    cppclass ChunkRef:
+        Segment* seg
+        size_t index
+    cppclass SBlock:
+        uint64_t serial
+        uintptr_t va
+        size_t va_size
+        size_t offset
+        size_t capacity
+        uint64_t last_use
+        vector[Piece] pieces
+        vector[ChunkRef] chunks
+        Block* alloc
+        vector[Block*] claimed
+    cppclass FreeKey:
+        int64_t stream
+        size_t size
+        uint64_t serial
+        uintptr_t offset
+    cppclass SBlockKey:
+        size_t capacity
+        uint64_t serial
+
+ctypedef cmap[FreeKey, Block*] FreeIndex
+ctypedef pair[FreeKey, Block*] FreeEntry
+
+# Driver calls, counted by kind.
+cdef enum Call:
+    CALL_CREATE = 0
+    CALL_RELEASE
+    CALL_RESERVE
+    CALL_FREE_VA
+    CALL_MAP
+    CALL_UNMAP
+    CALL_SET_ACCESS
+    CALL_SYNC
+    CALL_EVENT_RECORD
+    CALL_EVENT_QUERY
+    CALL_EVENT_DESTROY
+    NUM_CALLS
+
+cdef enum Err:
+    ERR_NONE = 0
+    ERR_OOM
+    ERR_DRIVER
+    ERR_INVALID_FREE
+
+cdef struct Stats:
+    size_t allocated
+    size_t peak_allocated
+    size_t requested
+    size_t peak_requested
+    size_t reserved
+    size_t peak_reserved
+    size_t active
+    size_t peak_active
+    size_t sblock_va
+    size_t peak_sblock_va
+    uint64_t live_blocks
+    uint64_t allocs
+    uint64_t frees
+    uint64_t stitches
+    uint64_t stitched_handles
+    uint64_t sblock_reuses
+    uint64_t sblock_evictions
+    uint64_t segments_created
+    uint64_t chunks_released
+    uint64_t ooms
+    uint64_t stream_migrations
+    uint64_t calls[<int>NUM_CALLS]
+    uint64_t handles[<int>NUM_CALLS]
+
+# The policy's knobs, copied into C so the hot path reads no Python.
+cdef struct Knobs:
+    size_t round_to
+    size_t small_size
+    size_t small_segment_size
+    size_t chunk_size
+    bint stitch
+    size_t min_stitch_size
+    size_t max_cached_sblocks
+    size_t sblock_search_depth
+
+cdef struct Fence:
+    uint64_t event
+    uint64_t seq
+
+
+cimport cython
+
+
+@cython.final
+cdef class Allocator:
+    cdef readonly Driver driver
+    cdef readonly object policy
+    cdef Knobs k
+    cdef std_mutex mutex
+    cdef size_t limit_bytes
+    cdef Stats st
+    cdef FreeIndex free_small
+    cdef FreeIndex free_large
+    cdef unordered_map[uintptr_t, Block*] live           # user pointer -> allocated block
+    cdef cmap[uintptr_t, Block*] by_addr                 # home address -> primitive block, all states
+    cdef cmap[uint64_t, Segment*] segments               # serial -> segment
+    cdef cmap[uint64_t, SBlock*] sblocks                 # serial -> sBlock, cached or in use
+    cdef cmap[SBlockKey, SBlock*] cached                 # cached (not in use) sBlocks, best fit by capacity
+    cdef cmap[uint64_t, SBlock*] lru                     # last use -> cached sBlock
+    cdef cmap[int64_t, Fence] fences                     # stream -> pending cross-stream fence
+    cdef uint64_t next_serial
+    cdef uint64_t tick
+    cdef uint64_t free_seq
+    # Why the last call failed.
+    cdef int err
+    cdef int err_code
+    cdef int err_call
+
+    cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream) noexcept nogil
+    cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
+    cdef int empty_cache_nogil(self) noexcept nogil
+
+    # internals, in the order _allocator.pyx defines them
+    cdef int _call(self, int kind, int rc, uint64_t handles) noexcept nogil
+    cdef int _sync(self) noexcept nogil
+    cdef FreeIndex* _index(self, int pool) noexcept nogil
+    cdef void _insert_free(self, Block* b) noexcept nogil
+    cdef void _erase_free(self, Block* b) noexcept nogil
+    cdef Block* _peek_fit(self, FreeIndex* index, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _best_free(self, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _split(self, Block* b, size_t size) noexcept nogil
+    cdef Block* _coalesce(self, Block* b) noexcept nogil
+    cdef Block* _take(self, Block* b, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _containing(self, uintptr_t addr) noexcept nogil
+    cdef void _release_block(self, Block* b) noexcept nogil
+    cdef Segment* _new_segment(self, int pool, size_t size, size_t chunk_size, int64_t stream) noexcept nogil
+    cdef size_t _release_chunks(self, Segment* seg, size_t wanted) noexcept nogil
+    cdef void _drop_segment(self, Segment* seg) noexcept nogil
+    cdef bint _sblock_fits(self, SBlock* sb, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _claim(self, SBlock* sb, size_t size, int64_t stream) noexcept nogil
+    cdef SBlock* _best_cached(self, size_t size, size_t below, int64_t stream) noexcept nogil
+    cdef int _evict(self, SBlock* sb) noexcept nogil
+    cdef int _evict_lru(self, size_t keep, bint synced) noexcept nogil
+    cdef Block* _stitch(self, vector[Piece]& pieces, size_t size, int64_t stream) noexcept nogil
+    cdef size_t _migrate(self, int64_t stream, uint64_t upto) noexcept nogil
+    cdef size_t _reclaim_streams(self, int64_t stream, bint wait) noexcept nogil
+    cdef size_t _release_pool(self, int pool, size_t wanted) noexcept nogil
+    cdef bint _relieve(self, int pool, size_t size, int stage) noexcept nogil
+    cdef Block* _alloc_small(self, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _alloc_large(self, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _stitch_or_grow(self, size_t size, int64_t stream) noexcept nogil
+    cdef void _descending(self, int64_t stream, vector[Block*]& out) noexcept nogil
+    cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil

@@ -1,0 +1,1096 @@
+# cython: language_level=3
+"""The gmlake allocator core: GMLake's virtual memory stitching, over any Driver.
+
+Vocabulary
+  chunk     one physical handle (cuMemCreate) of `chunk_size` bytes; it can only be mapped whole.
+  segment   a VA reservation over chunks mapped back to back; its bytes are tiled by primitive blocks (pBlocks).
+  sBlock    a stitched block: a new VA range mapping the chunks of several free pBlocks back to back, so a request
+            larger than any free pBlock is served without new physical memory. sBlocks stay mapped once freed
+            (cached), so a request that recurs every training step is stitched once.
+  claimed   a pBlock whose bytes are in use through an sBlock.
+
+A request is served by the first step that succeeds:
+  1. best fit among free pBlocks of the request's stream (or of no stream) and cached sBlocks whose pieces are free;
+  2. split the block found (requests are packed at `round_to` bytes, below chunk level);
+  3. stitch free pBlocks whose chunks together cover the request;
+  4. allocate only the shortfall as new chunks, stitched with the free ones;
+  5. under memory pressure: wait for all streams, give back memory the other pool holds, then everything free;
+  6. fail with an out-of-memory error.
+
+Every decision orders blocks by (stream, size, segment serial, offset), never by address, so the sim, host and cuda
+drivers make the same choices for the same requests: a replayed trace predicts the GPU run.
+"""
+from libc.stdint cimport uint64_t, int64_t, uintptr_t
+from libc.string cimport memset
+from libcpp.vector cimport vector
+from libcpp.pair cimport pair
+from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
+from gmlake._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
+
+from gmlake.errors import OutOfMemoryError, DriverError, InvalidPointerError
+
+cdef extern from "<time.h>" nogil:
+    struct timespec:
+        long tv_sec
+        long tv_nsec
+    int clock_gettime(int clk, timespec* ts)
+    int CLOCK_MONOTONIC
+
+# No stream: a free block whose stream's work has completed, usable by any stream.
+cdef int64_t ANY_STREAM = -1
+
+CALL_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
+              "event_record", "event_query", "event_destroy")
+
+
+cdef inline size_t round_up(size_t n, size_t m) noexcept nogil:
+    return ((n + m - 1) // m) * m
+
+
+cdef inline size_t min_size(size_t a, size_t b) noexcept nogil:
+    return a if a < b else b
+
+
+cdef inline FreeKey key_of(Block* b) noexcept nogil:
+    cdef FreeKey key
+    key.stream = b.stream
+    key.size = b.size
+    key.serial = b.seg.serial
+    key.offset = b.addr - b.seg.va
+    return key
+
+
+cdef inline FreeKey make_key(int64_t stream, size_t size) noexcept nogil:
+    cdef FreeKey key
+    key.stream = stream
+    key.size = size
+    key.serial = 0
+    key.offset = 0
+    return key
+
+
+cdef inline SBlockKey sblock_key(SBlock* sb) noexcept nogil:
+    cdef SBlockKey key
+    key.capacity = sb.capacity
+    key.serial = sb.serial
+    return key
+
+
+cdef class Allocator:
+    """A stitching allocator for one device.
+
+    Args:
+        driver: where physical memory and address space come from (SimDriver, HostDriver, CudaDriver).
+        policy: the placement policy's knobs; defaults to `gmlake.policies.GMLakePolicy()`.
+        limit: a hard cap on physical memory held, in bytes (0: none besides the device's own).
+    """
+
+    def __init__(self, Driver driver not None, policy=None, *, limit: int = 0):
+        from gmlake.policies import GMLakePolicy, Policy
+        if policy is None:
+            policy = GMLakePolicy()
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy must be a gmlake.policies.Policy, got {type(policy).__name__}")
+        gran = driver.granularity
+        if gran == 0:
+            raise ValueError(f"{driver.name} reports granularity 0; is it initialised?")
+        policy.validate(gran)
+        self.driver = driver
+        self.policy = policy
+        self.k.round_to = policy.round_to
+        self.k.small_size = policy.small_size
+        self.k.small_segment_size = round_up(policy.small_segment_size, gran)
+        self.k.chunk_size = round_up(policy.chunk_size, gran)
+        self.k.stitch = policy.stitch
+        self.k.min_stitch_size = policy.min_stitch_size
+        self.k.max_cached_sblocks = policy.max_cached_sblocks
+        self.k.sblock_search_depth = policy.sblock_search_depth
+        self.set_limit(limit)
+        self.next_serial = 1
+
+    def __dealloc__(self):
+        # Bookkeeping only: driver resources are returned by close(); an allocator dropped with live memory leaks
+        # it on purpose rather than unmapping memory that tensors may still use.
+        cdef pair[uint64_t, Segment*] sp
+        cdef pair[uint64_t, SBlock*] bp
+        cdef Block* b
+        cdef Block* nxt
+        cdef pair[uintptr_t, Block*] lp
+        for lp in self.live:
+            if lp.second.seg == NULL:
+                del lp.second
+        for bp in self.sblocks:
+            del bp.second
+        for sp in self.segments:
+            b = sp.second.first
+            while b != NULL:
+                nxt = b.next
+                del b
+                b = nxt
+            del sp.second
+
+    # ------------------------------------------------------------------ driver calls, counted
+
+    cdef int _call(self, int kind, int rc, uint64_t handles) noexcept nogil:
+        self.st.calls[kind] += 1
+        self.st.handles[kind] += handles
+        if rc != DRIVER_OK and rc != DRIVER_OOM and self.err == ERR_NONE:
+            self.err = ERR_DRIVER
+            self.err_code = rc
+            self.err_call = kind
+        return rc
+
+    cdef int _sync(self) noexcept nogil:
+        return self._call(CALL_SYNC, self.driver.synchronize(), 0)
+
+    # ------------------------------------------------------------------ free index
+
+    cdef FreeIndex* _index(self, int pool) noexcept nogil:
+        return &self.free_small if pool == POOL_SMALL else &self.free_large
+
+    cdef void _insert_free(self, Block* b) noexcept nogil:
+        self._index(b.seg.pool).insert(FreeEntry(key_of(b), b))
+
+    cdef void _erase_free(self, Block* b) noexcept nogil:
+        self._index(b.seg.pool).erase(key_of(b))
+
+    cdef Block* _peek_fit(self, FreeIndex* index, size_t size, int64_t stream) noexcept nogil:
+        cdef FreeIndex.iterator it = index.lower_bound(make_key(stream, size))
+        if it != index.end() and deref(it).first.stream == stream:
+            return deref(it).second
+        return NULL
+
+    cdef Block* _best_free(self, int pool, size_t size, int64_t stream) noexcept nogil:
+        """Smallest free pBlock >= size of `stream` or of no stream; stays in the index."""
+        cdef FreeIndex* index = self._index(pool)
+        cdef Block* own = self._peek_fit(index, size, stream)
+        cdef Block* anyb = self._peek_fit(index, size, ANY_STREAM)
+        if own == NULL:
+            return anyb
+        if anyb != NULL and anyb.size < own.size:
+            return anyb
+        return own
+
+    # ------------------------------------------------------------------ block surgery
+
+    cdef Block* _split(self, Block* b, size_t size) noexcept nogil:
+        """Cut b after `size` bytes; b keeps the head. Returns the tail (same state, not indexed)."""
+        cdef Block* tail = new Block()
+        tail.addr = b.addr + size
+        tail.size = b.size - size
+        tail.stream = b.stream
+        tail.free_seq = b.free_seq
+        tail.state = b.state
+        tail.seg = b.seg
+        tail.prev = b
+        tail.next = b.next
+        if b.next != NULL:
+            b.next.prev = tail
+        b.next = tail
+        b.size = size
+        self.by_addr[tail.addr] = tail
+        return tail
+
+    cdef Block* _coalesce(self, Block* b) noexcept nogil:
+        """Merge free, unindexed b with free neighbours of the same stream. Returns the merged block, unindexed."""
+        cdef Block* p = b.prev
+        cdef Block* n = b.next
+        if p != NULL and p.state == BLOCK_FREE and p.stream == b.stream:
+            self._erase_free(p)
+            self.by_addr.erase(b.addr)
+            p.size += b.size
+            p.next = b.next
+            if b.next != NULL:
+                b.next.prev = p
+            if b.free_seq > p.free_seq:
+                p.free_seq = b.free_seq
+            del b
+            b = p
+        n = b.next
+        if n != NULL and n.state == BLOCK_FREE and n.stream == b.stream:
+            self._erase_free(n)
+            self.by_addr.erase(n.addr)
+            b.size += n.size
+            b.next = n.next
+            if n.next != NULL:
+                n.next.prev = b
+            if n.free_seq > b.free_seq:
+                b.free_seq = n.free_seq
+            del n
+        return b
+
+    cdef Block* _take(self, Block* b, size_t size, int64_t stream) noexcept nogil:
+        """Allocate the head of free, unindexed b; the rest stays free."""
+        if b.size > size:
+            self._insert_free(self._split(b, size))
+        b.state = BLOCK_ALLOCATED
+        b.stream = stream
+        return b
+
+    cdef Block* _containing(self, uintptr_t addr) noexcept nogil:
+        cdef cmap[uintptr_t, Block*].iterator it = self.by_addr.upper_bound(addr)
+        if it == self.by_addr.begin():
+            return NULL
+        dec(it)
+        cdef Block* b = deref(it).second
+        return b if addr < b.addr + b.size else NULL
+
+    cdef void _release_block(self, Block* b) noexcept nogil:
+        """A block returns to the free index: stamped, merged, indexed."""
+        self.free_seq += 1
+        b.state = BLOCK_FREE
+        b.sblock = NULL
+        b.free_seq = self.free_seq
+        self._insert_free(self._coalesce(b))
+
+    # ------------------------------------------------------------------ segments
+
+    cdef Segment* _new_segment(self, int pool, size_t size, size_t chunk_size, int64_t stream) noexcept nogil:
+        """Reserve VA and map fresh chunks into it. NULL with self.err set on failure; nothing is left behind."""
+        cdef size_t n = size // chunk_size
+        cdef size_t i, j
+        cdef uintptr_t va = 0
+        cdef uint64_t handle = 0
+        cdef int rc
+        cdef vector[uint64_t] handles
+        if self.limit_bytes and self.st.reserved + size > self.limit_bytes:
+            self.err = ERR_OOM
+            return NULL
+        rc = self._call(CALL_RESERVE, self.driver.reserve(size, chunk_size, &va), 0)
+        if rc != DRIVER_OK:
+            if rc == DRIVER_OOM:
+                self.err = ERR_OOM
+            return NULL
+        for i in range(n):
+            rc = self._call(CALL_CREATE, self.driver.create_chunk(chunk_size, &handle), 1)
+            if rc == DRIVER_OK:
+                rc = self._call(CALL_MAP, self.driver.map(va + i * chunk_size, chunk_size, handle), 1)
+                if rc != DRIVER_OK:
+                    self._call(CALL_RELEASE, self.driver.release_chunk(handle, chunk_size), 1)
+            if rc != DRIVER_OK:
+                break
+            handles.push_back(handle)
+        if rc == DRIVER_OK:
+            rc = self._call(CALL_SET_ACCESS, self.driver.set_access(va, size), n)
+        if rc != DRIVER_OK:
+            if rc == DRIVER_OOM and self.err == ERR_NONE:
+                self.err = ERR_OOM
+            if handles.size():
+                self._call(CALL_UNMAP, self.driver.unmap(va, handles.size() * chunk_size), handles.size())
+            for j in range(handles.size()):
+                self._call(CALL_RELEASE, self.driver.release_chunk(handles[j], chunk_size), 1)
+            self._call(CALL_FREE_VA, self.driver.free_va(va, size), 0)
+            return NULL
+        cdef Segment* seg = new Segment()
+        seg.serial = self.next_serial
+        self.next_serial += 1
+        seg.va = va
+        seg.size = size
+        seg.chunk_size = chunk_size
+        seg.pool = pool
+        seg.handles = handles
+        seg.sblock_maps.assign(n, 0)
+        seg.mapped_chunks = n
+        cdef Block* b = new Block()
+        b.addr = va
+        b.size = size
+        b.stream = stream
+        b.state = BLOCK_FREE
+        b.seg = seg
+        seg.first = b
+        self.by_addr[va] = b
+        self.segments[seg.serial] = seg
+        self.st.reserved += size
+        if self.st.reserved > self.st.peak_reserved:
+            self.st.peak_reserved = self.st.reserved
+        self.st.segments_created += 1
+        return seg
+
+    cdef size_t _release_chunks(self, Segment* seg, size_t wanted) noexcept nogil:
+        """Return to the driver chunks of seg that lie wholly in free blocks and that no sBlock maps, until
+        `wanted` bytes are released (0: all). The caller has synchronized. Returns the bytes released."""
+        cdef size_t C = seg.chunk_size
+        cdef size_t released = 0
+        cdef size_t first, end, i, j, k
+        cdef Block* b = seg.first
+        cdef Block* nxt
+        cdef Block* hole
+        cdef uintptr_t lo, hi
+        cdef int rc
+        while b != NULL and (wanted == 0 or released < wanted):
+            nxt = b.next
+            if b.state == BLOCK_FREE:
+                first = (b.addr - seg.va + C - 1) // C
+                end = (b.addr + b.size - seg.va) // C
+                i = first
+                while i < end:
+                    if seg.sblock_maps[i] != 0:
+                        i += 1
+                        continue
+                    j = i
+                    while j < end and seg.sblock_maps[j] == 0:
+                        j += 1
+                    lo = seg.va + i * C
+                    hi = seg.va + j * C
+                    rc = self._call(CALL_UNMAP, self.driver.unmap(lo, hi - lo), j - i)
+                    if rc != DRIVER_OK:
+                        return released
+                    for k in range(i, j):
+                        self._call(CALL_RELEASE, self.driver.release_chunk(seg.handles[k], C), 1)
+                        seg.handles[k] = 0
+                        self.st.chunks_released += 1
+                    seg.mapped_chunks -= j - i
+                    self.st.reserved -= hi - lo
+                    released += hi - lo
+                    # Carve the hole out of b: [b.addr, lo) stays free, [lo, hi) becomes unmapped.
+                    self._erase_free(b)
+                    hole = b
+                    if lo > b.addr:
+                        hole = self._split(b, lo - b.addr)
+                        self._insert_free(b)
+                    if hole.addr + hole.size > hi:
+                        nxt = self._split(hole, hi - hole.addr)
+                        self._insert_free(nxt)
+                    hole.state = BLOCK_UNMAPPED
+                    break   # continue from the block after the hole
+            b = nxt
+        if seg.mapped_chunks == 0:
+            self._drop_segment(seg)
+        return released
+
+    cdef void _drop_segment(self, Segment* seg) noexcept nogil:
+        """Forget a segment whose chunks are all released; frees its VA."""
+        cdef Block* b = seg.first
+        cdef Block* nxt
+        while b != NULL:
+            nxt = b.next
+            self.by_addr.erase(b.addr)
+            del b
+            b = nxt
+        self._call(CALL_FREE_VA, self.driver.free_va(seg.va, seg.size), 0)
+        self.segments.erase(seg.serial)
+        del seg
+
+    # ------------------------------------------------------------------ sBlocks
+
+    cdef bint _sblock_fits(self, SBlock* sb, size_t size, int64_t stream) noexcept nogil:
+        """Are the first `size` bytes of sb's pieces free for `stream`?"""
+        cdef size_t remaining = size
+        cdef size_t take, i
+        cdef Block* b
+        for i in range(sb.pieces.size()):
+            take = min_size(sb.pieces[i].size, remaining)
+            b = self._containing(sb.pieces[i].addr)
+            if b == NULL or b.state != BLOCK_FREE or (b.stream != stream and b.stream != ANY_STREAM):
+                return False
+            if b.addr + b.size < sb.pieces[i].addr + take:
+                return False
+            remaining -= take
+            if remaining == 0:
+                return True
+        return remaining == 0
+
+    cdef Block* _claim(self, SBlock* sb, size_t size, int64_t stream) noexcept nogil:
+        """Serve `size` bytes through cached sb: claim the pBlocks under its first `size` bytes."""
+        cdef size_t remaining = size
+        cdef size_t take, i
+        cdef Block* b
+        cdef Block* piece
+        self.cached.erase(sblock_key(sb))
+        self.lru.erase(sb.last_use)
+        for i in range(sb.pieces.size()):
+            if remaining == 0:
+                break
+            take = min_size(sb.pieces[i].size, remaining)
+            b = self._containing(sb.pieces[i].addr)
+            self._erase_free(b)
+            piece = b
+            if b.addr < sb.pieces[i].addr:
+                piece = self._split(b, sb.pieces[i].addr - b.addr)
+                self._insert_free(b)
+            if piece.size > take:
+                self._insert_free(self._split(piece, take))
+            piece.state = BLOCK_CLAIMED
+            piece.sblock = sb
+            piece.stream = stream
+            sb.claimed.push_back(piece)
+            remaining -= take
+        cdef Block* a = new Block()
+        a.addr = sb.va + sb.offset
+        a.size = size
+        a.stream = stream
+        a.state = BLOCK_ALLOCATED
+        a.sblock = sb
+        sb.alloc = a
+        return a
+
+    cdef SBlock* _best_cached(self, size_t size, size_t below, int64_t stream) noexcept nogil:
+        """Smallest cached sBlock with capacity in [size, below) whose first `size` bytes are free."""
+        cdef cmap[SBlockKey, SBlock*].iterator it
+        cdef SBlockKey key
+        key.capacity = size
+        key.serial = 0
+        it = self.cached.lower_bound(key)
+        cdef size_t tried = 0
+        while it != self.cached.end() and tried < self.k.sblock_search_depth:
+            if deref(it).first.capacity >= below:
+                return NULL
+            if self._sblock_fits(deref(it).second, size, stream):
+                return deref(it).second
+            tried += 1
+            inc(it)
+        return NULL
+
+    cdef int _evict(self, SBlock* sb) noexcept nogil:
+        """Unmap a cached sBlock and free its VA. The caller has synchronized."""
+        cdef size_t i
+        cdef int rc = self._call(CALL_UNMAP, self.driver.unmap(sb.va, sb.va_size), sb.chunks.size())
+        if rc != DRIVER_OK:
+            return rc
+        self._call(CALL_FREE_VA, self.driver.free_va(sb.va, sb.va_size), 0)
+        for i in range(sb.chunks.size()):
+            sb.chunks[i].seg.sblock_maps[sb.chunks[i].index] -= 1
+        self.cached.erase(sblock_key(sb))
+        self.lru.erase(sb.last_use)
+        self.sblocks.erase(sb.serial)
+        self.st.sblock_va -= sb.va_size
+        self.st.sblock_evictions += 1
+        del sb
+        return DRIVER_OK
+
+    cdef int _evict_lru(self, size_t keep, bint synced) noexcept nogil:
+        """Evict least recently used cached sBlocks until at most `keep` remain; synchronizes first unless the
+        caller has (queued kernels may still use a freed sBlock's range)."""
+        cdef int rc
+        while self.lru.size() > keep:
+            if not synced:
+                rc = self._sync()
+                if rc != DRIVER_OK:
+                    return rc
+                synced = True
+            rc = self._evict(deref(self.lru.begin()).second)
+            if rc != DRIVER_OK:
+                return rc
+        return DRIVER_OK
+
+    cdef Block* _stitch(self, vector[Piece]& pieces, size_t size, int64_t stream) noexcept nogil:
+        """Map the chunks under `pieces` (in order) into one new VA range and serve `size` bytes through it."""
+        cdef SBlock* sb
+        cdef vector[ChunkRef] chunks
+        cdef ChunkRef ref
+        cdef Block* b
+        cdef Segment* seg
+        cdef size_t i, c, c_end, va_size = 0, mapped = 0, capacity = 0
+        cdef uintptr_t va = 0, at
+        cdef int rc
+        if self.k.max_cached_sblocks and self.lru.size() >= self.k.max_cached_sblocks:
+            if self._evict_lru(self.k.max_cached_sblocks - 1, False) != DRIVER_OK:
+                return NULL
+        for i in range(pieces.size()):
+            b = self._containing(pieces[i].addr)
+            seg = b.seg
+            c = (pieces[i].addr - seg.va) // seg.chunk_size
+            c_end = (pieces[i].addr + pieces[i].size - seg.va + seg.chunk_size - 1) // seg.chunk_size
+            while c < c_end:
+                ref.seg = seg
+                ref.index = c
+                chunks.push_back(ref)
+                va_size += seg.chunk_size
+                c += 1
+            capacity += pieces[i].size
+        rc = self._call(CALL_RESERVE, self.driver.reserve(va_size, self.driver.granularity, &va), 0)
+        if rc != DRIVER_OK:
+            if rc == DRIVER_OOM:
+                self.err = ERR_OOM
+            return NULL
+        at = va
+        for i in range(chunks.size()):
+            seg = chunks[i].seg
+            rc = self._call(CALL_MAP, self.driver.map(at, seg.chunk_size, seg.handles[chunks[i].index]), 1)
+            if rc != DRIVER_OK:
+                break
+            at += seg.chunk_size
+            mapped += 1
+        if rc == DRIVER_OK:
+            rc = self._call(CALL_SET_ACCESS, self.driver.set_access(va, va_size), chunks.size())
+        if rc != DRIVER_OK:
+            if rc == DRIVER_OOM and self.err == ERR_NONE:
+                self.err = ERR_OOM
+            if mapped:
+                self._call(CALL_UNMAP, self.driver.unmap(va, at - va), mapped)
+            self._call(CALL_FREE_VA, self.driver.free_va(va, va_size), 0)
+            return NULL
+        sb = new SBlock()
+        sb.serial = self.next_serial
+        self.next_serial += 1
+        sb.va = va
+        sb.va_size = va_size
+        seg = chunks[0].seg
+        sb.offset = (pieces[0].addr - seg.va) % seg.chunk_size
+        sb.capacity = capacity
+        sb.pieces = pieces
+        sb.chunks = chunks
+        for i in range(chunks.size()):
+            chunks[i].seg.sblock_maps[chunks[i].index] += 1
+        self.sblocks[sb.serial] = sb
+        self.st.sblock_va += va_size
+        if self.st.sblock_va > self.st.peak_sblock_va:
+            self.st.peak_sblock_va = self.st.sblock_va
+        self.st.stitches += 1
+        self.st.stitched_handles += chunks.size()
+        return self._claim(sb, size, stream)
+
+    # ------------------------------------------------------------------ streams
+
+    cdef size_t _migrate(self, int64_t stream, uint64_t upto) noexcept nogil:
+        """Blocks freed on `stream` (all streams but ANY when stream == ANY) at or before free_seq `upto`
+        become usable by any stream."""
+        cdef vector[Block*] moving
+        cdef FreeIndex.iterator it
+        cdef FreeIndex* index
+        cdef int pool
+        cdef Block* b
+        cdef size_t i
+        for pool in range(2):
+            index = self._index(pool)
+            if stream == ANY_STREAM:
+                it = index.begin()
+            else:
+                it = index.lower_bound(make_key(stream, 0))
+            while it != index.end():
+                b = deref(it).second
+                if stream != ANY_STREAM and b.stream != stream:
+                    break
+                if b.stream != ANY_STREAM and b.free_seq <= upto:
+                    moving.push_back(b)
+                inc(it)
+        # Adjacent free blocks of one stream are always merged, so merging never deletes a block still queued here.
+        for i in range(moving.size()):
+            b = moving[i]
+            self._erase_free(b)
+            b.stream = ANY_STREAM
+            self._insert_free(self._coalesce(b))
+        self.st.stream_migrations += moving.size()
+        return moving.size()
+
+    cdef size_t _reclaim_streams(self, int64_t stream, bint wait) noexcept nogil:
+        """Make blocks other streams freed usable by `stream` once their work is done. With wait, synchronize
+        and make every free block usable by any stream. Returns how many blocks moved."""
+        cdef FreeIndex* index
+        cdef FreeIndex.iterator it
+        cdef int pool, rc
+        cdef int64_t s
+        cdef Fence fence
+        cdef vector[int64_t] done
+        cdef size_t moved = 0, i
+        cdef pair[int64_t, Fence] entry
+        if wait:
+            if self._sync() != DRIVER_OK:
+                return 0
+            for entry in self.fences:
+                self._call(CALL_EVENT_DESTROY, self.driver.destroy_event(entry.second.event), 0)
+            self.fences.clear()
+            return self._migrate(ANY_STREAM, self.free_seq)
+        # Fence each other stream that holds free blocks: an event now covers all work queued before its frees.
+        for pool in range(2):
+            index = self._index(pool)
+            it = index.begin()
+            while it != index.end():
+                s = deref(it).first.stream
+                if s != ANY_STREAM and s != stream and self.fences.count(s) == 0:
+                    fence.seq = self.free_seq
+                    rc = self._call(CALL_EVENT_RECORD, self.driver.record_event(s, &fence.event), 0)
+                    if rc != DRIVER_OK:
+                        return moved
+                    self.fences[s] = fence
+                it = index.lower_bound(make_key(s + 1, 0))
+        for entry in self.fences:
+            rc = self._call(CALL_EVENT_QUERY, self.driver.query_event(entry.second.event), 0)
+            if rc == EVENT_DONE:
+                done.push_back(entry.first)
+        for i in range(done.size()):
+            fence = self.fences[done[i]]
+            moved += self._migrate(done[i], fence.seq)
+            self._call(CALL_EVENT_DESTROY, self.driver.destroy_event(fence.event), 0)
+            self.fences.erase(done[i])
+        return moved
+
+    # ------------------------------------------------------------------ memory pressure
+
+    cdef size_t _release_pool(self, int pool, size_t wanted) noexcept nogil:
+        """Release fully free chunks of `pool` (large: evicting cached sBlocks first). The caller has synchronized."""
+        cdef vector[Segment*] segs
+        cdef pair[uint64_t, Segment*] entry
+        cdef size_t released = 0, i
+        if pool == POOL_LARGE and self.lru.size():
+            if self._evict_lru(0, True) != DRIVER_OK:
+                return 0
+        for entry in self.segments:
+            if entry.second.pool == pool:
+                segs.push_back(entry.second)
+        for i in range(segs.size()):
+            released += self._release_chunks(segs[i], 0 if wanted == 0 else wanted - released)
+            if wanted and released >= wanted:
+                break
+        return released
+
+    cdef bint _relieve(self, int pool, size_t size, int stage) noexcept nogil:
+        """Step 5. Stage 0: wait for all streams so every free block serves any stream, and return what the other
+        pool holds free. Stage 1: return everything free. True if anything changed."""
+        cdef size_t changed
+        self.err = ERR_NONE
+        if stage == 0:
+            changed = self._reclaim_streams(ANY_STREAM, True)
+            if self.err != ERR_NONE:
+                return False
+            changed += self._release_pool(POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size)
+        else:
+            if self._sync() != DRIVER_OK:
+                return False
+            changed = self._release_pool(POOL_SMALL, 0) + self._release_pool(POOL_LARGE, 0)
+        return changed > 0 and self.err == ERR_NONE
+
+    # ------------------------------------------------------------------ malloc
+
+    cdef Block* _alloc_small(self, size_t size, int64_t stream) noexcept nogil:
+        cdef Block* b = self._best_free(POOL_SMALL, size, stream)
+        cdef Segment* seg
+        if b == NULL and self._reclaim_streams(stream, False):
+            b = self._best_free(POOL_SMALL, size, stream)
+        if b != NULL:
+            self._erase_free(b)
+            return self._take(b, size, stream)
+        if self.err != ERR_NONE:
+            return NULL
+        seg = self._new_segment(POOL_SMALL, self.k.small_segment_size, self.k.small_segment_size, stream)
+        if seg == NULL:
+            return NULL
+        return self._take(seg.first, size, stream)
+
+    cdef Block* _alloc_large(self, size_t size, int64_t stream) noexcept nogil:
+        # Steps 1-2: best fit among free pBlocks and cached sBlocks, then split.
+        cdef Block* b = self._best_free(POOL_LARGE, size, stream)
+        cdef SBlock* sb
+        if b == NULL and self._reclaim_streams(stream, False):
+            b = self._best_free(POOL_LARGE, size, stream)
+        if self.err != ERR_NONE:
+            return NULL
+        if self.cached.size():
+            sb = self._best_cached(size, b.size if b != NULL else <size_t>-1, stream)
+            if sb != NULL:
+                self.st.sblock_reuses += 1
+                return self._claim(sb, size, stream)
+        if b != NULL:
+            self._erase_free(b)
+            return self._take(b, size, stream)
+        # Steps 3-4: stitch free pBlocks, adding new chunks for the shortfall only.
+        return self._stitch_or_grow(size, stream)
+
+    cdef Block* _stitch_or_grow(self, size_t size, int64_t stream) noexcept nogil:
+        cdef vector[Piece] pieces
+        cdef Piece piece
+        cdef vector[Block*] own
+        cdef vector[Block*] anyb
+        cdef size_t remaining = size, C, usable, i = 0, j = 0
+        cdef uintptr_t start, aligned_end
+        cdef Block* b
+        cdef Segment* seg
+        if self.k.stitch and size >= self.k.min_stitch_size:
+            self._descending(stream, own)
+            self._descending(ANY_STREAM, anyb)
+            # Largest blocks first, so the fewest pieces (and handles to map) cover the request.
+            while remaining and (i < own.size() or j < anyb.size()):
+                if j >= anyb.size() or (i < own.size() and own[i].size >= anyb[j].size):
+                    b = own[i]
+                    i += 1
+                else:
+                    b = anyb[j]
+                    j += 1
+                seg = b.seg
+                C = seg.chunk_size
+                # Only the first piece may start inside a chunk; every piece but the last ends on a chunk boundary.
+                start = b.addr if pieces.empty() else seg.va + round_up(b.addr - seg.va, C)
+                if b.addr + b.size <= start:
+                    continue
+                if b.addr + b.size - start >= remaining:
+                    piece.addr = start
+                    piece.size = remaining
+                    pieces.push_back(piece)
+                    remaining = 0
+                    break
+                aligned_end = seg.va + ((b.addr + b.size - seg.va) // C) * C
+                if aligned_end <= start:
+                    continue
+                usable = aligned_end - start
+                piece.addr = start
+                piece.size = usable
+                pieces.push_back(piece)
+                remaining -= usable
+        if pieces.empty():
+            seg = self._new_segment(POOL_LARGE, round_up(size, self.k.chunk_size), self.k.chunk_size, stream)
+            if seg == NULL:
+                return NULL
+            return self._take(seg.first, size, stream)
+        if remaining:
+            seg = self._new_segment(POOL_LARGE, round_up(remaining, self.k.chunk_size), self.k.chunk_size, stream)
+            if seg == NULL:
+                return NULL
+            self._insert_free(seg.first)
+            piece.addr = seg.va
+            piece.size = remaining
+            pieces.push_back(piece)
+        return self._stitch(pieces, size, stream)
+
+    cdef void _descending(self, int64_t stream, vector[Block*]& out) noexcept nogil:
+        """Free large pBlocks of `stream`, largest first."""
+        cdef FreeIndex.iterator it = self.free_large.lower_bound(make_key(stream + 1, 0))
+        while it != self.free_large.begin():
+            dec(it)
+            if deref(it).first.stream != stream:
+                break
+            out.push_back(deref(it).second)
+
+    cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil:
+        self.err = ERR_NONE
+        return self._alloc_small(size, stream) if pool == POOL_SMALL else self._alloc_large(size, stream)
+
+    cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil:
+        cdef int pool = POOL_SMALL if size <= self.k.small_size else POOL_LARGE
+        cdef Block* b = self._try_alloc(pool, size, stream)
+        cdef int stage
+        if b != NULL or self.err != ERR_OOM:
+            return b
+        # Step 5: relieve memory pressure in two stages, retrying after each that changed something.
+        for stage in range(2):
+            if self._relieve(pool, size, stage):
+                b = self._try_alloc(pool, size, stream)
+                if b != NULL or self.err != ERR_OOM:
+                    return b
+            elif self.err != ERR_NONE:
+                return NULL
+        self.err = ERR_OOM
+        return NULL
+
+    cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream) noexcept nogil:
+        """Allocate `size` bytes for `stream`. Returns 0 and sets self.err on failure."""
+        cdef size_t rounded = round_up(size, self.k.round_to)
+        self.mutex.lock()
+        self.err = ERR_NONE
+        cdef Block* b = self._alloc(rounded, stream)
+        if b == NULL:
+            if self.err == ERR_NONE:
+                self.err = ERR_OOM
+            if self.err == ERR_OOM:
+                self.st.ooms += 1
+            self.mutex.unlock()
+            return 0
+        b.requested = size
+        self.live[b.addr] = b
+        self.st.allocs += 1
+        self.st.live_blocks += 1
+        self.st.allocated += b.size
+        self.st.requested += size
+        self.st.active += b.size
+        if self.st.allocated > self.st.peak_allocated:
+            self.st.peak_allocated = self.st.allocated
+        if self.st.requested > self.st.peak_requested:
+            self.st.peak_requested = self.st.requested
+        if self.st.active > self.st.peak_active:
+            self.st.peak_active = self.st.active
+        self.mutex.unlock()
+        return b.addr
+
+    # ------------------------------------------------------------------ free
+
+    cdef int free_nogil(self, uintptr_t ptr) noexcept nogil:
+        """Free an allocation; ERR_INVALID_FREE (state untouched) if ptr is not live."""
+        cdef SBlock* sb
+        cdef size_t i
+        self.mutex.lock()
+        it = self.live.find(ptr)
+        if it == self.live.end():
+            self.mutex.unlock()
+            return ERR_INVALID_FREE
+        cdef Block* b = deref(it).second
+        self.live.erase(it)
+        self.st.frees += 1
+        self.st.live_blocks -= 1
+        self.st.allocated -= b.size
+        self.st.requested -= b.requested
+        self.st.active -= b.size
+        if b.seg != NULL:
+            self._release_block(b)
+        else:
+            sb = b.sblock
+            for i in range(sb.claimed.size()):
+                sb.claimed[i].stream = b.stream
+                self._release_block(sb.claimed[i])
+            sb.claimed.clear()
+            sb.alloc = NULL
+            self.tick += 1
+            sb.last_use = self.tick
+            self.cached[sblock_key(sb)] = sb
+            self.lru[sb.last_use] = sb
+            del b
+        self.mutex.unlock()
+        return ERR_NONE
+
+    cdef int empty_cache_nogil(self) noexcept nogil:
+        """Return every cached sBlock range and every fully free chunk to the driver."""
+        self.mutex.lock()
+        self.err = ERR_NONE
+        if self._sync() == DRIVER_OK:
+            self._release_pool(POOL_SMALL, 0)
+            self._release_pool(POOL_LARGE, 0)
+        cdef int err = self.err
+        self.mutex.unlock()
+        return err
+
+    # ------------------------------------------------------------------ Python API
+
+    def set_limit(self, limit: int) -> None:
+        """Cap the physical memory this allocator may hold, in bytes (0: no cap)."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        self.limit_bytes = limit
+
+    @property
+    def limit(self) -> int:
+        """The cap on physical memory held, in bytes (0: none)."""
+        return self.limit_bytes
+
+    def malloc(self, size: int, stream: int = 0) -> int:
+        """Allocate `size` bytes for use on `stream`; returns the address.
+
+        Raises ValueError for a size <= 0 and OutOfMemoryError when the memory cannot be found.
+        """
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise TypeError(f"size must be an int, got {type(size).__name__}")
+        if size <= 0:
+            raise ValueError(f"gmlake: cannot allocate {size} bytes: size must be positive")
+        if size >= (1 << 62):
+            raise ValueError(f"gmlake: cannot allocate {size} bytes: larger than any device")
+        if stream < 0:
+            raise ValueError(f"gmlake: stream must be >= 0, got {stream}")
+        cdef size_t n = size
+        cdef int64_t s = stream
+        cdef uintptr_t ptr
+        if self.limit_bytes and round_up(n, self.k.round_to) > self.limit_bytes:
+            raise self._oom(n)
+        with nogil:
+            ptr = self.malloc_nogil(n, s)
+        if ptr == 0:
+            raise self._failure(n)
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        """Free an address malloc returned. Raises InvalidPointerError (state unchanged) for any other address."""
+        if not isinstance(ptr, int) or ptr <= 0 or ptr >= (1 << 64):
+            raise InvalidPointerError(f"gmlake: cannot free {ptr!r}: not an address this allocator returned")
+        cdef uintptr_t p = ptr
+        cdef int rc
+        with nogil:
+            rc = self.free_nogil(p)
+        if rc == ERR_INVALID_FREE:
+            raise InvalidPointerError(
+                f"gmlake: cannot free 0x{ptr:x}: not a live allocation (double free, or never returned by malloc)")
+
+    def empty_cache(self) -> None:
+        """Return every fully free chunk and every cached sBlock to the driver."""
+        cdef int rc
+        with nogil:
+            rc = self.empty_cache_nogil()
+        if rc == ERR_DRIVER:
+            raise self._failure(0)
+
+    def block_size(self, ptr: int) -> int:
+        """Bytes held by the live allocation at ptr (its request rounded up)."""
+        cdef uintptr_t p = ptr
+        it = self.live.find(p)
+        if it == self.live.end():
+            raise InvalidPointerError(f"gmlake: 0x{ptr:x} is not a live allocation")
+        return deref(it).second.size
+
+    def reset_peak_stats(self) -> None:
+        """Reset every peak to the current value."""
+        with nogil:
+            self.mutex.lock()
+            self.st.peak_allocated = self.st.allocated
+            self.st.peak_requested = self.st.requested
+            self.st.peak_reserved = self.st.reserved
+            self.st.peak_active = self.st.active
+            self.st.peak_sblock_va = self.st.sblock_va
+            self.mutex.unlock()
+
+    def stats(self) -> dict:
+        """Byte counts with their peaks, event counts, and driver calls (and handles touched) by kind."""
+        cdef Stats s
+        cdef size_t cached
+        with nogil:
+            self.mutex.lock()
+            s = self.st
+            cached = self.cached.size()
+            self.mutex.unlock()
+        return {
+            "allocated_bytes": s.allocated,
+            "peak_allocated_bytes": s.peak_allocated,
+            "requested_bytes": s.requested,
+            "peak_requested_bytes": s.peak_requested,
+            "reserved_bytes": s.reserved,
+            "peak_reserved_bytes": s.peak_reserved,
+            "active_bytes": s.active,
+            "peak_active_bytes": s.peak_active,
+            "sblock_va_bytes": s.sblock_va,
+            "peak_sblock_va_bytes": s.peak_sblock_va,
+            "live_blocks": s.live_blocks,
+            "cached_sblocks": cached,
+            "allocs": s.allocs,
+            "frees": s.frees,
+            "stitches": s.stitches,
+            "stitched_handles": s.stitched_handles,
+            "sblock_reuses": s.sblock_reuses,
+            "sblock_evictions": s.sblock_evictions,
+            "segments_created": s.segments_created,
+            "chunks_released": s.chunks_released,
+            "ooms": s.ooms,
+            "stream_migrations": s.stream_migrations,
+            "calls": {name: s.calls[i] for i, name in enumerate(CALL_NAMES)},
+            "handles": {name: s.handles[i] for i, name in enumerate(CALL_NAMES)},
+        }
+
+    def _oom(self, size_t size):
+        s = self.stats()
+        cached = s["reserved_bytes"] - s["allocated_bytes"]
+        return OutOfMemoryError(
+            requested=size, reserved=s["reserved_bytes"], allocated=s["allocated_bytes"], cached=cached,
+            limit=self.limit_bytes, capacity=self.driver.capacity)
+
+    def _failure(self, size_t size):
+        if self.err == ERR_DRIVER:
+            return DriverError(CALL_NAMES[self.err_call], self.err_code, self.driver.describe_error(self.err_code))
+        return self._oom(size)
+
+    def close(self) -> None:
+        """Release everything back to the driver. Raises if allocations are still live."""
+        if self.live.size():
+            raise RuntimeError(f"gmlake: cannot close: {self.live.size()} allocations are still live")
+        self.empty_cache()
+        if self.segments.size():
+            raise RuntimeError(f"gmlake: {self.segments.size()} segments could not be released")
+
+    def check(self) -> None:
+        """Verify every internal invariant; raises AssertionError naming the first one broken. For tests."""
+        cdef pair[uint64_t, Segment*] sp
+        cdef pair[uint64_t, SBlock*] bp
+        cdef pair[FreeKey, Block*] fp
+        cdef pair[uintptr_t, Block*] lp
+        cdef Segment* seg
+        cdef Block* b
+        cdef SBlock* sb
+        cdef size_t reserved = 0, allocated = 0, free_count = 0, sblock_va = 0, i, j, c
+        cdef uintptr_t at
+        cdef vector[int] maps
+        for sp in self.segments:
+            seg = sp.second
+            assert seg.handles.size() == seg.size // seg.chunk_size, "segment chunk count"
+            c = 0
+            for i in range(seg.handles.size()):
+                if seg.handles[i] != 0:
+                    c += 1
+            assert c == seg.mapped_chunks and c > 0, "segment mapped chunk count"
+            reserved += c * seg.chunk_size
+            at = seg.va
+            b = seg.first
+            assert b != NULL and b.prev == NULL, "segment first block"
+            while b != NULL:
+                assert b.addr == at and b.size > 0 and b.seg == seg, f"blocks tile segment {seg.serial}"
+                assert self.by_addr.count(b.addr) and self.by_addr[b.addr] == b, "address index"
+                if b.next != NULL:
+                    assert b.next.prev == b, "block links"
+                if b.state == BLOCK_FREE:
+                    free_count += 1
+                    assert self._index(seg.pool).count(key_of(b)), "free block indexed"
+                    if b.next != NULL and b.next.state == BLOCK_FREE:
+                        assert b.next.stream != b.stream, "free neighbours of one stream are merged"
+                elif b.state == BLOCK_ALLOCATED:
+                    assert self.live.count(b.addr) and self.live[b.addr] == b, "allocated block is live"
+                    allocated += b.size
+                elif b.state == BLOCK_CLAIMED:
+                    assert b.sblock != NULL and b.sblock.alloc != NULL, "claimed block has a live sBlock"
+                for i in range((b.addr - seg.va) // seg.chunk_size,
+                               (b.addr + b.size - seg.va + seg.chunk_size - 1) // seg.chunk_size):
+                    if b.state == BLOCK_UNMAPPED:
+                        assert seg.handles[i] == 0, "unmapped block over a released chunk"
+                    else:
+                        assert seg.handles[i] != 0, "mapped block over a live chunk"
+                at += b.size
+                b = b.next
+            assert at == seg.va + seg.size, "blocks cover segment"
+        assert self.free_small.size() + self.free_large.size() == free_count, "free index holds only free blocks"
+        for fp in self.free_large:
+            assert fp.second.seg.pool == POOL_LARGE and fp.second.state == BLOCK_FREE, "large index"
+        for sp in self.segments:
+            maps.assign(sp.second.sblock_maps.size(), 0)
+            for bp in self.sblocks:
+                for i in range(bp.second.chunks.size()):
+                    if bp.second.chunks[i].seg == sp.second:
+                        maps[bp.second.chunks[i].index] += 1
+            for i in range(maps.size()):
+                assert maps[i] == sp.second.sblock_maps[i], "sBlock map counts"
+        c = 0
+        for bp in self.sblocks:
+            sb = bp.second
+            sblock_va += sb.va_size
+            if sb.alloc == NULL:
+                c += 1
+                assert sb.claimed.size() == 0, "cached sBlock claims nothing"
+                assert self.cached.count(sblock_key(sb)) and self.lru.count(sb.last_use), "cached sBlock indexed"
+            else:
+                assert self.live.count(sb.alloc.addr), "in-use sBlock allocation is live"
+                i = 0
+                for j in range(sb.claimed.size()):
+                    assert sb.claimed[j].state == BLOCK_CLAIMED and sb.claimed[j].sblock == sb, "claims"
+                    i += sb.claimed[j].size
+                assert i == sb.alloc.size, "claimed bytes equal the allocation"
+                allocated += sb.alloc.size
+        assert c == self.cached.size() == self.lru.size(), "cached sBlock count"
+        assert reserved == self.st.reserved, f"reserved {self.st.reserved} != chunks held {reserved}"
+        assert allocated == self.st.allocated, f"allocated {self.st.allocated} != live blocks {allocated}"
+        assert sblock_va == self.st.sblock_va, "sBlock VA bytes"
+        assert self.live.size() == self.st.live_blocks, "live count"
+        assert self.st.allocated <= self.st.reserved, "allocated within reserved"
+
+    def segments_info(self) -> list:
+        """One dict per segment: serial, pool, size, chunk size, mapped chunks, and its blocks' states."""
+        cdef pair[uint64_t, Segment*] sp
+        cdef Block* b
+        out = []
+        names = ("free", "allocated", "claimed", "unmapped")
+        for sp in self.segments:
+            blocks = []
+            b = sp.second.first
+            while b != NULL:
+                blocks.append((b.addr - sp.second.va, b.size, names[b.state], b.stream))
+                b = b.next
+            out.append({"serial": sp.second.serial, "pool": "small" if sp.second.pool == POOL_SMALL else "large",
+                        "size": sp.second.size, "chunk_size": sp.second.chunk_size,
+                        "mapped_chunks": sp.second.mapped_chunks, "blocks": blocks})
+        return out
+
+
+def bench_cache_hits(Allocator alloc, size_t size, size_t iterations, int64_t stream=0) -> float:
+    """Nanoseconds per malloc+free pair of a cached block, timed inside the Cython core (no Python per call)."""
+    cdef timespec t0, t1
+    cdef size_t i
+    cdef uintptr_t p
+    p = alloc.malloc(size, stream)
+    alloc.free(p)
+    with nogil:
+        clock_gettime(CLOCK_MONOTONIC, &t0)
+        for i in range(iterations):
+            p = alloc.malloc_nogil(size, stream)
+            alloc.free_nogil(p)
+        clock_gettime(CLOCK_MONOTONIC, &t1)
+    if p == 0:
+        raise RuntimeError("allocation failed during the benchmark")
+    return ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / iterations

@@ -1,0 +1,54 @@
+# The driver interface: what the allocator asks of physical memory and virtual address space.
+# Three implementations: _cuda_driver (CUDA VMM), _host_driver (memfd + mmap, real bytes), _sim_driver (bookkeeping).
+# Every method returns 0 on success, DRIVER_OOM when memory is exhausted, or another nonzero driver-specific code
+# that describe_error() turns into text.
+from libc.stdint cimport uint64_t, int64_t, uintptr_t
+
+cdef enum:
+    DRIVER_OK = 0
+    DRIVER_OOM = 1
+
+# query_event results
+cdef enum:
+    EVENT_DONE = 0
+    EVENT_PENDING = 1
+
+
+cdef class Driver:
+    cdef readonly size_t granularity
+    # What the driver holds now, kept by every implementation so tests can check for leaks.
+    cdef readonly int64_t live_chunks
+    cdef readonly int64_t live_chunk_bytes
+    cdef readonly int64_t live_reservations
+    cdef readonly int64_t live_reserved_va
+    cdef readonly int64_t live_events
+    # Physical memory the device has (0: unbounded).
+    cdef readonly size_t capacity
+
+    cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil
+    cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil
+    cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil
+    cdef int free_va(self, uintptr_t va, size_t size) noexcept nogil
+    cdef int map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil
+    cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil
+    cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil
+    cdef int synchronize(self) noexcept nogil
+    cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil
+    cdef int query_event(self, uint64_t event) noexcept nogil
+    cdef int destroy_event(self, uint64_t event) noexcept nogil
+
+
+from libcpp.unordered_map cimport unordered_map
+from libcpp.pair cimport pair
+
+cdef class ModelDriver(Driver):
+    """Shared by the sim and host drivers: modelled streams and events, and the capacity bound."""
+    # When true, work on a stream is done as soon as it is asked about (the CPU runs nothing asynchronously).
+    # When false, it is done only once complete_stream() or synchronize() says so: for tests of stream ordering.
+    cdef public bint auto_complete
+    cdef uint64_t next_event
+    cdef unordered_map[uint64_t, pair[int64_t, uint64_t]] events      # event -> (stream, ticket)
+    cdef unordered_map[int64_t, uint64_t] issued                      # stream -> last ticket issued
+    cdef unordered_map[int64_t, uint64_t] completed                   # stream -> last ticket completed
+    cdef int take_capacity(self, size_t size) noexcept nogil
+    cdef void give_capacity(self, size_t size) noexcept nogil

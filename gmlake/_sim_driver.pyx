@@ -1,0 +1,59 @@
+# cython: language_level=3
+"""The simulation driver: bookkeeping only, no memory behind it, so it can model a device of any size."""
+from libc.stdint cimport uint64_t, int64_t, uintptr_t
+from gmlake._driver cimport ModelDriver, DRIVER_OK, DRIVER_OOM
+
+
+cdef class SimDriver(ModelDriver):
+    """Pretends to be a device with `capacity` bytes (0: unbounded) and allocation `granularity`.
+
+    Addresses are handed out by a bump pointer and never reused, so a stale pointer can never alias a new range.
+    """
+    cdef uintptr_t next_va
+    cdef uint64_t next_handle
+
+    def __init__(self, capacity: int = 0, granularity: int = 2 << 20):
+        if granularity <= 0 or granularity & (granularity - 1):
+            raise ValueError(f"granularity must be a positive power of two, got {granularity}")
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self.granularity = granularity
+        self.capacity = capacity
+        self.next_va = <uintptr_t>1 << 44
+        self.next_handle = 1
+
+    cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
+        cdef int rc = self.take_capacity(size)
+        if rc != DRIVER_OK:
+            return rc
+        handle[0] = self.next_handle
+        self.next_handle += 1
+        return DRIVER_OK
+
+    cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil:
+        self.give_capacity(size)
+        return DRIVER_OK
+
+    cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
+        if alignment < self.granularity:
+            alignment = self.granularity
+        self.next_va = (self.next_va + alignment - 1) & ~(<uintptr_t>alignment - 1)
+        va[0] = self.next_va
+        self.next_va += size
+        self.live_reservations += 1
+        self.live_reserved_va += size
+        return DRIVER_OK
+
+    cdef int free_va(self, uintptr_t va, size_t size) noexcept nogil:
+        self.live_reservations -= 1
+        self.live_reserved_va -= size
+        return DRIVER_OK
+
+    cdef int map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:
+        return DRIVER_OK
+
+    cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil:
+        return DRIVER_OK
+
+    cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil:
+        return DRIVER_OK

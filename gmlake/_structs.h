@@ -1,0 +1,91 @@
+// Plain data of the allocator core. All logic lives in _allocator.pyx; these are records and orderings only.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace gmlake {
+
+struct Segment;
+struct SBlock;
+
+enum BlockState : int { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_CLAIMED = 2, BLOCK_UNMAPPED = 3 };
+enum Pool : int { POOL_SMALL = 0, POOL_LARGE = 1 };
+
+// A block is a byte range. Primitive blocks tile their segment's VA (addr is the home address); a stitched
+// allocation is a block with seg == nullptr whose addr points into its sBlock's VA.
+struct Block {
+    uintptr_t addr = 0;
+    size_t size = 0;
+    size_t requested = 0;     // bytes the caller asked for (allocated blocks)
+    int64_t stream = 0;
+    uint64_t free_seq = 0;    // when it was last freed: cross-stream fences cover frees up to a sequence number
+    int state = BLOCK_FREE;
+    Segment* seg = nullptr;
+    Block* prev = nullptr;    // address neighbours inside the segment
+    Block* next = nullptr;
+    SBlock* sblock = nullptr; // stitched allocation: its sBlock; claimed primitive block: the sBlock claiming it
+};
+
+// A VA reservation over chunks (physical handles) of chunk_size bytes each, mapped in order.
+struct Segment {
+    uint64_t serial = 0;      // creation order: orders free blocks the same way on every driver
+    uintptr_t va = 0;
+    size_t size = 0;
+    size_t chunk_size = 0;
+    int pool = POOL_LARGE;
+    std::vector<uint64_t> handles;   // 0: chunk released (an unmapped hole)
+    std::vector<int> sblock_maps;    // how many sBlocks map each chunk: it can be released only at zero
+    size_t mapped_chunks = 0;
+    Block* first = nullptr;
+};
+
+// A piece of physical memory an sBlock covers: a byte range at a primitive (home) address.
+struct Piece {
+    uintptr_t addr;
+    size_t size;
+};
+
+struct ChunkRef {
+    Segment* seg;
+    size_t index;
+};
+
+// A stitched block: a VA range that maps the chunks of several primitive ranges back to back.
+struct SBlock {
+    uint64_t serial = 0;
+    uintptr_t va = 0;
+    size_t va_size = 0;
+    size_t offset = 0;             // where the first piece starts inside the first chunk
+    size_t capacity = 0;           // sum of the pieces
+    uint64_t last_use = 0;         // LRU tick while cached
+    std::vector<Piece> pieces;
+    std::vector<ChunkRef> chunks;
+    Block* alloc = nullptr;        // the live allocation through it, or nullptr while cached
+    std::vector<Block*> claimed;   // primitive blocks its live allocation holds
+};
+
+// Best-fit order of free primitive blocks: stream, then size, then a driver-independent address order.
+struct FreeKey {
+    int64_t stream;
+    size_t size;
+    uint64_t serial;
+    uintptr_t offset;
+    bool operator<(const FreeKey& o) const {
+        if (stream != o.stream) return stream < o.stream;
+        if (size != o.size) return size < o.size;
+        if (serial != o.serial) return serial < o.serial;
+        return offset < o.offset;
+    }
+};
+
+// Best-fit order of cached sBlocks: capacity, then age.
+struct SBlockKey {
+    size_t capacity;
+    uint64_t serial;
+    bool operator<(const SBlockKey& o) const {
+        if (capacity != o.capacity) return capacity < o.capacity;
+        return serial < o.serial;
+    }
+};
+
+}  // namespace gmlake

@@ -1,0 +1,50 @@
+"""Exceptions gmlake raises. Each says what happened in numbers, so a user can act on it."""
+from __future__ import annotations
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB"
+
+
+class GmlakeError(Exception):
+    """Base of gmlake's errors."""
+
+
+class OutOfMemoryError(GmlakeError, MemoryError):
+    """No memory could be found for a request, even after releasing cached memory.
+
+    Attributes hold the numbers at the time of failure, in bytes.
+    """
+
+    def __init__(self, *, requested: int, reserved: int, allocated: int, cached: int, limit: int = 0,
+                 capacity: int = 0) -> None:
+        self.requested = requested
+        self.reserved = reserved
+        self.allocated = allocated
+        self.cached = cached
+        self.limit = limit
+        self.capacity = capacity
+        cap = []
+        if limit:
+            cap.append(f"cap {_mib(limit)}")
+        if capacity:
+            cap.append(f"device capacity {_mib(capacity)}")
+        super().__init__(
+            f"gmlake: out of memory: tried to allocate {_mib(requested)} ({requested} bytes); "
+            f"{_mib(reserved)} reserved, {_mib(allocated)} allocated, {_mib(cached)} cached and free"
+            + (f"; {', '.join(cap)}" if cap else "")
+        )
+
+
+class DriverError(GmlakeError, RuntimeError):
+    """A driver call failed for a reason other than memory exhaustion."""
+
+    def __init__(self, call: str, code: int, description: str) -> None:
+        self.call = call
+        self.code = code
+        self.description = description
+        super().__init__(f"gmlake: driver call {call} failed: {description} (code {code})")
+
+
+class InvalidPointerError(GmlakeError, ValueError):
+    """A free or lookup of an address that is not a live allocation (double free, or a foreign pointer)."""
