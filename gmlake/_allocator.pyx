@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, annotation_typing=False
 """The gmlake allocator core: GMLake's virtual memory stitching, over any Driver.
 
 Vocabulary
@@ -726,6 +726,9 @@ cdef class Allocator:
                 piece.size = usable
                 pieces.push_back(piece)
                 remaining -= usable
+        # A stitch that needs new chunks anyway must save at least one of them, or it only costs driver calls.
+        if remaining and round_up(remaining, self.k.chunk_size) == round_up(size, self.k.chunk_size):
+            pieces.clear()
         if pieces.empty():
             seg = self._new_segment(POOL_LARGE, round_up(size, self.k.chunk_size), self.k.chunk_size, stream)
             if seg == NULL:
@@ -839,7 +842,9 @@ cdef class Allocator:
         """Return every cached sBlock range and every fully free chunk to the driver."""
         self.mutex.lock()
         self.err = ERR_NONE
-        if self._sync() == DRIVER_OK:
+        # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
+        self._reclaim_streams(ANY_STREAM, True)
+        if self.err == ERR_NONE:
             self._release_pool(POOL_SMALL, 0)
             self._release_pool(POOL_LARGE, 0)
         cdef int err = self.err

@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, annotation_typing=False
 """The CUDA driver: physical chunks are cuMemCreate handles, mapped into cuMemAddressReserve ranges (CUDA VMM).
 
 Imported only when a CudaDriver is asked for, so `import gmlake` works on machines with no GPU or driver.

@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, annotation_typing=False
 """Base class of the drivers: an abstract interface; every call fails until a subclass overrides it."""
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from cython.operator cimport dereference as deref

@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, annotation_typing=False
 """The host driver: the VMM semantics of the CUDA driver over real CPU memory.
 
 A chunk is a memfd of `granularity` bytes; a reservation is a PROT_NONE anonymous mapping; map() places a chunk's

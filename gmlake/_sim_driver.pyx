@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, annotation_typing=False
 """The simulation driver: bookkeeping only, no memory behind it, so it can model a device of any size."""
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from gmlake._driver cimport ModelDriver, DRIVER_OK, DRIVER_OOM

@@ -1,0 +1,378 @@
+"""The allocator core's rules, on the sim and host drivers."""
+import threading
+
+import pytest
+
+import gmlake
+from gmlake import Allocator, InvalidPointerError, OutOfMemoryError
+from conftest import snapshot
+
+MiB = 1 << 20
+KiB = 1 << 10
+
+
+def test_exact_fit_reuses_the_freed_block(driver):
+    alloc = Allocator(driver)
+    p = alloc.malloc(10 * MiB)
+    alloc.free(p)
+    assert alloc.malloc(10 * MiB) == p
+    assert alloc.stats()["segments_created"] == 1
+
+
+def test_best_fit_then_split(driver):
+    alloc = Allocator(driver)
+    big = alloc.malloc(20 * MiB)
+    small = alloc.malloc(8 * MiB)
+    alloc.free(big)
+    alloc.free(small)
+    p = alloc.malloc(6 * MiB)        # best fit is the 8 MiB block, split
+    assert p == small
+    q = alloc.malloc(2 * MiB)        # the 2 MiB remainder of it
+    assert q == small + 6 * MiB
+    alloc.check()
+
+
+def test_requests_pack_at_512_bytes_below_chunk_level(driver):
+    alloc = Allocator(driver)
+    a = alloc.malloc(2 * MiB + 1)
+    b = alloc.malloc(100 * KiB)              # small pool
+    assert alloc.block_size(a) == 2 * MiB + 512
+    c = alloc.malloc(MiB + 100 * KiB)        # large: lands in the 4 MiB segment's free tail
+    assert c == a + 2 * MiB + 512
+    stats = alloc.stats()
+    assert stats["reserved_bytes"] == 4 * MiB + 2 * MiB   # one large segment, one small
+    for p in (a, b, c):
+        alloc.free(p)
+    alloc.check()
+
+
+def test_small_requests_share_a_2mib_segment(driver):
+    alloc = Allocator(driver)
+    ptrs = [alloc.malloc(100 * KiB) for _ in range(20)]
+    assert alloc.stats()["reserved_bytes"] == 2 * MiB
+    assert len(set(ptrs)) == 20
+    assert all(alloc.block_size(p) == 100 * KiB for p in ptrs)
+    for p in ptrs:
+        alloc.free(p)
+    alloc.check()
+
+
+def test_stitch_instead_of_growing(driver):
+    alloc = Allocator(driver)
+    parts = [alloc.malloc(8 * MiB) for _ in range(4)]
+    for p in parts:
+        alloc.free(p)
+    reserved = alloc.stats()["reserved_bytes"]
+    p = alloc.malloc(30 * MiB)
+    stats = alloc.stats()
+    assert stats["reserved_bytes"] == reserved
+    assert stats["stitches"] == 1
+    assert stats["stitched_handles"] == 15
+    alloc.free(p)
+    # The same request again reuses the cached sBlock: no driver calls at all.
+    calls = sum(alloc.stats()["calls"].values())
+    assert alloc.malloc(30 * MiB) == p
+    stats = alloc.stats()
+    assert stats["sblock_reuses"] == 1 and sum(stats["calls"].values()) == calls
+    alloc.check()
+
+
+def test_shortfall_only_is_allocated(driver):
+    alloc = Allocator(driver)
+    a = alloc.malloc(10 * MiB)
+    alloc.free(a)
+    p = alloc.malloc(16 * MiB)
+    stats = alloc.stats()
+    assert stats["reserved_bytes"] == 16 * MiB     # 10 free + 6 new, not 10 + 16
+    assert stats["stitches"] == 1
+    alloc.free(p)
+    alloc.check()
+
+
+def test_sblock_is_not_reused_while_a_piece_is_busy(driver):
+    alloc = Allocator(driver)
+    parts = [alloc.malloc(8 * MiB) for _ in range(2)]
+    for p in parts:
+        alloc.free(p)
+    s = alloc.malloc(16 * MiB)
+    alloc.free(s)
+    q = alloc.malloc(8 * MiB)   # takes a primitive block under the sBlock
+    assert q in parts
+    t = alloc.malloc(16 * MiB)  # cannot reuse the sBlock: one of its pieces is live
+    assert t != s
+    alloc.check()
+    for p in (q, t):
+        alloc.free(p)
+    alloc.check()
+
+
+def test_cap_gives_clean_oom_and_allocator_recovers(driver):
+    alloc = Allocator(driver, limit=64 * MiB)
+    held = [alloc.malloc(20 * MiB) for _ in range(3)]
+    with pytest.raises(OutOfMemoryError) as info:
+        alloc.malloc(10 * MiB)
+    err = info.value
+    assert err.requested == 10 * MiB and err.limit == 64 * MiB
+    assert err.allocated == 60 * MiB and err.reserved == 60 * MiB
+    assert "out of memory" in str(err) and "cap 64.00 MiB" in str(err)
+    alloc.check()
+    alloc.free(held.pop())
+    p = alloc.malloc(10 * MiB)
+    alloc.free(p)
+    alloc.check()
+
+
+def test_pressure_releases_small_pool_for_large(driver):
+    alloc = Allocator(driver, limit=8 * MiB)
+    smalls = [alloc.malloc(512 * KiB) for _ in range(12)]   # three 2 MiB small segments
+    for p in smalls:
+        alloc.free(p)
+    p = alloc.malloc(8 * MiB)     # needs the small segments given back
+    assert alloc.stats()["reserved_bytes"] == 8 * MiB
+    alloc.free(p)
+    alloc.check()
+
+
+def test_pressure_releases_large_chunks_for_small(driver):
+    alloc = Allocator(driver, limit=8 * MiB)
+    p = alloc.malloc(8 * MiB)
+    alloc.free(p)
+    q = alloc.malloc(4 * KiB)
+    assert alloc.stats()["reserved_bytes"] <= 8 * MiB
+    alloc.free(q)
+    alloc.check()
+
+
+def test_empty_cache_returns_everything_free(driver):
+    alloc = Allocator(driver)
+    keep = alloc.malloc(3 * MiB)
+    ptrs = [alloc.malloc(s * MiB) for s in (5, 7, 9)]
+    small = alloc.malloc(1000)
+    for p in ptrs:
+        alloc.free(p)
+    stitched = alloc.malloc(20 * MiB)
+    alloc.free(stitched)
+    alloc.free(small)
+    alloc.empty_cache()
+    alloc.check()
+    stats = alloc.stats()
+    assert stats["cached_sblocks"] == 0 and stats["sblock_va_bytes"] == 0
+    assert stats["reserved_bytes"] == 4 * MiB          # keep's two chunks (3 MiB + 512 B needs both)
+    assert driver.live_chunk_bytes == 4 * MiB
+    alloc.free(keep)
+    alloc.close()
+    assert driver.leaks() == {k: 0 for k in driver.leaks()}
+
+
+def test_empty_cache_releases_free_chunks_inside_a_busy_segment(driver):
+    alloc = Allocator(driver)
+    a = alloc.malloc(20 * MiB)
+    alloc.free(a)
+    head = alloc.malloc(3 * MiB)          # splits the 20 MiB block: 17 MiB stays free
+    alloc.empty_cache()
+    alloc.check()
+    assert alloc.stats()["reserved_bytes"] == 4 * MiB
+    # The hole is never handed out, and new memory still works.
+    p = alloc.malloc(10 * MiB)
+    alloc.check()
+    alloc.free(p)
+    alloc.free(head)
+    alloc.close()
+
+
+@pytest.mark.parametrize("size", [0, -1, -(1 << 40)])
+def test_bad_size_is_refused_and_changes_nothing(driver, size):
+    alloc = Allocator(driver)
+    p = alloc.malloc(5 * MiB)
+    before = snapshot(alloc)
+    with pytest.raises(ValueError):
+        alloc.malloc(size)
+    assert snapshot(alloc) == before
+    alloc.free(p)
+
+
+def test_non_int_size_is_refused(driver):
+    alloc = Allocator(driver)
+    with pytest.raises(TypeError):
+        alloc.malloc(1.5)
+    with pytest.raises(TypeError):
+        alloc.malloc(True)
+
+
+def test_size_over_cap_is_refused_and_changes_nothing(driver):
+    alloc = Allocator(driver, limit=32 * MiB)
+    p = alloc.malloc(5 * MiB)
+    q = alloc.malloc(5 * MiB)
+    alloc.free(q)
+    before = snapshot(alloc)
+    with pytest.raises(OutOfMemoryError):
+        alloc.malloc(33 * MiB)
+    after = snapshot(alloc)
+    assert after == before
+    alloc.free(p)
+
+
+def test_double_free_is_refused_and_changes_nothing(driver):
+    alloc = Allocator(driver)
+    p = alloc.malloc(5 * MiB)
+    q = alloc.malloc(5 * MiB)
+    alloc.free(p)
+    before = snapshot(alloc)
+    with pytest.raises(InvalidPointerError, match="double free"):
+        alloc.free(p)
+    assert snapshot(alloc) == before
+    alloc.free(q)
+
+
+@pytest.mark.parametrize("offset", [1, 512, 3 * MiB])
+def test_free_of_foreign_address_is_refused(driver, offset):
+    alloc = Allocator(driver)
+    p = alloc.malloc(5 * MiB)
+    before = snapshot(alloc)
+    with pytest.raises(InvalidPointerError):
+        alloc.free(p + offset)
+    with pytest.raises(InvalidPointerError):
+        alloc.free(0)
+    with pytest.raises(InvalidPointerError):
+        alloc.free("0x1000")
+    assert snapshot(alloc) == before
+
+
+def test_negative_stream_is_refused(driver):
+    alloc = Allocator(driver)
+    with pytest.raises(ValueError):
+        alloc.malloc(10, stream=-1)
+
+
+def test_same_stream_reuse_is_immediate_other_stream_waits_for_events():
+    drv = gmlake.HostDriver()
+    drv.auto_complete = False
+    alloc = Allocator(drv)
+    p = alloc.malloc(6 * MiB, stream=7)
+    alloc.free(p)
+    assert alloc.malloc(6 * MiB, stream=7) == p     # same stream: at once
+    alloc.free(p)
+    q = alloc.malloc(6 * MiB, stream=8)             # stream 7's kernels may still use p
+    assert q != p
+    assert alloc.stats()["calls"]["event_record"] == 1
+    alloc.free(q)
+    drv.complete_stream(7)
+    r = alloc.malloc(6 * MiB, stream=9)
+    assert r == p
+    alloc.free(r)
+    alloc.check()
+
+
+def test_pressure_waits_for_other_streams():
+    drv = gmlake.HostDriver()
+    drv.auto_complete = False
+    alloc = Allocator(drv, limit=8 * MiB)
+    p = alloc.malloc(8 * MiB, stream=1)
+    alloc.free(p)
+    q = alloc.malloc(8 * MiB, stream=2)       # only possible after synchronizing
+    assert q == p
+    assert alloc.stats()["calls"]["synchronize"] >= 1
+    alloc.free(q)
+    alloc.check()
+
+
+def test_lru_bound_on_cached_sblocks(driver):
+    policy = gmlake.policies.get("gmlake", max_cached_sblocks=2)
+    alloc = Allocator(driver, policy)
+    for size in (9, 11, 13, 15):
+        parts = [alloc.malloc(4 * MiB) for _ in range(4)]
+        for p in parts:
+            alloc.free(p)
+        s = alloc.malloc(size * MiB)
+        alloc.free(s)
+        assert alloc.stats()["cached_sblocks"] <= 2
+    assert alloc.stats()["sblock_evictions"] >= 1
+    alloc.check()
+
+
+def test_stitching_can_be_turned_off(driver):
+    alloc = Allocator(driver, gmlake.policies.get("gmlake", stitch=False))
+    a = alloc.malloc(8 * MiB)
+    b = alloc.malloc(8 * MiB)
+    alloc.free(a)
+    alloc.free(b)
+    alloc.malloc(12 * MiB)
+    assert alloc.stats()["stitches"] == 0
+    assert alloc.stats()["reserved_bytes"] == 28 * MiB
+
+
+# (handle size, handles the 150 MiB stitch maps): every handle costs driver time, so larger handles stitch cheaper.
+@pytest.mark.parametrize("chunk_mib,handles", [(2, 75), (4, 38), (20, 8)])
+def test_handle_size_is_a_policy_choice(driver, chunk_mib, handles):
+    alloc = Allocator(driver, gmlake.policies.get("gmlake", chunk_size=chunk_mib * MiB))
+    ptrs = [alloc.malloc(s * MiB) for s in (40, 60, 80)]
+    for p in ptrs:
+        alloc.free(p)
+    s = alloc.malloc(150 * MiB)
+    stats = alloc.stats()
+    assert stats["stitches"] == 1
+    assert stats["stitched_handles"] == handles
+    assert stats["reserved_bytes"] == 180 * MiB
+    alloc.free(s)
+    alloc.check()
+
+
+def test_bad_policy_is_refused(driver):
+    with pytest.raises(ValueError, match="granularity"):
+        Allocator(driver, gmlake.policies.get("gmlake", chunk_size=3 * MiB))
+    with pytest.raises(ValueError, match="unknown policy"):
+        gmlake.policies.get("nope")
+    with pytest.raises(TypeError):
+        Allocator(driver, policy="gmlake")
+
+
+def test_peaks_reset(driver):
+    alloc = Allocator(driver)
+    p = alloc.malloc(40 * MiB)
+    alloc.free(p)
+    assert alloc.stats()["peak_allocated_bytes"] >= 40 * MiB
+    alloc.reset_peak_stats()
+    stats = alloc.stats()
+    assert stats["peak_allocated_bytes"] == 0
+    assert stats["peak_reserved_bytes"] == stats["reserved_bytes"]
+
+
+def test_threads_share_one_allocator_safely():
+    drv = gmlake.HostDriver()
+    alloc = Allocator(drv)
+    import ctypes
+    import random
+
+    errors = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        live = []
+        try:
+            for _ in range(400):
+                if live and rng.random() < 0.5:
+                    p, n, v = live.pop(rng.randrange(len(live)))
+                    if ctypes.string_at(p, n) != bytes([v]) * n:
+                        errors.append("corrupted")
+                    alloc.free(p)
+                else:
+                    n = rng.choice([rng.randint(1, 64 * KiB), rng.randint(1, 6 * MiB)])
+                    p = alloc.malloc(n, stream=seed % 2)
+                    ctypes.memset(p, seed + 1, n)
+                    live.append((p, n, seed + 1))
+            for p, n, v in live:
+                if ctypes.string_at(p, n) != bytes([v]) * n:
+                    errors.append("corrupted")
+                alloc.free(p)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    alloc.check()
+    alloc.close()
+    assert drv.live_chunks == 0
