@@ -42,7 +42,8 @@ def _candidate_include_dirs() -> list[Path]:
             for sub in sorted(Path(location).glob("cu*/include")):
                 found.append(sub)
     found.append(Path("/usr/local/cuda/include"))
-    return [path for path in found if (path / "cuda.h").is_file()]
+    # cydriver.pxd includes cudaProfiler.h too; a directory without it cannot compile the cuda driver.
+    return [path for path in found if (path / "cuda.h").is_file() and (path / "cudaProfiler.h").is_file()]
 
 
 def _bindings_version() -> tuple[int, int] | None:
@@ -88,6 +89,7 @@ extensions = [
         **{**common, "include_dirs": ["gmlake", cuda_include]},
     ),
     Extension("gmlake._allocator", ["gmlake/_allocator.pyx"], **common),
+    Extension("gmlake._bench", ["gmlake/_bench.pyx"], **common),
 ]
 
 setup(

@@ -1,0 +1,239 @@
+"""Micro benchmark of the allocator core and the driver it stands on.
+
+    python bench/micro.py --driver cuda --out bench/results/micro-h200.json
+
+Measures: malloc+free of a cached block inside the Cython core (ns); each driver call's cost (µs, per handle where
+the driver charges per handle); the time to stitch 512 MiB at each handle size against the driver calls that stitch
+makes; and stitches per step of a synthetic training loop after warm-up.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gmlake
+from gmlake import Allocator, bench_cache_hits
+from gmlake._bench import time_driver_calls
+
+MiB = 1 << 20
+HANDLE_SIZES_MIB = (2, 4, 8, 16, 32, 64)
+
+
+def make_driver(kind: str):
+    if kind == "cuda":
+        return gmlake.cuda_driver(0)
+    if kind == "host":
+        return gmlake.HostDriver()
+    return gmlake.SimDriver()
+
+
+def cache_hits(driver, iterations: int) -> dict:
+    """ns per malloc+free pair, timed inside the core, for a small block, a large block and a cached sBlock."""
+    out = {}
+    alloc = Allocator(driver)
+    out["small_4KiB"] = min(bench_cache_hits(alloc, 4096, iterations) for _ in range(3))
+    out["large_64MiB"] = min(bench_cache_hits(alloc, 64 * MiB, iterations) for _ in range(3))
+    parts = [alloc.malloc(32 * MiB) for _ in range(4)]
+    for p in parts:
+        alloc.free(p)
+    s = alloc.malloc(128 * MiB)
+    alloc.free(s)
+    assert alloc.stats()["stitches"] == 1
+    out["stitched_128MiB"] = min(bench_cache_hits(alloc, 128 * MiB, iterations) for _ in range(3))
+    assert alloc.stats()["stitches"] == 1, "the benchmark must reuse the cached sBlock"
+    alloc.close()
+    return out
+
+
+def driver_costs(driver) -> dict:
+    """Each VMM call's cost at each handle size, over 512 MiB of handles."""
+    out = {}
+    for mib in HANDLE_SIZES_MIB:
+        runs = [time_driver_calls(driver, mib * MiB, 512 // mib) for _ in range(3)]
+        out[f"{mib}MiB"] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    return out
+
+
+def stitch_costs(driver, costs: dict, repeats: int = 3) -> dict:
+    """Time to stitch 512 MiB out of 8 free 64 MiB segments, per handle size, against its driver calls' cost."""
+    out = {}
+    for mib in HANDLE_SIZES_MIB:
+        policy = gmlake.policies.get("gmlake", chunk_size=mib * MiB)
+        times, reuse = [], []
+        for _ in range(repeats):
+            alloc = Allocator(driver, policy)
+            parts = [alloc.malloc(64 * MiB) for _ in range(8)]
+            for p in parts:
+                alloc.free(p)
+            before = alloc.stats()
+            t0 = time.perf_counter()
+            s = alloc.malloc(512 * MiB)
+            times.append((time.perf_counter() - t0) * 1e6)
+            after = alloc.stats()
+            assert after["stitches"] == before["stitches"] + 1
+            assert after["reserved_bytes"] == before["reserved_bytes"], "a stitch must not add memory"
+            handles = after["stitched_handles"] - before["stitched_handles"]
+            alloc.free(s)
+            t0 = time.perf_counter()
+            s = alloc.malloc(512 * MiB)
+            reuse.append((time.perf_counter() - t0) * 1e6)
+            alloc.free(s)
+            alloc.close()
+        c = costs[f"{mib}MiB"]
+        floor = c["reserve"] + handles * (c["map"] + c["set_access_per_handle"])
+        out[f"{mib}MiB"] = {
+            "handles": handles,
+            "stitch_us": statistics.median(times),
+            "driver_floor_us": floor,
+            "ratio_to_driver_calls": statistics.median(times) / floor if floor else None,
+            "reuse_us": statistics.median(reuse),
+        }
+    return out
+
+
+def synthetic_training(driver, steps: int = 60, warmup: int = 10, seed: int = 0) -> dict:
+    """A transformer-like step with a sequence length that varies per step: parameters and optimizer state persist;
+    activations are allocated layer by layer and freed in reverse while gradients come and go. Reports stitches
+    and new segments per step after warm-up. (Real training traces are the replay tool's input.)"""
+    rng = random.Random(seed)
+    alloc = Allocator(driver)
+    hidden, layers, vocab = 2048, 24, 50257
+    params = [alloc.malloc(12 * hidden * hidden * 2) for _ in range(layers)]
+    params.append(alloc.malloc(vocab * hidden * 2))
+    optim = [alloc.malloc(alloc.block_size(p) * 2) for p in params]
+    per_step = []
+    for step in range(steps):
+        before = alloc.stats()
+        tokens = rng.choice([8, 12, 16]) * rng.choice([256, 384, 512, 768, 1024])
+        acts = []
+        for _ in range(layers):
+            acts.append(alloc.malloc(tokens * hidden * 2))              # checkpointed layer input
+            acts.append(alloc.malloc(tokens * hidden * 4 * 2))          # MLP activation
+        logits = alloc.malloc(tokens * vocab * 2)
+        alloc.free(logits)
+        grads = []
+        for _ in range(layers):
+            tmp = alloc.malloc(tokens * hidden * 4 * 2)                 # recomputation
+            grads.append(alloc.malloc(12 * hidden * hidden * 2))
+            alloc.free(tmp)
+            alloc.free(acts.pop())
+            alloc.free(acts.pop())
+        for g in grads:
+            alloc.free(g)
+        after = alloc.stats()
+        per_step.append({
+            "stitches": after["stitches"] - before["stitches"],
+            "segments": after["segments_created"] - before["segments_created"],
+            "reserved_MiB": after["reserved_bytes"] / MiB,
+            "peak_allocated_MiB": after["peak_allocated_bytes"] / MiB,
+        })
+    stats = alloc.stats()
+    for p in params + optim:
+        alloc.free(p)
+    alloc.close()
+    steady = per_step[warmup:]
+    return {
+        "steps": steps,
+        "warmup": warmup,
+        "stitches_per_step_after_warmup": statistics.mean(s["stitches"] for s in steady),
+        "segments_per_step_after_warmup": statistics.mean(s["segments"] for s in steady),
+        "stitches_in_warmup": sum(s["stitches"] for s in per_step[:warmup]),
+        "peak_reserved_MiB": stats["peak_reserved_bytes"] / MiB,
+        "peak_allocated_MiB": stats["peak_allocated_bytes"] / MiB,
+        "utilization": stats["peak_allocated_bytes"] / stats["peak_reserved_bytes"],
+    }
+
+
+def environment(kind: str) -> dict:
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "driver_kind": kind,
+        "gmlake": gmlake.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "command": " ".join(sys.argv),
+    }
+    try:
+        import importlib.metadata as md
+
+        env["cuda_bindings"] = md.version("cuda-bindings")
+    except Exception:
+        pass
+    if kind == "cuda":
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+            env["gpu"], env["nvidia_driver"] = [x.strip() for x in smi.splitlines()[0].split(",")]
+        except Exception:
+            pass
+        try:
+            import torch
+
+            env["torch"] = torch.__version__
+        except Exception:
+            pass
+    return env
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--driver", choices=["cuda", "host", "sim"], default="sim")
+    parser.add_argument("--iterations", type=int, default=1_000_000)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    driver = make_driver(args.driver)
+    result = {"environment": environment(args.driver)}
+    result["cache_hit_ns"] = cache_hits(driver, args.iterations)
+    result["driver_call_us"] = driver_costs(driver)
+    result["stitch_512MiB"] = stitch_costs(driver, result["driver_call_us"])
+    result["synthetic_training"] = synthetic_training(driver)
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print_tables(result)
+
+
+def print_tables(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=120)
+    env = result["environment"]
+    console.print(f"[bold]gmlake micro benchmark[/] {env.get('gpu', env['driver_kind'])} "
+                  f"driver {env.get('nvidia_driver', '-')} {env['date']}")
+    t = Table(title="malloc+free of a cached block (ns, in the Cython core)")
+    for k in result["cache_hit_ns"]:
+        t.add_column(k, justify="right")
+    t.add_row(*(f"{v:.0f}" for v in result["cache_hit_ns"].values()))
+    console.print(t)
+    t = Table(title="driver calls (µs; per handle where charged per handle), 512 MiB of handles")
+    cols = ["create_chunk", "reserve", "map", "set_access_per_handle", "set_access_one_handle", "unmap_per_handle",
+            "free_va", "release_chunk"]
+    t.add_column("handle")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for size, row in result["driver_call_us"].items():
+        t.add_row(size, *(f"{row[c]:.2f}" for c in cols))
+    console.print(t)
+    t = Table(title="stitch 512 MiB from 8 free 64 MiB segments")
+    for c in ("handle", "handles", "stitch µs", "driver floor µs", "ratio", "reuse µs"):
+        t.add_column(c, justify="right")
+    for size, row in result["stitch_512MiB"].items():
+        t.add_row(size, str(row["handles"]), f"{row['stitch_us']:.0f}", f"{row['driver_floor_us']:.0f}",
+                  f"{row['ratio_to_driver_calls']:.3f}" if row["ratio_to_driver_calls"] else "-",
+                  f"{row['reuse_us']:.1f}")
+    console.print(t)
+    console.print("synthetic training:", result["synthetic_training"])
+
+
+if __name__ == "__main__":
+    main()

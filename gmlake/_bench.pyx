@@ -1,0 +1,105 @@
+# cython: language_level=3, annotation_typing=False
+"""Timing of single driver calls, in nogil loops, for the micro benchmark and the replay cost table."""
+from libc.stdint cimport uint64_t, uintptr_t
+from libcpp.vector cimport vector
+from gmlake._driver cimport Driver, DRIVER_OK
+
+cdef extern from "<time.h>" nogil:
+    struct timespec:
+        long tv_sec
+        long tv_nsec
+    int clock_gettime(int clk, timespec* ts)
+    int CLOCK_MONOTONIC
+
+
+cdef inline double now_us() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3
+
+
+def _check(Driver driver, int rc, str what):
+    if rc != DRIVER_OK:
+        raise RuntimeError(f"{what} failed: {driver.describe_error(rc)}")
+
+
+def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles) -> dict:
+    """Microseconds per call for each VMM call, over `handles` chunks of `chunk_size` bytes.
+
+    set_access and unmap are timed once over a range holding all the handles, and reported per handle, because the
+    CUDA driver charges them per handle mapped in the range. Returns {call: µs per call or per handle}.
+    """
+    cdef vector[uint64_t] hs
+    cdef uint64_t h = 0
+    cdef uintptr_t va = 0, va2 = 0
+    cdef size_t i, span = chunk_size * handles
+    cdef double t0, t_create, t_reserve, t_map, t_access, t_unmap, t_release, t_free, t_map_one, t_access_one
+    cdef int rc = DRIVER_OK
+    _check(driver, driver.synchronize(), "synchronize")
+    with nogil:
+        t0 = now_us()
+        for i in range(handles):
+            rc = driver.create_chunk(chunk_size, &h)
+            if rc != DRIVER_OK:
+                break
+            hs.push_back(h)
+        t_create = now_us() - t0
+    _check(driver, rc, "create_chunk")
+    with nogil:
+        t0 = now_us()
+        rc = driver.reserve(span, driver.granularity, &va)
+        t_reserve = now_us() - t0
+    _check(driver, rc, "reserve")
+    with nogil:
+        t0 = now_us()
+        for i in range(handles):
+            rc = driver.map(va + i * chunk_size, chunk_size, hs[i])
+            if rc != DRIVER_OK:
+                break
+        t_map = now_us() - t0
+    _check(driver, rc, "map")
+    with nogil:
+        t0 = now_us()
+        rc = driver.set_access(va, span)
+        t_access = now_us() - t0
+    _check(driver, rc, "set_access")
+    # One handle alone, for the fixed part of set_access.
+    _check(driver, driver.reserve(chunk_size, driver.granularity, &va2), "reserve")
+    with nogil:
+        t0 = now_us()
+        rc = driver.map(va2, chunk_size, hs[0])
+        t_map_one = now_us() - t0
+        t0 = now_us()
+        rc = driver.set_access(va2, chunk_size) if rc == DRIVER_OK else rc
+        t_access_one = now_us() - t0
+    _check(driver, rc, "set_access")
+    _check(driver, driver.unmap(va2, chunk_size), "unmap")
+    _check(driver, driver.free_va(va2, chunk_size), "free_va")
+    with nogil:
+        t0 = now_us()
+        rc = driver.unmap(va, span)
+        t_unmap = now_us() - t0
+    _check(driver, rc, "unmap")
+    with nogil:
+        t0 = now_us()
+        rc = driver.free_va(va, span)
+        t_free = now_us() - t0
+    _check(driver, rc, "free_va")
+    with nogil:
+        t0 = now_us()
+        for i in range(handles):
+            rc = driver.release_chunk(hs[i], chunk_size)
+        t_release = now_us() - t0
+    _check(driver, rc, "release_chunk")
+    return {
+        "create_chunk": t_create / handles,
+        "reserve": t_reserve,
+        "map": t_map / handles,
+        "set_access_per_handle": t_access / handles,
+        "set_access_one_handle": t_access_one,
+        "unmap_per_handle": t_unmap / handles,
+        "free_va": t_free,
+        "release_chunk": t_release / handles,
+        "chunk_size": chunk_size,
+        "handles": handles,
+    }

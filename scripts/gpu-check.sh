@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Build, test and benchmark on the GPU machine in one call (the device tool): results land in $OUT.
+#   scripts/gpu-check.sh [pytest args...]
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gmlake-out}
+mkdir -p "$OUT"
+# The GPU machine has no registry: build against what is there (Cython, cuda-bindings, /usr/local/cuda 13.0).
+export GMLAKE_CUDA_INCLUDE=${GMLAKE_CUDA_INCLUDE:-/usr/local/cuda/include}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch, Cython, importlib.metadata as m; print("torch", torch.__version__, "Cython", Cython.__version__, "cuda-bindings", m.version("cuda-bindings"))'
+} 2>&1 | tee "$OUT/env.txt"
+if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; exit 1
+fi
+rc=0
+python3 -m pytest -m gpu -v -p no:cacheprovider tests/ "$@" 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 || rc=1
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tail -4 | tee "$OUT/all-tests.log"
+python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" 2>&1 | tee "$OUT/micro.log"
+exit $rc

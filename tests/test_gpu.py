@@ -1,0 +1,153 @@
+"""The allocator over CUDA VMM on a real GPU (skipped where no CUDA device exists)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import gmlake
+from gmlake import Allocator
+
+pytestmark = pytest.mark.gpu
+MiB = 1 << 20
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+class _DeviceBytes:
+    """Raw device memory as a CUDA array (uint8), so torch kernels can read and write it in place."""
+
+    def __init__(self, ptr: int, size: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (size,), "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None}
+
+
+def view(ptr: int, size: int):
+    torch = _torch()
+    return torch.as_tensor(_DeviceBytes(ptr, size), device="cuda")
+
+
+@pytest.fixture
+def cuda():
+    torch = _torch()
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")   # torch's context is the primary context the driver retains too
+    drv = gmlake.cuda_driver(0)
+    assert drv.granularity == 2 * MiB
+    yield drv
+    torch.cuda.synchronize()
+
+
+def test_kernel_writes_through_stitched_block_read_back_through_pblocks(cuda):
+    torch = _torch()
+    alloc = Allocator(cuda)
+    n = 8 * MiB
+    blocks = [alloc.malloc(n) for _ in range(3)]
+    guard = alloc.malloc(3 * MiB)
+    for p in blocks:
+        alloc.free(p)
+    big = alloc.malloc(3 * n)
+    assert alloc.stats()["stitches"] == 1
+    stitched = view(big, 3 * n)
+    pattern = (torch.arange(3 * n, device="cuda", dtype=torch.int64) * 7 // 5 % 251).to(torch.uint8)
+    stitched.copy_(pattern)            # a kernel writes through the stitched VA
+    torch.cuda.synchronize()
+    slices = {bytes(pattern[i * n:(i + 1) * n][:64].cpu().numpy()): i for i in range(3)}
+    seen = set()
+    for p in blocks:
+        got = view(p, n)
+        key = bytes(got[:64].cpu().numpy())
+        assert key in slices, "a primitive block does not hold any slice of what was written"
+        i = slices[key]
+        assert torch.equal(got, pattern[i * n:(i + 1) * n]), "data differs through the primitive range"
+        seen.add(i)
+    assert seen == {0, 1, 2}
+    alloc.free(big)
+    alloc.free(guard)
+    torch.cuda.synchronize()
+    alloc.close()
+
+
+def test_random_malloc_free_with_patterns_on_device(cuda):
+    torch = _torch()
+    alloc = Allocator(cuda, limit=2 << 30)
+    rng = random.Random(1234)
+    live: dict[int, tuple[int, int]] = {}
+    used_values: set[int] = set()
+    ops = 0
+    for _ in range(3000):
+        if live and (rng.random() < 0.45 or len(live) > 120):
+            ptr = rng.choice(list(live))
+            size, value = live.pop(ptr)
+            used_values.discard(value)
+            assert bool((view(ptr, size) == value).all()), "a live block's bytes were overwritten"
+            alloc.free(ptr)
+        else:
+            size = rng.choice([rng.randint(1, 1 << 20), rng.randint(1 << 20, 64 * MiB)])
+            try:
+                ptr = alloc.malloc(size, stream=0)
+            except gmlake.OutOfMemoryError:
+                continue
+            value = next(v for v in range(1, 256) if v not in used_values)
+            used_values.add(value)
+            view(ptr, size).fill_(value)
+            live[ptr] = (size, value)
+        ops += 1
+    for ptr, (size, value) in live.items():
+        assert bool((view(ptr, size) == value).all())
+        alloc.free(ptr)
+    torch.cuda.synchronize()
+    alloc.check()
+    stats = alloc.stats()
+    assert stats["stitches"] > 0, "the workload should have exercised stitching"
+    alloc.close()
+    assert cuda.live_chunks == 0 and cuda.live_reservations == 0
+
+
+def test_nothing_leaks_driver_free_memory_returns(cuda):
+    torch = _torch()
+    torch.cuda.synchronize()
+    free_before, _ = cuda.mem_get_info()
+    alloc = Allocator(cuda)
+    rng = random.Random(7)
+    live = []
+    for _ in range(500):
+        if live and rng.random() < 0.4:
+            alloc.free(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(alloc.malloc(rng.randint(1, 48 * MiB)))
+    mid_free, _ = cuda.mem_get_info()
+    assert mid_free < free_before
+    for p in live:
+        alloc.free(p)
+    alloc.empty_cache()
+    assert alloc.stats()["reserved_bytes"] == 0
+    alloc.close()
+    free_after, _ = cuda.mem_get_info()
+    assert free_after == free_before, f"driver free memory {free_before} -> {free_after}"
+    assert cuda.leaks() == {k: 0 for k in cuda.leaks()}
+
+
+def test_cross_stream_reuse_waits_for_the_stream(cuda):
+    torch = _torch()
+    alloc = Allocator(cuda)
+    s1 = torch.cuda.Stream()
+    s2 = torch.cuda.Stream()
+    n = 64 * MiB
+    p = alloc.malloc(n, stream=s1.cuda_stream)
+    with torch.cuda.stream(s1):
+        t = view(p, n)
+        torch.cuda._sleep(200_000_000)      # keep s1 busy
+        t.fill_(3)
+    alloc.free(p)                           # freed while s1's kernels are still queued
+    q = alloc.malloc(n, stream=s2.cuda_stream)
+    assert q != p, "memory still in use by s1's queued kernels was handed to s2"
+    s1.synchronize()
+    alloc.free(q)
+    r = alloc.malloc(n, stream=s2.cuda_stream)
+    assert r in (p, q)
+    alloc.free(r)
+    torch.cuda.synchronize()
+    alloc.close()
