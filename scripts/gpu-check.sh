@@ -14,8 +14,9 @@ if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log
   tail -40 "$OUT/build.log"; exit 1
 fi
 rc=0
-python3 -m pytest -m gpu -v -p no:cacheprovider tests/ "$@" 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 || rc=1
-[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+if ! python3 -m pytest -m gpu -v -p no:cacheprovider tests/ "$@" 2>&1 | tee "$OUT/gpu-tests.log" | tail -25; then
+  rc=1
+fi
 python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tail -4 | tee "$OUT/all-tests.log"
 python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" 2>&1 | tee "$OUT/micro.log"
 exit $rc
