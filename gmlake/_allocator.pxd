@@ -120,6 +120,11 @@ cdef struct Stats:
     uint64_t handles[<int>NUM_CALLS]
 
 # The policy's knobs, copied into C so the hot path reads no Python.
+cdef enum SegmentRule:
+    SEGMENTS_CHUNKS = 0        # gmlake: a request's shortfall rounded up to whole chunks
+    SEGMENTS_PYTORCH = 1       # PyTorch's native allocator: 2 MiB / 20 MiB / size rounded to 2 MiB, one handle each
+    SEGMENTS_EXPANDABLE = 2    # PyTorch's expandable segments: one VA range per stream and pool, pages mapped on demand
+
 cdef struct Knobs:
     size_t round_to
     size_t small_size
@@ -129,6 +134,19 @@ cdef struct Knobs:
     size_t min_stitch_size
     size_t max_cached_sblocks
     size_t sblock_search_depth
+    int segment_rule
+    size_t large_split_min
+    size_t max_split_size
+    size_t max_non_split_rounding
+    bint cross_stream
+    size_t large_segment_size
+    size_t min_large_alloc
+    size_t round_large
+    size_t page_small
+    size_t page_large
+    size_t expandable_reserve
+    bint hook_allow_stitch
+    bint hook_split
 
 cdef struct Fence:
     uint64_t event
@@ -148,6 +166,9 @@ cdef class Allocator:
     cdef Stats st
     cdef FreeIndex free_small
     cdef FreeIndex free_large
+    cdef FreeIndex unmapped_small                        # unmapped holes, by (stream, segment, offset)
+    cdef FreeIndex unmapped_large
+    cdef object hook_error                               # an exception a Python policy hook raised
     cdef unordered_map[uintptr_t, Block*] live           # user pointer -> allocated block
     cdef cmap[uintptr_t, Block*] by_addr                 # home address -> primitive block, all states
     cdef cmap[uint64_t, Segment*] segments               # serial -> segment
@@ -167,22 +188,33 @@ cdef class Allocator:
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
     cdef int empty_cache_nogil(self) noexcept nogil
 
+    cdef bint _hook_split(self, size_t block_size, size_t size, int pool, bint default) noexcept
+    cdef bint _hook_allow_stitch(self, size_t size, int64_t stream, vector[Piece]& pieces,
+                                 size_t remaining) noexcept
+
     # internals, in the order _allocator.pyx defines them
     cdef int _call(self, int kind, int rc, uint64_t handles) noexcept nogil
     cdef int _sync(self) noexcept nogil
     cdef FreeIndex* _index(self, int pool) noexcept nogil
     cdef void _insert_free(self, Block* b) noexcept nogil
     cdef void _erase_free(self, Block* b) noexcept nogil
+    cdef FreeIndex* _holes(self, int pool) noexcept nogil
+    cdef void _insert_hole(self, Block* b) noexcept nogil
+    cdef void _erase_hole(self, Block* b) noexcept nogil
+    cdef Block* _merge_holes(self, Block* b) noexcept nogil
     cdef Block* _peek_fit(self, FreeIndex* index, size_t size, int64_t stream) noexcept nogil
     cdef Block* _best_free(self, int pool, size_t size, int64_t stream) noexcept nogil
     cdef Block* _split(self, Block* b, size_t size) noexcept nogil
     cdef Block* _coalesce(self, Block* b) noexcept nogil
+    cdef bint _should_split(self, Block* b, size_t size) noexcept nogil
     cdef Block* _take(self, Block* b, size_t size, int64_t stream) noexcept nogil
     cdef Block* _containing(self, uintptr_t addr) noexcept nogil
     cdef void _release_block(self, Block* b) noexcept nogil
-    cdef Segment* _new_segment(self, int pool, size_t size, size_t chunk_size, int64_t stream) noexcept nogil
     cdef size_t _release_chunks(self, Segment* seg, size_t wanted) noexcept nogil
     cdef void _drop_segment(self, Segment* seg) noexcept nogil
+    cdef Block* _map_pages(self, Block* hole, size_t size) noexcept nogil
+    cdef Block* _find_expandable(self, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _alloc_expandable(self, int pool, size_t size, int64_t stream) noexcept nogil
     cdef bint _sblock_fits(self, SBlock* sb, size_t size, int64_t stream) noexcept nogil
     cdef Block* _claim(self, SBlock* sb, size_t size, int64_t stream) noexcept nogil
     cdef SBlock* _best_cached(self, size_t size, size_t below, int64_t stream) noexcept nogil
@@ -199,3 +231,4 @@ cdef class Allocator:
     cdef void _descending(self, int64_t stream, vector[Block*]& out) noexcept nogil
     cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil
+    cdef Segment* _new_segment(self, int pool, size_t size, size_t chunk_size, int64_t stream, bint mapped) noexcept nogil

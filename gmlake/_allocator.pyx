@@ -27,7 +27,7 @@ from libcpp.pair cimport pair
 from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
 from gmlake._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
 
-from gmlake.errors import OutOfMemoryError, DriverError, InvalidPointerError
+from gmlake.errors import OutOfMemoryError, DriverError, InvalidPointerError, PolicyError
 
 cdef extern from "<time.h>" nogil:
     struct timespec:
@@ -69,6 +69,10 @@ cdef inline FreeKey make_key(int64_t stream, size_t size) noexcept nogil:
     return key
 
 
+cdef inline size_t expandable_size(Block* b) noexcept nogil:
+    return b.size + (b.next.size if b.next != NULL and b.next.state == BLOCK_UNMAPPED else 0)
+
+
 cdef inline SBlockKey sblock_key(SBlock* sb) noexcept nogil:
     cdef SBlockKey key
     key.capacity = sb.capacity
@@ -105,6 +109,21 @@ cdef class Allocator:
         self.k.min_stitch_size = policy.min_stitch_size
         self.k.max_cached_sblocks = policy.max_cached_sblocks
         self.k.sblock_search_depth = policy.sblock_search_depth
+        rules = {"chunks": SEGMENTS_CHUNKS, "pytorch": SEGMENTS_PYTORCH, "expandable": SEGMENTS_EXPANDABLE}
+        self.k.segment_rule = rules[policy.segment_rule]
+        self.k.large_split_min = policy.large_split_min
+        self.k.max_split_size = policy.max_split_size
+        self.k.max_non_split_rounding = policy.max_non_split_rounding
+        self.k.cross_stream = policy.cross_stream
+        self.k.large_segment_size = policy.large_segment_size
+        self.k.min_large_alloc = policy.min_large_alloc
+        self.k.round_large = policy.round_large
+        self.k.page_small = round_up(policy.expandable_page_small, gran)
+        self.k.page_large = round_up(policy.expandable_page_large, gran)
+        reserve = policy.expandable_reserve or (driver.capacity + driver.capacity // 8 if driver.capacity else 1 << 40)
+        self.k.expandable_reserve = reserve
+        self.k.hook_allow_stitch = policy.overrides("allow_stitch")
+        self.k.hook_split = policy.overrides("should_split")
         self.set_limit(limit)
         self.next_serial = 1
 
@@ -154,11 +173,67 @@ cdef class Allocator:
     cdef void _erase_free(self, Block* b) noexcept nogil:
         self._index(b.seg.pool).erase(key_of(b))
 
+    cdef FreeIndex* _holes(self, int pool) noexcept nogil:
+        return &self.unmapped_small if pool == POOL_SMALL else &self.unmapped_large
+
+    cdef void _insert_hole(self, Block* b) noexcept nogil:
+        cdef FreeKey key = key_of(b)
+        key.size = 0
+        self._holes(b.seg.pool).insert(FreeEntry(key, b))
+
+    cdef void _erase_hole(self, Block* b) noexcept nogil:
+        cdef FreeKey key = key_of(b)
+        key.size = 0
+        self._holes(b.seg.pool).erase(key)
+
+    cdef Block* _merge_holes(self, Block* b) noexcept nogil:
+        """Merge unmapped, unindexed b with unmapped neighbours. Returns the merged hole, unindexed."""
+        cdef Block* p = b.prev
+        cdef Block* n
+        if p != NULL and p.state == BLOCK_UNMAPPED:
+            self._erase_hole(p)
+            self.by_addr.erase(b.addr)
+            p.size += b.size
+            p.next = b.next
+            if b.next != NULL:
+                b.next.prev = p
+            del b
+            b = p
+        n = b.next
+        if n != NULL and n.state == BLOCK_UNMAPPED:
+            self._erase_hole(n)
+            self.by_addr.erase(n.addr)
+            b.size += n.size
+            b.next = n.next
+            if n.next != NULL:
+                n.next.prev = b
+            del n
+        return b
+
     cdef Block* _peek_fit(self, FreeIndex* index, size_t size, int64_t stream) noexcept nogil:
         cdef FreeIndex.iterator it = index.lower_bound(make_key(stream, size))
-        if it != index.end() and deref(it).first.stream == stream:
-            return deref(it).second
-        return NULL
+        cdef FreeIndex.iterator nxt
+        cdef Block* b
+        if it == index.end() or deref(it).first.stream != stream:
+            return NULL
+        if self.k.segment_rule == SEGMENTS_EXPANDABLE:
+            # As PyTorch does: a block that can grow into the unmapped space after it counts as that large, so a
+            # later block that fits more snugly is preferred.
+            nxt = it
+            inc(nxt)
+            while nxt != index.end() and deref(nxt).first.stream == stream and \
+                    expandable_size(deref(nxt).second) < expandable_size(deref(it).second):
+                it = nxt
+                inc(nxt)
+        b = deref(it).second
+        if self.k.max_split_size:
+            # PyTorch's rules for blocks of max_split_size or more: never split them for a smaller request, and
+            # round a request up into one only within max_non_split_rounding.
+            if size < self.k.max_split_size and b.size >= self.k.max_split_size:
+                return NULL
+            if size >= self.k.max_split_size and b.size >= size + self.k.max_non_split_rounding:
+                return NULL
+        return b
 
     cdef Block* _best_free(self, int pool, size_t size, int64_t stream) noexcept nogil:
         """Smallest free pBlock >= size of `stream` or of no stream; stays in the index."""
@@ -219,9 +294,23 @@ cdef class Allocator:
             del n
         return b
 
+    cdef bint _should_split(self, Block* b, size_t size) noexcept nogil:
+        cdef size_t remaining = b.size - size
+        cdef bint split
+        if remaining == 0:
+            return False
+        if b.seg.pool == POOL_SMALL:
+            split = remaining >= self.k.round_to
+        else:
+            split = remaining > self.k.large_split_min and (self.k.max_split_size == 0 or size < self.k.max_split_size)
+        if self.k.hook_split:
+            with gil:
+                split = self._hook_split(b.size, size, b.seg.pool, split)
+        return split
+
     cdef Block* _take(self, Block* b, size_t size, int64_t stream) noexcept nogil:
-        """Allocate the head of free, unindexed b; the rest stays free."""
-        if b.size > size:
+        """Allocate the head of free, unindexed b; the rest stays free if the policy splits it."""
+        if self._should_split(b, size):
             self._insert_free(self._split(b, size))
         b.state = BLOCK_ALLOCATED
         b.stream = stream
@@ -245,18 +334,20 @@ cdef class Allocator:
 
     # ------------------------------------------------------------------ segments
 
-    cdef Segment* _new_segment(self, int pool, size_t size, size_t chunk_size, int64_t stream) noexcept nogil:
-        """Reserve VA and map fresh chunks into it. NULL with self.err set on failure; nothing is left behind."""
-        cdef size_t n = size // chunk_size
+    cdef Segment* _new_segment(self, int pool, size_t size, size_t chunk_size, int64_t stream,
+                               bint mapped) noexcept nogil:
+        """Reserve VA and map fresh chunks into it (unless not `mapped`: then the whole range is one unmapped hole,
+        as an expandable segment starts). NULL with self.err set on failure; nothing is left behind."""
+        cdef size_t n = size // chunk_size if mapped else 0
         cdef size_t i, j
         cdef uintptr_t va = 0
         cdef uint64_t handle = 0
         cdef int rc
         cdef vector[uint64_t] handles
-        if self.limit_bytes and self.st.reserved + size > self.limit_bytes:
+        if mapped and self.limit_bytes and self.st.reserved + size > self.limit_bytes:
             self.err = ERR_OOM
             return NULL
-        rc = self._call(CALL_RESERVE, self.driver.reserve(size, chunk_size, &va), 0)
+        rc = self._call(CALL_RESERVE, self.driver.reserve(size, self.driver.granularity, &va), 0)
         if rc != DRIVER_OK:
             if rc == DRIVER_OOM:
                 self.err = ERR_OOM
@@ -270,7 +361,7 @@ cdef class Allocator:
             if rc != DRIVER_OK:
                 break
             handles.push_back(handle)
-        if rc == DRIVER_OK:
+        if rc == DRIVER_OK and n:
             rc = self._call(CALL_SET_ACCESS, self.driver.set_access(va, size), n)
         if rc != DRIVER_OK:
             if rc == DRIVER_OOM and self.err == ERR_NONE:
@@ -288,22 +379,28 @@ cdef class Allocator:
         seg.size = size
         seg.chunk_size = chunk_size
         seg.pool = pool
-        seg.handles = handles
-        seg.sblock_maps.assign(n, 0)
+        if mapped:
+            seg.handles = handles
+        else:
+            seg.handles.assign(size // chunk_size, 0)
+        seg.sblock_maps.assign(size // chunk_size, 0)
         seg.mapped_chunks = n
         cdef Block* b = new Block()
         b.addr = va
         b.size = size
         b.stream = stream
-        b.state = BLOCK_FREE
+        b.state = BLOCK_FREE if mapped else BLOCK_UNMAPPED
         b.seg = seg
         seg.first = b
         self.by_addr[va] = b
         self.segments[seg.serial] = seg
+        self.st.segments_created += 1
+        if not mapped:
+            self._insert_hole(b)
+            return seg
         self.st.reserved += size
         if self.st.reserved > self.st.peak_reserved:
             self.st.peak_reserved = self.st.reserved
-        self.st.segments_created += 1
         return seg
 
     cdef size_t _release_chunks(self, Segment* seg, size_t wanted) noexcept nogil:
@@ -352,6 +449,9 @@ cdef class Allocator:
                         nxt = self._split(hole, hi - hole.addr)
                         self._insert_free(nxt)
                     hole.state = BLOCK_UNMAPPED
+                    hole = self._merge_holes(hole)
+                    self._insert_hole(hole)
+                    nxt = hole.next
                     break   # continue from the block after the hole
             b = nxt
         if seg.mapped_chunks == 0:
@@ -364,12 +464,109 @@ cdef class Allocator:
         cdef Block* nxt
         while b != NULL:
             nxt = b.next
+            if b.state == BLOCK_UNMAPPED:
+                self._erase_hole(b)
             self.by_addr.erase(b.addr)
             del b
             b = nxt
         self._call(CALL_FREE_VA, self.driver.free_va(seg.va, seg.size), 0)
         self.segments.erase(seg.serial)
         del seg
+
+    cdef Block* _map_pages(self, Block* hole, size_t size) noexcept nogil:
+        """Map new chunks over the first `size` bytes (rounded up to whole chunks) of an unmapped hole. The mapped
+        part becomes free, merged with its free neighbours and indexed; it is returned. NULL with self.err set on
+        failure, leaving the hole as it was."""
+        cdef Segment* seg = hole.seg
+        cdef size_t C = seg.chunk_size
+        cdef size_t n = min_size((size + C - 1) // C, hole.size // C)
+        cdef size_t first = (hole.addr - seg.va) // C
+        cdef size_t i, j
+        cdef uint64_t handle = 0
+        cdef int rc = DRIVER_OK
+        if self.limit_bytes and self.st.reserved + n * C > self.limit_bytes:
+            self.err = ERR_OOM
+            return NULL
+        for i in range(n):
+            rc = self._call(CALL_CREATE, self.driver.create_chunk(C, &handle), 1)
+            if rc == DRIVER_OK:
+                rc = self._call(CALL_MAP, self.driver.map(hole.addr + i * C, C, handle), 1)
+                if rc != DRIVER_OK:
+                    self._call(CALL_RELEASE, self.driver.release_chunk(handle, C), 1)
+            if rc != DRIVER_OK:
+                break
+            seg.handles[first + i] = handle
+        if rc == DRIVER_OK:
+            rc = self._call(CALL_SET_ACCESS, self.driver.set_access(hole.addr, n * C), n)
+            i = n
+        if rc != DRIVER_OK:
+            if rc == DRIVER_OOM and self.err == ERR_NONE:
+                self.err = ERR_OOM
+            if i:
+                self._call(CALL_UNMAP, self.driver.unmap(hole.addr, i * C), i)
+            for j in range(i):
+                self._call(CALL_RELEASE, self.driver.release_chunk(seg.handles[first + j], C), 1)
+                seg.handles[first + j] = 0
+            return NULL
+        seg.mapped_chunks += n
+        self.st.reserved += n * C
+        if self.st.reserved > self.st.peak_reserved:
+            self.st.peak_reserved = self.st.reserved
+        self._erase_hole(hole)
+        if hole.size > n * C:
+            self._insert_hole(self._split(hole, n * C))
+        hole.state = BLOCK_FREE
+        hole.free_seq = 0
+        cdef Block* b = self._coalesce(hole)
+        self._insert_free(b)
+        return b
+
+    cdef Block* _find_expandable(self, int pool, size_t size, int64_t stream) noexcept nogil:
+        """The lowest hole of `stream` (with the free block before it) that has `size` bytes of free or unmapped
+        space in a row, or a new expandable segment's hole."""
+        cdef FreeIndex* holes = self._holes(pool)
+        cdef FreeIndex.iterator it = holes.lower_bound(make_key(stream, 0))
+        cdef Block* c
+        cdef Block* b
+        cdef size_t room
+        cdef Segment* seg
+        while it != holes.end() and deref(it).first.stream == stream:
+            c = deref(it).second
+            if c.prev != NULL and c.prev.state == BLOCK_FREE:
+                c = c.prev
+            room = 0
+            b = c
+            while room < size and b != NULL and (b.state == BLOCK_FREE or b.state == BLOCK_UNMAPPED):
+                room += b.size
+                b = b.next
+            if room >= size:
+                return c
+            inc(it)
+        cdef size_t page = self.k.page_small if pool == POOL_SMALL else self.k.page_large
+        cdef size_t reserve = round_up(self.k.expandable_reserve, page)
+        if reserve < size:
+            self.err = ERR_OOM
+            return NULL
+        seg = self._new_segment(pool, reserve, page, stream, False)
+        return seg.first if seg != NULL else NULL
+
+    cdef Block* _alloc_expandable(self, int pool, size_t size, int64_t stream) noexcept nogil:
+        """Grow an expandable segment by mapping pages until `size` bytes in a row are free, then take them."""
+        cdef Block* c = self._find_expandable(pool, size, stream)
+        cdef Block* m
+        if c == NULL:
+            return NULL
+        if c.state == BLOCK_UNMAPPED:
+            c = self._map_pages(c, min_size(c.size, size))
+            if c == NULL:
+                return NULL
+        while c.size < size:
+            m = self._map_pages(c.next, min_size(size - c.size, c.next.size))
+            if m == NULL:
+                return NULL
+            c = m
+        self._erase_free(c)
+        return self._take(c, size, stream)
 
     # ------------------------------------------------------------------ sBlocks
 
@@ -584,6 +781,11 @@ cdef class Allocator:
         cdef vector[int64_t] done
         cdef size_t moved = 0, i
         cdef pair[int64_t, Fence] entry
+        if not self.k.cross_stream:
+            # Blocks stay with their stream, as in PyTorch; only a synchronize is owed under pressure.
+            if wait:
+                self._sync()
+            return 0
         if wait:
             if self._sync() != DRIVER_OK:
                 return 0
@@ -639,7 +841,12 @@ cdef class Allocator:
         pool holds free. Stage 1: return everything free. True if anything changed."""
         cdef size_t changed
         self.err = ERR_NONE
-        if stage == 0:
+        if stage == 0 and not self.k.cross_stream:
+            # PyTorch: synchronize, then release every free segment (both pools) and retry once.
+            if self._sync() != DRIVER_OK:
+                return False
+            changed = self._release_pool(POOL_SMALL, 0) + self._release_pool(POOL_LARGE, 0)
+        elif stage == 0:
             changed = self._reclaim_streams(ANY_STREAM, True)
             if self.err != ERR_NONE:
                 return False
@@ -662,7 +869,9 @@ cdef class Allocator:
             return self._take(b, size, stream)
         if self.err != ERR_NONE:
             return NULL
-        seg = self._new_segment(POOL_SMALL, self.k.small_segment_size, self.k.small_segment_size, stream)
+        if self.k.segment_rule == SEGMENTS_EXPANDABLE:
+            return self._alloc_expandable(POOL_SMALL, size, stream)
+        seg = self._new_segment(POOL_SMALL, self.k.small_segment_size, self.k.small_segment_size, stream, True)
         if seg == NULL:
             return NULL
         return self._take(seg.first, size, stream)
@@ -683,6 +892,17 @@ cdef class Allocator:
         if b != NULL:
             self._erase_free(b)
             return self._take(b, size, stream)
+        cdef size_t alloc_size
+        cdef Segment* seg
+        if self.k.segment_rule == SEGMENTS_EXPANDABLE:
+            return self._alloc_expandable(POOL_LARGE, size, stream)
+        if self.k.segment_rule == SEGMENTS_PYTORCH:
+            # One handle per segment, sized as PyTorch's get_allocation_size does.
+            alloc_size = self.k.large_segment_size if size < self.k.min_large_alloc else round_up(size, self.k.round_large)
+            seg = self._new_segment(POOL_LARGE, alloc_size, alloc_size, stream, True)
+            if seg == NULL:
+                return NULL
+            return self._take(seg.first, size, stream)
         # Steps 3-4: stitch free pBlocks, adding new chunks for the shortfall only.
         return self._stitch_or_grow(size, stream)
 
@@ -729,13 +949,17 @@ cdef class Allocator:
         # A stitch that needs new chunks anyway must save at least one of them, or it only costs driver calls.
         if remaining and round_up(remaining, self.k.chunk_size) == round_up(size, self.k.chunk_size):
             pieces.clear()
+        if self.k.hook_allow_stitch and not pieces.empty():
+            with gil:
+                if not self._hook_allow_stitch(size, stream, pieces, remaining):
+                    pieces.clear()
         if pieces.empty():
-            seg = self._new_segment(POOL_LARGE, round_up(size, self.k.chunk_size), self.k.chunk_size, stream)
+            seg = self._new_segment(POOL_LARGE, round_up(size, self.k.chunk_size), self.k.chunk_size, stream, True)
             if seg == NULL:
                 return NULL
             return self._take(seg.first, size, stream)
         if remaining:
-            seg = self._new_segment(POOL_LARGE, round_up(remaining, self.k.chunk_size), self.k.chunk_size, stream)
+            seg = self._new_segment(POOL_LARGE, round_up(remaining, self.k.chunk_size), self.k.chunk_size, stream, True)
             if seg == NULL:
                 return NULL
             self._insert_free(seg.first)
@@ -851,6 +1075,33 @@ cdef class Allocator:
         self.mutex.unlock()
         return err
 
+    # ------------------------------------------------------------------ Python policy hooks (slow, with the GIL)
+
+    cdef bint _hook_split(self, size_t block_size, size_t size, int pool, bint default) noexcept:
+        try:
+            return bool(self.policy.should_split(block_size, size, "small" if pool == POOL_SMALL else "large",
+                                                 default))
+        except BaseException as exc:
+            if self.hook_error is None:
+                self.hook_error = exc
+            return default
+
+    cdef bint _hook_allow_stitch(self, size_t size, int64_t stream, vector[Piece]& pieces,
+                                 size_t remaining) noexcept:
+        cdef size_t i
+        try:
+            sizes = [pieces[i].size for i in range(pieces.size())]
+            return bool(self.policy.allow_stitch(size, stream, sizes, remaining))
+        except BaseException as exc:
+            if self.hook_error is None:
+                self.hook_error = exc
+            return True
+
+    def _raise_hook_error(self):
+        exc = self.hook_error
+        self.hook_error = None
+        raise PolicyError(f"gmlake: policy {self.policy.name!r} raised {type(exc).__name__}: {exc}") from exc
+
     # ------------------------------------------------------------------ Python API
 
     def set_limit(self, limit: int) -> None:
@@ -884,6 +1135,12 @@ cdef class Allocator:
             raise self._oom(n)
         with nogil:
             ptr = self.malloc_nogil(n, s)
+        if self.hook_error is not None:
+            # The allocation completed with the hook's default; undo it and report the hook's failure.
+            if ptr:
+                with nogil:
+                    self.free_nogil(ptr)
+            self._raise_hook_error()
         if ptr == 0:
             raise self._failure(n)
         return ptr
@@ -992,7 +1249,8 @@ cdef class Allocator:
         cdef Segment* seg
         cdef Block* b
         cdef SBlock* sb
-        cdef size_t reserved = 0, allocated = 0, free_count = 0, sblock_va = 0, i, j, c
+        cdef size_t reserved = 0, allocated = 0, free_count = 0, hole_count = 0, sblock_va = 0, i, j, c
+        cdef FreeKey key
         cdef uintptr_t at
         cdef vector[int] maps
         for sp in self.segments:
@@ -1022,6 +1280,12 @@ cdef class Allocator:
                     allocated += b.size
                 elif b.state == BLOCK_CLAIMED:
                     assert b.sblock != NULL and b.sblock.alloc != NULL, "claimed block has a live sBlock"
+                elif b.state == BLOCK_UNMAPPED:
+                    hole_count += 1
+                    key = key_of(b)
+                    key.size = 0
+                    assert self._holes(seg.pool).count(key), "hole indexed"
+                    assert b.next == NULL or b.next.state != BLOCK_UNMAPPED, "neighbouring holes are merged"
                 for i in range((b.addr - seg.va) // seg.chunk_size,
                                (b.addr + b.size - seg.va + seg.chunk_size - 1) // seg.chunk_size):
                     if b.state == BLOCK_UNMAPPED:
@@ -1032,6 +1296,7 @@ cdef class Allocator:
                 b = b.next
             assert at == seg.va + seg.size, "blocks cover segment"
         assert self.free_small.size() + self.free_large.size() == free_count, "free index holds only free blocks"
+        assert self.unmapped_small.size() + self.unmapped_large.size() == hole_count, "hole index holds the holes"
         for fp in self.free_large:
             assert fp.second.seg.pool == POOL_LARGE and fp.second.state == BLOCK_FREE, "large index"
         for sp in self.segments:

@@ -48,3 +48,7 @@ class DriverError(GmlakeError, RuntimeError):
 
 class InvalidPointerError(GmlakeError, ValueError):
     """A free or lookup of an address that is not a live allocation (double free, or a foreign pointer)."""
+
+
+class PolicyError(GmlakeError, RuntimeError):
+    """A Python policy hook raised; the request it was deciding was undone."""

@@ -1,21 +1,25 @@
 """Placement policies: how a request is placed, how blocks split, which stitched blocks are evicted.
 
-`get(name)` returns a built-in policy by name. Policies are frozen dataclasses of knobs read once by the Cython core,
-so the built-in fast path runs with no Python; subclass one and change its fields to try a variant.
+`get(name)` returns a built-in policy by name: "gmlake" (virtual memory stitching, the default), "caching" (a model
+of PyTorch's native allocator) and "expandable" (a model of its expandable segments). Policies are frozen dataclasses
+of knobs read once by the Cython core, so the built-in fast path runs with no Python. Subclass one and change its
+fields, or override its hooks (`should_split`, `allow_stitch`), to try a variant: see `gmlake.policies.examples`.
 """
 from __future__ import annotations
 
 from gmlake.policies.base import Policy
+from gmlake.policies.caching import CachingPolicy
+from gmlake.policies.expandable import ExpandablePolicy
 from gmlake.policies.gmlake import GMLakePolicy
 
 _BUILTIN: dict[str, type[Policy]] = {
-    GMLakePolicy.name: GMLakePolicy,
+    cls.name: cls for cls in (GMLakePolicy, CachingPolicy, ExpandablePolicy)
 }
 
 
 def names() -> list[str]:
     """Names of the built-in policies."""
-    return sorted(_BUILTIN)
+    return list(_BUILTIN)
 
 
 def get(name: str, **options) -> Policy:
@@ -27,4 +31,4 @@ def get(name: str, **options) -> Policy:
     return cls(**options)
 
 
-__all__ = ["Policy", "GMLakePolicy", "get", "names"]
+__all__ = ["Policy", "GMLakePolicy", "CachingPolicy", "ExpandablePolicy", "get", "names"]

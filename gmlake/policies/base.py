@@ -1,26 +1,42 @@
-"""The policy interface: the knobs the allocator core reads."""
+"""The policy interface: the knobs the allocator core reads, and the hooks a Python subclass may override."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
 MiB = 1 << 20
+SEGMENT_RULES = ("chunks", "pytorch", "expandable")
 
 
 @dataclass(frozen=True)
 class Policy:
-    """Knobs of the allocator core. Sizes are in bytes.
+    """How the allocator places requests, splits blocks and keeps stitched blocks. Sizes are in bytes.
 
-    round_to: requests are rounded up to this many bytes (PyTorch uses 512).
-    small_size: requests up to this size go to the small pool, packed into `small_segment_size` segments and never
-        stitched, so small tensors do not fragment the chunks that large ones stitch.
-    chunk_size: size of one physical handle in the large pool. Smaller handles stitch more finely; every handle a
-        stitch maps costs about 40 µs of driver time (cuMemSetAccess), so larger handles stitch cheaper.
-    stitch: whether to stitch free blocks at all (False gives a plain caching allocator over VMM chunks).
-    min_stitch_size: requests below this size never stitch; they get new chunks instead.
-    max_cached_sblocks: stitched blocks kept mapped after their allocation is freed, least recently used evicted
-        first (0: unbounded).
-    sblock_search_depth: how many cached stitched blocks a request examines before it gives up on reuse.
+    Placement:
+      segment_rule: how new memory is laid out when no free block fits.
+        "chunks": the shortfall of a request in whole `chunk_size` handles, stitched with free blocks (gmlake).
+        "pytorch": PyTorch's native rule, one handle per segment: 2 MiB for the small pool, `large_segment_size`
+          for requests under `min_large_alloc`, else the request rounded up to `round_large`.
+        "expandable": PyTorch's expandable segments: one VA range per stream and pool that grows by mapping pages of
+          `expandable_page_small` / `expandable_page_large` bytes.
+      stitch: whether to stitch free blocks at all (only with "chunks").
+      min_stitch_size: requests below this size never stitch; they get new chunks instead.
+      cross_stream: whether a block freed on one stream may serve another once the first stream's work is done
+        (PyTorch keeps every block on its stream).
+      round_to: requests are rounded up to this many bytes (PyTorch: 512).
+      small_size / small_segment_size: requests up to small_size use a small pool of small_segment_size segments,
+        never stitched, so small tensors do not fragment the chunks that large ones stitch.
+      chunk_size: one physical handle of the large pool under "chunks". Smaller handles stitch more finely; each
+        handle a stitch maps costs about 30 µs of cuMemSetAccess on an H200, so larger handles stitch cheaper.
+    Splitting:
+      large_split_min: a large block is split only if more than this would remain (PyTorch native: 1 MiB).
+      max_split_size / max_non_split_rounding: PyTorch's oversize-block rules (0: no limit).
+    Stitched blocks:
+      max_cached_sblocks: sBlocks kept mapped after their allocation is freed, least recently used evicted first.
+      sblock_search_depth: how many cached sBlocks a request examines before it gives up on reuse.
+
+    Hooks: override `should_split` or `allow_stitch` in a subclass to decide from Python. They run with the GIL and
+    only where the decision is made, so the built-in policies keep the nogil path.
     """
 
     name: ClassVar[str] = "base"
@@ -29,29 +45,66 @@ class Policy:
     small_size: int = 1 * MiB
     small_segment_size: int = 2 * MiB
     chunk_size: int = 2 * MiB
+    segment_rule: str = "chunks"
     stitch: bool = True
     min_stitch_size: int = 0
+    cross_stream: bool = True
+    large_split_min: int = 0
+    max_split_size: int = 0
+    max_non_split_rounding: int = 20 * MiB
+    large_segment_size: int = 20 * MiB
+    min_large_alloc: int = 10 * MiB
+    round_large: int = 2 * MiB
+    expandable_page_small: int = 2 * MiB
+    expandable_page_large: int = 20 * MiB
+    expandable_reserve: int = 0
     max_cached_sblocks: int = 4096
     sblock_search_depth: int = 8
+
+    # ------------------------------------------------------------------ hooks
+
+    def should_split(self, block_size: int, size: int, pool: str, default: bool) -> bool:
+        """Split a free block of `block_size` bytes to serve `size` bytes? `default` is the built-in answer."""
+        return default
+
+    def allow_stitch(self, size: int, stream: int, pieces: list[int], new_bytes: int) -> bool:
+        """Stitch `pieces` (free bytes, largest first) plus `new_bytes` of new memory for a `size`-byte request?
+        False allocates the whole request as new memory instead."""
+        return True
+
+    def overrides(self, hook: str) -> bool:
+        """Whether this policy's class overrides `hook` (the core calls Python only then)."""
+        return getattr(type(self), hook) is not getattr(Policy, hook)
+
+    # ------------------------------------------------------------------ checks
 
     def validate(self, granularity: int) -> None:
         """Raise ValueError if the knobs do not suit a driver of this allocation granularity."""
         def positive(field: str) -> None:
             value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"gmlake: policy {self.name}: {field} must be a positive int, got {value!r}")
 
-        for field in ("round_to", "small_size", "small_segment_size", "chunk_size", "sblock_search_depth"):
+        for field in ("round_to", "small_size", "small_segment_size", "chunk_size", "sblock_search_depth",
+                      "large_segment_size", "min_large_alloc", "round_large", "expandable_page_small",
+                      "expandable_page_large"):
             positive(field)
+        for field in ("min_stitch_size", "max_cached_sblocks", "large_split_min", "max_split_size",
+                      "max_non_split_rounding", "expandable_reserve"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"gmlake: policy {self.name}: {field} must be an int >= 0, got {value!r}")
+        if self.segment_rule not in SEGMENT_RULES:
+            raise ValueError(
+                f"gmlake: policy {self.name}: segment_rule must be one of {', '.join(SEGMENT_RULES)}, "
+                f"got {self.segment_rule!r}")
         if self.round_to & (self.round_to - 1):
             raise ValueError(f"gmlake: policy {self.name}: round_to must be a power of two, got {self.round_to}")
-        if self.chunk_size % granularity:
-            raise ValueError(
-                f"gmlake: policy {self.name}: chunk_size {self.chunk_size} is not a multiple of the driver's "
-                f"granularity {granularity}")
-        if self.small_segment_size % granularity or self.small_segment_size < self.small_size:
-            raise ValueError(
-                f"gmlake: policy {self.name}: small_segment_size must be a multiple of {granularity} "
-                f"and at least small_size")
-        if self.min_stitch_size < 0 or self.max_cached_sblocks < 0:
-            raise ValueError(f"gmlake: policy {self.name}: min_stitch_size and max_cached_sblocks must be >= 0")
+        for field in ("chunk_size", "small_segment_size", "large_segment_size", "round_large",
+                      "expandable_page_small", "expandable_page_large"):
+            if getattr(self, field) % granularity:
+                raise ValueError(
+                    f"gmlake: policy {self.name}: {field} {getattr(self, field)} is not a multiple of the driver's "
+                    f"granularity {granularity}")
+        if self.small_segment_size < self.small_size:
+            raise ValueError(f"gmlake: policy {self.name}: small_segment_size must be at least small_size")

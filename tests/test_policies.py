@@ -1,0 +1,206 @@
+"""The built-in policies' rules, and Python policy hooks."""
+import pytest
+
+import gmlake
+from gmlake import Allocator, PolicyError
+from gmlake.policies.examples import NoSmallStitches
+
+MiB = 1 << 20
+KiB = 1 << 10
+
+
+def caching(driver, **kw):
+    return Allocator(driver, gmlake.policies.get("caching", **kw))
+
+
+def expandable(driver, **kw):
+    return Allocator(driver, gmlake.policies.get("expandable", **kw))
+
+
+def test_policy_names():
+    assert gmlake.policies.names() == ["gmlake", "caching", "expandable"]
+
+
+# ---------------------------------------------------------------- caching: PyTorch's native allocator
+
+
+def test_caching_segment_sizes(driver):
+    alloc = caching(driver)
+    a = alloc.malloc(5 * MiB)                       # 1-10 MiB: a 20 MiB segment
+    assert alloc.stats()["reserved_bytes"] == 20 * MiB
+    b = alloc.malloc(5 * MiB)                       # fits in its remainder
+    assert b == a + 5 * MiB and alloc.stats()["segments_created"] == 1
+    c = alloc.malloc(11 * MiB + 1)                  # >= 10 MiB: rounded up to 2 MiB
+    assert alloc.stats()["reserved_bytes"] == 20 * MiB + 12 * MiB
+    d = alloc.malloc(100 * KiB)                     # small pool: 2 MiB
+    assert alloc.stats()["reserved_bytes"] == 34 * MiB
+    for p in (a, b, c, d):
+        alloc.free(p)
+    alloc.check()
+
+
+def test_caching_keeps_remainders_of_1mib_or_less(driver):
+    alloc = caching(driver)
+    a = alloc.malloc(19 * MiB + 512 * KiB)          # 20 MiB segment, 512 KiB would remain: not split
+    assert alloc.block_size(a) == 20 * MiB
+    assert alloc.stats()["allocated_bytes"] == 20 * MiB
+    alloc.free(a)
+    b = alloc.malloc(18 * MiB)                      # 2 MiB would remain: split
+    assert alloc.block_size(b) == 18 * MiB
+    alloc.check()
+
+
+def test_caching_never_reuses_across_streams(driver):
+    alloc = caching(driver)
+    a = alloc.malloc(30 * MiB, stream=1)
+    alloc.free(a)
+    b = alloc.malloc(30 * MiB, stream=2)
+    assert b != a and alloc.stats()["reserved_bytes"] == 60 * MiB
+    alloc.free(b)
+    alloc.check()
+
+
+def test_caching_never_stitches(driver):
+    alloc = caching(driver)
+    parts = [alloc.malloc(12 * MiB) for _ in range(4)]
+    for p in parts:
+        alloc.free(p)
+    alloc.malloc(40 * MiB)
+    assert alloc.stats()["stitches"] == 0
+    assert alloc.stats()["reserved_bytes"] == 88 * MiB
+
+
+def test_caching_releases_free_segments_under_pressure(driver):
+    alloc = caching(driver)
+    alloc.set_limit(40 * MiB)
+    a = alloc.malloc(30 * MiB)
+    alloc.free(a)
+    b = alloc.malloc(32 * MiB)                      # the free 30 MiB segment must go first
+    assert alloc.stats()["reserved_bytes"] == 32 * MiB
+    alloc.free(b)
+    alloc.check()
+
+
+def test_caching_max_split_size(driver):
+    alloc = caching(driver, max_split_size=64 * MiB)
+    big = alloc.malloc(100 * MiB)
+    alloc.free(big)
+    small = alloc.malloc(20 * MiB)                  # never carved out of an oversize block
+    assert not (big <= small < big + 100 * MiB)
+    over = alloc.malloc(90 * MiB)                   # an oversize request may round up into it (within 20 MiB)
+    assert over == big and alloc.block_size(over) == 100 * MiB
+    alloc.check()
+
+
+# ---------------------------------------------------------------- expandable segments
+
+
+def test_expandable_grows_one_segment_by_pages(driver):
+    alloc = expandable(driver)
+    a = alloc.malloc(5 * MiB)
+    assert alloc.stats()["reserved_bytes"] == 20 * MiB
+    b = alloc.malloc(30 * MiB)                      # 15 MiB free at the end + one more 20 MiB page
+    assert b == a + 5 * MiB
+    assert alloc.stats()["reserved_bytes"] == 40 * MiB
+    assert alloc.stats()["segments_created"] == 1
+    alloc.check()
+    alloc.free(a)
+    alloc.free(b)
+    alloc.empty_cache()
+    assert alloc.stats()["reserved_bytes"] == 0
+    alloc.check()
+    alloc.close()
+    assert driver.leaks() == {k: 0 for k in driver.leaks()}
+
+
+def test_expandable_small_pool_uses_2mib_pages(driver):
+    alloc = expandable(driver)
+    ptrs = [alloc.malloc(600 * KiB) for _ in range(5)]
+    assert alloc.stats()["reserved_bytes"] == 4 * MiB
+    assert all(q - p == 600 * KiB for p, q in zip(ptrs, ptrs[1:]))
+    for p in ptrs:
+        alloc.free(p)
+    alloc.check()
+
+
+def test_expandable_packs_at_512_bytes(driver):
+    alloc = expandable(driver)
+    sizes = [3 * MiB + 1000 * i for i in range(1, 30)]
+    ptrs = [alloc.malloc(s) for s in sizes]
+    total = sum((s + 511) // 512 * 512 for s in sizes)
+    assert alloc.stats()["reserved_bytes"] == -(-total // (20 * MiB)) * 20 * MiB
+    for p in ptrs:
+        alloc.free(p)
+    alloc.check()
+
+
+def test_expandable_segment_per_stream(driver):
+    alloc = expandable(driver)
+    alloc.malloc(5 * MiB, stream=1)
+    alloc.malloc(5 * MiB, stream=2)
+    assert alloc.stats()["segments_created"] == 2
+    alloc.check()
+
+
+def test_expandable_refills_released_pages_first(driver):
+    alloc = expandable(driver)
+    a = alloc.malloc(40 * MiB)
+    b = alloc.malloc(40 * MiB)
+    alloc.free(a)
+    alloc.empty_cache()                             # a's two pages go back: a hole at the start
+    assert alloc.stats()["reserved_bytes"] == 40 * MiB
+    c = alloc.malloc(30 * MiB)                      # lowest address with room: the hole
+    assert c == a
+    alloc.check()
+    alloc.free(b)
+    alloc.free(c)
+
+
+# ---------------------------------------------------------------- Python hooks
+
+
+def test_python_policy_hook_decides_stitching(driver):
+    alloc = Allocator(driver, NoSmallStitches(threshold=64 * MiB))
+    parts = [alloc.malloc(20 * MiB) for _ in range(4)]
+    for p in parts:
+        alloc.free(p)
+    alloc.malloc(50 * MiB)                          # below the threshold: new memory, no stitch
+    assert alloc.stats()["stitches"] == 0
+    alloc.malloc(70 * MiB)                          # above it: stitched from the free blocks left
+    assert alloc.stats()["stitches"] == 1
+    alloc.check()
+
+
+def test_python_split_hook(driver):
+    class NeverSplitLarge(gmlake.GMLakePolicy):
+        def should_split(self, block_size, size, pool, default):
+            return default if pool == "small" else False
+
+    alloc = Allocator(driver, NeverSplitLarge())
+    a = alloc.malloc(30 * MiB)
+    alloc.free(a)
+    b = alloc.malloc(10 * MiB)
+    assert alloc.block_size(b) == 30 * MiB
+    alloc.check()
+
+
+def test_hook_that_raises_is_reported_and_undone(driver):
+    class Broken(gmlake.GMLakePolicy):
+        def should_split(self, block_size, size, pool, default):
+            raise ZeroDivisionError("boom")
+
+    alloc = Allocator(driver, Broken())
+    a = alloc.malloc(30 * MiB)
+    alloc.free(a)
+    before = alloc.stats()["allocated_bytes"]
+    with pytest.raises(PolicyError, match="boom"):
+        alloc.malloc(10 * MiB)
+    assert alloc.stats()["allocated_bytes"] == before
+    alloc.check()
+
+
+def test_bad_policy_fields_are_refused(driver):
+    with pytest.raises(ValueError, match="segment_rule"):
+        Allocator(driver, gmlake.policies.get("gmlake", segment_rule="nope"))
+    with pytest.raises(ValueError, match="large_split_min"):
+        Allocator(driver, gmlake.policies.get("caching", large_split_min=-1))
