@@ -90,6 +90,7 @@ extensions = [
     ),
     Extension("gmlake._allocator", ["gmlake/_allocator.pyx"], **common),
     Extension("gmlake._bench", ["gmlake/_bench.pyx"], **common),
+    Extension("gmlake._replay", ["gmlake/_replay.pyx"], **common),
 ]
 
 setup(

@@ -5,18 +5,19 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gmlake-out}
 mkdir -p "$OUT"
+LOG="$OUT/gpu-check.log"
 # The GPU machine has no registry: build against what is there (Cython, cuda-bindings, /usr/local/cuda 13.0).
 export GMLAKE_CUDA_INCLUDE=${GMLAKE_CUDA_INCLUDE:-/usr/local/cuda/include}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch, Cython, importlib.metadata as m; print("torch", torch.__version__, "Cython", Cython.__version__, "cuda-bindings", m.version("cuda-bindings"))'
-} 2>&1 | tee "$OUT/env.txt"
+} 2>&1 | tee "$LOG"
 if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
 fi
 rc=0
-if ! python3 -m pytest -m gpu -v -p no:cacheprovider tests/ "$@" 2>&1 | tee "$OUT/gpu-tests.log" | tail -25; then
+if ! python3 -m pytest -m gpu -v -p no:cacheprovider tests/ "$@" 2>&1 | tee -a "$LOG" | tail -25; then
   rc=1
 fi
-python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tail -4 | tee "$OUT/all-tests.log"
-python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" 2>&1 | tee "$OUT/micro.log"
+python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tail -4 | tee -a "$LOG"
+python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" 2>&1 | tee -a "$LOG"
 exit $rc

@@ -1,0 +1,5 @@
+import sys
+
+from gmlake.cli import main
+
+sys.exit(main())

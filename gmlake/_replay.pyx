@@ -1,0 +1,94 @@
+# cython: language_level=3, annotation_typing=False
+"""The replay loop: a trace's requests through an Allocator, nogil, sampling reserved and allocated memory."""
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t, uintptr_t
+from libcpp.vector cimport vector
+from gmlake._allocator cimport Allocator, ERR_OOM
+
+import numpy as np
+
+cdef extern from "<time.h>" nogil:
+    struct timespec:
+        long tv_sec
+        long tv_nsec
+    int clock_gettime(int clk, timespec* ts)
+    int CLOCK_MONOTONIC
+
+
+def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64_t[:] stream,
+                  const uint64_t[:] size, const uint32_t[:] ident, size_t samples=2000) -> dict:
+    """Serve each alloc (action 0) and free (action 1) in order; other actions are skipped.
+
+    A request the allocator cannot serve is counted as an OOM and its free skipped, as a training run that caught
+    the error would go on. A driver error stops the replay. Returns peaks, counts and a sampled timeline.
+    """
+    cdef size_t n = action.shape[0]
+    if stream.shape[0] != n or size.shape[0] != n or ident.shape[0] != n:
+        raise ValueError("replay_events: arrays differ in length")
+    cdef uint32_t max_id = 0
+    cdef size_t i
+    for i in range(n):
+        if ident[i] > max_id:
+            max_id = ident[i]
+    cdef vector[uintptr_t] ptrs
+    ptrs.assign(<size_t>max_id + 1, 0)
+    cdef size_t every = max(1, n // max(1, samples))
+    cdef size_t slots = n // every + 2
+    t_event = np.zeros(slots, dtype=np.int64)
+    t_reserved = np.zeros(slots, dtype=np.int64)
+    t_allocated = np.zeros(slots, dtype=np.int64)
+    cdef int64_t[:] te = t_event
+    cdef int64_t[:] tr = t_reserved
+    cdef int64_t[:] ta = t_allocated
+    cdef size_t taken = 0, served = 0, ooms = 0
+    cdef size_t peak_reserved = 0, allocated_at_peak = 0, peak_allocated = 0
+    cdef uintptr_t p
+    cdef int failed = 0
+    cdef timespec t0, t1
+    with nogil:
+        clock_gettime(CLOCK_MONOTONIC, &t0)
+        for i in range(n):
+            if action[i] == 0:
+                p = alloc.malloc_nogil(size[i], stream[i])
+                if p == 0:
+                    if alloc.err != ERR_OOM:
+                        failed = 1
+                        break
+                    ooms += 1
+                else:
+                    ptrs[ident[i]] = p
+                served += 1
+            elif action[i] == 1:
+                p = ptrs[ident[i]]
+                if p != 0:
+                    alloc.free_nogil(p)
+                    ptrs[ident[i]] = 0
+                served += 1
+            else:
+                continue
+            if alloc.st.reserved > peak_reserved:
+                peak_reserved = alloc.st.reserved
+                allocated_at_peak = alloc.st.allocated
+            if alloc.st.allocated > peak_allocated:
+                peak_allocated = alloc.st.allocated
+            if i % every == 0:
+                te[taken] = i
+                tr[taken] = alloc.st.reserved
+                ta[taken] = alloc.st.allocated
+                taken += 1
+        clock_gettime(CLOCK_MONOTONIC, &t1)
+    if failed:
+        raise alloc._failure(size[i])
+    te[taken] = n
+    tr[taken] = alloc.st.reserved
+    ta[taken] = alloc.st.allocated
+    taken += 1
+    return {
+        "events": n,
+        "requests": served,
+        "ooms": ooms,
+        "seconds": (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9,
+        "peak_reserved": peak_reserved,
+        "peak_allocated": peak_allocated,
+        "allocated_at_peak_reserved": allocated_at_peak,
+        "timeline": {"event": t_event[:taken], "reserved": t_reserved[:taken], "allocated": t_allocated[:taken]},
+    }

@@ -1,0 +1,162 @@
+"""The gmlake command: replay, compare, capture, convert.
+
+    gmlake replay TRACE [--policy NAME ...] [--json]
+    gmlake compare [TRACE ...] [--out DIR]
+    gmlake capture -o run.pickle.gz -- python train.py ...
+    gmlake convert SNAPSHOT -o trace.gmtrace
+
+Bad input gets one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gmlake import policies
+from gmlake.trace import TraceError
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise UsageError(message)
+
+
+def _policies(names: list[str] | None) -> list[str]:
+    names = names or policies.names()
+    known = policies.names()
+    for name in names:
+        if name not in known:
+            raise UsageError(f"unknown policy {name!r}; built-in policies: {', '.join(known)}")
+    return names
+
+
+def _load(paths: list[str], device: int | None):
+    from gmlake.trace import load
+
+    return [load(p, device) for p in paths]
+
+
+def cmd_replay(args) -> int:
+    from gmlake.replay import replay
+
+    names = _policies(args.policy)
+    (trace,) = _load([args.trace], args.device)
+    results = [replay(trace, name, device_memory=args.device_memory) for name in names]
+    if args.json:
+        for r in results:
+            print(json.dumps(r.summary()))
+        return 0
+    from rich.console import Console
+
+    from gmlake.compare import table
+
+    Console().print(table(results, [trace]))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from rich.console import Console
+
+    from gmlake import compare
+    from gmlake.replay import bundled_traces
+
+    names = _policies(args.policy)
+    paths = args.traces or [str(p) for p in bundled_traces()]
+    if not paths:
+        raise UsageError("no traces given and none bundled")
+    traces = _load(paths, args.device)
+    results = compare.run(traces, names, progress=sys.stderr.isatty())
+    console = Console()
+    console.print(compare.table(results, traces))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    png = compare.plot(results, traces, out / "compare.png")
+    (out / "compare.jsonl").write_text("".join(json.dumps(r.summary()) + "\n" for r in results))
+    console.print(f"wrote {png} and {out / 'compare.jsonl'}")
+    return 0
+
+
+def cmd_capture(args) -> int:
+    program = list(args.program)
+    if program and program[0] == "--":
+        program = program[1:]
+    if not program:
+        raise UsageError("nothing to run: gmlake capture -o OUT -- python script.py args...")
+    exe = Path(program[0]).name
+    if not exe.startswith("python"):
+        raise UsageError("capture runs Python programs: gmlake capture -o OUT -- python script.py args...")
+    cmd = [program[0], "-m", "gmlake.capture", args.output]
+    if args.name:
+        cmd += ["--name", args.name]
+    cmd += ["--", *program[1:]]
+    return subprocess.call(cmd, env=os.environ.copy())
+
+
+def cmd_convert(args) -> int:
+    from gmlake.trace import load, save_compact
+
+    (trace,) = _load([args.snapshot], args.device)
+    if args.name:
+        trace.meta["name"] = args.name
+    save_compact(trace, args.output)
+    print(f"{args.output}: {len(trace)} events")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gmlake", description="GPU memory allocator with virtual memory stitching: tools.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("replay", help="replay one trace through policies on the sim driver")
+    p.add_argument("trace", help="a PyTorch snapshot pickle (.pickle, .pickle.gz) or a .gmtrace file")
+    p.add_argument("--policy", action="append", help="policy name (repeatable; default: all built-in)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line, one per policy")
+    p.add_argument("--device", type=int, help="which device's trace, if the snapshot has several")
+    p.add_argument("--device-memory", type=int, help="simulated device size in bytes (default: the captured one)")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("compare", help="replay traces (default: the bundled ones) under every policy; table + PNG")
+    p.add_argument("traces", nargs="*")
+    p.add_argument("--policy", action="append")
+    p.add_argument("--device", type=int)
+    p.add_argument("--out", default="gmlake-compare", help="folder for compare.png and compare.jsonl")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("capture", help="record a memory snapshot of a Python training run")
+    p.add_argument("-o", "--output", default="gmlake-capture.pickle.gz")
+    p.add_argument("--name", help="a name for the run, kept in the snapshot")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="-- python script.py args...")
+    p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("convert", help="convert a snapshot to the compact .gmtrace format")
+    p.add_argument("snapshot")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--name")
+    p.add_argument("--device", type=int)
+    p.set_defaults(func=cmd_convert)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except (UsageError, TraceError, ValueError) as exc:
+        print(f"gmlake: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

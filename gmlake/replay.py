@@ -1,0 +1,121 @@
+"""Replay a memory trace through a policy on the sim driver: what would this allocator have done on that run?"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from gmlake._allocator import Allocator
+from gmlake._replay import replay_events
+from gmlake._sim_driver import SimDriver
+from gmlake.policies import Policy, get
+from gmlake.trace import Trace
+
+GRANULARITY = 2 << 20
+
+
+def driver_costs() -> dict:
+    """The per-call cost table measured on an H200 by bench/micro.py (µs)."""
+    return json.loads(resources.files("gmlake").joinpath("data/driver_costs_h200.json").read_text())
+
+
+def driver_seconds(stats: dict, costs: dict | None = None) -> float:
+    """Driver time the calls in `stats` would cost on the GPU the table was measured on."""
+    costs = costs or driver_costs()
+    us = sum(stats["calls"].get(k, 0) * v for k, v in costs["per_call"].items())
+    us += sum(stats["handles"].get(k, 0) * v for k, v in costs["per_handle"].items())
+    return us * 1e-6
+
+
+@dataclass
+class ReplayResult:
+    """What one policy did with one trace. Sizes in bytes."""
+
+    trace: str
+    policy: str
+    events: int
+    requests: int
+    ooms: int
+    seconds: float
+    peak_allocated: int
+    peak_reserved: int
+    allocated_at_peak_reserved: int
+    driver_seconds: float
+    stats: dict
+    timeline: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def utilization(self) -> float:
+        """Peak allocated over peak reserved."""
+        return self.peak_allocated / self.peak_reserved if self.peak_reserved else 1.0
+
+    @property
+    def fragmentation(self) -> float:
+        """The share of reserved memory not allocated at the moment reserved memory peaked."""
+        if not self.peak_reserved:
+            return 0.0
+        return 1.0 - self.allocated_at_peak_reserved / self.peak_reserved
+
+    def summary(self) -> dict:
+        """One flat, JSON-ready record."""
+        return {
+            "trace": self.trace,
+            "policy": self.policy,
+            "peak_allocated": self.peak_allocated,
+            "peak_reserved": self.peak_reserved,
+            "utilization": round(self.utilization, 6),
+            "fragmentation_at_peak": round(self.fragmentation, 6),
+            "events": self.events,
+            "requests": self.requests,
+            "ooms": self.ooms,
+            "seconds": round(self.seconds, 6),
+            "events_per_second": round(self.events / self.seconds) if self.seconds else None,
+            "stitches": self.stats["stitches"],
+            "sblock_reuses": self.stats["sblock_reuses"],
+            "driver_calls": sum(self.stats["calls"].values()),
+            "driver_seconds": round(self.driver_seconds, 6),
+        }
+
+
+def replay(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | None = None,
+           samples: int = 2000) -> ReplayResult:
+    """Run `trace`'s requests through `policy` on a simulated device of `device_memory` bytes (default: the
+    captured device's size where the trace records it, else unbounded)."""
+    if isinstance(policy, str):
+        policy = get(policy)
+    if device_memory is None:
+        device_memory = int(trace.meta.get("device_total", 0) or 0)
+    alloc = Allocator(SimDriver(capacity=device_memory, granularity=GRANULARITY), policy)
+    req = trace.requests()
+    out = replay_events(
+        alloc,
+        np.ascontiguousarray(req["action"]),
+        np.ascontiguousarray(req["stream"]),
+        np.ascontiguousarray(req["size"]),
+        np.ascontiguousarray(req["id"]),
+        samples,
+    )
+    stats = alloc.stats()
+    return ReplayResult(
+        trace=trace.name,
+        policy=policy.name,
+        events=len(trace),
+        requests=out["requests"],
+        ooms=out["ooms"],
+        seconds=out["seconds"],
+        peak_allocated=out["peak_allocated"],
+        peak_reserved=out["peak_reserved"],
+        allocated_at_peak_reserved=out["allocated_at_peak_reserved"],
+        driver_seconds=driver_seconds(stats),
+        stats=stats,
+        timeline=out["timeline"],
+    )
+
+
+def bundled_traces() -> list[Path]:
+    """The real training traces shipped with gmlake."""
+    folder = resources.files("gmlake").joinpath("data/traces")
+    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".gmtrace"))

@@ -1,0 +1,214 @@
+"""Memory traces: PyTorch snapshots in, a compact format of our own for bundling, one request stream out.
+
+A PyTorch snapshot (torch.cuda.memory._snapshot() / _dump_snapshot()) is a pickle, gzipped or not, whose
+`device_traces[device]` lists events with `action` (alloc, free_requested, free_completed, segment_alloc,
+segment_free, segment_map, segment_unmap, ...), `addr`, `size` and `stream`. Snapshots are untrusted input: they are
+read with an unpickler that refuses every global, so a hostile pickle cannot run code.
+
+The compact format (`.gmtrace`) is lzma-compressed: a magic line, a JSON header (metadata, such as the peaks the run
+really reached) and one packed record per event.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import lzma
+import pickle
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"GMLTRACE"
+VERSION = 1
+
+# Event actions in the compact format. The replay serves ALLOC and FREE; the segment events give the memory the
+# captured run really reserved, for comparison.
+ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP = range(6)
+ACTION_NAMES = ("alloc", "free", "segment_alloc", "segment_free", "segment_map", "segment_unmap")
+_SNAPSHOT_ACTIONS = {
+    "alloc": ALLOC,
+    "free_completed": FREE,
+    "segment_alloc": SEGMENT_ALLOC,
+    "segment_free": SEGMENT_FREE,
+    "segment_map": SEGMENT_MAP,
+    "segment_unmap": SEGMENT_UNMAP,
+}
+EVENT_DTYPE = np.dtype([("action", "u1"), ("stream", "<i8"), ("size", "<u8"), ("id", "<u4")])
+MAX_HEADER = 1 << 20
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read: truncated, corrupted, not a snapshot, or without device traces."""
+
+
+@dataclass
+class Trace:
+    """One device's request stream: per event an action, a stream, a size and an allocation id (an alloc and the
+    free of the same allocation share an id), plus metadata such as the peaks the captured run reached."""
+
+    events: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name", "trace"))
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def requests(self) -> np.ndarray:
+        """Only the alloc and free events, which the replay serves."""
+        return self.events[self.events["action"] <= FREE]
+
+    def real_reserved_curve(self) -> np.ndarray | None:
+        """Bytes the captured run held after each event, from its segment events (None without any)."""
+        a = self.events["action"]
+        delta = np.zeros(len(a), dtype=np.int64)
+        size = self.events["size"].astype(np.int64)
+        grow = (a == SEGMENT_ALLOC) | (a == SEGMENT_MAP)
+        shrink = (a == SEGMENT_FREE) | (a == SEGMENT_UNMAP)
+        if not grow.any():
+            return None
+        delta[grow] = size[grow]
+        delta[shrink] = -size[shrink]
+        return np.cumsum(delta)
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Snapshots hold only dicts, lists, strings and numbers: any global is refused."""
+
+    def find_class(self, module: str, name: str):
+        raise TraceError(f"snapshot refers to {module}.{name}; refusing to load code from an untrusted pickle")
+
+
+def _open_bytes(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceError(f"{path}: corrupted gzip data ({exc})") from None
+    return data
+
+
+def load(path: str | Path, device: int | None = None) -> Trace:
+    """Read a PyTorch snapshot (pickle, gzipped or not) or a `.gmtrace` file. Raises TraceError for bad input."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if head == b"\xfd7zXZ\x00":   # xz: our compact format
+        return load_compact(path)
+    return load_snapshot(path, device)
+
+
+def load_snapshot(path: str | Path, device: int | None = None) -> Trace:
+    """Read a PyTorch memory snapshot pickle. `device`: which device's trace (default: the only one with events)."""
+    path = Path(path)
+    data = _open_bytes(path)
+    try:
+        snapshot = _NoGlobals(io.BytesIO(data)).load()
+    except TraceError:
+        raise
+    except Exception as exc:  # truncated or corrupted pickles raise many kinds of error
+        raise TraceError(f"{path}: not a readable snapshot pickle ({type(exc).__name__}: {exc})") from None
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("device_traces"), list):
+        raise TraceError(f"{path}: not a PyTorch memory snapshot (no device_traces)")
+    traces = snapshot["device_traces"]
+    nonempty = [i for i, t in enumerate(traces) if isinstance(t, list) and t]
+    if device is None:
+        if not nonempty:
+            raise TraceError(f"{path}: the snapshot has no device trace events (was _record_memory_history on?)")
+        if len(nonempty) > 1:
+            raise TraceError(f"{path}: events on devices {nonempty}; choose one with --device")
+        device = nonempty[0]
+    if not (0 <= device < len(traces)) or not traces[device]:
+        raise TraceError(f"{path}: no trace events for device {device}")
+    meta = snapshot.get("gmlake", {}) if isinstance(snapshot.get("gmlake"), dict) else {}
+    meta = {**meta, "name": meta.get("name", path.name.split(".")[0]), "device": device, "source": "snapshot"}
+    return Trace(_convert(traces[device], path), meta)
+
+
+def _convert(entries: list, path: Path) -> np.ndarray:
+    events = np.empty(len(entries), dtype=EVENT_DTYPE)
+    live: dict[int, int] = {}       # address -> allocation id
+    next_id = 0
+    n = 0
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise TraceError(f"{path}: malformed trace entry {entry!r:.80}")
+        action = _SNAPSHOT_ACTIONS.get(entry.get("action"))
+        if action is None:
+            continue
+        try:
+            addr = int(entry["addr"])
+            size = int(entry["size"])
+            stream = int(entry.get("stream", 0) or 0)
+        except (KeyError, TypeError, ValueError):
+            raise TraceError(f"{path}: malformed trace entry {entry!r:.80}") from None
+        if size < 0 or stream < 0:
+            raise TraceError(f"{path}: negative size or stream in {entry!r:.80}")
+        ident = 0
+        if action == ALLOC:
+            if size == 0:
+                continue
+            ident = live[addr] = next_id
+            next_id += 1
+        elif action == FREE:
+            if addr not in live:
+                continue   # allocated before recording began: the replay never saw it
+            ident = live.pop(addr)
+        events[n] = (action, stream, size, ident)
+        n += 1
+    return events[:n]
+
+
+def load_compact(path: str | Path) -> Trace:
+    """Read a `.gmtrace` file."""
+    path = Path(path)
+    try:
+        with lzma.open(path) as f:
+            data = f.read()
+    except (lzma.LZMAError, OSError, EOFError) as exc:
+        raise TraceError(f"{path}: corrupted or truncated .gmtrace ({exc})") from None
+    if data[: len(MAGIC)] != MAGIC or len(data) < len(MAGIC) + 8:
+        raise TraceError(f"{path}: not a .gmtrace file")
+    version, header_len = struct.unpack_from("<II", data, len(MAGIC))
+    if version != VERSION:
+        raise TraceError(f"{path}: .gmtrace version {version}, this gmlake reads version {VERSION}")
+    start = len(MAGIC) + 8
+    if header_len > MAX_HEADER or start + header_len > len(data):
+        raise TraceError(f"{path}: truncated .gmtrace header")
+    try:
+        meta = json.loads(data[start : start + header_len])
+    except ValueError as exc:
+        raise TraceError(f"{path}: corrupted .gmtrace header ({exc})") from None
+    body = data[start + header_len :]
+    if len(body) % EVENT_DTYPE.itemsize or not isinstance(meta, dict):
+        raise TraceError(f"{path}: truncated .gmtrace events")
+    events = np.frombuffer(body, dtype=EVENT_DTYPE).copy()
+    if len(events) != meta.get("events", len(events)):
+        raise TraceError(f"{path}: .gmtrace holds {len(events)} events, its header says {meta.get('events')}")
+    return Trace(events, meta)
+
+
+def save_compact(trace: Trace, path: str | Path) -> Path:
+    """Write `trace` as a `.gmtrace` file (written to a temporary name, then renamed: never half-written)."""
+    path = Path(path)
+    meta = {**trace.meta, "events": len(trace.events)}
+    header = json.dumps(meta, sort_keys=True).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    with lzma.open(tmp, "wb", preset=9) as f:
+        f.write(MAGIC + struct.pack("<II", VERSION, len(header)) + header)
+        f.write(np.ascontiguousarray(trace.events, dtype=EVENT_DTYPE).tobytes())
+    tmp.replace(path)
+    return path
