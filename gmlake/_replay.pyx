@@ -16,7 +16,8 @@ cdef extern from "<time.h>" nogil:
 
 def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64_t[:] stream,
                   const uint64_t[:] size, const uint32_t[:] ident, size_t samples=2000) -> dict:
-    """Serve each alloc (action 0) and free (action 1) in order; other actions are skipped.
+    """Serve each alloc (action 0) and free (action 1) in order; other actions are skipped. The timeline samples
+    (about `samples` of them) hold the largest reserved and allocated values since the previous sample.
 
     A request the allocator cannot serve is counted as an OOM and its free skipped, as a training run that caught
     the error would go on. A driver error stops the replay. Returns peaks, counts and a sampled timeline.
@@ -41,6 +42,7 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
     cdef int64_t[:] ta = t_allocated
     cdef size_t taken = 0, served = 0, ooms = 0
     cdef size_t peak_reserved = 0, allocated_at_peak = 0, peak_allocated = 0
+    cdef size_t window_reserved = 0, window_allocated = 0
     cdef uintptr_t p
     cdef int failed = 0
     cdef timespec t0, t1
@@ -70,11 +72,18 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
                 allocated_at_peak = alloc.st.allocated
             if alloc.st.allocated > peak_allocated:
                 peak_allocated = alloc.st.allocated
+            # Each sample is the largest value in its window, so short peaks show in the timeline.
+            if alloc.st.reserved > window_reserved:
+                window_reserved = alloc.st.reserved
+            if alloc.st.allocated > window_allocated:
+                window_allocated = alloc.st.allocated
             if i % every == 0:
                 te[taken] = i
-                tr[taken] = alloc.st.reserved
-                ta[taken] = alloc.st.allocated
+                tr[taken] = window_reserved
+                ta[taken] = window_allocated
                 taken += 1
+                window_reserved = 0
+                window_allocated = 0
         clock_gettime(CLOCK_MONOTONIC, &t1)
     if failed:
         raise alloc._failure(size[i])

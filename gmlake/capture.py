@@ -40,7 +40,7 @@ def dump(path: str | Path, name: str | None = None, **extra) -> Path:
         os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower() else "native",
         "device_name": props.name,
         "device_total": props.total_memory,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         **extra,
     }
     tmp = path.with_name(path.name + ".tmp")

@@ -83,8 +83,8 @@ def plot(results: list[ReplayResult], traces: list[Trace], out: Path) -> Path:
 
             req_index = np.flatnonzero(trace.events["action"] <= 1)
             ax.plot(np.arange(len(req_index)), curve[req_index] / GiB, color="black", linewidth=0.8,
-                    alpha=0.6, label=f"real ({trace.meta.get('allocator', '?')})")
-        ax.set_title(trace.name, fontsize=10)
+                    linestyle="--", alpha=0.7, label=f"captured run ({trace.meta.get('allocator', '?')})")
+        ax.set_title(f"{trace.name}: reserved (solid), allocated (dotted)", fontsize=10)
         ax.set_xlabel("request")
         ax.set_ylabel("GiB")
         ax.legend(fontsize=7, loc="upper left")

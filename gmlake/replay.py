@@ -119,3 +119,26 @@ def bundled_traces() -> list[Path]:
     """The real training traces shipped with gmlake."""
     folder = resources.files("gmlake").joinpath("data/traces")
     return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".gmtrace"))
+
+
+# Which policy models which captured allocator, and how close its replay must land to the real peak.
+FIDELITY = {"native": ("caching", 0.01), "expandable": ("expandable", 0.02)}
+
+
+def fidelity(paths: list[Path] | None = None) -> list[dict]:
+    """Replay each trace through the policy that models the allocator it was captured under, against the
+    max_memory_reserved the captured run really reached. One row per trace."""
+    from gmlake.trace import load
+
+    rows = []
+    for path in paths if paths is not None else bundled_traces():
+        trace = load(path)
+        allocator = trace.meta.get("allocator")
+        real = trace.meta.get("max_memory_reserved")
+        if allocator not in FIDELITY or not real:
+            continue
+        policy, tolerance = FIDELITY[allocator]
+        got = replay(trace, policy).peak_reserved
+        rows.append({"trace": trace.name, "captured under": allocator, "policy": policy, "real": real,
+                     "replayed": got, "error": got / real - 1.0, "tolerance": tolerance})
+    return rows

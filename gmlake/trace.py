@@ -78,11 +78,18 @@ class Trace:
         return np.cumsum(delta)
 
 
+# The only global a snapshot may name: torch's version string, a str subclass, read as a plain str.
+_ALLOWED_GLOBALS = {("torch.torch_version", "TorchVersion"): str}
+
+
 class _NoGlobals(pickle.Unpickler):
-    """Snapshots hold only dicts, lists, strings and numbers: any global is refused."""
+    """Snapshots hold only dicts, lists, strings and numbers: any global beyond a version string is refused."""
 
     def find_class(self, module: str, name: str):
-        raise TraceError(f"snapshot refers to {module}.{name}; refusing to load code from an untrusted pickle")
+        allowed = _ALLOWED_GLOBALS.get((module, name))
+        if allowed is None:
+            raise TraceError(f"snapshot refers to {module}.{name}; refusing to load code from an untrusted pickle")
+        return allowed
 
 
 def _open_bytes(path: Path) -> bytes:
