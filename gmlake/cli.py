@@ -58,7 +58,7 @@ def cmd_replay(args) -> int:
 
     from gmlake.compare import table
 
-    Console().print(table(results, [trace]))
+    Console(width=None if sys.stdout.isatty() else 180).print(table(results, [trace]))
     return 0
 
 
@@ -74,7 +74,7 @@ def cmd_compare(args) -> int:
         raise UsageError("no traces given and none bundled")
     traces = _load(paths, args.device)
     results = compare.run(traces, names, progress=sys.stderr.isatty())
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 180)
     console.print(compare.table(results, traces))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
