@@ -61,6 +61,9 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         vector[ChunkRef] chunks
         Block* alloc
         vector[Block*] claimed
+    cppclass PendingFree:
+        Block* block
+        vector[uint64_t] events
     cppclass FreeKey:
         int64_t stream
         size_t size
@@ -176,6 +179,8 @@ cdef class Allocator:
     cdef cmap[SBlockKey, SBlock*] cached                 # cached (not in use) sBlocks, best fit by capacity
     cdef cmap[uint64_t, SBlock*] lru                     # last use -> cached sBlock
     cdef cmap[int64_t, Fence] fences                     # stream -> pending cross-stream fence
+    cdef unordered_map[uintptr_t, vector[int64_t]] stream_uses   # live pointer -> other streams that used it
+    cdef vector[PendingFree] pending                     # frees waiting for those streams' events
     cdef uint64_t next_serial
     cdef uint64_t tick
     cdef uint64_t free_seq
@@ -187,6 +192,7 @@ cdef class Allocator:
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream) noexcept nogil
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
     cdef int empty_cache_nogil(self) noexcept nogil
+    cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil
 
     cdef bint _hook_split(self, size_t block_size, size_t size, int pool, bint default) noexcept
     cdef bint _hook_allow_stitch(self, size_t size, int64_t stream, vector[Piece]& pieces,
@@ -231,4 +237,6 @@ cdef class Allocator:
     cdef void _descending(self, int64_t stream, vector[Block*]& out) noexcept nogil
     cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil
+    cdef void _retire(self, Block* b) noexcept nogil
+    cdef void _process_pending(self) noexcept nogil
     cdef Segment* _new_segment(self, int pool, size_t size, size_t chunk_size, int64_t stream, bint mapped) noexcept nogil

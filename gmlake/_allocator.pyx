@@ -135,9 +135,13 @@ cdef class Allocator:
         cdef Block* b
         cdef Block* nxt
         cdef pair[uintptr_t, Block*] lp
+        cdef size_t i
         for lp in self.live:
             if lp.second.seg == NULL:
                 del lp.second
+        for i in range(self.pending.size()):
+            if self.pending[i].block.seg == NULL:
+                del self.pending[i].block
         for bp in self.sblocks:
             del bp.second
         for sp in self.segments:
@@ -783,12 +787,14 @@ cdef class Allocator:
         cdef pair[int64_t, Fence] entry
         if not self.k.cross_stream:
             # Blocks stay with their stream, as in PyTorch; only a synchronize is owed under pressure.
-            if wait:
-                self._sync()
-            return 0
+            if wait and self._sync() == DRIVER_OK and self.pending.size():
+                moved = self.pending.size()
+                self._process_pending()
+            return moved
         if wait:
             if self._sync() != DRIVER_OK:
                 return 0
+            self._process_pending()
             for entry in self.fences:
                 self._call(CALL_EVENT_DESTROY, self.driver.destroy_event(entry.second.event), 0)
             self.fences.clear()
@@ -843,9 +849,10 @@ cdef class Allocator:
         self.err = ERR_NONE
         if stage == 0 and not self.k.cross_stream:
             # PyTorch: synchronize, then release every free segment (both pools) and retry once.
-            if self._sync() != DRIVER_OK:
+            changed = self._reclaim_streams(ANY_STREAM, True)
+            if self.err != ERR_NONE:
                 return False
-            changed = self._release_pool(POOL_SMALL, 0) + self._release_pool(POOL_LARGE, 0)
+            changed += self._release_pool(POOL_SMALL, 0) + self._release_pool(POOL_LARGE, 0)
         elif stage == 0:
             changed = self._reclaim_streams(ANY_STREAM, True)
             if self.err != ERR_NONE:
@@ -1002,6 +1009,8 @@ cdef class Allocator:
         """Allocate `size` bytes for `stream`. Returns 0 and sets self.err on failure."""
         cdef size_t rounded = round_up(size, self.k.round_to)
         self.mutex.lock()
+        if self.pending.size():
+            self._process_pending()
         self.err = ERR_NONE
         cdef Block* b = self._alloc(rounded, stream)
         if b == NULL:
@@ -1030,9 +1039,11 @@ cdef class Allocator:
     # ------------------------------------------------------------------ free
 
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil:
-        """Free an allocation; ERR_INVALID_FREE (state untouched) if ptr is not live."""
-        cdef SBlock* sb
+        """Free an allocation; ERR_INVALID_FREE (state untouched) if ptr is not live. If other streams used it
+        (record_stream), its memory returns only once events recorded on them now have completed."""
+        cdef PendingFree pend
         cdef size_t i
+        cdef uint64_t event = 0
         self.mutex.lock()
         it = self.live.find(ptr)
         if it == self.live.end():
@@ -1044,6 +1055,29 @@ cdef class Allocator:
         self.st.live_blocks -= 1
         self.st.allocated -= b.size
         self.st.requested -= b.requested
+        uses = self.stream_uses.find(ptr)
+        if uses != self.stream_uses.end():
+            pend.block = b
+            for i in range(deref(uses).second.size()):
+                if self._call(CALL_EVENT_RECORD, self.driver.record_event(deref(uses).second[i], &event), 0) \
+                        == DRIVER_OK:
+                    pend.events.push_back(event)
+                else:
+                    # No event: the only safe course is to wait for the device.
+                    self._sync()
+            self.stream_uses.erase(uses)
+            self.pending.push_back(pend)
+            self.err = ERR_NONE
+            self.mutex.unlock()
+            return ERR_NONE
+        self._retire(b)
+        self.mutex.unlock()
+        return ERR_NONE
+
+    cdef void _retire(self, Block* b) noexcept nogil:
+        """Return a freed allocation's memory: its pBlock, or its sBlock's claimed pieces (the sBlock is cached)."""
+        cdef SBlock* sb
+        cdef size_t i
         self.st.active -= b.size
         if b.seg != NULL:
             self._release_block(b)
@@ -1059,6 +1093,44 @@ cdef class Allocator:
             self.cached[sblock_key(sb)] = sb
             self.lru[sb.last_use] = sb
             del b
+
+    cdef void _process_pending(self) noexcept nogil:
+        """Retire the deferred frees whose events have all completed."""
+        cdef size_t i = 0, j
+        cdef bint done
+        cdef int rc
+        while i < self.pending.size():
+            done = True
+            for j in range(self.pending[i].events.size()):
+                rc = self._call(CALL_EVENT_QUERY, self.driver.query_event(self.pending[i].events[j]), 0)
+                if rc != EVENT_DONE:
+                    done = False
+                    break
+            if not done:
+                i += 1
+                continue
+            for j in range(self.pending[i].events.size()):
+                self._call(CALL_EVENT_DESTROY, self.driver.destroy_event(self.pending[i].events[j]), 0)
+            self._retire(self.pending[i].block)
+            self.pending[i] = self.pending.back()
+            self.pending.pop_back()
+        self.err = ERR_NONE
+
+    cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil:
+        """Note that `stream` uses the live allocation at ptr: its free will wait for that stream's work."""
+        cdef size_t i
+        self.mutex.lock()
+        it = self.live.find(ptr)
+        if it == self.live.end():
+            self.mutex.unlock()
+            return ERR_INVALID_FREE
+        if deref(it).second.stream != stream:
+            uses = &self.stream_uses[ptr]
+            for i in range(uses.size()):
+                if deref(uses)[i] == stream:
+                    self.mutex.unlock()
+                    return ERR_NONE
+            uses.push_back(stream)
         self.mutex.unlock()
         return ERR_NONE
 
@@ -1157,6 +1229,17 @@ cdef class Allocator:
             raise InvalidPointerError(
                 f"gmlake: cannot free 0x{ptr:x}: not a live allocation (double free, or never returned by malloc)")
 
+    def record_stream(self, ptr: int, stream: int) -> None:
+        """Note that `stream` uses the allocation at ptr, so its free waits for the work queued there (as
+        Tensor.record_stream does)."""
+        cdef uintptr_t p = ptr
+        cdef int64_t s = stream
+        cdef int rc
+        with nogil:
+            rc = self.record_stream_nogil(p, s)
+        if rc == ERR_INVALID_FREE:
+            raise InvalidPointerError(f"gmlake: record_stream on 0x{ptr:x}, which is not a live allocation")
+
     def empty_cache(self) -> None:
         """Return every fully free chunk and every cached sBlock to the driver."""
         cdef int rc
@@ -1187,11 +1270,12 @@ cdef class Allocator:
     def stats(self) -> dict:
         """Byte counts with their peaks, event counts, and driver calls (and handles touched) by kind."""
         cdef Stats s
-        cdef size_t cached
+        cdef size_t cached, pending
         with nogil:
             self.mutex.lock()
             s = self.st
             cached = self.cached.size()
+            pending = self.pending.size()
             self.mutex.unlock()
         return {
             "allocated_bytes": s.allocated,
@@ -1205,6 +1289,7 @@ cdef class Allocator:
             "sblock_va_bytes": s.sblock_va,
             "peak_sblock_va_bytes": s.peak_sblock_va,
             "live_blocks": s.live_blocks,
+            "pending_frees": pending,
             "cached_sblocks": cached,
             "allocs": s.allocs,
             "frees": s.frees,
@@ -1276,8 +1361,12 @@ cdef class Allocator:
                     if b.next != NULL and b.next.state == BLOCK_FREE:
                         assert b.next.stream != b.stream, "free neighbours of one stream are merged"
                 elif b.state == BLOCK_ALLOCATED:
-                    assert self.live.count(b.addr) and self.live[b.addr] == b, "allocated block is live"
-                    allocated += b.size
+                    if self.live.count(b.addr):
+                        assert self.live[b.addr] == b, "allocated block is live"
+                        allocated += b.size
+                    else:
+                        assert any(self.pending[i].block == b for i in range(self.pending.size())), \
+                            "an allocated block is live or pending"
                 elif b.state == BLOCK_CLAIMED:
                     assert b.sblock != NULL and b.sblock.alloc != NULL, "claimed block has a live sBlock"
                 elif b.state == BLOCK_UNMAPPED:
@@ -1316,13 +1405,16 @@ cdef class Allocator:
                 assert sb.claimed.size() == 0, "cached sBlock claims nothing"
                 assert self.cached.count(sblock_key(sb)) and self.lru.count(sb.last_use), "cached sBlock indexed"
             else:
-                assert self.live.count(sb.alloc.addr), "in-use sBlock allocation is live"
+                assert self.live.count(sb.alloc.addr) or \
+                    any(self.pending[i].block == sb.alloc for i in range(self.pending.size())), \
+                    "in-use sBlock allocation is live or pending"
                 i = 0
                 for j in range(sb.claimed.size()):
                     assert sb.claimed[j].state == BLOCK_CLAIMED and sb.claimed[j].sblock == sb, "claims"
                     i += sb.claimed[j].size
                 assert i == sb.alloc.size, "claimed bytes equal the allocation"
-                allocated += sb.alloc.size
+                if self.live.count(sb.alloc.addr):
+                    allocated += sb.alloc.size
         assert c == self.cached.size() == self.lru.size(), "cached sBlock count"
         assert reserved == self.st.reserved, f"reserved {self.st.reserved} != chunks held {reserved}"
         assert allocated == self.st.allocated, f"allocated {self.st.allocated} != live blocks {allocated}"

@@ -64,6 +64,12 @@ struct SBlock {
     std::vector<Block*> claimed;   // primitive blocks its live allocation holds
 };
 
+// A free waiting for work queued on other streams (Tensor.record_stream) to finish.
+struct PendingFree {
+    Block* block;
+    std::vector<uint64_t> events;
+};
+
 // Best-fit order of free primitive blocks: stream, then size, then a driver-independent address order.
 struct FreeKey {
     int64_t stream;

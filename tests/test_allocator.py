@@ -376,3 +376,42 @@ def test_threads_share_one_allocator_safely():
     alloc.check()
     alloc.close()
     assert drv.live_chunks == 0
+
+
+def test_record_stream_defers_reuse_until_the_other_stream_is_done():
+    drv = gmlake.HostDriver()
+    drv.auto_complete = False
+    alloc = Allocator(drv)
+    p = alloc.malloc(6 * MiB, stream=1)
+    alloc.record_stream(p, 2)
+    alloc.record_stream(p, 2)                       # idempotent
+    alloc.record_stream(p, 1)                       # its own stream: nothing to wait for
+    alloc.free(p)
+    stats = alloc.stats()
+    assert stats["pending_frees"] == 1 and stats["allocated_bytes"] == 0
+    assert stats["active_bytes"] == 6 * MiB          # still in use by stream 2's queued work
+    q = alloc.malloc(6 * MiB, stream=1)
+    assert q != p, "memory stream 2 may still be reading was handed out"
+    alloc.check()
+    drv.complete_stream(2)
+    alloc.free(q)
+    r = alloc.malloc(6 * MiB, stream=1)             # the event completed: p's memory is back
+    assert alloc.stats()["pending_frees"] == 0
+    assert r in (p, q)
+    alloc.free(r)
+    alloc.check()
+    with pytest.raises(InvalidPointerError):
+        alloc.record_stream(r, 3)                   # no longer live
+
+
+def test_empty_cache_waits_for_pending_frees():
+    drv = gmlake.HostDriver()
+    drv.auto_complete = False
+    alloc = Allocator(drv)
+    p = alloc.malloc(6 * MiB, stream=1)
+    alloc.record_stream(p, 5)
+    alloc.free(p)
+    alloc.empty_cache()                             # synchronizes: the pending free completes, memory goes back
+    assert alloc.stats()["pending_frees"] == 0 and alloc.stats()["reserved_bytes"] == 0
+    alloc.close()
+    assert drv.leaks() == {k: 0 for k in drv.leaks()}

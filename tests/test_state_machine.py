@@ -73,6 +73,11 @@ class HostAllocatorMachine(RuleBasedStateMachine):
         self.alloc.free(ptr)
         del self.values[ptr], self.sizes[ptr]
 
+    @rule(ptr=blocks, stream=streams)
+    def record_stream(self, ptr, stream):
+        if ptr is not None and ptr in self.values:
+            self.alloc.record_stream(ptr, stream)
+
     @rule()
     def empty_cache(self):
         self.alloc.empty_cache()
