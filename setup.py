@@ -91,6 +91,13 @@ extensions = [
     Extension("gmlake._allocator", ["gmlake/_allocator.pyx"], **common),
     Extension("gmlake._bench", ["gmlake/_bench.pyx"], **common),
     Extension("gmlake._replay", ["gmlake/_replay.pyx"], **common),
+    # torch loads these symbols by name: C linkage for `cdef public` (Cython emits C++ linkage otherwise).
+    Extension(
+        "gmlake._torch_bridge",
+        ["gmlake/_torch_bridge.pyx"],
+        define_macros=[("CYTHON_EXTERN_C", 'extern "C"')],
+        **common,
+    ),
 ]
 
 setup(

@@ -64,6 +64,21 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
     cppclass PendingFree:
         Block* block
         vector[uint64_t] events
+    cdef enum TraceAction:
+        TRACE_ALLOC
+        TRACE_FREE_REQUESTED
+        TRACE_FREE_COMPLETED
+        TRACE_SEGMENT_ALLOC
+        TRACE_SEGMENT_FREE
+        TRACE_SEGMENT_MAP
+        TRACE_SEGMENT_UNMAP
+        TRACE_OOM
+    cppclass TraceEntry:
+        int action
+        uintptr_t addr
+        size_t size
+        int64_t stream
+        int64_t time_us
     cppclass FreeKey:
         int64_t stream
         size_t size
@@ -181,6 +196,10 @@ cdef class Allocator:
     cdef cmap[int64_t, Fence] fences                     # stream -> pending cross-stream fence
     cdef unordered_map[uintptr_t, vector[int64_t]] stream_uses   # live pointer -> other streams that used it
     cdef vector[PendingFree] pending                     # frees waiting for those streams' events
+    cdef bint tracing                                    # recording history (record_memory_history)
+    cdef size_t trace_max
+    cdef size_t trace_next                               # ring buffer position once full
+    cdef vector[TraceEntry] trace
     cdef uint64_t next_serial
     cdef uint64_t tick
     cdef uint64_t free_seq
@@ -193,6 +212,7 @@ cdef class Allocator:
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
     cdef int empty_cache_nogil(self) noexcept nogil
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil
+    cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil
 
     cdef bint _hook_split(self, size_t block_size, size_t size, int pool, bint default) noexcept
     cdef bint _hook_allow_stitch(self, size_t size, int64_t stream, vector[Piece]& pieces,
@@ -201,6 +221,7 @@ cdef class Allocator:
     # internals, in the order _allocator.pyx defines them
     cdef int _call(self, int kind, int rc, uint64_t handles) noexcept nogil
     cdef int _sync(self) noexcept nogil
+    cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil
     cdef FreeIndex* _index(self, int pool) noexcept nogil
     cdef void _insert_free(self, Block* b) noexcept nogil
     cdef void _erase_free(self, Block* b) noexcept nogil

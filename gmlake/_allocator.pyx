@@ -35,6 +35,7 @@ cdef extern from "<time.h>" nogil:
         long tv_nsec
     int clock_gettime(int clk, timespec* ts)
     int CLOCK_MONOTONIC
+    int CLOCK_REALTIME
 
 # No stream: a free block whose stream's work has completed, usable by any stream.
 cdef int64_t ANY_STREAM = -1
@@ -165,6 +166,24 @@ cdef class Allocator:
 
     cdef int _sync(self) noexcept nogil:
         return self._call(CALL_SYNC, self.driver.synchronize(), 0)
+
+    cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil:
+        """Append to the history (a ring of trace_max entries) while tracing."""
+        cdef TraceEntry e
+        cdef timespec ts
+        if not self.tracing:
+            return
+        clock_gettime(CLOCK_REALTIME, &ts)
+        e.action = action
+        e.addr = addr
+        e.size = size
+        e.stream = stream
+        e.time_us = ts.tv_sec * 1000000 + ts.tv_nsec // 1000
+        if self.trace.size() < self.trace_max:
+            self.trace.push_back(e)
+        else:
+            self.trace[self.trace_next] = e
+            self.trace_next = (self.trace_next + 1) % self.trace_max
 
     # ------------------------------------------------------------------ free index
 
@@ -402,6 +421,7 @@ cdef class Allocator:
         if not mapped:
             self._insert_hole(b)
             return seg
+        self._record(TRACE_SEGMENT_ALLOC, va, size, stream)
         self.st.reserved += size
         if self.st.reserved > self.st.peak_reserved:
             self.st.peak_reserved = self.st.reserved
@@ -441,6 +461,7 @@ cdef class Allocator:
                         seg.handles[k] = 0
                         self.st.chunks_released += 1
                     seg.mapped_chunks -= j - i
+                    self._record(TRACE_SEGMENT_UNMAP, lo, hi - lo, b.stream)
                     self.st.reserved -= hi - lo
                     released += hi - lo
                     # Carve the hole out of b: [b.addr, lo) stays free, [lo, hi) becomes unmapped.
@@ -513,6 +534,7 @@ cdef class Allocator:
                 seg.handles[first + j] = 0
             return NULL
         seg.mapped_chunks += n
+        self._record(TRACE_SEGMENT_MAP, hole.addr, n * C, hole.stream)
         self.st.reserved += n * C
         if self.st.reserved > self.st.peak_reserved:
             self.st.peak_reserved = self.st.reserved
@@ -1018,9 +1040,11 @@ cdef class Allocator:
                 self.err = ERR_OOM
             if self.err == ERR_OOM:
                 self.st.ooms += 1
+                self._record(TRACE_OOM, 0, size, stream)
             self.mutex.unlock()
             return 0
         b.requested = size
+        self._record(TRACE_ALLOC, b.addr, size, stream)
         self.live[b.addr] = b
         self.st.allocs += 1
         self.st.live_blocks += 1
@@ -1051,6 +1075,7 @@ cdef class Allocator:
             return ERR_INVALID_FREE
         cdef Block* b = deref(it).second
         self.live.erase(it)
+        self._record(TRACE_FREE_REQUESTED, b.addr, b.requested, b.stream)
         self.st.frees += 1
         self.st.live_blocks -= 1
         self.st.allocated -= b.size
@@ -1078,6 +1103,7 @@ cdef class Allocator:
         """Return a freed allocation's memory: its pBlock, or its sBlock's claimed pieces (the sBlock is cached)."""
         cdef SBlock* sb
         cdef size_t i
+        self._record(TRACE_FREE_COMPLETED, b.addr, b.requested, b.stream)
         self.st.active -= b.size
         if b.seg != NULL:
             self._release_block(b)
@@ -1115,6 +1141,16 @@ cdef class Allocator:
             self.pending[i] = self.pending.back()
             self.pending.pop_back()
         self.err = ERR_NONE
+
+    cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
+        """Bytes held by the live allocation at ptr; 0 if ptr is not one."""
+        cdef size_t n = 0
+        self.mutex.lock()
+        it = self.live.find(ptr)
+        if it != self.live.end():
+            n = deref(it).second.size
+        self.mutex.unlock()
+        return n
 
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil:
         """Note that `stream` uses the live allocation at ptr: its free will wait for that stream's work."""
@@ -1228,6 +1264,39 @@ cdef class Allocator:
         if rc == ERR_INVALID_FREE:
             raise InvalidPointerError(
                 f"gmlake: cannot free 0x{ptr:x}: not a live allocation (double free, or never returned by malloc)")
+
+    def record_history(self, enabled: bool = True, max_entries: int = 10_000_000) -> None:
+        """Start (or stop) recording allocator events, keeping the last `max_entries`."""
+        if max_entries <= 0:
+            raise ValueError("max_entries must be positive")
+        with nogil:
+            self.mutex.lock()
+        self.tracing = enabled
+        if enabled:
+            self.trace_max = max_entries
+            if self.trace.size() > self.trace_max:
+                self.trace.clear()
+                self.trace_next = 0
+        self.mutex.unlock()
+
+    def history(self) -> list:
+        """The recorded events, oldest first, as PyTorch snapshot trace entries (dicts)."""
+        cdef vector[TraceEntry] copy
+        cdef size_t start, i, n
+        with nogil:
+            self.mutex.lock()
+            copy = self.trace
+            start = self.trace_next if self.trace.size() == self.trace_max else 0
+            self.mutex.unlock()
+        names = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+                 "segment_unmap", "oom")
+        n = copy.size()
+        out = []
+        for i in range(n):
+            e = copy[(start + i) % n]
+            out.append({"action": names[e.action], "addr": e.addr, "size": e.size, "stream": e.stream,
+                        "time_us": e.time_us, "frames": []})
+        return out
 
     def record_stream(self, ptr: int, stream: int) -> None:
         """Note that `stream` uses the allocation at ptr, so its free waits for the work queued there (as
@@ -1432,9 +1501,11 @@ cdef class Allocator:
             blocks = []
             b = sp.second.first
             while b != NULL:
-                blocks.append((b.addr - sp.second.va, b.size, names[b.state], b.stream))
+                blocks.append((b.addr - sp.second.va, b.size, names[b.state], b.stream,
+                               b.requested if b.state == BLOCK_ALLOCATED else 0))
                 b = b.next
-            out.append({"serial": sp.second.serial, "pool": "small" if sp.second.pool == POOL_SMALL else "large",
+            out.append({"serial": sp.second.serial, "va": sp.second.va,
+                        "pool": "small" if sp.second.pool == POOL_SMALL else "large",
                         "size": sp.second.size, "chunk_size": sp.second.chunk_size,
                         "mapped_chunks": sp.second.mapped_chunks, "blocks": blocks})
         return out

@@ -38,6 +38,7 @@ cdef class CudaDriver(Driver):
         cdef CUresult rc
         cdef size_t granularity = 0
         cdef size_t free_bytes = 0, total_bytes = 0
+        cdef bint pushed
         try:
             rc = cydriver.cuInit(0)
         except Exception as exc:  # the bindings raise when libcuda cannot be loaded
@@ -51,7 +52,6 @@ cdef class CudaDriver(Driver):
         rc = cydriver.cuDevicePrimaryCtxRetain(&self.context, self.cu_device)
         if rc != CUDA_SUCCESS:
             raise CudaDriverError(f"gmlake: cannot retain the primary context of device {device}: {_result_name(rc)}")
-        self._ensure_context()
         memset(&self.prop, 0, sizeof(self.prop))
         self.prop.type = cydriver.CU_MEM_ALLOCATION_TYPE_PINNED
         self.prop.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
@@ -65,7 +65,9 @@ cdef class CudaDriver(Driver):
         if rc != CUDA_SUCCESS:
             raise CudaDriverError(f"gmlake: cuMemGetAllocationGranularity failed: {_result_name(rc)}")
         self.granularity = granularity
+        pushed = self._enter()
         rc = cydriver.cuMemGetInfo(&free_bytes, &total_bytes)
+        self._leave(pushed)
         if rc == CUDA_SUCCESS:
             self.capacity = total_bytes
 
@@ -73,18 +75,26 @@ cdef class CudaDriver(Driver):
         if self.context != NULL:
             cydriver.cuDevicePrimaryCtxRelease(self.cu_device)
 
-    cdef inline int _ensure_context(self) noexcept nogil:
-        # Calls may come from any thread (autograd, user threads); VMM calls need a current context.
+    cdef inline bint _enter(self) noexcept nogil:
+        """Make our device's primary context current for one call; True if it had to be pushed (then _leave pops
+        it). A thread's own current context, such as the one torch set for another device, is left as it was."""
         cdef cydriver.CUcontext current = NULL
         cydriver.cuCtxGetCurrent(&current)
-        if current == NULL:
-            return _code(cydriver.cuCtxSetCurrent(self.context))
-        return DRIVER_OK
+        if current == self.context:
+            return False
+        cydriver.cuCtxPushCurrent(self.context)
+        return True
+
+    cdef inline void _leave(self, bint pushed) noexcept nogil:
+        cdef cydriver.CUcontext popped = NULL
+        if pushed:
+            cydriver.cuCtxPopCurrent(&popped)
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
-        self._ensure_context()
         cdef cydriver.CUmemGenericAllocationHandle h = 0
+        cdef bint pushed = self._enter()
         cdef int rc = _code(cydriver.cuMemCreate(&h, size, &self.prop, 0))
+        self._leave(pushed)
         if rc == DRIVER_OK:
             handle[0] = <uint64_t>h
             self.live_chunks += 1
@@ -92,16 +102,19 @@ cdef class CudaDriver(Driver):
         return rc
 
     cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil:
+        cdef bint pushed = self._enter()
         cdef int rc = _code(cydriver.cuMemRelease(<cydriver.CUmemGenericAllocationHandle>handle))
+        self._leave(pushed)
         if rc == DRIVER_OK:
             self.live_chunks -= 1
             self.live_chunk_bytes -= size
         return rc
 
     cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
-        self._ensure_context()
         cdef cydriver.CUdeviceptr ptr = 0
+        cdef bint pushed = self._enter()
         cdef int rc = _code(cydriver.cuMemAddressReserve(&ptr, size, alignment, 0, 0))
+        self._leave(pushed)
         if rc == DRIVER_OK:
             va[0] = <uintptr_t>ptr
             self.live_reservations += 1
@@ -109,42 +122,58 @@ cdef class CudaDriver(Driver):
         return rc
 
     cdef int free_va(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef bint pushed = self._enter()
         cdef int rc = _code(cydriver.cuMemAddressFree(<cydriver.CUdeviceptr>va, size))
+        self._leave(pushed)
         if rc == DRIVER_OK:
             self.live_reservations -= 1
             self.live_reserved_va -= size
         return rc
 
     cdef int map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:
-        return _code(cydriver.cuMemMap(<cydriver.CUdeviceptr>va, size, 0,
-                                       <cydriver.CUmemGenericAllocationHandle>handle, 0))
+        cdef bint pushed = self._enter()
+        cdef int rc = _code(cydriver.cuMemMap(<cydriver.CUdeviceptr>va, size, 0,
+                                              <cydriver.CUmemGenericAllocationHandle>handle, 0))
+        self._leave(pushed)
+        return rc
 
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil:
-        return _code(cydriver.cuMemUnmap(<cydriver.CUdeviceptr>va, size))
+        cdef bint pushed = self._enter()
+        cdef int rc = _code(cydriver.cuMemUnmap(<cydriver.CUdeviceptr>va, size))
+        self._leave(pushed)
+        return rc
 
     cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil:
-        return _code(cydriver.cuMemSetAccess(<cydriver.CUdeviceptr>va, size, &self.access, 1))
+        cdef bint pushed = self._enter()
+        cdef int rc = _code(cydriver.cuMemSetAccess(<cydriver.CUdeviceptr>va, size, &self.access, 1))
+        self._leave(pushed)
+        return rc
 
     cdef int synchronize(self) noexcept nogil:
-        self._ensure_context()
-        return _code(cydriver.cuCtxSynchronize())
+        cdef bint pushed = self._enter()
+        cdef int rc = _code(cydriver.cuCtxSynchronize())
+        self._leave(pushed)
+        return rc
 
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil:
-        self._ensure_context()
         cdef cydriver.CUevent ev = NULL
+        cdef bint pushed = self._enter()
         cdef int rc = _code(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING))
+        if rc == DRIVER_OK:
+            rc = _code(cydriver.cuEventRecord(ev, <cydriver.CUstream><uintptr_t>stream))
+            if rc != DRIVER_OK:
+                cydriver.cuEventDestroy(ev)
+        self._leave(pushed)
         if rc != DRIVER_OK:
-            return rc
-        rc = _code(cydriver.cuEventRecord(ev, <cydriver.CUstream><uintptr_t>stream))
-        if rc != DRIVER_OK:
-            cydriver.cuEventDestroy(ev)
             return rc
         event[0] = <uint64_t><uintptr_t>ev
         self.live_events += 1
         return DRIVER_OK
 
     cdef int query_event(self, uint64_t event) noexcept nogil:
+        cdef bint pushed = self._enter()
         cdef CUresult rc = cydriver.cuEventQuery(<cydriver.CUevent><uintptr_t>event)
+        self._leave(pushed)
         if rc == CUDA_SUCCESS:
             return EVENT_DONE
         if rc == CUDA_ERROR_NOT_READY:
@@ -152,7 +181,9 @@ cdef class CudaDriver(Driver):
         return _code(rc)
 
     cdef int destroy_event(self, uint64_t event) noexcept nogil:
+        cdef bint pushed = self._enter()
         cdef int rc = _code(cydriver.cuEventDestroy(<cydriver.CUevent><uintptr_t>event))
+        self._leave(pushed)
         if rc == DRIVER_OK:
             self.live_events -= 1
         return rc
@@ -160,8 +191,9 @@ cdef class CudaDriver(Driver):
     def mem_get_info(self) -> tuple[int, int]:
         """(free, total) bytes of the device, from cuMemGetInfo."""
         cdef size_t free_bytes = 0, total_bytes = 0
-        self._ensure_context()
+        cdef bint pushed = self._enter()
         cdef CUresult rc = cydriver.cuMemGetInfo(&free_bytes, &total_bytes)
+        self._leave(pushed)
         if rc != CUDA_SUCCESS:
             raise CudaDriverError(f"gmlake: cuMemGetInfo failed: {_result_name(rc)}")
         return free_bytes, total_bytes

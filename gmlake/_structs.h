@@ -70,6 +70,19 @@ struct PendingFree {
     std::vector<uint64_t> events;
 };
 
+// One allocator event, in the vocabulary of PyTorch's memory snapshots.
+enum TraceAction : int {
+    TRACE_ALLOC = 0, TRACE_FREE_REQUESTED, TRACE_FREE_COMPLETED, TRACE_SEGMENT_ALLOC, TRACE_SEGMENT_FREE,
+    TRACE_SEGMENT_MAP, TRACE_SEGMENT_UNMAP, TRACE_OOM
+};
+struct TraceEntry {
+    int action;
+    uintptr_t addr;
+    size_t size;
+    int64_t stream;
+    int64_t time_us;
+};
+
 // Best-fit order of free primitive blocks: stream, then size, then a driver-independent address order.
 struct FreeKey {
     int64_t stream;

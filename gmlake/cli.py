@@ -4,6 +4,7 @@
     gmlake compare [TRACE ...] [--out DIR]
     gmlake capture -o run.pickle.gz -- python train.py ...
     gmlake convert SNAPSHOT -o trace.gmtrace
+    gmlake run train.py args...            (gmlake as PyTorch's CUDA allocator)
 
 Bad input gets one line on stderr and exit status 2.
 """
@@ -111,6 +112,47 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    import runpy
+
+    from gmlake import torch as gtorch
+
+    program = list(args.program)
+    if program and program[0] == "--":
+        program = program[1:]
+    if not program:
+        raise UsageError("nothing to run: gmlake run script.py args...  (or: gmlake run -m module args...)")
+    opts = gtorch.options_from_env()
+    for flag, knob in (("policy", "policy"), ("chunk_size", "chunk_size"), ("limit", "limit"),
+                       ("max_cached_sblocks", "max_cached_sblocks")):
+        value = getattr(args, flag)
+        if value is not None:
+            opts[knob] = value
+    if args.no_stitch:
+        opts["stitch"] = False
+    policy = opts.pop("policy", "gmlake")
+    limit = opts.pop("limit", 0)
+    if program[0] == "-m" and len(program) < 2:
+        raise UsageError("-m needs a module name")
+    if program[0] != "-m" and not Path(program[0]).is_file():
+        raise UsageError(f"no such script: {program[0]}")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UsageError("gmlake run needs PyTorch, which is not installed here") from None
+    _policies([policy] if isinstance(policy, str) else None)
+    gtorch.enable(policy, limit=limit, **opts)
+    if program[0] == "-m":
+        sys.argv = program[1:]
+        runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+    else:
+        script = Path(program[0])
+        sys.argv = program
+        sys.path.insert(0, str(script.resolve().parent))
+        runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gmlake", description="GPU memory allocator with virtual memory stitching: tools.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -135,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="a name for the run, kept in the snapshot")
     p.add_argument("program", nargs=argparse.REMAINDER, help="-- python script.py args...")
     p.set_defaults(func=cmd_capture)
+
+    p = sub.add_parser("run", help="run a Python program with gmlake as PyTorch's CUDA allocator")
+    p.add_argument("--policy", help="policy name (env GMLAKE_POLICY; default gmlake)")
+    p.add_argument("--chunk-size", type=int, help="physical handle size in bytes (env GMLAKE_CHUNK_SIZE)")
+    p.add_argument("--limit", type=int, help="cap on each device's memory in bytes (env GMLAKE_LIMIT)")
+    p.add_argument("--max-cached-sblocks", type=int, help="env GMLAKE_MAX_CACHED_SBLOCKS")
+    p.add_argument("--no-stitch", action="store_true", help="never stitch (env GMLAKE_STITCH=0)")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="script.py args...  or  -m module args...")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("convert", help="convert a snapshot to the compact .gmtrace format")
     p.add_argument("snapshot")

@@ -1,0 +1,86 @@
+"""gmlake as PyTorch's CUDA allocator (skipped where no CUDA device exists).
+
+Each scenario runs in its own process: the allocator must be installed before CUDA is initialised.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+SCRIPTS = Path(__file__).parent / "gpu_scripts"
+
+
+def run(script: str, *args: str, gmlake: bool = True, env: dict | None = None, timeout: int = 300) -> str:
+    cmd = [sys.executable, "-m", "gmlake", "run", str(SCRIPTS / script), *args] if gmlake else \
+        [sys.executable, str(SCRIPTS / script), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_training_gives_the_same_losses_as_the_native_allocator():
+    native = json.loads(run("train_losses.py", gmlake=False).strip().splitlines()[-1])
+    ours = json.loads(run("train_losses.py").strip().splitlines()[-1])
+    assert ours == native
+
+
+def test_thousands_of_random_tensors_filled_and_checked():
+    assert "ok" in run("random_tensors.py")
+
+
+def test_record_stream_keeps_cross_stream_use_safe():
+    assert "ok" in run("record_stream.py")
+
+
+def test_empty_cache_returns_memory_to_the_driver():
+    run("empty_cache.py")
+
+
+def test_memory_fraction_cap_gives_clear_oom_and_recovers():
+    assert "recovered at batch" in run("oom_recover.py")
+
+
+def test_torch_compile_trains():
+    assert "ok" in run("compile_train.py")
+
+
+def test_cuda_graph_capture_is_refused_clearly():
+    assert "ok" in run("graph_capture.py")
+
+
+def test_stats_api_and_snapshot_replays_to_the_real_peak(tmp_path):
+    out = run("stats_snapshot.py", str(tmp_path / "snap.pickle.gz"))
+    assert "ok" in out
+
+
+def test_environment_variables_configure_the_policy():
+    out = run("stats_snapshot.py", "/tmp/gmlake-env-snap.pickle.gz",
+              env={"GMLAKE_POLICY": "expandable", "GMLAKE_CHUNK_SIZE": str(4 << 20)})
+    assert "policy expandable" in out
+
+
+def test_enable_after_cuda_init_is_a_clear_error():
+    code = "import torch; torch.zeros(1, device='cuda'); import gmlake.torch as g; g.enable()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "CUDA is already initialised" in proc.stderr
+
+
+def test_two_gpus_under_torchrun_with_ddp():
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "gmlake", "run",
+         str(SCRIPTS / "ddp_train.py")],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(" ok, device ") == 2
