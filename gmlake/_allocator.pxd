@@ -64,6 +64,15 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
     cppclass PendingFree:
         Block* block
         vector[uint64_t] events
+    cppclass OrphanChunk:
+        uint64_t handle
+        size_t size
+    cppclass OrphanRange:
+        uintptr_t va
+        size_t size
+        size_t mapped
+        size_t handles
+        bint release_va
     cdef enum TraceAction:
         TRACE_ALLOC
         TRACE_FREE_REQUESTED
@@ -196,6 +205,9 @@ cdef class Allocator:
     cdef cmap[int64_t, Fence] fences                     # stream -> pending cross-stream fence
     cdef unordered_map[uintptr_t, vector[int64_t]] stream_uses   # live pointer -> other streams that used it
     cdef vector[PendingFree] pending                     # frees waiting for those streams' events
+    cdef vector[OrphanChunk] orphan_chunks               # what the driver refused to take back, to retry
+    cdef vector[OrphanRange] orphan_ranges
+    cdef vector[uint64_t] orphan_events
     cdef bint tracing                                    # recording history (record_memory_history)
     cdef size_t trace_max
     cdef size_t trace_next                               # ring buffer position once full
@@ -221,6 +233,9 @@ cdef class Allocator:
     # internals, in the order _allocator.pyx defines them
     cdef int _call(self, int kind, int rc, uint64_t handles) noexcept nogil
     cdef int _sync(self) noexcept nogil
+    cdef void _release_handle(self, uint64_t handle, size_t size) noexcept nogil
+    cdef void _destroy_event(self, uint64_t event) noexcept nogil
+    cdef size_t _retry_orphans(self) noexcept nogil
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil
     cdef FreeIndex* _index(self, int pool) noexcept nogil
     cdef void _insert_free(self, Block* b) noexcept nogil
@@ -260,4 +275,5 @@ cdef class Allocator:
     cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil
     cdef void _retire(self, Block* b) noexcept nogil
     cdef void _process_pending(self) noexcept nogil
+    cdef void _discard_range(self, uintptr_t va, size_t size, size_t mapped, size_t handles, bint release_va) noexcept nogil
     cdef Segment* _new_segment(self, int pool, size_t size, size_t chunk_size, int64_t stream, bint mapped) noexcept nogil

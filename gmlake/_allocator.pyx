@@ -167,6 +167,55 @@ cdef class Allocator:
     cdef int _sync(self) noexcept nogil:
         return self._call(CALL_SYNC, self.driver.synchronize(), 0)
 
+    cdef void _release_handle(self, uint64_t handle, size_t size) noexcept nogil:
+        """Give a chunk back to the driver; if the driver refuses, keep it as an orphan to retry later, so nothing
+        leaks (it still counts in the driver's memory, not in reserved)."""
+        cdef OrphanChunk orphan
+        if self._call(CALL_RELEASE, self.driver.release_chunk(handle, size), 1) != DRIVER_OK:
+            orphan.handle = handle
+            orphan.size = size
+            self.orphan_chunks.push_back(orphan)
+
+    cdef void _discard_range(self, uintptr_t va, size_t size, size_t mapped, size_t handles,
+                             bint release_va) noexcept nogil:
+        """Unmap the first `mapped` bytes of a range and free its reservation (if `release_va`); what the driver
+        refuses becomes an orphan to retry."""
+        cdef OrphanRange orphan
+        orphan.va = va
+        orphan.size = size
+        orphan.mapped = mapped
+        orphan.handles = handles
+        orphan.release_va = release_va
+        if mapped and self._call(CALL_UNMAP, self.driver.unmap(va, mapped), handles) != DRIVER_OK:
+            self.orphan_ranges.push_back(orphan)
+            return
+        orphan.mapped = 0
+        orphan.handles = 0
+        if release_va and self._call(CALL_FREE_VA, self.driver.free_va(va, size), 0) != DRIVER_OK:
+            self.orphan_ranges.push_back(orphan)
+
+    cdef void _destroy_event(self, uint64_t event) noexcept nogil:
+        if self._call(CALL_EVENT_DESTROY, self.driver.destroy_event(event), 0) != DRIVER_OK:
+            self.orphan_events.push_back(event)
+
+    cdef size_t _retry_orphans(self) noexcept nogil:
+        """Try again to return what the driver refused earlier. Returns how many are still held."""
+        cdef vector[OrphanChunk] chunks
+        cdef vector[OrphanRange] ranges
+        cdef vector[uint64_t] events
+        cdef size_t i
+        chunks.swap(self.orphan_chunks)
+        ranges.swap(self.orphan_ranges)
+        events.swap(self.orphan_events)
+        for i in range(ranges.size()):
+            self._discard_range(ranges[i].va, ranges[i].size, ranges[i].mapped, ranges[i].handles,
+                                ranges[i].release_va)
+        for i in range(chunks.size()):
+            self._release_handle(chunks[i].handle, chunks[i].size)
+        for i in range(events.size()):
+            self._destroy_event(events[i])
+        return self.orphan_chunks.size() + self.orphan_ranges.size() + self.orphan_events.size()
+
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil:
         """Append to the history (a ring of trace_max entries) while tracing."""
         cdef TraceEntry e
@@ -380,7 +429,7 @@ cdef class Allocator:
             if rc == DRIVER_OK:
                 rc = self._call(CALL_MAP, self.driver.map(va + i * chunk_size, chunk_size, handle), 1)
                 if rc != DRIVER_OK:
-                    self._call(CALL_RELEASE, self.driver.release_chunk(handle, chunk_size), 1)
+                    self._release_handle(handle, chunk_size)
             if rc != DRIVER_OK:
                 break
             handles.push_back(handle)
@@ -389,11 +438,9 @@ cdef class Allocator:
         if rc != DRIVER_OK:
             if rc == DRIVER_OOM and self.err == ERR_NONE:
                 self.err = ERR_OOM
-            if handles.size():
-                self._call(CALL_UNMAP, self.driver.unmap(va, handles.size() * chunk_size), handles.size())
+            self._discard_range(va, size, handles.size() * chunk_size, handles.size(), True)
             for j in range(handles.size()):
-                self._call(CALL_RELEASE, self.driver.release_chunk(handles[j], chunk_size), 1)
-            self._call(CALL_FREE_VA, self.driver.free_va(va, size), 0)
+                self._release_handle(handles[j], chunk_size)
             return NULL
         cdef Segment* seg = new Segment()
         seg.serial = self.next_serial
@@ -457,7 +504,7 @@ cdef class Allocator:
                     if rc != DRIVER_OK:
                         return released
                     for k in range(i, j):
-                        self._call(CALL_RELEASE, self.driver.release_chunk(seg.handles[k], C), 1)
+                        self._release_handle(seg.handles[k], C)
                         seg.handles[k] = 0
                         self.st.chunks_released += 1
                     seg.mapped_chunks -= j - i
@@ -494,7 +541,7 @@ cdef class Allocator:
             self.by_addr.erase(b.addr)
             del b
             b = nxt
-        self._call(CALL_FREE_VA, self.driver.free_va(seg.va, seg.size), 0)
+        self._discard_range(seg.va, seg.size, 0, 0, True)
         self.segments.erase(seg.serial)
         del seg
 
@@ -517,7 +564,7 @@ cdef class Allocator:
             if rc == DRIVER_OK:
                 rc = self._call(CALL_MAP, self.driver.map(hole.addr + i * C, C, handle), 1)
                 if rc != DRIVER_OK:
-                    self._call(CALL_RELEASE, self.driver.release_chunk(handle, C), 1)
+                    self._release_handle(handle, C)
             if rc != DRIVER_OK:
                 break
             seg.handles[first + i] = handle
@@ -528,9 +575,10 @@ cdef class Allocator:
             if rc == DRIVER_OOM and self.err == ERR_NONE:
                 self.err = ERR_OOM
             if i:
-                self._call(CALL_UNMAP, self.driver.unmap(hole.addr, i * C), i)
+                # The hole's VA belongs to the segment: unmap only (the segment frees its reservation).
+                self._discard_range(hole.addr, i * C, i * C, i, False)
             for j in range(i):
-                self._call(CALL_RELEASE, self.driver.release_chunk(seg.handles[first + j], C), 1)
+                self._release_handle(seg.handles[first + j], C)
                 seg.handles[first + j] = 0
             return NULL
         seg.mapped_chunks += n
@@ -580,11 +628,15 @@ cdef class Allocator:
         """Grow an expandable segment by mapping pages until `size` bytes in a row are free, then take them."""
         cdef Block* c = self._find_expandable(pool, size, stream)
         cdef Block* m
+        cdef Segment* seg
         if c == NULL:
             return NULL
         if c.state == BLOCK_UNMAPPED:
+            seg = c.seg
             c = self._map_pages(c, min_size(c.size, size))
             if c == NULL:
+                if seg.mapped_chunks == 0:
+                    self._drop_segment(seg)     # a segment with nothing mapped holds only VA: give it back
                 return NULL
         while c.size < size:
             m = self._map_pages(c.next, min_size(size - c.size, c.next.size))
@@ -670,7 +722,7 @@ cdef class Allocator:
         cdef int rc = self._call(CALL_UNMAP, self.driver.unmap(sb.va, sb.va_size), sb.chunks.size())
         if rc != DRIVER_OK:
             return rc
-        self._call(CALL_FREE_VA, self.driver.free_va(sb.va, sb.va_size), 0)
+        self._discard_range(sb.va, sb.va_size, 0, 0, True)
         for i in range(sb.chunks.size()):
             sb.chunks[i].seg.sblock_maps[sb.chunks[i].index] -= 1
         self.cached.erase(sblock_key(sb))
@@ -739,9 +791,7 @@ cdef class Allocator:
         if rc != DRIVER_OK:
             if rc == DRIVER_OOM and self.err == ERR_NONE:
                 self.err = ERR_OOM
-            if mapped:
-                self._call(CALL_UNMAP, self.driver.unmap(va, at - va), mapped)
-            self._call(CALL_FREE_VA, self.driver.free_va(va, va_size), 0)
+            self._discard_range(va, va_size, at - va, mapped, True)
             return NULL
         sb = new SBlock()
         sb.serial = self.next_serial
@@ -818,7 +868,7 @@ cdef class Allocator:
                 return 0
             self._process_pending()
             for entry in self.fences:
-                self._call(CALL_EVENT_DESTROY, self.driver.destroy_event(entry.second.event), 0)
+                self._destroy_event(entry.second.event)
             self.fences.clear()
             return self._migrate(ANY_STREAM, self.free_seq)
         # Fence each other stream that holds free blocks: an event now covers all work queued before its frees.
@@ -841,7 +891,7 @@ cdef class Allocator:
         for i in range(done.size()):
             fence = self.fences[done[i]]
             moved += self._migrate(done[i], fence.seq)
-            self._call(CALL_EVENT_DESTROY, self.driver.destroy_event(fence.event), 0)
+            self._destroy_event(fence.event)
             self.fences.erase(done[i])
         return moved
 
@@ -943,7 +993,7 @@ cdef class Allocator:
         cdef size_t remaining = size, C, usable, i = 0, j = 0
         cdef uintptr_t start, aligned_end
         cdef Block* b
-        cdef Segment* seg
+        cdef Segment* seg = NULL
         if self.k.stitch and size >= self.k.min_stitch_size:
             self._descending(stream, own)
             self._descending(ANY_STREAM, anyb)
@@ -987,6 +1037,7 @@ cdef class Allocator:
             if seg == NULL:
                 return NULL
             return self._take(seg.first, size, stream)
+        seg = NULL
         if remaining:
             seg = self._new_segment(POOL_LARGE, round_up(remaining, self.k.chunk_size), self.k.chunk_size, stream, True)
             if seg == NULL:
@@ -995,7 +1046,11 @@ cdef class Allocator:
             piece.addr = seg.va
             piece.size = remaining
             pieces.push_back(piece)
-        return self._stitch(pieces, size, stream)
+        b = self._stitch(pieces, size, stream)
+        if b == NULL and seg != NULL:
+            # Give back what this request took: its new chunks were never handed out, so no sync is owed.
+            self._release_chunks(seg, 0)
+        return b
 
     cdef void _descending(self, int64_t stream, vector[Block*]& out) noexcept nogil:
         """Free large pBlocks of `stream`, largest first."""
@@ -1136,7 +1191,7 @@ cdef class Allocator:
                 i += 1
                 continue
             for j in range(self.pending[i].events.size()):
-                self._call(CALL_EVENT_DESTROY, self.driver.destroy_event(self.pending[i].events[j]), 0)
+                self._destroy_event(self.pending[i].events[j])
             self._retire(self.pending[i].block)
             self.pending[i] = self.pending.back()
             self.pending.pop_back()
@@ -1176,6 +1231,7 @@ cdef class Allocator:
         self.err = ERR_NONE
         # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
         self._reclaim_streams(ANY_STREAM, True)
+        self._retry_orphans()
         if self.err == ERR_NONE:
             self._release_pool(POOL_SMALL, 0)
             self._release_pool(POOL_LARGE, 0)
@@ -1339,12 +1395,15 @@ cdef class Allocator:
     def stats(self) -> dict:
         """Byte counts with their peaks, event counts, and driver calls (and handles touched) by kind."""
         cdef Stats s
-        cdef size_t cached, pending
+        cdef size_t cached, pending, orphans, orphan_bytes = 0, i
         with nogil:
             self.mutex.lock()
             s = self.st
             cached = self.cached.size()
             pending = self.pending.size()
+            orphans = self.orphan_chunks.size() + self.orphan_ranges.size() + self.orphan_events.size()
+            for i in range(self.orphan_chunks.size()):
+                orphan_bytes += self.orphan_chunks[i].size
             self.mutex.unlock()
         return {
             "allocated_bytes": s.allocated,
@@ -1359,6 +1418,8 @@ cdef class Allocator:
             "peak_sblock_va_bytes": s.peak_sblock_va,
             "live_blocks": s.live_blocks,
             "pending_frees": pending,
+            "orphans": orphans,
+            "orphan_chunk_bytes": orphan_bytes,
             "cached_sblocks": cached,
             "allocs": s.allocs,
             "frees": s.frees,
@@ -1393,6 +1454,9 @@ cdef class Allocator:
         self.empty_cache()
         if self.segments.size():
             raise RuntimeError(f"gmlake: {self.segments.size()} segments could not be released")
+        orphans = self.stats()["orphans"]
+        if orphans:
+            raise RuntimeError(f"gmlake: the driver refused to take back {orphans} chunks, ranges or events")
 
     def check(self) -> None:
         """Verify every internal invariant; raises AssertionError naming the first one broken. For tests."""

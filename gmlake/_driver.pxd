@@ -41,6 +41,23 @@ cdef class Driver:
 from libcpp.unordered_map cimport unordered_map
 from libcpp.pair cimport pair
 
+# Calls a ModelDriver can be told to fail (fault injection).
+cdef enum FaultKind:
+    FAULT_CREATE = 0
+    FAULT_RELEASE
+    FAULT_RESERVE
+    FAULT_FREE_VA
+    FAULT_MAP
+    FAULT_UNMAP
+    FAULT_SET_ACCESS
+    FAULT_SYNC
+    FAULT_EVENT
+    NUM_FAULTS
+
+cdef enum:
+    DRIVER_INJECTED = 77      # the code an injected (non-OOM) fault returns
+
+
 cdef class ModelDriver(Driver):
     """Shared by the sim and host drivers: modelled streams and events, and the capacity bound."""
     # When true, work on a stream is done as soon as it is asked about (the CPU runs nothing asynchronously).
@@ -50,5 +67,10 @@ cdef class ModelDriver(Driver):
     cdef unordered_map[uint64_t, pair[int64_t, uint64_t]] events      # event -> (stream, ticket)
     cdef unordered_map[int64_t, uint64_t] issued                      # stream -> last ticket issued
     cdef unordered_map[int64_t, uint64_t] completed                   # stream -> last ticket completed
+    # Fault injection: the countdown-th next call of a kind fails (0: off) with fault_code.
+    cdef int64_t fault_countdown[<int>NUM_FAULTS]
+    cdef int fault_code[<int>NUM_FAULTS]
+    cdef readonly int64_t faults_triggered
     cdef int take_capacity(self, size_t size) noexcept nogil
     cdef void give_capacity(self, size_t size) noexcept nogil
+    cdef int fault(self, int kind) noexcept nogil

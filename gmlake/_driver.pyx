@@ -73,12 +73,44 @@ cdef class Driver:
         }
 
 
+FAULT_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
+               "event_record")
+
+
 cdef class ModelDriver(Driver):
-    """Base of SimDriver and HostDriver: models streams and events on the CPU, and bounds physical memory."""
+    """Base of SimDriver and HostDriver: models streams and events on the CPU, bounds physical memory, and can be
+    told to fail chosen calls (inject_fault) so tests can drive every error path."""
 
     def __cinit__(self):
         self.auto_complete = True
         self.next_event = 1
+
+    cdef int fault(self, int kind) noexcept nogil:
+        """DRIVER_OK, or the injected code if this call is the one chosen to fail."""
+        if self.fault_countdown[kind] == 0:
+            return DRIVER_OK
+        self.fault_countdown[kind] -= 1
+        if self.fault_countdown[kind] != 0:
+            return DRIVER_OK
+        self.faults_triggered += 1
+        return self.fault_code[kind]
+
+    def inject_fault(self, call: str, nth: int = 1, oom: bool = False) -> None:
+        """Make the nth next call of `call` (one of FAULT_NAMES) fail, with out-of-memory if `oom`, else with
+        DRIVER_INJECTED. Only that one call fails."""
+        if call not in FAULT_NAMES:
+            raise ValueError(f"unknown driver call {call!r}; one of {', '.join(FAULT_NAMES)}")
+        if nth < 1:
+            raise ValueError("nth must be >= 1")
+        cdef int kind = FAULT_NAMES.index(call)
+        self.fault_countdown[kind] = nth
+        self.fault_code[kind] = DRIVER_OOM if oom else DRIVER_INJECTED
+
+    def clear_faults(self) -> None:
+        """Cancel every pending injected fault."""
+        cdef int kind
+        for kind in range(<int>NUM_FAULTS):
+            self.fault_countdown[kind] = 0
 
     cdef int take_capacity(self, size_t size) noexcept nogil:
         if self.capacity and <size_t>self.live_chunk_bytes + size > self.capacity:
@@ -93,11 +125,17 @@ cdef class ModelDriver(Driver):
 
     cdef int synchronize(self) noexcept nogil:
         cdef pair[int64_t, uint64_t] entry
+        cdef int rc = self.fault(FAULT_SYNC)
+        if rc != DRIVER_OK:
+            return rc
         for entry in self.issued:
             self.completed[entry.first] = entry.second
         return DRIVER_OK
 
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil:
+        cdef int rc = self.fault(FAULT_EVENT)
+        if rc != DRIVER_OK:
+            return rc
         cdef uint64_t ticket = self.issued[stream] + 1
         self.issued[stream] = ticket
         event[0] = self.next_event
@@ -128,4 +166,6 @@ cdef class ModelDriver(Driver):
     def describe_error(self, int code) -> str:
         if code == -2:
             return "unknown event"
+        if code == DRIVER_INJECTED:
+            return "injected fault"
         return Driver.describe_error(self, code)

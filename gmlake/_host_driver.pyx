@@ -8,6 +8,8 @@ byte written through a stitched range reads back through the chunk's primitive r
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libc.errno cimport errno, ENOMEM
 from gmlake._driver cimport ModelDriver, DRIVER_OK, DRIVER_OOM
+from gmlake._driver cimport (FAULT_CREATE, FAULT_RELEASE, FAULT_RESERVE, FAULT_FREE_VA, FAULT_MAP, FAULT_UNMAP,
+                             FAULT_SET_ACCESS)
 
 cdef extern from "<sys/mman.h>" nogil:
     void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset)
@@ -67,6 +69,9 @@ cdef class HostDriver(ModelDriver):
         _raise_fd_limit()
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
+        cdef int fault = self.fault(FAULT_CREATE)
+        if fault != DRIVER_OK:
+            return fault
         cdef int rc = self.take_capacity(size)
         if rc != DRIVER_OK:
             return rc
@@ -84,12 +89,18 @@ cdef class HostDriver(ModelDriver):
         return DRIVER_OK
 
     cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil:
+        cdef int fault = self.fault(FAULT_RELEASE)
+        if fault != DRIVER_OK:
+            return fault
         if close(<int>handle) != 0:
             return _errno_code()
         self.give_capacity(size)
         return DRIVER_OK
 
     cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
+        cdef int fault = self.fault(FAULT_RESERVE)
+        if fault != DRIVER_OK:
+            return fault
         if alignment < self.granularity:
             alignment = self.granularity
         # Over-reserve, then trim both ends so the range is aligned like a CUDA reservation.
@@ -110,6 +121,9 @@ cdef class HostDriver(ModelDriver):
         return DRIVER_OK
 
     cdef int free_va(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef int fault = self.fault(FAULT_FREE_VA)
+        if fault != DRIVER_OK:
+            return fault
         if munmap(<void*>va, size) != 0:
             return _errno_code()
         self.live_reservations -= 1
@@ -117,12 +131,18 @@ cdef class HostDriver(ModelDriver):
         return DRIVER_OK
 
     cdef int map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:
+        cdef int fault = self.fault(FAULT_MAP)
+        if fault != DRIVER_OK:
+            return fault
         cdef void* got = mmap(<void*>va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, <int>handle, 0)
         if got == MAP_FAILED:
             return _errno_code()
         return DRIVER_OK
 
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef int fault = self.fault(FAULT_UNMAP)
+        if fault != DRIVER_OK:
+            return fault
         # Put the reservation back in place of the chunk mapping, so the range stays reserved.
         cdef void* got = mmap(<void*>va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0)
         if got == MAP_FAILED:
@@ -130,6 +150,9 @@ cdef class HostDriver(ModelDriver):
         return DRIVER_OK
 
     cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef int fault = self.fault(FAULT_SET_ACCESS)
+        if fault != DRIVER_OK:
+            return fault
         if mprotect(<void*>va, size, PROT_READ | PROT_WRITE) != 0:
             return _errno_code()
         return DRIVER_OK

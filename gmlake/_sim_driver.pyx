@@ -2,6 +2,8 @@
 """The simulation driver: bookkeeping only, no memory behind it, so it can model a device of any size."""
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from gmlake._driver cimport ModelDriver, DRIVER_OK, DRIVER_OOM
+from gmlake._driver cimport (FAULT_CREATE, FAULT_RELEASE, FAULT_RESERVE, FAULT_FREE_VA, FAULT_MAP, FAULT_UNMAP,
+                             FAULT_SET_ACCESS)
 
 
 cdef class SimDriver(ModelDriver):
@@ -23,6 +25,9 @@ cdef class SimDriver(ModelDriver):
         self.next_handle = 1
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
+        cdef int fault = self.fault(FAULT_CREATE)
+        if fault != DRIVER_OK:
+            return fault
         cdef int rc = self.take_capacity(size)
         if rc != DRIVER_OK:
             return rc
@@ -31,10 +36,16 @@ cdef class SimDriver(ModelDriver):
         return DRIVER_OK
 
     cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil:
+        cdef int fault = self.fault(FAULT_RELEASE)
+        if fault != DRIVER_OK:
+            return fault
         self.give_capacity(size)
         return DRIVER_OK
 
     cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
+        cdef int fault = self.fault(FAULT_RESERVE)
+        if fault != DRIVER_OK:
+            return fault
         if alignment < self.granularity:
             alignment = self.granularity
         self.next_va = (self.next_va + alignment - 1) & ~(<uintptr_t>alignment - 1)
@@ -45,15 +56,27 @@ cdef class SimDriver(ModelDriver):
         return DRIVER_OK
 
     cdef int free_va(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef int fault = self.fault(FAULT_FREE_VA)
+        if fault != DRIVER_OK:
+            return fault
         self.live_reservations -= 1
         self.live_reserved_va -= size
         return DRIVER_OK
 
     cdef int map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:
+        cdef int fault = self.fault(FAULT_MAP)
+        if fault != DRIVER_OK:
+            return fault
         return DRIVER_OK
 
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef int fault = self.fault(FAULT_UNMAP)
+        if fault != DRIVER_OK:
+            return fault
         return DRIVER_OK
 
     cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef int fault = self.fault(FAULT_SET_ACCESS)
+        if fault != DRIVER_OK:
+            return fault
         return DRIVER_OK

@@ -70,6 +70,19 @@ struct PendingFree {
     std::vector<uint64_t> events;
 };
 
+// What the driver refused to take back, kept to retry (so a failed release or unmap never leaks).
+struct OrphanChunk {
+    uint64_t handle;
+    size_t size;
+};
+struct OrphanRange {
+    uintptr_t va;
+    size_t size;
+    size_t mapped;       // bytes still mapped at va (unmap them first)
+    size_t handles;
+    bool release_va;     // false for a stretch of a segment's reservation, which the segment frees
+};
+
 // One allocator event, in the vocabulary of PyTorch's memory snapshots.
 enum TraceAction : int {
     TRACE_ALLOC = 0, TRACE_FREE_REQUESTED, TRACE_FREE_COMPLETED, TRACE_SEGMENT_ALLOC, TRACE_SEGMENT_FREE,
