@@ -140,9 +140,23 @@ def load_snapshot(path: str | Path, device: int | None = None) -> Trace:
         device = nonempty[0]
     if not (0 <= device < len(traces)) or not traces[device]:
         raise TraceError(f"{path}: no trace events for device {device}")
-    meta = snapshot.get("gmlake", {}) if isinstance(snapshot.get("gmlake"), dict) else {}
+    meta = _clean_meta(snapshot.get("gmlake"))
     meta = {**meta, "name": meta.get("name", path.name.split(".")[0]), "device": device, "source": "snapshot"}
     return Trace(_convert(traces[device], path), meta)
+
+
+_META_INTS = ("max_memory_reserved", "max_memory_allocated", "device_total")
+_META_STRS = ("name", "allocator", "alloc_conf", "device_name", "torch")
+
+
+def _clean_meta(raw) -> dict:
+    """The metadata gmlake capture adds, keeping only known keys of the right types (snapshots are untrusted)."""
+    if not isinstance(raw, dict):
+        return {}
+    meta = {k: raw[k] for k in _META_INTS if isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool)
+            and raw[k] >= 0}
+    meta.update({k: raw[k][:200] for k in _META_STRS if isinstance(raw.get(k), str)})
+    return meta
 
 
 def _convert(entries: list, path: Path) -> np.ndarray:
@@ -152,18 +166,19 @@ def _convert(entries: list, path: Path) -> np.ndarray:
     n = 0
     for entry in entries:
         if not isinstance(entry, dict):
-            raise TraceError(f"{path}: malformed trace entry {entry!r:.80}")
-        action = _SNAPSHOT_ACTIONS.get(entry.get("action"))
+            raise TraceError(f"{path}: malformed trace entry {_short(entry)}")
+        name = entry.get("action")
+        action = _SNAPSHOT_ACTIONS.get(name) if isinstance(name, str) else None
         if action is None:
             continue
         try:
-            addr = int(entry["addr"])
-            size = int(entry["size"])
-            stream = int(entry.get("stream", 0) or 0)
-        except (KeyError, TypeError, ValueError):
-            raise TraceError(f"{path}: malformed trace entry {entry!r:.80}") from None
-        if size < 0 or stream < 0:
-            raise TraceError(f"{path}: negative size or stream in {entry!r:.80}")
+            addr = _as_int(entry["addr"])
+            size = _as_int(entry["size"])
+            stream = _as_int(entry.get("stream", 0) or 0)
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise TraceError(f"{path}: malformed trace entry {_short(entry)}") from None
+        if not (0 <= size < 1 << 63 and 0 <= stream < 1 << 63 and 0 <= addr < 1 << 64):
+            raise TraceError(f"{path}: out-of-range address, size or stream in {_short(entry)}")
         ident = 0
         if action == ALLOC:
             if size == 0:
@@ -177,6 +192,20 @@ def _convert(entries: list, path: Path) -> np.ndarray:
         events[n] = (action, stream, size, ident)
         n += 1
     return events[:n]
+
+
+def _as_int(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("not a number")
+    return int(value)
+
+
+def _short(value) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text[:80]
 
 
 def load_compact(path: str | Path) -> Trace:

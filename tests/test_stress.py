@@ -1,0 +1,144 @@
+"""Concurrency and scale on the host driver, with byte-pattern checks on every block.
+
+The default run is short; the marked `slow` tests are the long runs whose figures README reports
+(`pytest -m slow tests/test_stress.py -s`).
+"""
+from __future__ import annotations
+
+import ctypes
+import random
+import threading
+import time
+
+import pytest
+
+import gmlake
+from gmlake import Allocator, HostDriver, OutOfMemoryError
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _hammer(alloc: Allocator, seed: int, seconds: float, counts: list, errors: list, big: bool) -> None:
+    rng = random.Random(seed)
+    live = []
+    ops = 0
+    deadline = time.monotonic() + seconds
+    value = seed % 200 + 1
+    try:
+        while time.monotonic() < deadline:
+            for _ in range(64):
+                if live and (rng.random() < 0.5 or len(live) > 64):
+                    p, n, v = live.pop(rng.randrange(len(live)))
+                    if ctypes.string_at(p, n).count(v) != n:
+                        errors.append(f"thread {seed}: block overwritten")
+                        return
+                    alloc.free(p)
+                else:
+                    n = rng.choice([rng.randint(1, 16 * KiB), rng.randint(16 * KiB, MiB),
+                                    rng.randint(MiB, (8 if big else 2) * MiB)])
+                    try:
+                        p = alloc.malloc(n, stream=seed % 3)
+                    except OutOfMemoryError:
+                        continue
+                    if rng.random() < 0.05:
+                        alloc.record_stream(p, (seed + 1) % 3)
+                    ctypes.memset(p, value, n)
+                    live.append((p, n, value))
+                ops += 1
+        for p, n, v in live:
+            if ctypes.string_at(p, n).count(v) != n:
+                errors.append(f"thread {seed}: block overwritten")
+            alloc.free(p)
+    except Exception as exc:  # reported by the test
+        errors.append(f"thread {seed}: {exc!r}")
+    counts.append(ops)
+
+
+def run_threads(policy: str, threads: int, seconds: float) -> int:
+    drv = HostDriver()
+    alloc = Allocator(drv, gmlake.policies.get(policy), limit=512 * MiB)
+    counts: list[int] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def janitor():                      # empty_cache from another thread while the others work
+        while not stop.wait(0.05):
+            alloc.empty_cache()
+
+    workers = [threading.Thread(target=_hammer, args=(alloc, i, seconds, counts, errors, i % 2 == 0))
+               for i in range(threads)]
+    side = threading.Thread(target=janitor)
+    side.start()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=seconds + 60)
+    stop.set()
+    side.join()
+    assert not any(t.is_alive() for t in workers), "deadlock: a worker did not finish"
+    assert errors == []
+    alloc.check()
+    alloc.close()
+    assert drv.leaks() == {k: 0 for k in drv.leaks()}
+    return sum(counts)
+
+
+@pytest.mark.parametrize("policy", gmlake.policies.names())
+def test_eight_threads_with_pattern_checks(policy):
+    ops = run_threads(policy, threads=8, seconds=2.0)
+    assert ops > 1000
+
+
+def random_ops(total: int, seed: int = 0, check_every: int = 10_000) -> dict:
+    drv = HostDriver()
+    alloc = Allocator(drv, limit=256 * MiB)
+    rng = random.Random(seed)
+    live: list[tuple[int, int, int]] = []
+    used = set()
+    ooms = 0
+    for i in range(total):
+        if live and (rng.random() < 0.5 or len(live) > 150):
+            p, n, v = live.pop(rng.randrange(len(live)))
+            assert ctypes.string_at(p, n).count(v) == n, f"op {i}: a live block was overwritten"
+            used.discard(v)
+            alloc.free(p)
+        else:
+            n = rng.choice([rng.randint(1, 4 * KiB), rng.randint(4 * KiB, 256 * KiB), rng.randint(MiB, 6 * MiB)])
+            try:
+                p = alloc.malloc(n, stream=rng.randint(0, 1))
+            except OutOfMemoryError:
+                ooms += 1
+                continue
+            v = next(x for x in range(1, 256) if x not in used)
+            used.add(v)
+            ctypes.memset(p, v, n)
+            live.append((p, n, v))
+        if i % 50_000 == 0 and i:
+            alloc.empty_cache()
+        if i % check_every == 0:
+            alloc.check()
+    for p, n, v in live:
+        assert ctypes.string_at(p, n).count(v) == n
+        alloc.free(p)
+    stats = alloc.stats()
+    alloc.close()
+    assert drv.leaks() == {k: 0 for k in drv.leaks()}
+    return {"ops": total, "ooms": ooms, "stitches": stats["stitches"], "sblock_reuses": stats["sblock_reuses"]}
+
+
+def test_random_operations_short():
+    result = random_ops(30_000)
+    assert result["stitches"] > 0
+
+
+@pytest.mark.slow
+def test_one_million_random_operations():
+    t0 = time.monotonic()
+    result = random_ops(1_000_000)
+    print(f"\n1M ops: {result}, {time.monotonic() - t0:.0f} s")
+
+
+@pytest.mark.slow
+def test_eight_threads_for_a_minute():
+    ops = run_threads("gmlake", threads=8, seconds=60.0)
+    print(f"\n8 threads x 60 s: {ops} operations")
