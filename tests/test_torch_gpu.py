@@ -84,3 +84,9 @@ def test_two_gpus_under_torchrun_with_ddp():
         env={**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count(" ok, device ") == 2
+
+
+def test_soak_500_steps_reserved_stays_flat():
+    out = run("soak.py", "500", timeout=900)
+    assert out.strip().endswith("ok")
+    print(out)
