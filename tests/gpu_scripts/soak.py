@@ -19,7 +19,7 @@ model = torch.nn.TransformerEncoder(
 head = torch.nn.Linear(1024, 32000).cuda().to(torch.bfloat16)
 params = list(model.parameters()) + list(head.parameters())
 opt = torch.optim.AdamW(params, lr=1e-5)
-reserved, sblocks = [], []
+reserved, sblocks, stitches = [], [], []
 for step in range(steps):
     batch = rng.choice([4, 6, 8, 12, 16])
     seq = rng.choice([128, 192, 256, 384, 512, 768, 1024])
@@ -33,6 +33,7 @@ for step in range(steps):
     s = gt.memory_stats()
     reserved.append(s["reserved_bytes.all.current"])
     sblocks.append(s["gmlake.cached_sblocks"])
+    stitches.append(s["gmlake.stitches"])
 after = reserved[warmup:]
 peak = max(reserved)
 drift = max(after) - after[0]
@@ -49,6 +50,7 @@ result = {
     "steps": steps, "warmup": warmup, "peak_reserved": peak, "reserved_at_warmup_end": after[0],
     "max_reserved_after_warmup": max(after), "drift_bytes": drift, "drift_fraction": drift / peak,
     "max_cached_sblocks": max(sblocks), "stitches": stats["stitches"],
+    "stitches_per_step_after_warmup": (stitches[-1] - stitches[warmup]) / (steps - warmup),
     "utilization": stats["peak_allocated_bytes"] / stats["peak_reserved_bytes"],
     "end_allocated": end["allocated_bytes"], "end_reserved": end["reserved_bytes"],
     "end_driver_chunks": alloc.driver.live_chunks,
