@@ -90,3 +90,7 @@ def test_soak_500_steps_reserved_stays_flat():
     out = run("soak.py", "500", timeout=900)
     assert out.strip().endswith("ok")
     print(out)
+
+
+def test_threads_and_autograd_allocate_at_once():
+    assert "ok:" in run("threads.py")
