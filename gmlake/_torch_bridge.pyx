@@ -17,8 +17,11 @@ cdef enum:
 
 # Borrowed pointers; `_owners` keeps the Allocator objects alive.
 cdef void* _allocators[MAX_DEVICES]
+import threading
+
 _owners: dict = {}
 _factory = None
+_create_lock = threading.Lock()    # the first allocations on a device may come from several threads at once
 
 
 def configure(factory) -> None:
@@ -32,13 +35,15 @@ def allocator(int device):
     if device < 0 or device >= MAX_DEVICES:
         raise ValueError(f"gmlake: device {device} out of range")
     if _allocators[device] == NULL:
-        if _factory is None:
-            raise RuntimeError("gmlake: the torch bridge is not configured; call gmlake.torch.enable() first")
-        a = _factory(device)
-        if not isinstance(a, Allocator):
-            raise TypeError("gmlake: the allocator factory must return a gmlake.Allocator")
-        _owners[device] = a
-        _allocators[device] = <void*>a
+        with _create_lock:
+            if _allocators[device] == NULL:
+                if _factory is None:
+                    raise RuntimeError("gmlake: the torch bridge is not configured; call gmlake.torch.enable() first")
+                a = _factory(device)
+                if not isinstance(a, Allocator):
+                    raise TypeError("gmlake: the allocator factory must return a gmlake.Allocator")
+                _owners[device] = a
+                _allocators[device] = <void*>a
     return <Allocator>_allocators[device]
 
 
