@@ -1565,8 +1565,10 @@ cdef class Allocator:
             blocks = []
             b = sp.second.first
             while b != NULL:
+                # A claimed piece's bytes are all in use by its stitched allocation.
                 blocks.append((b.addr - sp.second.va, b.size, names[b.state], b.stream,
-                               b.requested if b.state == BLOCK_ALLOCATED else 0))
+                               b.requested if b.state == BLOCK_ALLOCATED else
+                               b.size if b.state == BLOCK_CLAIMED else 0))
                 b = b.next
             out.append({"serial": sp.second.serial, "va": sp.second.va,
                         "pool": "small" if sp.second.pool == POOL_SMALL else "large",

@@ -144,3 +144,23 @@ def test_compare_writes_table_and_png(tmp_path, capsys):
     assert cli_main(["compare", TINY, "--out", str(tmp_path)]) == 0
     assert (tmp_path / "compare.png").stat().st_size > 10_000
     assert len((tmp_path / "compare.jsonl").read_text().splitlines()) == 3
+
+
+def test_snapshot_segments_are_accepted_by_torch_memory_viz():
+    """gmlake.torch's snapshot format, built from a host-driver allocator, through torch's own memory_viz."""
+    mv = pytest.importorskip("torch.cuda._memory_viz")
+    import gmlake.torch as gt
+    from gmlake import Allocator, HostDriver
+
+    a = Allocator(HostDriver())
+    a.record_history(True)
+    ptrs = [a.malloc(s) for s in (3 << 20, 5 << 20, 100_000, 7 << 20)]
+    a.free(ptrs[0])
+    a.free(ptrs[3])
+    big = a.malloc(9 << 20)
+    snap = {"segments": gt._segments(0, a), "device_traces": [a.history()]}
+    text = mv.segsum(snap)                       # checks its own accounting: allocated + free == reserved
+    assert "total_allocated" in text
+    assert mv.trace_plot(snap) and mv.segment_plot(snap)
+    for p in (ptrs[1], ptrs[2], big):
+        a.free(p)
