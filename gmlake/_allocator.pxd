@@ -247,6 +247,7 @@ cdef class Allocator:
     cdef Block* _peek_fit(self, FreeIndex* index, size_t size, int64_t stream) noexcept nogil
     cdef Block* _best_free(self, int pool, size_t size, int64_t stream) noexcept nogil
     cdef Block* _split(self, Block* b, size_t size) noexcept nogil
+    cdef void _absorb_next(self, Block* b) noexcept nogil
     cdef Block* _coalesce(self, Block* b) noexcept nogil
     cdef bint _should_split(self, Block* b, size_t size) noexcept nogil
     cdef Block* _take(self, Block* b, size_t size, int64_t stream) noexcept nogil

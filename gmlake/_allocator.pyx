@@ -29,13 +29,7 @@ from gmlake._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PEN
 
 from gmlake.errors import OutOfMemoryError, DriverError, InvalidPointerError, PolicyError
 
-cdef extern from "<time.h>" nogil:
-    struct timespec:
-        long tv_sec
-        long tv_nsec
-    int clock_gettime(int clk, timespec* ts)
-    int CLOCK_MONOTONIC
-    int CLOCK_REALTIME
+from gmlake._clock cimport timespec, clock_gettime, CLOCK_REALTIME, monotonic_ns
 
 # No stream: a free block whose stream's work has completed, usable by any stream.
 cdef int64_t ANY_STREAM = -1
@@ -264,22 +258,12 @@ cdef class Allocator:
         cdef Block* n
         if p != NULL and p.state == BLOCK_UNMAPPED:
             self._erase_hole(p)
-            self.by_addr.erase(b.addr)
-            p.size += b.size
-            p.next = b.next
-            if b.next != NULL:
-                b.next.prev = p
-            del b
+            self._absorb_next(p)
             b = p
         n = b.next
         if n != NULL and n.state == BLOCK_UNMAPPED:
             self._erase_hole(n)
-            self.by_addr.erase(n.addr)
-            b.size += n.size
-            b.next = n.next
-            if n.next != NULL:
-                n.next.prev = b
-            del n
+            self._absorb_next(b)
         return b
 
     cdef Block* _peek_fit(self, FreeIndex* index, size_t size, int64_t stream) noexcept nogil:
@@ -338,32 +322,30 @@ cdef class Allocator:
         self.by_addr[tail.addr] = tail
         return tail
 
+    cdef void _absorb_next(self, Block* b) noexcept nogil:
+        """Merge b's next neighbour into b (the neighbour is unindexed by the caller first)."""
+        cdef Block* n = b.next
+        self.by_addr.erase(n.addr)
+        b.size += n.size
+        b.next = n.next
+        if n.next != NULL:
+            n.next.prev = b
+        if n.free_seq > b.free_seq:
+            b.free_seq = n.free_seq
+        del n
+
     cdef Block* _coalesce(self, Block* b) noexcept nogil:
         """Merge free, unindexed b with free neighbours of the same stream. Returns the merged block, unindexed."""
         cdef Block* p = b.prev
-        cdef Block* n = b.next
+        cdef Block* n
         if p != NULL and p.state == BLOCK_FREE and p.stream == b.stream:
             self._erase_free(p)
-            self.by_addr.erase(b.addr)
-            p.size += b.size
-            p.next = b.next
-            if b.next != NULL:
-                b.next.prev = p
-            if b.free_seq > p.free_seq:
-                p.free_seq = b.free_seq
-            del b
+            self._absorb_next(p)
             b = p
         n = b.next
         if n != NULL and n.state == BLOCK_FREE and n.stream == b.stream:
             self._erase_free(n)
-            self.by_addr.erase(n.addr)
-            b.size += n.size
-            b.next = n.next
-            if n.next != NULL:
-                n.next.prev = b
-            if n.free_seq > b.free_seq:
-                b.free_seq = n.free_seq
-            del n
+            self._absorb_next(b)
         return b
 
     cdef bint _should_split(self, Block* b, size_t size) noexcept nogil:
@@ -1579,17 +1561,17 @@ cdef class Allocator:
 
 def bench_cache_hits(Allocator alloc, size_t size, size_t iterations, int64_t stream=0) -> float:
     """Nanoseconds per malloc+free pair of a cached block, timed inside the Cython core (no Python per call)."""
-    cdef timespec t0, t1
+    cdef double t0, t1
     cdef size_t i
     cdef uintptr_t p
     p = alloc.malloc(size, stream)
     alloc.free(p)
     with nogil:
-        clock_gettime(CLOCK_MONOTONIC, &t0)
+        t0 = monotonic_ns()
         for i in range(iterations):
             p = alloc.malloc_nogil(size, stream)
             alloc.free_nogil(p)
-        clock_gettime(CLOCK_MONOTONIC, &t1)
+        t1 = monotonic_ns()
     if p == 0:
         raise RuntimeError("allocation failed during the benchmark")
-    return ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / iterations
+    return (t1 - t0) / iterations

@@ -4,18 +4,11 @@ from libc.stdint cimport uint64_t, uintptr_t
 from libcpp.vector cimport vector
 from gmlake._driver cimport Driver, DRIVER_OK
 
-cdef extern from "<time.h>" nogil:
-    struct timespec:
-        long tv_sec
-        long tv_nsec
-    int clock_gettime(int clk, timespec* ts)
-    int CLOCK_MONOTONIC
+from gmlake._clock cimport monotonic_ns
 
 
 cdef inline double now_us() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3
+    return monotonic_ns() * 1e-3
 
 
 def _check(Driver driver, int rc, str what):

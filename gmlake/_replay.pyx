@@ -6,12 +6,7 @@ from gmlake._allocator cimport Allocator, ERR_OOM
 
 import numpy as np
 
-cdef extern from "<time.h>" nogil:
-    struct timespec:
-        long tv_sec
-        long tv_nsec
-    int clock_gettime(int clk, timespec* ts)
-    int CLOCK_MONOTONIC
+from gmlake._clock cimport monotonic_ns
 
 
 def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64_t[:] stream,
@@ -45,9 +40,9 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
     cdef size_t window_reserved = 0, window_allocated = 0
     cdef uintptr_t p
     cdef int failed = 0
-    cdef timespec t0, t1
+    cdef double t0, t1
     with nogil:
-        clock_gettime(CLOCK_MONOTONIC, &t0)
+        t0 = monotonic_ns()
         for i in range(n):
             if action[i] == 0:
                 p = alloc.malloc_nogil(size[i], stream[i])
@@ -84,7 +79,7 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
                 taken += 1
                 window_reserved = 0
                 window_allocated = 0
-        clock_gettime(CLOCK_MONOTONIC, &t1)
+        t1 = monotonic_ns()
     if failed:
         raise alloc._failure(size[i])
     te[taken] = n
@@ -95,7 +90,7 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
         "events": n,
         "requests": served,
         "ooms": ooms,
-        "seconds": (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9,
+        "seconds": (t1 - t0) * 1e-9,
         "peak_reserved": peak_reserved,
         "peak_allocated": peak_allocated,
         "allocated_at_peak_reserved": allocated_at_peak,
