@@ -43,6 +43,56 @@ def build_model(name: str):
     return model, cfg.vocab_size, lora_targets
 
 
+def allocator_name() -> str:
+    try:
+        import gmlake.torch as gt
+
+        if gt.is_enabled():
+            return "gmlake"
+    except ImportError:
+        pass
+    import os
+
+    return "expandable" if "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").lower() \
+        else "native"
+
+
+def memory_peaks() -> dict:
+    """Peak allocated and reserved bytes, from torch or, under gmlake (whose stats torch cannot read), from gmlake."""
+    if allocator_name() == "gmlake":
+        import gmlake.torch as gt
+
+        return {"max_memory_reserved": gt.max_memory_reserved(), "max_memory_allocated": gt.max_memory_allocated()}
+    return {"max_memory_reserved": torch.cuda.max_memory_reserved(),
+            "max_memory_allocated": torch.cuda.max_memory_allocated()}
+
+
+def search_max_batch(train_step, args, model) -> int:
+    """The largest batch (at --search-seq tokens) whose training step fits under the cap, by bisection. Each probe
+    runs two steps; an out-of-memory error marks a batch too large, and the allocator must recover from it."""
+    import gc
+
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * (1 << 30) / total))
+    lo, hi = 0, args.search_max
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            for _ in range(2):
+                train_step(mid, args.search_seq)
+            lo = mid
+        except RuntimeError as exc:          # torch.OutOfMemoryError, or gmlake's out-of-memory RuntimeError
+            if "out of memory" not in str(exc).lower():
+                raise
+            hi = mid - 1
+            model.zero_grad(set_to_none=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    return lo
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
@@ -57,6 +107,11 @@ def main() -> None:
     p.add_argument("--fixed-batch", type=int, help="use this batch size every step (for max-batch searches)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write a summary here")
+    p.add_argument("--max-batch-search", action="store_true",
+                   help="after training, find the largest batch that fits under --cap-gib (bisection)")
+    p.add_argument("--cap-gib", type=float, default=24.0, help="memory cap for the batch search, GiB")
+    p.add_argument("--search-seq", type=int, default=1024, help="sequence length for the batch search")
+    p.add_argument("--search-max", type=int, default=512, help="upper bound of the batch search")
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
@@ -108,17 +163,32 @@ def main() -> None:
         tokens.append(batch * seq)
         losses.append(float(loss))
     warm = max(1, len(times) // 4)
+
+    def train_step(batch: int, seq: int) -> None:
+        ids = torch.randint(0, vocab, (batch, seq), device=device)
+        model(input_ids=ids, labels=ids).loss.backward()
+        if args.offload:
+            for q in params:
+                q.grad = None
+        else:
+            optim.step()
+        optim.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+
+    peaks = memory_peaks()
+    max_batch = None
+    if args.max_batch_search:
+        max_batch = search_max_batch(train_step, args, model)
     summary = {
         "model": args.model, "lora": args.lora, "ckpt": args.ckpt, "offload": args.offload, "steps": args.steps,
         "median_step_s": statistics.median(times[warm:]) if len(times) > warm else times[-1],
         "tokens_per_s": sum(tokens[warm:]) / sum(times[warm:]) if len(times) > warm else None,
         "losses": losses,
     }
-    try:
-        summary["max_memory_reserved"] = torch.cuda.max_memory_reserved()
-        summary["max_memory_allocated"] = torch.cuda.max_memory_allocated()
-    except RuntimeError:  # a pluggable allocator (gmlake run) has no torch stats; gmlake reports its own
-        pass
+    summary.update(peaks)
+    summary["max_batch_under_cap"] = max_batch
+    summary["cap_gib"] = args.cap_gib if args.max_batch_search else None
+    summary["allocator"] = allocator_name()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f)
