@@ -174,6 +174,7 @@ cdef struct Knobs:
     size_t expandable_reserve
     bint hook_allow_stitch
     bint hook_split
+    bint hook_evict
 
 cdef struct Fence:
     uint64_t event
@@ -229,6 +230,7 @@ cdef class Allocator:
     cdef bint _hook_split(self, size_t block_size, size_t size, int pool, bint default) noexcept
     cdef bint _hook_allow_stitch(self, size_t size, int64_t stream, vector[Piece]& pieces,
                                  size_t remaining) noexcept
+    cdef SBlock* _hook_evict(self, SBlock* lru_victim) noexcept
 
     # internals, in the order _allocator.pyx defines them
     cdef int _call(self, int kind, int rc, uint64_t handles) noexcept nogil

@@ -119,6 +119,7 @@ cdef class Allocator:
         self.k.expandable_reserve = reserve
         self.k.hook_allow_stitch = policy.overrides("allow_stitch")
         self.k.hook_split = policy.overrides("should_split")
+        self.k.hook_evict = policy.overrides("evict_victim")
         self.set_limit(limit)
         self.next_serial = 1
 
@@ -716,16 +717,22 @@ cdef class Allocator:
         return DRIVER_OK
 
     cdef int _evict_lru(self, size_t keep, bint synced) noexcept nogil:
-        """Evict least recently used cached sBlocks until at most `keep` remain; synchronizes first unless the
-        caller has (queued kernels may still use a freed sBlock's range)."""
+        """Evict cached sBlocks until at most `keep` remain: the least recently used first, or the policy's choice
+        (its evict_victim hook). Synchronizes first unless the caller has (queued kernels may still use a freed
+        sBlock's range)."""
         cdef int rc
+        cdef SBlock* victim
         while self.lru.size() > keep:
             if not synced:
                 rc = self._sync()
                 if rc != DRIVER_OK:
                     return rc
                 synced = True
-            rc = self._evict(deref(self.lru.begin()).second)
+            victim = deref(self.lru.begin()).second
+            if self.k.hook_evict and keep > 0:     # when all go, the order does not matter
+                with gil:
+                    victim = self._hook_evict(victim)
+            rc = self._evict(victim)
             if rc != DRIVER_OK:
                 return rc
         return DRIVER_OK
@@ -1242,6 +1249,26 @@ cdef class Allocator:
             if self.hook_error is None:
                 self.hook_error = exc
             return True
+
+    cdef SBlock* _hook_evict(self, SBlock* lru_victim) noexcept:
+        """Ask the policy which cached sBlock to evict; it sees them oldest first and returns an index."""
+        cdef vector[SBlock*] order
+        cdef pair[uint64_t, SBlock*] entry
+        cdef size_t i
+        for entry in self.lru:
+            order.push_back(entry.second)
+        try:
+            cached = [{"capacity": order[i].capacity, "va_bytes": order[i].va_size, "handles": order[i].chunks.size(),
+                       "pieces": order[i].pieces.size(), "age": self.tick - order[i].last_use}
+                      for i in range(order.size())]
+            index = int(self.policy.evict_victim(cached))
+            if not 0 <= index < len(cached):
+                raise IndexError(f"evict_victim returned {index}, not an index into {len(cached)} cached sBlocks")
+            return order[index]
+        except BaseException as exc:
+            if self.hook_error is None:
+                self.hook_error = exc
+            return lru_victim
 
     def _raise_hook_error(self):
         exc = self.hook_error

@@ -204,3 +204,28 @@ def test_bad_policy_fields_are_refused(driver):
         Allocator(driver, gmlake.policies.get("gmlake", segment_rule="nope"))
     with pytest.raises(ValueError, match="large_split_min"):
         Allocator(driver, gmlake.policies.get("caching", large_split_min=-1))
+
+
+def test_python_eviction_hook_chooses_the_victim(driver):
+    class EvictLargest(gmlake.GMLakePolicy):
+        def evict_victim(self, cached):
+            self.seen.append([c["capacity"] for c in cached])
+            return max(range(len(cached)), key=lambda i: cached[i]["capacity"])
+
+    policy = EvictLargest(max_cached_sblocks=2)
+    object.__setattr__(policy, "seen", [])
+    alloc = Allocator(driver, policy)
+    stitched = {}
+    for size in (9, 11, 13):                            # each larger than any cached sBlock: a new stitch
+        parts = [alloc.malloc(4 * MiB) for _ in range(4)]
+        for p in parts:
+            alloc.free(p)
+        stitched[size] = alloc.malloc(size * MiB)
+        alloc.free(stitched[size])
+    assert policy.seen, "the hook was not asked"
+    assert policy.seen == [[9 * MiB, 11 * MiB]]          # asked once, oldest first
+    assert alloc.stats()["sblock_evictions"] == 1
+    p = alloc.malloc(9 * MiB)
+    assert p == stitched[9], "the 9 MiB sBlock must have survived (LRU would have evicted it, the hook did not)"
+    alloc.free(p)
+    alloc.check()

@@ -35,8 +35,8 @@ class Policy:
       max_cached_sblocks: sBlocks kept mapped after their allocation is freed, least recently used evicted first.
       sblock_search_depth: how many cached sBlocks a request examines before it gives up on reuse.
 
-    Hooks: override `should_split` or `allow_stitch` in a subclass to decide from Python. They run with the GIL and
-    only where the decision is made, so the built-in policies keep the nogil path.
+    Hooks: override `should_split`, `allow_stitch` or `evict_victim` in a subclass to decide from Python. They run
+    with the GIL and only where the decision is made, so the built-in policies keep the nogil path.
     """
 
     name: ClassVar[str] = "base"
@@ -71,6 +71,12 @@ class Policy:
         """Stitch `pieces` (free bytes, largest first) plus `new_bytes` of new memory for a `size`-byte request?
         False allocates the whole request as new memory instead."""
         return True
+
+    def evict_victim(self, cached: list[dict]) -> int:
+        """Which cached sBlock to evict when the cache is over `max_cached_sblocks` or memory is short: an index into
+        `cached`, oldest first, each a dict of capacity, va_bytes, handles, pieces and age (in frees since last use).
+        The default evicts the least recently used."""
+        return 0
 
     def overrides(self, hook: str) -> bool:
         """Whether this policy's class overrides `hook` (the core calls Python only then)."""
