@@ -1,0 +1,91 @@
+"""FSDP full-shard (ZeRO-3) training with LoRA and recomputation, shapes varying per step, one process per GPU.
+
+    torchrun --nproc-per-node 2 bench/workloads/fsdp_train.py --model opt-1.3b --json out.json
+    torchrun --nproc-per-node 2 -m gmlake run bench/workloads/fsdp_train.py --model opt-1.3b --json out.json
+
+Rank 0 writes the summary: each rank's peak allocated and reserved memory, the median step time, tokens per second.
+(Written for issue 5; not yet run on a GPU.)
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import random
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from train_hf import MODELS, allocator_name, build_model, memory_peaks
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="opt-1.3b")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--min-batch", type=int, default=2)
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--min-seq", type=int, default=128)
+    p.add_argument("--max-seq", type=int, default=1024)
+    p.add_argument("--json")
+    args = p.parse_args()
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    torch.manual_seed(0)
+    rng = random.Random(rank)
+
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+    model, vocab, targets = build_model(args.model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets, lora_dropout=0.0,
+                                             task_type="CAUSAL_LM"))
+    model.enable_input_require_grads()
+    layer_types = {type(m) for m in model.modules() if m.__class__.__name__ in ("GPT2Block", "OPTDecoderLayer")}
+    wrap = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: type(m) in layer_types)
+    model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=wrap,
+                 device_id=torch.cuda.current_device(), use_orig_params=True)
+    optim = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
+    times, tokens = [], []
+    for step in range(args.steps):
+        batch = rng.randint(args.min_batch, args.max_batch)
+        seq = rng.randint(args.min_seq // 8, args.max_seq // 8) * 8
+        ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        tokens.append(batch * seq)
+    warm = max(1, len(times) // 4)
+    mine = {**memory_peaks(), "median_step_s": statistics.median(times[warm:]),
+            "tokens_per_s": sum(tokens[warm:]) / sum(times[warm:])}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        summary = {"model": args.model, "strategy": "fsdp-full-shard+lora+ckpt", "world": world,
+                   "allocator": allocator_name(), "ranks": gathered,
+                   "max_memory_reserved": max(g["max_memory_reserved"] for g in gathered),
+                   "max_memory_allocated": max(g["max_memory_allocated"] for g in gathered),
+                   "median_step_s": max(g["median_step_s"] for g in gathered),
+                   "tokens_per_s": sum(g["tokens_per_s"] for g in gathered)}
+        print(json.dumps(summary))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(summary, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
