@@ -46,6 +46,7 @@ def _load(paths: list[str], device: int | None):
 
 
 def cmd_replay(args) -> int:
+    """`gmlake replay`: one trace through each policy; a table, or JSON lines."""
     from gmlake.replay import replay
 
     names = _policies(args.policy)
@@ -64,6 +65,7 @@ def cmd_replay(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    """`gmlake compare`: traces (default: the bundled ones) under every policy; table, PNG, JSON lines."""
     from rich.console import Console
 
     from gmlake import compare
@@ -86,6 +88,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_capture(args) -> int:
+    """`gmlake capture`: run a Python program with allocator history on, then dump its snapshot."""
     program = list(args.program)
     if program and program[0] == "--":
         program = program[1:]
@@ -102,6 +105,7 @@ def cmd_capture(args) -> int:
 
 
 def cmd_convert(args) -> int:
+    """`gmlake convert`: a snapshot to the compact .gmtrace format."""
     from gmlake.trace import load, save_compact
 
     (trace,) = _load([args.snapshot], args.device)
@@ -113,6 +117,7 @@ def cmd_convert(args) -> int:
 
 
 def cmd_run(args) -> int:
+    """`gmlake run`: install gmlake as PyTorch's CUDA allocator, then run the program in this process."""
     import runpy
 
     from gmlake import torch as gtorch
@@ -154,6 +159,7 @@ def cmd_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the gmlake command."""
     parser = _Parser(prog="gmlake", description="GPU memory allocator with virtual memory stitching: tools.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -197,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of the gmlake command; returns the exit status (2 for bad input)."""
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)

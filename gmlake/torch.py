@@ -169,6 +169,7 @@ def memory_allocated(device=None) -> int:
 
 
 def max_memory_allocated(device=None) -> int:
+    """Peak of memory_allocated() since the start or the last reset_peak_memory_stats()."""
     return allocator(device).stats()["peak_allocated_bytes"]
 
 
@@ -178,10 +179,12 @@ def memory_reserved(device=None) -> int:
 
 
 def max_memory_reserved(device=None) -> int:
+    """Peak of memory_reserved() since the start or the last reset_peak_memory_stats()."""
     return allocator(device).stats()["peak_reserved_bytes"]
 
 
 def reset_peak_memory_stats(device=None) -> None:
+    """Reset every peak to the current value, like torch.cuda.reset_peak_memory_stats()."""
     allocator(device).reset_peak_stats()
 
 
