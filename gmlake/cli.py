@@ -87,13 +87,19 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def cmd_capture(args) -> int:
-    """`gmlake capture`: run a Python program with allocator history on, then dump its snapshot."""
+def _program(args, usage: str) -> list[str]:
+    """The program to run, after an optional `--`."""
     program = list(args.program)
     if program and program[0] == "--":
         program = program[1:]
     if not program:
-        raise UsageError("nothing to run: gmlake capture -o OUT -- python script.py args...")
+        raise UsageError(f"nothing to run: {usage}")
+    return program
+
+
+def cmd_capture(args) -> int:
+    """`gmlake capture`: run a Python program with allocator history on, then dump its snapshot."""
+    program = _program(args, "gmlake capture -o OUT -- python script.py args...")
     exe = Path(program[0]).name
     if not exe.startswith("python"):
         raise UsageError("capture runs Python programs: gmlake capture -o OUT -- python script.py args...")
@@ -122,11 +128,7 @@ def cmd_run(args) -> int:
 
     from gmlake import torch as gtorch
 
-    program = list(args.program)
-    if program and program[0] == "--":
-        program = program[1:]
-    if not program:
-        raise UsageError("nothing to run: gmlake run script.py args...  (or: gmlake run -m module args...)")
+    program = _program(args, "gmlake run script.py args...  (or: gmlake run -m module args...)")
     opts = gtorch.options_from_env()
     for flag, knob in (("policy", "policy"), ("chunk_size", "chunk_size"), ("limit", "limit"),
                        ("max_cached_sblocks", "max_cached_sblocks")):
