@@ -1,11 +1,13 @@
 """The real training benchmark: each workload under the native allocator, expandable segments and gmlake.
 
-    python bench/train_suite.py [--workloads NAME ...] [--steps 30] [--cap-gib 24] [--out bench/results/train.json]
+    python bench/train_suite.py [--workloads NAME ...] [--allocators NAME ...] [--steps 24] [--cap-gib 24]
+                                [--gpus 0] [--out bench/results/train.json]
 
 One process per (workload, allocator): a training phase with shapes drawn per step (peak allocated, peak reserved,
-utilization, median step time, tokens/s), then a bisection for the largest batch that fits under a fixed cap.
-Results carry the GPU, driver, torch and gmlake versions, the date and each command. `bench/report_training.py`
-turns them into README's table and a PNG.
+utilization, median step time, tokens/s), then a bisection for the largest batch that fits under a fixed cap. The
+FSDP workload runs under torchrun on two GPUs and has no batch search (a rank that runs out of memory mid-step
+leaves the other waiting in a collective). Results carry the GPU, driver, torch and gmlake versions, the date and
+each command; `bench/report_training.py` turns them into README's table and a PNG.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -25,20 +28,38 @@ WORKLOADS = {
     for name, flags in (("lora", ["--lora"]), ("ckpt", ["--ckpt"]), ("lora-ckpt", ["--lora", "--ckpt"]),
                         ("offload", ["--offload"]))
 }
-ALLOCATORS = ("native", "expandable", "gmlake")
+FSDP_WORKLOADS = {"opt1.3b-fsdp-lora-ckpt": ["--model", "opt-1.3b"]}      # LoRA + recomputation, always
+# allocator name -> how to start it: torch's env setting, or gmlake's `run` flags
+ALLOCATORS = {
+    "native": {},
+    "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    "gmlake": ["--chunk-size", str(2 << 20)],
+    "gmlake-8m": ["--chunk-size", str(8 << 20)],           # larger handles: fewer driver calls per stitch
+}
+DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake")
 
 
 def command(workload: str, allocator: str, args, out: str) -> tuple[list[str], dict]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": ""}
-    script = [str(HERE / "workloads" / "train_hf.py"), *WORKLOADS[workload], "--steps", str(args.steps),
-              "--min-batch", str(args.min_batch), "--max-batch", str(args.max_batch), "--json", out]
-    if args.cap_gib:
-        script += ["--max-batch-search", "--cap-gib", str(args.cap_gib)]
-    if allocator == "expandable":
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if allocator == "gmlake":
-        return [sys.executable, "-m", "gmlake", "run", *script], env
-    return [sys.executable, *script], env
+    """The command line and environment of one run."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "",
+           "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    if args.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = args.gpus
+    common = ["--steps", str(args.steps), "--min-batch", str(args.min_batch), "--max-batch", str(args.max_batch),
+              "--json", out]
+    if workload in FSDP_WORKLOADS:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        script = [str(HERE / "workloads" / "fsdp_train.py"), *FSDP_WORKLOADS[workload], *common]
+    else:
+        launcher = [sys.executable]
+        script = [str(HERE / "workloads" / "train_hf.py"), *WORKLOADS[workload], *common]
+        if args.cap_gib:
+            script += ["--max-batch-search", "--cap-gib", str(args.cap_gib)]
+    how = ALLOCATORS[allocator]
+    if isinstance(how, dict):
+        env.update(how)
+        return [*launcher, *script], env
+    return [*launcher, "-m", "gmlake", "run", *how, *script], env
 
 
 def environment() -> dict:
@@ -46,22 +67,29 @@ def environment() -> dict:
 
     import gmlake
 
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip().splitlines()
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().splitlines()
+    except FileNotFoundError:
+        smi = []
     gpu, driver = (smi[0].split(", ") + ["?"])[:2] if smi else ("?", "?")
     return {"gpu": gpu, "nvidia_driver": driver, "torch": torch.__version__, "gmlake": gmlake.__version__,
+            "gmlake_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                                            text=True).stdout.strip() or None,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--allocators", nargs="*", default=list(ALLOCATORS), choices=list(ALLOCATORS))
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--workloads", nargs="*", default=[*WORKLOADS, *FSDP_WORKLOADS],
+                        choices=[*WORKLOADS, *FSDP_WORKLOADS])
+    parser.add_argument("--allocators", nargs="*", default=list(DEFAULT_ALLOCATORS), choices=list(ALLOCATORS))
+    parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--min-batch", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--cap-gib", type=float, default=24.0, help="0: skip the max-batch search")
+    parser.add_argument("--gpus", help="CUDA_VISIBLE_DEVICES for the runs (to run two suites side by side)")
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", default=str(HERE / "results" / "train.json"))
     args = parser.parse_args()
@@ -72,16 +100,21 @@ def main() -> None:
                 out = tmp.name
             cmd, env = command(workload, allocator, args, out)
             print(f"== {workload} / {allocator}", flush=True)
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-            run = {"workload": workload, "allocator": allocator, "command": " ".join(cmd), "returncode": proc.returncode}
+            started = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired as exc:
+                proc = subprocess.CompletedProcess(cmd, -9, exc.stdout or "", f"timed out after {args.timeout} s")
+            run = {"workload": workload, "allocator": allocator, "command": " ".join(cmd),
+                   "returncode": proc.returncode, "wall_s": round(time.perf_counter() - started, 1)}
             if proc.returncode == 0 and os.path.getsize(out):
                 run.update(json.loads(Path(out).read_text()))
                 run.pop("losses", None)
                 run["utilization"] = run["max_memory_allocated"] / run["max_memory_reserved"]
-                print(json.dumps({k: run[k] for k in ("max_memory_reserved", "utilization", "median_step_s",
-                                                       "max_batch_under_cap")}), flush=True)
+                print(json.dumps({k: run.get(k) for k in ("max_memory_reserved", "utilization", "median_step_s",
+                                                           "max_batch_under_cap", "wall_s")}), flush=True)
             else:
-                run["error"] = (proc.stderr or proc.stdout)[-2000:]
+                run["error"] = str(proc.stderr or proc.stdout)[-2000:]
                 print(run["error"], flush=True)
             os.unlink(out)
             record["runs"].append(run)

@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 2 -m gmlake run bench/workloads/fsdp_train.py --model opt-1.3b --json out.json
 
 Rank 0 writes the summary: each rank's peak allocated and reserved memory, the median step time, tokens per second.
-(Written for issue 5; not yet run on a GPU.)
+Each rank draws its own shapes, as each rank's data loader would.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from train_hf import MODELS, allocator_name, build_model, memory_peaks
+from train_hf import MODELS, add_lora, allocator_name, build_model, gmlake_stats, memory_peaks
 
 
 def main() -> None:
@@ -40,16 +40,13 @@ def main() -> None:
     torch.manual_seed(0)
     rng = random.Random(rank)
 
-    from peft import LoraConfig, get_peft_model
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
-    model, vocab, targets = build_model(args.model)
+    model, vocab, targets = build_model(args.model, torch.device("cuda"))
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets, lora_dropout=0.0,
-                                             task_type="CAUSAL_LM"))
-    model.enable_input_require_grads()
+    model = add_lora(model, targets, ckpt=True)
     layer_types = {type(m) for m in model.modules() if m.__class__.__name__ in ("GPT2Block", "OPTDecoderLayer")}
     wrap = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: type(m) in layer_types)
     model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=wrap,
@@ -69,7 +66,7 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         tokens.append(batch * seq)
     warm = max(1, len(times) // 4)
-    mine = {**memory_peaks(), "median_step_s": statistics.median(times[warm:]),
+    mine = {**memory_peaks(), "gmlake": gmlake_stats(), "median_step_s": statistics.median(times[warm:]),
             "tokens_per_s": sum(tokens[warm:]) / sum(times[warm:])}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)

@@ -24,10 +24,15 @@ MODELS = {
     "opt-125m": ("opt", 768, 12, 12, 3072, 768),
     "opt-350m": ("opt", 1024, 24, 16, 4096, 512),
     "opt-1.3b": ("opt", 2048, 24, 32, 8192, 2048),
+    # for smoke tests on a CPU
+    "tiny-gpt2": ("gpt2", 64, 2, 2, None, None),
+    "tiny-opt": ("opt", 64, 2, 2, 256, 64),
 }
 
 
-def build_model(name: str):
+def build_model(name: str, device: str | torch.device = "cpu"):
+    """The model at random init in bf16, built directly on `device` (initializing 1.3B weights on the CPU takes
+    longer than the benchmark), with the names of the modules LoRA adapts."""
     from transformers import AutoModelForCausalLM, GPT2Config, OPTConfig
 
     family, hidden, layers, heads, ffn, proj = MODELS[name]
@@ -39,7 +44,8 @@ def build_model(name: str):
                         word_embed_proj_dim=proj, max_position_embeddings=2048)
         lora_targets = ["q_proj", "v_proj"]
     cfg.use_cache = False
-    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     return model, cfg.vocab_size, lora_targets
 
 
@@ -93,6 +99,53 @@ def search_max_batch(train_step, args, model) -> int:
     return lo
 
 
+def start_snapshot() -> None:
+    """Record every allocator event from here on: gmlake's own history under gmlake, torch's otherwise."""
+    if allocator_name() == "gmlake":
+        import gmlake.torch as gt
+
+        gt.record_memory_history()
+    else:
+        from gmlake import capture
+
+        capture.start()
+
+
+def dump_snapshot(path: str) -> None:
+    """Write the recorded events as a snapshot that `gmlake replay` reads."""
+    if allocator_name() == "gmlake":
+        import gmlake.torch as gt
+
+        gt.dump_snapshot(path)
+    else:
+        from gmlake import capture
+
+        capture.dump(path)
+
+
+def add_lora(model, targets: list[str], ckpt: bool):
+    """LoRA (r=16) on `targets`, adapters in the model's dtype (FSDP needs one dtype per flat parameter)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets, lora_dropout=0.0,
+                                             task_type="CAUSAL_LM"), autocast_adapter_dtype=False)
+    if ckpt:
+        model.enable_input_require_grads()     # checkpointed blocks need an input that requires grad
+    return model
+
+
+def gmlake_stats() -> dict | None:
+    """gmlake's own counters for the run (stitches, sBlock reuses, driver calls), or None under torch's allocator."""
+    if allocator_name() != "gmlake":
+        return None
+    import gmlake.torch as gt
+
+    s = gt.allocator().stats()
+    keep = ("stitches", "stitched_handles", "sblock_reuses", "sblock_evictions", "cached_sblocks", "segments_created",
+            "chunks_released", "ooms", "calls", "handles")
+    return {k: s[k] for k in keep} | {"chunk_size": gt.allocator().policy.chunk_size}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
@@ -104,9 +157,10 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--min-seq", type=int, default=128)
     p.add_argument("--max-seq", type=int, default=1024)
-    p.add_argument("--fixed-batch", type=int, help="use this batch size every step (for max-batch searches)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no memory figures)")
     p.add_argument("--json", help="write a summary here")
+    p.add_argument("--snapshot", help="record the training phase's allocator events into this snapshot (slows it)")
     p.add_argument("--max-batch-search", action="store_true",
                    help="after training, find the largest batch that fits under --cap-gib (bisection)")
     p.add_argument("--cap-gib", type=float, default=24.0, help="memory cap for the batch search, GiB")
@@ -114,36 +168,35 @@ def main() -> None:
     p.add_argument("--search-max", type=int, default=512, help="upper bound of the batch search")
     args = p.parse_args()
 
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    device = torch.device("cuda")
-    model, vocab, targets = build_model(args.model)
-    model.to(device)
+    device = torch.device(args.device)
+    if args.snapshot:
+        start_snapshot()
+    model, vocab, targets = build_model(args.model, device)
     if args.ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets, lora_dropout=0.0,
-                                                 task_type="CAUSAL_LM"))
-        if args.ckpt:
-            model.enable_input_require_grads()
+        model = add_lora(model, targets, args.ckpt)
     params = [q for q in model.parameters() if q.requires_grad]
     if args.offload:
-        # Optimizer states on the CPU: gradients go to pinned host copies, the step runs there, weights come back.
-        host = [q.detach().float().cpu().pin_memory() for q in params]
+        # Optimizer states on the CPU (ZeRO-Offload's split): gradients go to pinned fp32 host copies, the fused
+        # CPU AdamW steps there, the updated weights come back.
+        host = [q.detach().float().cpu().pin_memory() if cuda else q.detach().float().clone() for q in params]
         for h in host:
-            h.grad = torch.zeros_like(h).pin_memory()
-        optim = torch.optim.AdamW(host, lr=1e-4)
+            h.grad = torch.zeros_like(h).pin_memory() if cuda else torch.zeros_like(h)
+        optim = torch.optim.AdamW(host, lr=1e-4, fused=True)
     else:
         optim = torch.optim.AdamW(params, lr=1e-4)
     model.train()
-    times, tokens, losses = [], [], []
+    steps = []
     for step in range(args.steps):
-        batch = args.fixed_batch or rng.randint(args.min_batch, args.max_batch)
+        batch = rng.randint(args.min_batch, args.max_batch)
         seq = rng.randint(args.min_seq // 8, args.max_seq // 8) * 8
         ids = torch.randint(0, vocab, (batch, seq), device=device)
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -151,18 +204,17 @@ def main() -> None:
             for q, h in zip(params, host):
                 h.grad.copy_(q.grad, non_blocking=True)
                 q.grad = None
-            torch.cuda.synchronize()
+            sync()
             optim.step()
             for q, h in zip(params, host):
-                q.data.copy_(h, non_blocking=True)
+                q.data.copy_(h, non_blocking=True)     # the host grads stay: the next step's copy overwrites them
         else:
             optim.step()
-        optim.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        tokens.append(batch * seq)
-        losses.append(float(loss))
-    warm = max(1, len(times) // 4)
+            optim.zero_grad(set_to_none=True)
+        sync()
+        steps.append({"batch": batch, "seq": seq, "step_s": time.perf_counter() - t0, "loss": loss.item()})
+    if args.snapshot:
+        dump_snapshot(args.snapshot)
 
     def train_step(batch: int, seq: int) -> None:
         ids = torch.randint(0, vocab, (batch, seq), device=device)
@@ -172,27 +224,26 @@ def main() -> None:
                 q.grad = None
         else:
             optim.step()
-        optim.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+            optim.zero_grad(set_to_none=True)
+        sync()
 
-    peaks = memory_peaks()
-    max_batch = None
-    if args.max_batch_search:
-        max_batch = search_max_batch(train_step, args, model)
+    timed = steps[max(1, len(steps) // 4):] or steps[-1:]     # past warm-up: the first quarter is not timed
     summary = {
         "model": args.model, "lora": args.lora, "ckpt": args.ckpt, "offload": args.offload, "steps": args.steps,
-        "median_step_s": statistics.median(times[warm:]) if len(times) > warm else times[-1],
-        "tokens_per_s": sum(tokens[warm:]) / sum(times[warm:]) if len(times) > warm else None,
-        "losses": losses,
+        "median_step_s": statistics.median(s["step_s"] for s in timed),
+        "tokens_per_s": sum(s["batch"] * s["seq"] for s in timed) / sum(s["step_s"] for s in timed),
+        "allocator": allocator_name() if cuda else "cpu",
     }
-    summary.update(peaks)
-    summary["max_batch_under_cap"] = max_batch
-    summary["cap_gib"] = args.cap_gib if args.max_batch_search else None
-    summary["allocator"] = allocator_name()
+    if cuda:
+        summary.update(memory_peaks())
+        summary["gmlake"] = gmlake_stats()
+        summary["max_batch_under_cap"] = search_max_batch(train_step, args, model) if args.max_batch_search else None
+        summary["cap_gib"] = args.cap_gib if args.max_batch_search else None
+    summary["per_step"] = steps
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f)
-    print(json.dumps({k: v for k, v in summary.items() if k != "losses"}))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("per_step", "gmlake")}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The training benchmark on a 2-GPU machine (the device tool), in one call: two suites side by side, one per GPU
+# (each workload's allocators run one after another on the same GPU, so their step times compare), then the FSDP
+# workload over both GPUs.
+#   GPU0="opt1.3b-lora ..." GPU1="gpt2xl-lora ..." FSDP=1 CHECK=1 scripts/gpu-train.sh [train_suite args...]
+# CHECK=1 first runs scripts/gpu-check.sh's GPU tests and micro benchmark on GPU 0 (GPU 1 starts its suite).
+# Results land in $OUT: train-gpu0.json, train-gpu1.json, train-fsdp.json, and the logs.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gmlake-out}
+mkdir -p "$OUT"
+START=$SECONDS
+DEADLINE=${DEADLINE:-570}               # seconds: the device tool stops a command at 600
+left() { echo $((DEADLINE - (SECONDS - START))); }
+export GMLAKE_CUDA_INCLUDE=${GMLAKE_CUDA_INCLUDE:-/usr/local/cuda/include}
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
+if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; exit 1
+fi
+echo "built in $((SECONDS - START)) s"
+
+suite() {  # suite GPUS OUTNAME WORKLOADS... -- runs until the deadline
+  local gpus=$1 name=$2; shift 2
+  timeout "$(left)" python3 bench/train_suite.py --gpus "$gpus" --out "$OUT/$name.json" --workloads "$@" \
+    "${SUITE_ARGS[@]}" >"$OUT/$name.log" 2>&1
+  echo "$name: exit $? at $((SECONDS - START)) s"
+}
+SUITE_ARGS=("$@")
+pids=()
+if [ -n "${GPU0:-}" ] || [ "${CHECK:-0}" = 1 ]; then
+  ( if [ "${CHECK:-0}" = 1 ]; then
+      CUDA_VISIBLE_DEVICES=0 timeout "$(left)" python3 -m pytest -m gpu -p no:cacheprovider -q tests/ \
+        -k "${CHECK_K:-not soak and not threads}" >"$OUT/gpu-tests.log" 2>&1
+      echo "gpu tests: exit $? at $((SECONDS - START)) s"; tail -3 "$OUT/gpu-tests.log"
+      CUDA_VISIBLE_DEVICES=0 timeout "$(left)" python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" \
+        >"$OUT/micro.log" 2>&1
+      echo "micro: exit $? at $((SECONDS - START)) s"
+    fi
+    [ -n "${GPU0:-}" ] && suite 0 train-gpu0 $GPU0 ) &
+  pids+=($!)
+fi
+if [ -n "${GPU1:-}" ]; then suite 1 train-gpu1 $GPU1 & pids+=($!); fi
+wait "${pids[@]}"
+if [ "${FSDP:-0}" = 1 ]; then suite 0,1 train-fsdp opt1.3b-fsdp-lora-ckpt; fi
+grep -h -A1 "^== " "$OUT"/train-*.log 2>/dev/null | grep -v "^--" | cut -c1-220
