@@ -85,6 +85,8 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="*", default=[*WORKLOADS, *FSDP_WORKLOADS],
                         choices=[*WORKLOADS, *FSDP_WORKLOADS])
     parser.add_argument("--allocators", nargs="*", default=list(DEFAULT_ALLOCATORS), choices=list(ALLOCATORS))
+    parser.add_argument("--runs", nargs="*", metavar="WORKLOAD:ALLOCATOR",
+                        help="these pairs only, in this order (instead of every workload under every allocator)")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--min-batch", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=8)
@@ -93,33 +95,38 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", default=str(HERE / "results" / "train.json"))
     args = parser.parse_args()
+    pairs = [(w, a) for w in args.workloads for a in args.allocators]
+    if args.runs:
+        pairs = [tuple(r.split(":", 1)) for r in args.runs]
+        bad = [f"{w}:{a}" for w, a in pairs if w not in {**WORKLOADS, **FSDP_WORKLOADS} or a not in ALLOCATORS]
+        if bad:
+            parser.error(f"unknown workload or allocator in --runs: {' '.join(bad)}")
     record = {"environment": environment(), "runs": []}
-    for workload in args.workloads:
-        for allocator in args.allocators:
-            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
-                out = tmp.name
-            cmd, env = command(workload, allocator, args, out)
-            print(f"== {workload} / {allocator}", flush=True)
-            started = time.perf_counter()
-            try:
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-            except subprocess.TimeoutExpired as exc:
-                proc = subprocess.CompletedProcess(cmd, -9, exc.stdout or "", f"timed out after {args.timeout} s")
-            run = {"workload": workload, "allocator": allocator, "command": " ".join(cmd),
-                   "returncode": proc.returncode, "wall_s": round(time.perf_counter() - started, 1)}
-            if proc.returncode == 0 and os.path.getsize(out):
-                run.update(json.loads(Path(out).read_text()))
-                run.pop("losses", None)
-                run["utilization"] = run["max_memory_allocated"] / run["max_memory_reserved"]
-                print(json.dumps({k: run.get(k) for k in ("max_memory_reserved", "utilization", "median_step_s",
-                                                           "max_batch_under_cap", "wall_s")}), flush=True)
-            else:
-                run["error"] = str(proc.stderr or proc.stdout)[-2000:]
-                print(run["error"], flush=True)
-            os.unlink(out)
-            record["runs"].append(run)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(record, indent=2) + "\n")   # after every run: a timeout loses one
+    for workload, allocator in pairs:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+            out = tmp.name
+        cmd, env = command(workload, allocator, args, out)
+        print(f"== {workload} / {allocator}", flush=True)
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired as exc:
+            proc = subprocess.CompletedProcess(cmd, -9, exc.stdout or "", f"timed out after {args.timeout} s")
+        run = {"workload": workload, "allocator": allocator, "command": " ".join(cmd),
+               "returncode": proc.returncode, "wall_s": round(time.perf_counter() - started, 1)}
+        if proc.returncode == 0 and os.path.getsize(out):
+            run.update(json.loads(Path(out).read_text()))
+            run.pop("losses", None)
+            run["utilization"] = run["max_memory_allocated"] / run["max_memory_reserved"]
+            print(json.dumps({k: run.get(k) for k in ("max_memory_reserved", "utilization", "median_step_s",
+                                                       "max_batch_under_cap", "wall_s")}), flush=True)
+        else:
+            run["error"] = str(proc.stderr or proc.stdout)[-2000:]
+            print(run["error"], flush=True)
+        os.unlink(out)
+        record["runs"].append(run)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")   # after every run: a timeout loses one
 
 
 if __name__ == "__main__":

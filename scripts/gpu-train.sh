@@ -3,6 +3,8 @@
 # (each workload's allocators run one after another on the same GPU, so their step times compare), then the FSDP
 # workload over both GPUs.
 #   GPU0="opt1.3b-lora ..." GPU1="gpt2xl-lora ..." FSDP=1 CHECK=1 scripts/gpu-train.sh [train_suite args...]
+# GPU0/GPU1 take workload names (each runs under --allocators) or WORKLOAD:ALLOCATOR pairs; FSDP=1 runs the FSDP
+# workload under --allocators, FSDP="alloc ..." under those.
 # CHECK=1 first runs scripts/gpu-check.sh's GPU tests and micro benchmark on GPU 0 (GPU 1 starts its suite).
 # Results land in $OUT: train-gpu0.json, train-gpu1.json, train-fsdp.json, and the logs.
 set -uo pipefail
@@ -12,6 +14,8 @@ mkdir -p "$OUT"
 START=$SECONDS
 DEADLINE=${DEADLINE:-570}               # seconds: the device tool stops a command at 600
 left() { echo $((DEADLINE - (SECONDS - START))); }
+# Two suites share the host's cores: half each, so the offload workloads' CPU optimizer steps do not contend.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 2 ))}
 export GMLAKE_CUDA_INCLUDE=${GMLAKE_CUDA_INCLUDE:-/usr/local/cuda/include}
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
 if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
@@ -19,10 +23,12 @@ if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log
 fi
 echo "built in $((SECONDS - START)) s"
 
-suite() {  # suite GPUS OUTNAME WORKLOADS... -- runs until the deadline
-  local gpus=$1 name=$2; shift 2
-  timeout "$(left)" python3 bench/train_suite.py --gpus "$gpus" --out "$OUT/$name.json" --workloads "$@" \
-    "${SUITE_ARGS[@]}" >"$OUT/$name.log" 2>&1
+LOGS=$(mktemp -d)                       # logs come back as one file: the device tool returns 8 files at most
+suite() {  # suite GPUS OUTNAME WORKLOADS-or-PAIRS... -- runs until the deadline
+  local gpus=$1 name=$2 what=--workloads; shift 2
+  case "$1" in *:*) what=--runs ;; esac
+  timeout "$(left)" python3 bench/train_suite.py --gpus "$gpus" --out "$OUT/$name.json" "${SUITE_ARGS[@]}" \
+    $what "$@" >"$LOGS/$name.log" 2>&1
   echo "$name: exit $? at $((SECONDS - START)) s"
 }
 SUITE_ARGS=("$@")
@@ -30,10 +36,10 @@ pids=()
 if [ -n "${GPU0:-}" ] || [ "${CHECK:-0}" = 1 ]; then
   ( if [ "${CHECK:-0}" = 1 ]; then
       CUDA_VISIBLE_DEVICES=0 timeout "$(left)" python3 -m pytest -m gpu -p no:cacheprovider -q tests/ \
-        -k "${CHECK_K:-not soak and not threads}" >"$OUT/gpu-tests.log" 2>&1
-      echo "gpu tests: exit $? at $((SECONDS - START)) s"; tail -3 "$OUT/gpu-tests.log"
+        -k "${CHECK_K:-not soak and not threads}" >"$LOGS/gpu-tests.log" 2>&1
+      echo "gpu tests: exit $? at $((SECONDS - START)) s"; tail -3 "$LOGS/gpu-tests.log"
       CUDA_VISIBLE_DEVICES=0 timeout "$(left)" python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" \
-        >"$OUT/micro.log" 2>&1
+        >"$LOGS/micro.log" 2>&1
       echo "micro: exit $? at $((SECONDS - START)) s"
     fi
     [ -n "${GPU0:-}" ] && suite 0 train-gpu0 $GPU0 ) &
@@ -41,5 +47,10 @@ if [ -n "${GPU0:-}" ] || [ "${CHECK:-0}" = 1 ]; then
 fi
 if [ -n "${GPU1:-}" ]; then suite 1 train-gpu1 $GPU1 & pids+=($!); fi
 wait "${pids[@]}"
-if [ "${FSDP:-0}" = 1 ]; then suite 0,1 train-fsdp opt1.3b-fsdp-lora-ckpt; fi
-grep -h -A1 "^== " "$OUT"/train-*.log 2>/dev/null | grep -v "^--" | cut -c1-220
+case "${FSDP:-0}" in
+  0) ;;
+  1) suite 0,1 train-fsdp opt1.3b-fsdp-lora-ckpt ;;
+  *) suite 0,1 train-fsdp $(for a in $FSDP; do echo "opt1.3b-fsdp-lora-ckpt:$a"; done) ;;
+esac
+tail -n +1 "$LOGS"/*.log >"$OUT/logs.txt"
+grep -h -A1 "^== " "$LOGS"/train-*.log 2>/dev/null | grep -v "^--" | cut -c1-220
