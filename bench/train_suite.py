@@ -62,6 +62,17 @@ def command(workload: str, allocator: str, args, out: str) -> tuple[list[str], d
     return [*launcher, "-m", "gmlake", "run", *how, *script], env
 
 
+def source_digest() -> str:
+    """A digest of the gmlake package's sources: names the code measured even where no git history travels."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((HERE.parent / "gmlake").rglob("*")):
+        if path.suffix in (".py", ".pyx", ".pxd", ".h") and path.is_file():
+            digest.update(path.relative_to(HERE.parent).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def environment() -> dict:
     import torch
 
@@ -74,8 +85,7 @@ def environment() -> dict:
         smi = []
     gpu, driver = (smi[0].split(", ") + ["?"])[:2] if smi else ("?", "?")
     return {"gpu": gpu, "nvidia_driver": driver, "torch": torch.__version__, "gmlake": gmlake.__version__,
-            "gmlake_commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                                            text=True).stdout.strip() or None,
+            "gmlake_source_sha256": source_digest(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv)}
 
@@ -115,8 +125,9 @@ def main() -> None:
         run = {"workload": workload, "allocator": allocator, "command": " ".join(cmd),
                "returncode": proc.returncode, "wall_s": round(time.perf_counter() - started, 1)}
         if proc.returncode == 0 and os.path.getsize(out):
-            run.update(json.loads(Path(out).read_text()))
-            run.pop("losses", None)
+            measured = json.loads(Path(out).read_text())
+            measured["allocator_seen"] = measured.pop("allocator", None)    # what the process saw: "gmlake" for both
+            run.update(measured)
             run["utilization"] = run["max_memory_allocated"] / run["max_memory_reserved"]
             print(json.dumps({k: run.get(k) for k in ("max_memory_reserved", "utilization", "median_step_s",
                                                        "max_batch_under_cap", "wall_s")}), flush=True)

@@ -159,6 +159,7 @@ cdef struct Knobs:
     size_t chunk_size
     bint stitch
     size_t min_stitch_size
+    size_t min_saved_chunks
     size_t max_cached_sblocks
     size_t sblock_search_depth
     int segment_rule

@@ -102,6 +102,7 @@ cdef class Allocator:
         self.k.chunk_size = round_up(policy.chunk_size, gran)
         self.k.stitch = policy.stitch
         self.k.min_stitch_size = policy.min_stitch_size
+        self.k.min_saved_chunks = policy.min_saved_chunks
         self.k.max_cached_sblocks = policy.max_cached_sblocks
         self.k.sblock_search_depth = policy.sblock_search_depth
         rules = {"chunks": SEGMENTS_CHUNKS, "pytorch": SEGMENTS_PYTORCH, "expandable": SEGMENTS_EXPANDABLE}
@@ -1014,8 +1015,10 @@ cdef class Allocator:
                 piece.size = usable
                 pieces.push_back(piece)
                 remaining -= usable
-        # A stitch that needs new chunks anyway must save at least one of them, or it only costs driver calls.
-        if remaining and round_up(remaining, self.k.chunk_size) == round_up(size, self.k.chunk_size):
+        # A stitch that needs new chunks anyway must save `min_saved_chunks` of them, or it only costs driver calls
+        # (with 0 it also packs the new chunks after a free chunk tail, as one contiguous range would).
+        if remaining and round_up(remaining, self.k.chunk_size) + self.k.min_saved_chunks * self.k.chunk_size \
+                > round_up(size, self.k.chunk_size):
             pieces.clear()
         if self.k.hook_allow_stitch and not pieces.empty():
             with gil:

@@ -36,7 +36,7 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
     cdef int64_t[:] tr = t_reserved
     cdef int64_t[:] ta = t_allocated
     cdef size_t taken = 0, served = 0, ooms = 0
-    cdef size_t peak_reserved = 0, allocated_at_peak = 0, peak_allocated = 0
+    cdef size_t peak_reserved = 0, allocated_at_peak = 0, peak_allocated = 0, peak_event = 0
     cdef size_t window_reserved = 0, window_allocated = 0
     cdef uintptr_t p
     cdef int failed = 0
@@ -65,6 +65,7 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
             if alloc.st.reserved > peak_reserved:
                 peak_reserved = alloc.st.reserved
                 allocated_at_peak = alloc.st.allocated
+                peak_event = i
             if alloc.st.allocated > peak_allocated:
                 peak_allocated = alloc.st.allocated
             # Each sample is the largest value in its window, so short peaks show in the timeline.
@@ -94,5 +95,6 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
         "peak_reserved": peak_reserved,
         "peak_allocated": peak_allocated,
         "allocated_at_peak_reserved": allocated_at_peak,
+        "peak_event": peak_event,
         "timeline": {"event": t_event[:taken], "reserved": t_reserved[:taken], "allocated": t_allocated[:taken]},
     }

@@ -45,13 +45,37 @@ def _load(paths: list[str], device: int | None):
     return [load(p, device) for p in paths]
 
 
+def _knobs(settings: list[str] | None) -> dict:
+    """`--set knob=value` pairs as policy knobs: integers, true/false, else strings."""
+    knobs: dict = {}
+    for item in settings or []:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--set takes knob=value, got {item!r}")
+        low = text.lower()
+        knobs[name] = True if low == "true" else False if low == "false" else int(text) if text.lstrip("-").isdigit() \
+            else text
+    return knobs
+
+
+def _policy_objects(names: list[str] | None, settings: list[str] | None) -> list:
+    """The named policies (default: every built-in one) with the --set knobs applied."""
+    from gmlake.policies import get
+
+    knobs = _knobs(settings)
+    try:
+        return [get(name, **knobs) for name in _policies(names)]
+    except TypeError as exc:               # a knob the policy does not have
+        raise UsageError(str(exc)) from None
+
+
 def cmd_replay(args) -> int:
     """`gmlake replay`: one trace through each policy; a table, or JSON lines."""
     from gmlake.replay import replay
 
-    names = _policies(args.policy)
+    policies = _policy_objects(args.policy, args.set)
     (trace,) = _load([args.trace], args.device)
-    results = [replay(trace, name, device_memory=args.device_memory) for name in names]
+    results = [replay(trace, policy, device_memory=args.device_memory) for policy in policies]
     if args.json:
         for r in results:
             print(json.dumps(r.summary()))
@@ -61,6 +85,40 @@ def cmd_replay(args) -> int:
     from gmlake.compare import table
 
     Console(width=None if sys.stdout.isatty() else 180).print(table(results, [trace]))
+    return 0
+
+
+def cmd_explain(args) -> int:
+    """`gmlake explain`: where each policy's reserved bytes are at its peak; a table, or JSON lines."""
+    from dataclasses import asdict
+
+    from gmlake.explain import explain
+
+    policies = _policy_objects(args.policy, args.set)
+    (trace,) = _load([args.trace], args.device)
+    found = [explain(trace, policy, device_memory=args.device_memory) for policy in policies]
+    if args.json:
+        for b in found:
+            print(json.dumps(asdict(b)))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{trace.name}: reserved memory at each policy's peak (GiB, % of reserved)")
+    table.add_column("")
+    for b in found:
+        table.add_column(b.policy, justify="right")
+    table.add_row("request that reached the peak", *(f"#{b.request_index}, {b.request_size / 2**20:.2f} MiB"
+                                                     for b in found))
+    table.add_row("reserved", *(f"{b.reserved / 2**30:.3f}" for b in found), end_section=True)
+    labels = [label for label, _ in found[0].rows()]
+    for i, label in enumerate(labels):
+        table.add_row(label, *(f"{b.rows()[i][1] / 2**30:.3f}  {100 * b.rows()[i][1] / b.reserved:5.1f}%"
+                               for b in found), end_section=i == len(labels) - 1)
+    for label in found[0].fragments:
+        table.add_row(f"free large blocks {label}",
+                      *(f"{b.fragments[label][0]} / {b.fragments[label][1] / 2**30:.3f}" for b in found))
+    Console(width=None if sys.stdout.isatty() else 180).print(table)
     return 0
 
 
@@ -171,7 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per line, one per policy")
     p.add_argument("--device", type=int, help="which device's trace, if the snapshot has several")
     p.add_argument("--device-memory", type=int, help="simulated device size in bytes (default: the captured one)")
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help="change a policy knob (repeatable)")
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("explain", help="where a policy's reserved memory is at its peak, replaying one trace")
+    p.add_argument("trace", help="a PyTorch snapshot pickle (.pickle, .pickle.gz) or a .gmtrace file")
+    p.add_argument("--policy", action="append", help="policy name (repeatable; default: all built-in)")
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help="change a policy knob (repeatable)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line, one per policy")
+    p.add_argument("--device", type=int, help="which device's trace, if the snapshot has several")
+    p.add_argument("--device-memory", type=int, help="simulated device size in bytes (default: the captured one)")
+    p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("compare", help="replay traces (default: the bundled ones) under every policy; table + PNG")
     p.add_argument("traces", nargs="*")

@@ -43,6 +43,7 @@ class ReplayResult:
     peak_allocated: int
     peak_reserved: int
     allocated_at_peak_reserved: int
+    peak_event: int            # index, among the trace's requests, of the one that first took reserved to its peak
     driver_seconds: float
     stats: dict
     timeline: dict = field(repr=False, default_factory=dict)
@@ -84,20 +85,8 @@ def replay(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | N
            samples: int = 2000) -> ReplayResult:
     """Run `trace`'s requests through `policy` on a simulated device of `device_memory` bytes (default: the
     captured device's size where the trace records it, else unbounded)."""
-    if isinstance(policy, str):
-        policy = get(policy)
-    if device_memory is None:
-        device_memory = int(trace.meta.get("device_total", 0) or 0)
-    alloc = Allocator(SimDriver(capacity=device_memory, granularity=GRANULARITY), policy)
-    req = trace.requests()
-    out = replay_events(
-        alloc,
-        np.ascontiguousarray(req["action"]),
-        np.ascontiguousarray(req["stream"]),
-        np.ascontiguousarray(req["size"]),
-        np.ascontiguousarray(req["id"]),
-        samples,
-    )
+    policy = get(policy) if isinstance(policy, str) else policy
+    alloc, out = run_requests(trace, policy, device_memory, samples=samples)
     stats = alloc.stats()
     return ReplayResult(
         trace=trace.name,
@@ -109,10 +98,32 @@ def replay(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | N
         peak_allocated=out["peak_allocated"],
         peak_reserved=out["peak_reserved"],
         allocated_at_peak_reserved=out["allocated_at_peak_reserved"],
+        peak_event=out["peak_event"],
         driver_seconds=driver_seconds(stats),
         stats=stats,
         timeline=out["timeline"],
     )
+
+
+def run_requests(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | None = None,
+                 upto: int | None = None, samples: int = 2000) -> tuple[Allocator, dict]:
+    """Serve the trace's first `upto` requests (default: all) with a fresh allocator on the sim driver; return the
+    allocator, in the state they left it, and replay_events' result."""
+    if isinstance(policy, str):
+        policy = get(policy)
+    if device_memory is None:
+        device_memory = int(trace.meta.get("device_total", 0) or 0)
+    alloc = Allocator(SimDriver(capacity=device_memory, granularity=GRANULARITY), policy)
+    req = trace.requests()[:upto]
+    out = replay_events(
+        alloc,
+        np.ascontiguousarray(req["action"]),
+        np.ascontiguousarray(req["stream"]),
+        np.ascontiguousarray(req["size"]),
+        np.ascontiguousarray(req["id"]),
+        samples,
+    )
+    return alloc, out
 
 
 def bundled_traces() -> list[Path]:

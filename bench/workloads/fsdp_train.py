@@ -71,7 +71,7 @@ def main() -> None:
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank == 0:
-        summary = {"model": args.model, "strategy": "fsdp-full-shard+lora+ckpt", "world": world,
+        summary = {"model": args.model, "strategy": "fsdp-full-shard+lora+ckpt", "world": world, "steps": args.steps,
                    "allocator": allocator_name(), "ranks": gathered,
                    "max_memory_reserved": max(g["max_memory_reserved"] for g in gathered),
                    "max_memory_allocated": max(g["max_memory_allocated"] for g in gathered),

@@ -21,6 +21,10 @@ class Policy:
           `expandable_page_small` / `expandable_page_large` bytes.
       stitch: whether to stitch free blocks at all (only with "chunks").
       min_stitch_size: requests below this size never stitch; they get new chunks instead.
+      min_saved_chunks: a stitch that also needs new chunks must save at least this many of them (1: stitch only
+        to save memory now). 0 also stitches a free chunk tail in front of new chunks, which saves nothing at once
+        but leaves one tail instead of two: on runs that grow by many tensors of a few chunks (optimizer states),
+        tails add up to several percent of reserved memory otherwise. Costs a stitch per growth.
       cross_stream: whether a block freed on one stream may serve another once the first stream's work is done
         (PyTorch keeps every block on its stream).
       round_to: requests are rounded up to this many bytes (PyTorch: 512).
@@ -48,6 +52,7 @@ class Policy:
     segment_rule: str = "chunks"
     stitch: bool = True
     min_stitch_size: int = 0
+    min_saved_chunks: int = 1
     cross_stream: bool = True
     large_split_min: int = 0
     max_split_size: int = 0
@@ -95,7 +100,8 @@ class Policy:
                       "large_segment_size", "min_large_alloc", "round_large", "expandable_page_small",
                       "expandable_page_large"):
             positive(field)
-        for field in ("min_stitch_size", "max_cached_sblocks", "large_split_min", "max_split_size",
+        for field in ("min_stitch_size", "min_saved_chunks", "max_cached_sblocks", "large_split_min",
+                      "max_split_size",
                       "max_non_split_rounding", "expandable_reserve"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

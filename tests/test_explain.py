@@ -1,0 +1,92 @@
+"""gmlake.explain: accounting for every reserved byte at a policy's peak, and the min_saved_chunks knob it motivated."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gmlake.cli import main as cli_main
+from gmlake.explain import explain
+from gmlake.policies import get
+from gmlake.replay import bundled_traces, replay, run_requests
+from gmlake.trace import ALLOC, EVENT_DTYPE, FREE, Trace, load
+
+MiB = 1 << 20
+TINY = "tests/data/tiny-gpt2-native.pickle.gz"
+
+
+def tails_trace(count: int = 4, size: int = 5 * MiB + MiB // 2) -> Trace:
+    """`count` live tensors of 2.75 chunks each, then their frees: each new segment of 3 chunks keeps a 0.5 MiB
+    tail that the next tensor cannot use without new chunks (as gpt2-xl's 19.53 MiB weights and Adam states)."""
+    rows = [(ALLOC, 0, size, i) for i in range(count)] + [(FREE, 0, size, i) for i in range(count)]
+    return Trace(np.array(rows, dtype=EVENT_DTYPE), {"name": "tails"})
+
+
+def test_chunk_tails_are_found_at_the_peak():
+    b = explain(tails_trace(), get("gmlake"))
+    assert b.reserved == 4 * 6 * MiB
+    assert b.requested == 4 * (5 * MiB + MiB // 2)
+    assert b.free_in_shared_chunks == 4 * (MiB // 2)       # one tail per tensor, in a chunk it shares
+    assert b.free_whole_chunks == 0 and b.free_small == 0
+    assert b.fragments["< 2 MiB"] == (4, 4 * (MiB // 2))
+    assert b.request_index == 3                            # the last tensor grew reserved to its peak
+    assert sum(v for _, v in b.rows()) == b.reserved
+
+
+def test_min_saved_chunks_0_packs_new_chunks_after_tails():
+    # Tails 0.5, 1.0, 1.5 MiB are each stitched in front of the next tensor's new chunks; the 4th needs 2 chunks.
+    tight = explain(tails_trace(), get("gmlake", min_saved_chunks=0))
+    assert tight.reserved == (6 + 6 + 6 + 4) * MiB
+    assert tight.reserved == tight.requested               # no byte lost
+    result = replay(tails_trace(), get("gmlake", min_saved_chunks=0))
+    assert result.stats["stitches"] == 3
+    assert replay(tails_trace(), get("gmlake")).stats["stitches"] == 0
+
+
+def test_min_saved_chunks_2_stitches_less_than_1():
+    trace = load(TINY)
+    one, two = (replay(trace, get("gmlake", min_saved_chunks=n)).stats["stitches"] for n in (1, 2))
+    assert two <= one
+
+
+@pytest.mark.parametrize("policy", ["gmlake", "caching", "expandable"])
+def test_rows_sum_to_reserved_on_a_real_trace(policy):
+    trace = load(str(bundled_traces()[0]))
+    b = explain(trace, policy)
+    assert sum(v for _, v in b.rows()) == b.reserved
+    assert b.reserved == replay(trace, policy).peak_reserved
+    assert b.requested <= b.reserved and b.rounding >= 0
+
+
+def test_peak_event_is_the_request_that_grew_reserved_to_the_peak():
+    trace = load(TINY)
+    full = replay(trace, "gmlake")
+    before, _ = run_requests(trace, "gmlake", upto=full.peak_event)
+    at, _ = run_requests(trace, "gmlake", upto=full.peak_event + 1)
+    assert before.stats()["reserved_bytes"] < full.peak_reserved == at.stats()["reserved_bytes"]
+
+
+def test_negative_min_saved_chunks_is_refused():
+    with pytest.raises(ValueError, match="min_saved_chunks"):
+        replay(tails_trace(), get("gmlake", min_saved_chunks=-1))
+
+
+def test_cli_explain_table_json_and_knobs(tmp_path, capsys):
+    assert cli_main(["explain", TINY]) == 0
+    out = capsys.readouterr().out
+    assert "free in chunks shared with live blocks" in out and "expandable" in out
+    assert cli_main(["explain", TINY, "--policy", "gmlake", "--set", "min_saved_chunks=0", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 1 and rows[0]["policy"] == "gmlake" and rows[0]["reserved"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "no_such_knob=1"], "no_such_knob"),
+    (["--set", "chunk_size=big"], "chunk_size"),
+    (["--set", "chunk_size"], "knob=value"),
+])
+def test_cli_bad_knobs_get_a_clear_error(capsys, args, message):
+    assert cli_main(["explain", TINY, "--policy", "gmlake", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
