@@ -86,6 +86,22 @@ def table(rows: dict, workloads: list[str]) -> None:
                   f"{step} | {ratio} | {r['tokens_per_s']:.0f} | {batch} | {driver} |")
 
 
+def compact(rows: dict, workloads: list[str]) -> None:
+    """README's table: the three allocators side by side, one row per workload."""
+    print("| workload | peak reserved GiB: native / expandable / gmlake | utilization: native / expandable / "
+          "gmlake | gmlake step vs native: median / tokens/s | max batch under 24 GiB: native / expandable / "
+          "gmlake |")
+    print("|---|---|---|---|---|")
+    for w in workloads:
+        n, e, g = (rows.get((w, a)) for a in ("native", "expandable", "gmlake"))
+        if not (n and e and g):
+            continue
+        batch = " / ".join(str(r["max_batch"]) for r in (n, e, g)) if g["max_batch"] is not None else "not measured"
+        print(f"| {w} | {n['reserved'] / GiB:.1f} / {e['reserved'] / GiB:.1f} / **{g['reserved'] / GiB:.1f}** | "
+              f"{n['utilization']:.3f} / {e['utilization']:.3f} / **{g['utilization']:.3f}** | "
+              f"{g['step'] / n['step']:.2f}x / {g['tokens_per_s'] / n['tokens_per_s']:.2f}x | {batch} |")
+
+
 def plot(rows: dict, workloads: list[str], png: str) -> None:
     import matplotlib
 
@@ -111,8 +127,9 @@ def plot(rows: dict, workloads: list[str], png: str) -> None:
     axes[0].set_ylim(0, 1.05)
     axes[0].axhline(0.97, color="black", linewidth=0.8, linestyle="--")
     axes[2].axhline(1.02, color="black", linewidth=0.8, linestyle="--")
-    axes[0].legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(allocators), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     Path(png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
 
@@ -122,6 +139,7 @@ def main() -> None:
     parser.add_argument("results", nargs="*", type=Path,
                         default=sorted((Path(__file__).parent / "results" / "train").glob("*.json")))
     parser.add_argument("--png", default="docs/training.png")
+    parser.add_argument("--compact", action="store_true", help="README's short table only (no PNG)")
     args = parser.parse_args()
     if not args.results:
         raise SystemExit("no result files: run bench/train_suite.py first")
@@ -130,6 +148,9 @@ def main() -> None:
     workloads = sorted({w for w, _ in rows})
     dates = sorted(e["date"] for e in envs)
     env = envs[0]
+    if args.compact:
+        compact(rows, workloads)
+        return
     print(f"Measured on {env['gpu']} (driver {env['nvidia_driver']}), torch {env['torch']}, gmlake {env['gmlake']}, "
           f"{dates[0][:16]} to {dates[-1][:16]} UTC.\n")
     table(rows, workloads)

@@ -101,6 +101,9 @@ def main() -> None:
     parser.add_argument("--min-batch", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--cap-gib", type=float, default=24.0, help="0: skip the max-batch search")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the whole list this many times, round after round, so that drift in the machine's "
+                             "speed falls on every allocator alike (the report pools repeats)")
     parser.add_argument("--gpus", help="CUDA_VISIBLE_DEVICES for the runs (to run two suites side by side)")
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", default=str(HERE / "results" / "train.json"))
@@ -111,8 +114,10 @@ def main() -> None:
         bad = [f"{w}:{a}" for w, a in pairs if w not in {**WORKLOADS, **FSDP_WORKLOADS} or a not in ALLOCATORS]
         if bad:
             parser.error(f"unknown workload or allocator in --runs: {' '.join(bad)}")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     record = {"environment": environment(), "runs": []}
-    for workload, allocator in pairs:
+    for round_, (workload, allocator) in ((r, pair) for r in range(args.repeats) for pair in pairs):
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
             out = tmp.name
         cmd, env = command(workload, allocator, args, out)
@@ -122,7 +127,7 @@ def main() -> None:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired as exc:
             proc = subprocess.CompletedProcess(cmd, -9, exc.stdout or "", f"timed out after {args.timeout} s")
-        run = {"workload": workload, "allocator": allocator, "command": " ".join(cmd),
+        run = {"workload": workload, "allocator": allocator, "round": round_, "command": " ".join(cmd),
                "returncode": proc.returncode, "wall_s": round(time.perf_counter() - started, 1)}
         if proc.returncode == 0 and os.path.getsize(out):
             measured = json.loads(Path(out).read_text())

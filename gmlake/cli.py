@@ -45,28 +45,10 @@ def _load(paths: list[str], device: int | None):
     return [load(p, device) for p in paths]
 
 
-def _knobs(settings: list[str] | None) -> dict:
-    """`--set knob=value` pairs as policy knobs: integers, true/false, else strings."""
-    knobs: dict = {}
-    for item in settings or []:
-        name, sep, text = item.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--set takes knob=value, got {item!r}")
-        low = text.lower()
-        knobs[name] = True if low == "true" else False if low == "false" else int(text) if text.lstrip("-").isdigit() \
-            else text
-    return knobs
-
-
 def _policy_objects(names: list[str] | None, settings: list[str] | None) -> list:
     """The named policies (default: every built-in one) with the --set knobs applied."""
-    from gmlake.policies import get
-
-    knobs = _knobs(settings)
-    try:
-        return [get(name, **knobs) for name in _policies(names)]
-    except TypeError as exc:               # a knob the policy does not have
-        raise UsageError(str(exc)) from None
+    knobs = policies.parse_knobs(settings or [])
+    return [policies.get(name, **knobs) for name in _policies(names)]
 
 
 def cmd_replay(args) -> int:
@@ -188,6 +170,7 @@ def cmd_run(args) -> int:
 
     program = _program(args, "gmlake run script.py args...  (or: gmlake run -m module args...)")
     opts = gtorch.options_from_env()
+    opts.update(policies.parse_knobs(args.set or []))
     for flag, knob in (("policy", "policy"), ("chunk_size", "chunk_size"), ("limit", "limit"),
                        ("max_cached_sblocks", "max_cached_sblocks")):
         value = getattr(args, flag)
@@ -201,11 +184,12 @@ def cmd_run(args) -> int:
         raise UsageError("-m needs a module name")
     if program[0] != "-m" and not Path(program[0]).is_file():
         raise UsageError(f"no such script: {program[0]}")
+    _policies([policy])
+    policies.get(policy, **opts).validate(1)   # unknown or ill-typed knobs fail here, before the program runs
     try:
         import torch  # noqa: F401
     except ImportError:
         raise UsageError("gmlake run needs PyTorch, which is not installed here") from None
-    _policies([policy] if isinstance(policy, str) else None)
     gtorch.enable(policy, limit=limit, **opts)
     if program[0] == "-m":
         sys.argv = program[1:]
@@ -260,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="cap on each device's memory in bytes (env GMLAKE_LIMIT)")
     p.add_argument("--max-cached-sblocks", type=int, help="env GMLAKE_MAX_CACHED_SBLOCKS")
     p.add_argument("--no-stitch", action="store_true", help="never stitch (env GMLAKE_STITCH=0)")
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE",
+                   help="any policy knob, e.g. min_saved_chunks=0 (repeatable; env GMLAKE_KNOBS=k=v,k=v)")
     p.add_argument("program", nargs=argparse.REMAINDER, help="script.py args...  or  -m module args...")
     p.set_defaults(func=cmd_run)
 

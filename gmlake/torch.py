@@ -44,6 +44,8 @@ def _env_int(name: str) -> int | None:
 def options_from_env() -> dict:
     """Policy and limit settings from GMLAKE_* environment variables (see README)."""
     opts: dict[str, Any] = {}
+    if os.environ.get("GMLAKE_KNOBS"):          # any knobs, "k=v,k=v"; the specific variables below win
+        opts.update(policies.parse_knobs(k for k in os.environ["GMLAKE_KNOBS"].split(",") if k.strip()))
     if os.environ.get("GMLAKE_POLICY"):
         opts["policy"] = os.environ["GMLAKE_POLICY"]
     for var, knob in (("GMLAKE_CHUNK_SIZE", "chunk_size"), ("GMLAKE_MAX_CACHED_SBLOCKS", "max_cached_sblocks"),

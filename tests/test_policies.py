@@ -229,3 +229,40 @@ def test_python_eviction_hook_chooses_the_victim(driver):
     assert p == stitched[9], "the 9 MiB sBlock must have survived (LRU would have evicted it, the hook did not)"
     alloc.free(p)
     alloc.check()
+
+
+def test_knob_settings_parse_to_typed_values():
+    knobs = gmlake.policies.parse_knobs(["chunk_size=4_194_304", "stitch=false", "cross_stream=True",
+                                         " min_saved_chunks = 0 ", "segment_rule=chunks", "round_to=-1"])
+    assert knobs == {"chunk_size": 4 << 20, "stitch": False, "cross_stream": True, "min_saved_chunks": 0,
+                     "segment_rule": "chunks", "round_to": -1}
+    with pytest.raises(ValueError, match="knob=value"):
+        gmlake.policies.parse_knobs(["chunk_size"])
+
+
+def test_unknown_knob_names_the_knobs_there_are():
+    with pytest.raises(ValueError, match="no knob 'chunksize'.*chunk_size"):
+        gmlake.policies.get("gmlake", chunksize=4 << 20)
+
+
+def test_environment_knobs_and_their_precedence(monkeypatch):
+    from gmlake.torch import options_from_env
+
+    monkeypatch.setenv("GMLAKE_KNOBS", "min_saved_chunks=0, sblock_search_depth=64,chunk_size=8388608")
+    monkeypatch.setenv("GMLAKE_CHUNK_SIZE", str(4 << 20))
+    opts = options_from_env()
+    assert opts == {"min_saved_chunks": 0, "sblock_search_depth": 64, "chunk_size": 4 << 20}
+
+
+@pytest.mark.parametrize("setting, message", [("bogus=1", "no knob 'bogus'"),
+                                              ("chunk_size=big", "chunk_size must be a positive int"),
+                                              ("min_saved_chunks", "knob=value")])
+def test_run_refuses_bad_knobs_before_running_anything(tmp_path, capsys, setting, message):
+    from gmlake.cli import main
+
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    assert main(["run", "--set", setting, str(script)]) == 2
+    assert message in capsys.readouterr().err
+    assert not marker.exists()

@@ -7,6 +7,9 @@ fields, or override its hooks (`should_split`, `allow_stitch`), to try a variant
 """
 from __future__ import annotations
 
+from dataclasses import fields
+from typing import Iterable
+
 from gmlake.policies.base import Policy
 from gmlake.policies.caching import CachingPolicy
 from gmlake.policies.expandable import ExpandablePolicy
@@ -28,7 +31,26 @@ def get(name: str, **options) -> Policy:
         cls = _BUILTIN[name]
     except KeyError:
         raise ValueError(f"gmlake: unknown policy {name!r}; built-in policies: {', '.join(names())}") from None
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"gmlake: policy {name} has no knob {', '.join(map(repr, unknown))}; "
+                         f"its knobs: {', '.join(sorted(known))}")
     return cls(**options)
 
 
-__all__ = ["Policy", "GMLakePolicy", "CachingPolicy", "ExpandablePolicy", "get", "names"]
+def parse_knobs(items: Iterable[str]) -> dict:
+    """'knob=value' strings (from `--set` or GMLAKE_KNOBS) as knobs: integers, true/false, else strings."""
+    knobs: dict = {}
+    for item in items:
+        name, sep, text = item.strip().partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"gmlake: a knob setting is knob=value, got {item!r}")
+        low = text.strip().lower()
+        digits = low.replace("_", "")
+        knobs[name.strip()] = True if low == "true" else False if low == "false" else \
+            int(digits) if digits.lstrip("-").isdigit() else text.strip()
+    return knobs
+
+
+__all__ = ["Policy", "GMLakePolicy", "CachingPolicy", "ExpandablePolicy", "get", "names", "parse_knobs"]
