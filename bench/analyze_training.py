@@ -3,18 +3,23 @@
     python bench/analyze_training.py [TRACE ...]
 
 For each trace: where gmlake's reserved bytes are at its peak (gmlake.explain), when its driver time is spent
-(per quarter of the run's requests, at the H200's measured per-call costs), and what policy variants would do
-(utilization and driver time on replay). Markdown on stdout.
+(per quarter of the run's requests, at the H200's measured per-call costs), step by step against the time gmlake's
+steps took beyond native's in the benchmark runs of the same shapes, and what policy variants would do (utilization
+and driver time on replay). Markdown on stdout.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 from pathlib import Path
+
+import numpy as np
 
 from gmlake.explain import explain
 from gmlake.policies import get
 from gmlake.replay import driver_seconds, replay, run_requests
-from gmlake.trace import load
+from gmlake.trace import ALLOC, load
 
 HERE = Path(__file__).parent
 VARIANTS = {
@@ -38,6 +43,42 @@ def quarters(trace, policy) -> list[tuple[int, float]]:
         now = (stats["stitches"], driver_seconds(stats))
         out.append((now[0] - before[0], now[1] - before[1]))
         before = now
+    return out
+
+
+def step_starts(trace, per_step: list[dict]) -> list[int]:
+    """The request index at which each step begins: its input ids, batch x seq int64, are its first allocation."""
+    req = trace.requests()
+    starts, at = [], 0
+    for step in per_step:
+        hits = np.nonzero((req["action"][at:] == ALLOC) & (req["size"][at:] == step["batch"] * step["seq"] * 8))[0]
+        if not len(hits):
+            raise ValueError(f"{trace.name}: no input-ids allocation for step {len(starts)}")
+        at += int(hits[0])
+        starts.append(at)
+        at += 1
+    return starts
+
+
+def driver_ms_per_step(trace, starts: list[int]) -> list[float]:
+    """gmlake's replayed driver time in each step, ms (step i: from its start to the next step's)."""
+    ends = starts[1:] + [len(trace.requests())]
+    out, before = [], driver_seconds(run_requests(trace, get("gmlake"), upto=starts[0], samples=1)[0].stats())
+    for end in ends:
+        now = driver_seconds(run_requests(trace, get("gmlake"), upto=end, samples=1)[0].stats())
+        out.append((now - before) * 1e3)
+        before = now
+    return out
+
+
+def paired_runs(workload: str) -> list[tuple[str, dict, dict]]:
+    """(result file, native run, gmlake run) for each file that ran both on the same GPU, one after the other."""
+    out = []
+    for path in sorted((HERE / "results" / "train").glob("*.json")):
+        runs = {r["allocator"]: r for r in json.loads(path.read_text())["runs"]
+                if r["workload"] == workload and r.get("returncode") == 0 and r.get("per_step")}
+        if "native" in runs and "gmlake" in runs:
+            out.append((path.stem, runs["native"], runs["gmlake"]))
     return out
 
 
@@ -65,6 +106,26 @@ def main() -> None:
     for t in traces:
         cells = [f"{s} / {d:.2f}" for s, d in quarters(t, get("gmlake"))]
         print(f"| {t.name} | " + " | ".join(cells) + " |")
+
+    print("\n### Step by step: gmlake's replayed driver time against its measured excess over native\n")
+    print("Steps 1-23 of each pair of runs (same GPU, one after the other, same shapes). Stitch steps: replayed "
+          "driver time over 20 ms; quiet steps: under 5 ms.\n")
+    print("| trace | runs | stitch steps | their driver ms | their excess ms | excess / driver | quiet steps | "
+          "median excess in quiet steps, ms | correlation |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for t in traces:
+        workload = t.name.removesuffix("-gmlake")
+        pairs = paired_runs(workload)
+        if not pairs:
+            continue
+        driver = np.array(driver_ms_per_step(t, step_starts(t, pairs[0][2]["per_step"])))
+        for name, native, gm in pairs:
+            excess = np.array([g["step_s"] - n["step_s"] for g, n in zip(gm["per_step"], native["per_step"])]) * 1e3
+            d, e = driver[1:], excess[1:]
+            busy, quiet = d > 20, d < 5
+            print(f"| {t.name} | {name} | {int(busy.sum())} | {d[busy].sum():.0f} | {e[busy].sum():.0f} | "
+                  f"{e[busy].sum() / d[busy].sum():.1f} | {int(quiet.sum())} | {statistics.median(e[quiet]):.0f} | "
+                  f"{np.corrcoef(d, e)[0, 1]:.2f} |")
 
     print("\n### Policy variants on replay (utilization / driver s over the run)\n")
     print("| variant | " + " | ".join(t.name for t in traces) + " |")
