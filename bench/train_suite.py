@@ -5,9 +5,10 @@
 
 One process per (workload, allocator): a training phase with shapes drawn per step (peak allocated, peak reserved,
 utilization, median step time, tokens/s), then a bisection for the largest batch that fits under a fixed cap. The
-FSDP workload runs under torchrun on two GPUs and has no batch search (a rank that runs out of memory mid-step
-leaves the other waiting in a collective). Results carry the GPU, driver, torch and gmlake versions, the date and
-each command; `bench/report_training.py` turns them into README's table and a PNG.
+FSDP workload runs under torchrun on two GPUs. Its batch search cannot run inside the job (a rank that runs out of
+memory mid-step leaves the other waiting in a collective), so with --fsdp-batch-search each probe is a job of its
+own, which torchrun ends when a rank fails (about 30 s a probe). Results carry the GPU, driver, torch and gmlake
+versions, the date and each command; `bench/report_training.py` turns them into README's table and a PNG.
 """
 from __future__ import annotations
 
@@ -39,14 +40,17 @@ ALLOCATORS = {
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake")
 
 
-def command(workload: str, allocator: str, args, out: str) -> tuple[list[str], dict]:
-    """The command line and environment of one run."""
+def command(workload: str, allocator: str, args, out: str, probe: int | None = None) -> tuple[list[str], dict]:
+    """The command line and environment of one run, or of one FSDP batch-search probe of `probe` samples."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "",
            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     if args.gpus:
         env["CUDA_VISIBLE_DEVICES"] = args.gpus
     common = ["--steps", str(args.steps), "--min-batch", str(args.min_batch), "--max-batch", str(args.max_batch),
               "--json", out]
+    if probe is not None:       # two steps at a fixed shape under the cap
+        common = ["--steps", "2", "--min-batch", str(probe), "--max-batch", str(probe), "--min-seq", "1024",
+                  "--max-seq", "1024", "--cap-gib", str(args.cap_gib), "--json", out]
     if workload in FSDP_WORKLOADS:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
         script = [str(HERE / "workloads" / "fsdp_train.py"), *FSDP_WORKLOADS[workload], *common]
@@ -60,6 +64,30 @@ def command(workload: str, allocator: str, args, out: str) -> tuple[list[str], d
         env.update(how)
         return [*launcher, *script], env
     return [*launcher, "-m", "gmlake", "run", *how, *script], env
+
+
+def fsdp_max_batch(workload: str, allocator: str, args) -> dict:
+    """The largest FSDP batch (1,024 tokens) under the cap, by bisection over jobs of one probe each."""
+    probes, lo, hi = [], 0, args.fsdp_search_max
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        cmd, env = command(workload, allocator, args, os.devnull, probe=mid)
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            proc = subprocess.CompletedProcess(cmd, -9, "", f"probe timed out after {args.timeout} s")
+        fits = proc.returncode == 0
+        probes.append({"batch": mid, "fits": fits, "wall_s": round(time.perf_counter() - started, 1)})
+        print(f"   probe batch {mid}: {'fits' if fits else 'does not fit'}", flush=True)
+        if fits:
+            lo = mid
+        elif "out of memory" in (proc.stdout + proc.stderr).lower():
+            hi = mid - 1
+        else:
+            return {"max_batch_under_cap": None, "cap_gib": args.cap_gib, "batch_probes": probes,
+                    "batch_search_error": (proc.stderr or proc.stdout)[-2000:]}
+    return {"max_batch_under_cap": lo, "cap_gib": args.cap_gib, "batch_probes": probes}
 
 
 def source_digest() -> str:
@@ -101,6 +129,9 @@ def main() -> None:
     parser.add_argument("--min-batch", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--cap-gib", type=float, default=24.0, help="0: skip the max-batch search")
+    parser.add_argument("--fsdp-batch-search", action="store_true",
+                        help="also bisect for the FSDP workload's largest batch under --cap-gib, a job per probe")
+    parser.add_argument("--fsdp-search-max", type=int, default=64, help="upper bound of that search")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the whole list this many times, round after round, so that drift in the machine's "
                              "speed falls on every allocator alike (the report pools repeats)")
@@ -134,6 +165,8 @@ def main() -> None:
             measured["allocator_seen"] = measured.pop("allocator", None)    # what the process saw: "gmlake" for both
             run.update(measured)
             run["utilization"] = run["max_memory_allocated"] / run["max_memory_reserved"]
+            if workload in FSDP_WORKLOADS and args.fsdp_batch_search and args.cap_gib:
+                run.update(fsdp_max_batch(workload, allocator, args))
             print(json.dumps({k: run.get(k) for k in ("max_memory_reserved", "utilization", "median_step_s",
                                                        "max_batch_under_cap", "wall_s")}), flush=True)
         else:

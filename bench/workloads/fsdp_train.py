@@ -30,6 +30,8 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--min-seq", type=int, default=128)
     p.add_argument("--max-seq", type=int, default=1024)
+    p.add_argument("--cap-gib", type=float, help="cap each rank's memory (set_per_process_memory_fraction); the "
+                                                 "suite's batch search runs each probe as its own job under a cap")
     p.add_argument("--json")
     args = p.parse_args()
 
@@ -37,6 +39,9 @@ def main() -> None:
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    if args.cap_gib:
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * (1 << 30) / total))
     torch.manual_seed(0)
     rng = random.Random(rank)
 
