@@ -55,9 +55,9 @@ def cmd_replay(args) -> int:
     """`gmlake replay`: one trace through each policy; a table, or JSON lines."""
     from gmlake.replay import replay
 
-    policies = _policy_objects(args.policy, args.set)
+    chosen = _policy_objects(args.policy, args.set)
     (trace,) = _load([args.trace], args.device)
-    results = [replay(trace, policy, device_memory=args.device_memory) for policy in policies]
+    results = [replay(trace, policy, device_memory=args.device_memory) for policy in chosen]
     if args.json:
         for r in results:
             print(json.dumps(r.summary()))
@@ -76,9 +76,9 @@ def cmd_explain(args) -> int:
 
     from gmlake.explain import explain
 
-    policies = _policy_objects(args.policy, args.set)
+    chosen = _policy_objects(args.policy, args.set)
     (trace,) = _load([args.trace], args.device)
-    found = [explain(trace, policy, device_memory=args.device_memory) for policy in policies]
+    found = [explain(trace, policy, device_memory=args.device_memory) for policy in chosen]
     if args.json:
         for b in found:
             print(json.dumps(asdict(b)))

@@ -101,8 +101,7 @@ class Policy:
                       "expandable_page_large"):
             positive(field)
         for field in ("min_stitch_size", "min_saved_chunks", "max_cached_sblocks", "large_split_min",
-                      "max_split_size",
-                      "max_non_split_rounding", "expandable_reserve"):
+                      "max_split_size", "max_non_split_rounding", "expandable_reserve"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"gmlake: policy {self.name}: {field} must be an int >= 0, got {value!r}")
