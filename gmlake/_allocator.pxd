@@ -274,6 +274,11 @@ cdef class Allocator:
     cdef Block* _alloc_small(self, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc_large(self, size_t size, int64_t stream) noexcept nogil
     cdef Block* _stitch_or_grow(self, size_t size, int64_t stream) noexcept nogil
+    cdef size_t _collect_pieces(self, size_t size, int64_t stream, vector[Piece]& pieces) noexcept nogil
+    cdef bint _stitch_allowed(self, size_t size, int64_t stream, vector[Piece]& pieces, size_t remaining) noexcept nogil
+    cdef size_t _growth_bytes(self, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _stitch_expandable(self, size_t size, int64_t stream) noexcept nogil
+    cdef Segment* _grow(self, size_t size, int64_t stream) noexcept nogil
     cdef void _descending(self, int64_t stream, vector[Block*]& out) noexcept nogil
     cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil

@@ -68,6 +68,11 @@ cdef inline size_t expandable_size(Block* b) noexcept nogil:
     return b.size + (b.next.size if b.next != NULL and b.next.state == BLOCK_UNMAPPED else 0)
 
 
+cdef inline bint free_for(Block* b, int64_t stream) noexcept nogil:
+    """Is b free and safe for `stream` (freed on it, or on a stream whose work is known done)?"""
+    return b.state == BLOCK_FREE and (b.stream == stream or b.stream == ANY_STREAM)
+
+
 cdef inline SBlockKey sblock_key(SBlock* sb) noexcept nogil:
     cdef SBlockKey key
     key.capacity = sb.capacity
@@ -590,11 +595,11 @@ cdef class Allocator:
         cdef Segment* seg
         while it != holes.end() and deref(it).first.stream == stream:
             c = deref(it).second
-            if c.prev != NULL and c.prev.state == BLOCK_FREE:
+            if c.prev != NULL and free_for(c.prev, stream):
                 c = c.prev
             room = 0
             b = c
-            while room < size and b != NULL and (b.state == BLOCK_FREE or b.state == BLOCK_UNMAPPED):
+            while room < size and b != NULL and (free_for(b, stream) or b.state == BLOCK_UNMAPPED):
                 room += b.size
                 b = b.next
             if room >= size:
@@ -964,6 +969,10 @@ cdef class Allocator:
         cdef size_t alloc_size
         cdef Segment* seg
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
+            if self.k.stitch and size >= self.k.min_stitch_size:
+                b = self._stitch_expandable(size, stream)
+                if b != NULL or self.err != ERR_NONE:
+                    return b
             return self._alloc_expandable(POOL_LARGE, size, stream)
         if self.k.segment_rule == SEGMENTS_PYTORCH:
             # One handle per segment, sized as PyTorch's get_allocation_size does.
@@ -975,63 +984,75 @@ cdef class Allocator:
         # Steps 3-4: stitch free pBlocks, adding new chunks for the shortfall only.
         return self._stitch_or_grow(size, stream)
 
-    cdef Block* _stitch_or_grow(self, size_t size, int64_t stream) noexcept nogil:
-        cdef vector[Piece] pieces
+    cdef size_t _collect_pieces(self, size_t size, int64_t stream, vector[Piece]& pieces) noexcept nogil:
+        """Free large pBlocks whose mapped chunks could carry `size` bytes when stitched, largest first (so the
+        fewest pieces, and handles to map, cover the request). Returns the bytes still missing."""
         cdef Piece piece
         cdef vector[Block*] own
         cdef vector[Block*] anyb
         cdef size_t remaining = size, C, usable, i = 0, j = 0
         cdef uintptr_t start, aligned_end
         cdef Block* b
+        cdef Segment* seg
+        self._descending(stream, own)
+        self._descending(ANY_STREAM, anyb)
+        while remaining and (i < own.size() or j < anyb.size()):
+            if j >= anyb.size() or (i < own.size() and own[i].size >= anyb[j].size):
+                b = own[i]
+                i += 1
+            else:
+                b = anyb[j]
+                j += 1
+            seg = b.seg
+            C = seg.chunk_size
+            # Only the first piece may start inside a chunk; every piece but the last ends on a chunk boundary.
+            start = b.addr if pieces.empty() else seg.va + round_up(b.addr - seg.va, C)
+            if b.addr + b.size <= start:
+                continue
+            if b.addr + b.size - start >= remaining:
+                piece.addr = start
+                piece.size = remaining
+                pieces.push_back(piece)
+                return 0
+            aligned_end = seg.va + ((b.addr + b.size - seg.va) // C) * C
+            if aligned_end <= start:
+                continue
+            usable = aligned_end - start
+            piece.addr = start
+            piece.size = usable
+            pieces.push_back(piece)
+            remaining -= usable
+        return remaining
+
+    cdef bint _stitch_allowed(self, size_t size, int64_t stream, vector[Piece]& pieces, size_t remaining) noexcept nogil:
+        if pieces.empty():
+            return False
+        if self.k.hook_allow_stitch:
+            with gil:
+                return self._hook_allow_stitch(size, stream, pieces, remaining)
+        return True
+
+    cdef Block* _stitch_or_grow(self, size_t size, int64_t stream) noexcept nogil:
+        cdef vector[Piece] pieces
+        cdef Piece piece
+        cdef size_t remaining = size
+        cdef Block* b
         cdef Segment* seg = NULL
         if self.k.stitch and size >= self.k.min_stitch_size:
-            self._descending(stream, own)
-            self._descending(ANY_STREAM, anyb)
-            # Largest blocks first, so the fewest pieces (and handles to map) cover the request.
-            while remaining and (i < own.size() or j < anyb.size()):
-                if j >= anyb.size() or (i < own.size() and own[i].size >= anyb[j].size):
-                    b = own[i]
-                    i += 1
-                else:
-                    b = anyb[j]
-                    j += 1
-                seg = b.seg
-                C = seg.chunk_size
-                # Only the first piece may start inside a chunk; every piece but the last ends on a chunk boundary.
-                start = b.addr if pieces.empty() else seg.va + round_up(b.addr - seg.va, C)
-                if b.addr + b.size <= start:
-                    continue
-                if b.addr + b.size - start >= remaining:
-                    piece.addr = start
-                    piece.size = remaining
-                    pieces.push_back(piece)
-                    remaining = 0
-                    break
-                aligned_end = seg.va + ((b.addr + b.size - seg.va) // C) * C
-                if aligned_end <= start:
-                    continue
-                usable = aligned_end - start
-                piece.addr = start
-                piece.size = usable
-                pieces.push_back(piece)
-                remaining -= usable
+            remaining = self._collect_pieces(size, stream, pieces)
         # A stitch that needs new chunks anyway must save `min_saved_chunks` of them, or it only costs driver calls
         # (with 0 it also packs the new chunks after a free chunk tail, as one contiguous range would).
         if remaining and round_up(remaining, self.k.chunk_size) + self.k.min_saved_chunks * self.k.chunk_size \
                 > round_up(size, self.k.chunk_size):
             pieces.clear()
-        if self.k.hook_allow_stitch and not pieces.empty():
-            with gil:
-                if not self._hook_allow_stitch(size, stream, pieces, remaining):
-                    pieces.clear()
-        if pieces.empty():
-            seg = self._new_segment(POOL_LARGE, round_up(size, self.k.chunk_size), self.k.chunk_size, stream, True)
+        if not self._stitch_allowed(size, stream, pieces, remaining):
+            seg = self._grow(size, stream)
             if seg == NULL:
                 return NULL
             return self._take(seg.first, size, stream)
         seg = NULL
         if remaining:
-            seg = self._new_segment(POOL_LARGE, round_up(remaining, self.k.chunk_size), self.k.chunk_size, stream, True)
+            seg = self._grow(remaining, stream)
             if seg == NULL:
                 return NULL
             self._insert_free(seg.first)
@@ -1043,6 +1064,71 @@ cdef class Allocator:
             # Give back what this request took: its new chunks were never handed out, so no sync is owed.
             self._release_chunks(seg, 0)
         return b
+
+    cdef size_t _growth_bytes(self, int pool, size_t size, int64_t stream) noexcept nogil:
+        """New bytes an expandable segment would map to serve `size` bytes: the unmapped part of the lowest run of
+        free and unmapped space with room (as _find_expandable picks it), or all of it in a new segment."""
+        cdef FreeIndex* holes = self._holes(pool)
+        cdef FreeIndex.iterator it = holes.lower_bound(make_key(stream, 0))
+        cdef Block* c
+        cdef Block* b
+        cdef size_t room, unmapped
+        cdef size_t page = self.k.page_small if pool == POOL_SMALL else self.k.page_large
+        while it != holes.end() and deref(it).first.stream == stream:
+            c = deref(it).second
+            if c.prev != NULL and free_for(c.prev, stream):
+                c = c.prev
+            room = 0
+            unmapped = 0
+            b = c
+            while room < size and b != NULL and (free_for(b, stream) or b.state == BLOCK_UNMAPPED):
+                if b.state == BLOCK_UNMAPPED:
+                    unmapped += min_size(b.size, round_up(size - room, page))
+                room += b.size
+                b = b.next
+            if room >= size:
+                return unmapped
+            inc(it)
+        return round_up(size, page)
+
+    cdef Block* _stitch_expandable(self, size_t size, int64_t stream) noexcept nogil:
+        """Expandable base with stitching: serve `size` by stitching free pages (plus new pages for the shortfall)
+        when that maps at least `min_saved_chunks` fewer new pages than growing the range would. NULL with no
+        error: growing is as good, the caller grows."""
+        cdef vector[Piece] pieces
+        cdef Piece piece
+        cdef size_t page = self.k.page_large
+        cdef size_t remaining = self._collect_pieces(size, stream, pieces)
+        cdef size_t grow = self._growth_bytes(POOL_LARGE, size, stream)
+        cdef size_t fresh = round_up(remaining, page)
+        cdef Block* hole
+        cdef Segment* seg
+        if pieces.empty() or fresh + self.k.min_saved_chunks * page > grow:
+            return NULL
+        if not self._stitch_allowed(size, stream, pieces, remaining):
+            return NULL
+        if remaining:
+            # The shortfall as new pages at the lowest hole with room, stitched last.
+            hole = self._find_expandable(POOL_LARGE, fresh, stream)
+            if hole == NULL:
+                return NULL
+            while hole.state != BLOCK_UNMAPPED:
+                hole = hole.next
+            if hole.size < fresh:
+                return NULL
+            piece.addr = hole.addr
+            piece.size = remaining
+            seg = hole.seg
+            if self._map_pages(hole, fresh) == NULL:
+                if seg.mapped_chunks == 0:
+                    self._drop_segment(seg)     # a segment with nothing mapped holds only VA: give it back
+                return NULL
+            pieces.push_back(piece)
+        return self._stitch(pieces, size, stream)
+
+    cdef Segment* _grow(self, size_t size, int64_t stream) noexcept nogil:
+        """A new segment of whole chunks for `size` bytes (the "chunks" segment rule)."""
+        return self._new_segment(POOL_LARGE, round_up(size, self.k.chunk_size), self.k.chunk_size, stream, True)
 
     cdef void _descending(self, int64_t stream, vector[Block*]& out) noexcept nogil:
         """Free large pBlocks of `stream`, largest first."""

@@ -7,12 +7,16 @@ import gmlake
 from gmlake import Allocator, InvalidPointerError, OutOfMemoryError
 from conftest import snapshot
 
+# These tests exercise the chunk-and-stitch mechanics, so they run the paper's design, where every request
+# past the free blocks stitches; the default policy's own tests are in test_gmlake_policy.py.
+PAPER = gmlake.policies.get("gmlake-paper")
+
 MiB = 1 << 20
 KiB = 1 << 10
 
 
 def test_exact_fit_reuses_the_freed_block(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     p = alloc.malloc(10 * MiB)
     alloc.free(p)
     assert alloc.malloc(10 * MiB) == p
@@ -20,7 +24,7 @@ def test_exact_fit_reuses_the_freed_block(driver):
 
 
 def test_best_fit_then_split(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     big = alloc.malloc(20 * MiB)
     small = alloc.malloc(8 * MiB)
     alloc.free(big)
@@ -33,7 +37,7 @@ def test_best_fit_then_split(driver):
 
 
 def test_requests_pack_at_512_bytes_below_chunk_level(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     a = alloc.malloc(2 * MiB + 1)
     b = alloc.malloc(100 * KiB)              # small pool
     assert alloc.block_size(a) == 2 * MiB + 512
@@ -47,7 +51,7 @@ def test_requests_pack_at_512_bytes_below_chunk_level(driver):
 
 
 def test_small_requests_share_a_2mib_segment(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     ptrs = [alloc.malloc(100 * KiB) for _ in range(20)]
     assert alloc.stats()["reserved_bytes"] == 2 * MiB
     assert len(set(ptrs)) == 20
@@ -58,7 +62,7 @@ def test_small_requests_share_a_2mib_segment(driver):
 
 
 def test_stitch_instead_of_growing(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     parts = [alloc.malloc(8 * MiB) for _ in range(4)]
     for p in parts:
         alloc.free(p)
@@ -78,7 +82,7 @@ def test_stitch_instead_of_growing(driver):
 
 
 def test_shortfall_only_is_allocated(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     a = alloc.malloc(10 * MiB)
     alloc.free(a)
     p = alloc.malloc(16 * MiB)
@@ -90,7 +94,7 @@ def test_shortfall_only_is_allocated(driver):
 
 
 def test_sblock_is_not_reused_while_a_piece_is_busy(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     parts = [alloc.malloc(8 * MiB) for _ in range(2)]
     for p in parts:
         alloc.free(p)
@@ -107,7 +111,7 @@ def test_sblock_is_not_reused_while_a_piece_is_busy(driver):
 
 
 def test_cap_gives_clean_oom_and_allocator_recovers(driver):
-    alloc = Allocator(driver, limit=64 * MiB)
+    alloc = Allocator(driver, PAPER, limit=64 * MiB)
     held = [alloc.malloc(20 * MiB) for _ in range(3)]
     with pytest.raises(OutOfMemoryError) as info:
         alloc.malloc(10 * MiB)
@@ -123,7 +127,7 @@ def test_cap_gives_clean_oom_and_allocator_recovers(driver):
 
 
 def test_pressure_releases_small_pool_for_large(driver):
-    alloc = Allocator(driver, limit=8 * MiB)
+    alloc = Allocator(driver, PAPER, limit=8 * MiB)
     smalls = [alloc.malloc(512 * KiB) for _ in range(12)]   # three 2 MiB small segments
     for p in smalls:
         alloc.free(p)
@@ -134,7 +138,7 @@ def test_pressure_releases_small_pool_for_large(driver):
 
 
 def test_pressure_releases_large_chunks_for_small(driver):
-    alloc = Allocator(driver, limit=8 * MiB)
+    alloc = Allocator(driver, PAPER, limit=8 * MiB)
     p = alloc.malloc(8 * MiB)
     alloc.free(p)
     q = alloc.malloc(4 * KiB)
@@ -144,7 +148,7 @@ def test_pressure_releases_large_chunks_for_small(driver):
 
 
 def test_empty_cache_returns_everything_free(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     keep = alloc.malloc(3 * MiB)
     ptrs = [alloc.malloc(s * MiB) for s in (5, 7, 9)]
     small = alloc.malloc(1000)
@@ -165,7 +169,7 @@ def test_empty_cache_returns_everything_free(driver):
 
 
 def test_empty_cache_releases_free_chunks_inside_a_busy_segment(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     a = alloc.malloc(20 * MiB)
     alloc.free(a)
     head = alloc.malloc(3 * MiB)          # splits the 20 MiB block: 17 MiB stays free
@@ -182,7 +186,7 @@ def test_empty_cache_releases_free_chunks_inside_a_busy_segment(driver):
 
 @pytest.mark.parametrize("size", [0, -1, -(1 << 40)])
 def test_bad_size_is_refused_and_changes_nothing(driver, size):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     p = alloc.malloc(5 * MiB)
     before = snapshot(alloc)
     with pytest.raises(ValueError):
@@ -192,7 +196,7 @@ def test_bad_size_is_refused_and_changes_nothing(driver, size):
 
 
 def test_non_int_size_is_refused(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     with pytest.raises(TypeError):
         alloc.malloc(1.5)
     with pytest.raises(TypeError):
@@ -200,7 +204,7 @@ def test_non_int_size_is_refused(driver):
 
 
 def test_size_over_cap_is_refused_and_changes_nothing(driver):
-    alloc = Allocator(driver, limit=32 * MiB)
+    alloc = Allocator(driver, PAPER, limit=32 * MiB)
     p = alloc.malloc(5 * MiB)
     q = alloc.malloc(5 * MiB)
     alloc.free(q)
@@ -213,7 +217,7 @@ def test_size_over_cap_is_refused_and_changes_nothing(driver):
 
 
 def test_double_free_is_refused_and_changes_nothing(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     p = alloc.malloc(5 * MiB)
     q = alloc.malloc(5 * MiB)
     alloc.free(p)
@@ -226,7 +230,7 @@ def test_double_free_is_refused_and_changes_nothing(driver):
 
 @pytest.mark.parametrize("offset", [1, 512, 3 * MiB])
 def test_free_of_foreign_address_is_refused(driver, offset):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     p = alloc.malloc(5 * MiB)
     before = snapshot(alloc)
     with pytest.raises(InvalidPointerError):
@@ -239,7 +243,7 @@ def test_free_of_foreign_address_is_refused(driver, offset):
 
 
 def test_negative_stream_is_refused(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     with pytest.raises(ValueError):
         alloc.malloc(10, stream=-1)
 
@@ -247,7 +251,7 @@ def test_negative_stream_is_refused(driver):
 def test_same_stream_reuse_is_immediate_other_stream_waits_for_events():
     drv = gmlake.HostDriver()
     drv.auto_complete = False
-    alloc = Allocator(drv)
+    alloc = Allocator(drv, PAPER)
     p = alloc.malloc(6 * MiB, stream=7)
     alloc.free(p)
     assert alloc.malloc(6 * MiB, stream=7) == p     # same stream: at once
@@ -266,7 +270,7 @@ def test_same_stream_reuse_is_immediate_other_stream_waits_for_events():
 def test_pressure_waits_for_other_streams():
     drv = gmlake.HostDriver()
     drv.auto_complete = False
-    alloc = Allocator(drv, limit=8 * MiB)
+    alloc = Allocator(drv, PAPER, limit=8 * MiB)
     p = alloc.malloc(8 * MiB, stream=1)
     alloc.free(p)
     q = alloc.malloc(8 * MiB, stream=2)       # only possible after synchronizing
@@ -277,7 +281,7 @@ def test_pressure_waits_for_other_streams():
 
 
 def test_lru_bound_on_cached_sblocks(driver):
-    policy = gmlake.policies.get("gmlake", max_cached_sblocks=2)
+    policy = gmlake.policies.get("gmlake-paper", max_cached_sblocks=2)
     alloc = Allocator(driver, policy)
     for size in (9, 11, 13, 15):
         parts = [alloc.malloc(4 * MiB) for _ in range(4)]
@@ -291,7 +295,7 @@ def test_lru_bound_on_cached_sblocks(driver):
 
 
 def test_stitching_can_be_turned_off(driver):
-    alloc = Allocator(driver, gmlake.policies.get("gmlake", stitch=False))
+    alloc = Allocator(driver, gmlake.policies.get("gmlake-paper", stitch=False))
     a = alloc.malloc(8 * MiB)
     b = alloc.malloc(8 * MiB)
     alloc.free(a)
@@ -304,7 +308,7 @@ def test_stitching_can_be_turned_off(driver):
 # (handle size, handles the 150 MiB stitch maps): every handle costs driver time, so larger handles stitch cheaper.
 @pytest.mark.parametrize("chunk_mib,handles", [(2, 75), (4, 38), (20, 8)])
 def test_handle_size_is_a_policy_choice(driver, chunk_mib, handles):
-    alloc = Allocator(driver, gmlake.policies.get("gmlake", chunk_size=chunk_mib * MiB))
+    alloc = Allocator(driver, gmlake.policies.get("gmlake-paper", chunk_size=chunk_mib * MiB))
     ptrs = [alloc.malloc(s * MiB) for s in (40, 60, 80)]
     for p in ptrs:
         alloc.free(p)
@@ -319,7 +323,7 @@ def test_handle_size_is_a_policy_choice(driver, chunk_mib, handles):
 
 def test_bad_policy_is_refused(driver):
     with pytest.raises(ValueError, match="granularity"):
-        Allocator(driver, gmlake.policies.get("gmlake", chunk_size=3 * MiB))
+        Allocator(driver, gmlake.policies.get("gmlake-paper", chunk_size=3 * MiB))
     with pytest.raises(ValueError, match="unknown policy"):
         gmlake.policies.get("nope")
     with pytest.raises(TypeError):
@@ -327,7 +331,7 @@ def test_bad_policy_is_refused(driver):
 
 
 def test_peaks_reset(driver):
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, PAPER)
     p = alloc.malloc(40 * MiB)
     alloc.free(p)
     assert alloc.stats()["peak_allocated_bytes"] >= 40 * MiB
@@ -339,7 +343,7 @@ def test_peaks_reset(driver):
 
 def test_threads_share_one_allocator_safely():
     drv = gmlake.HostDriver()
-    alloc = Allocator(drv)
+    alloc = Allocator(drv, PAPER)
     import ctypes
     import random
 
@@ -381,7 +385,7 @@ def test_threads_share_one_allocator_safely():
 def test_record_stream_defers_reuse_until_the_other_stream_is_done():
     drv = gmlake.HostDriver()
     drv.auto_complete = False
-    alloc = Allocator(drv)
+    alloc = Allocator(drv, PAPER)
     p = alloc.malloc(6 * MiB, stream=1)
     alloc.record_stream(p, 2)
     alloc.record_stream(p, 2)                       # idempotent
@@ -407,7 +411,7 @@ def test_record_stream_defers_reuse_until_the_other_stream_is_done():
 def test_empty_cache_waits_for_pending_frees():
     drv = gmlake.HostDriver()
     drv.auto_complete = False
-    alloc = Allocator(drv)
+    alloc = Allocator(drv, PAPER)
     p = alloc.malloc(6 * MiB, stream=1)
     alloc.record_stream(p, 5)
     alloc.free(p)

@@ -24,7 +24,7 @@ def tails_trace(count: int = 4, size: int = 5 * MiB + MiB // 2) -> Trace:
 
 
 def test_chunk_tails_are_found_at_the_peak():
-    b = explain(tails_trace(), get("gmlake"))
+    b = explain(tails_trace(), get("gmlake-paper"))
     assert b.reserved == 4 * 6 * MiB
     assert b.requested == 4 * (5 * MiB + MiB // 2)
     assert b.free_in_shared_chunks == 4 * (MiB // 2)       # one tail per tensor, in a chunk it shares
@@ -36,17 +36,17 @@ def test_chunk_tails_are_found_at_the_peak():
 
 def test_min_saved_chunks_0_packs_new_chunks_after_tails():
     # Tails 0.5, 1.0, 1.5 MiB are each stitched in front of the next tensor's new chunks; the 4th needs 2 chunks.
-    tight = explain(tails_trace(), get("gmlake", min_saved_chunks=0))
+    tight = explain(tails_trace(), get("gmlake-paper", min_saved_chunks=0))
     assert tight.reserved == (6 + 6 + 6 + 4) * MiB
     assert tight.reserved == tight.requested               # no byte lost
-    result = replay(tails_trace(), get("gmlake", min_saved_chunks=0))
+    result = replay(tails_trace(), get("gmlake-paper", min_saved_chunks=0))
     assert result.stats["stitches"] == 3
-    assert replay(tails_trace(), get("gmlake")).stats["stitches"] == 0
+    assert replay(tails_trace(), get("gmlake-paper")).stats["stitches"] == 0
 
 
 def test_min_saved_chunks_2_stitches_less_than_1():
     trace = load(TINY)
-    one, two = (replay(trace, get("gmlake", min_saved_chunks=n)).stats["stitches"] for n in (1, 2))
+    one, two = (replay(trace, get("gmlake-paper", min_saved_chunks=n)).stats["stitches"] for n in (1, 2))
     assert two <= one
 
 
@@ -61,15 +61,15 @@ def test_rows_sum_to_reserved_on_a_real_trace(policy):
 
 def test_peak_event_is_the_request_that_grew_reserved_to_the_peak():
     trace = load(TINY)
-    full = replay(trace, "gmlake")
-    before, _ = run_requests(trace, "gmlake", upto=full.peak_event)
-    at, _ = run_requests(trace, "gmlake", upto=full.peak_event + 1)
+    full = replay(trace, "gmlake-paper")
+    before, _ = run_requests(trace, "gmlake-paper", upto=full.peak_event)
+    at, _ = run_requests(trace, "gmlake-paper", upto=full.peak_event + 1)
     assert before.stats()["reserved_bytes"] < full.peak_reserved == at.stats()["reserved_bytes"]
 
 
 def test_negative_min_saved_chunks_is_refused():
     with pytest.raises(ValueError, match="min_saved_chunks"):
-        replay(tails_trace(), get("gmlake", min_saved_chunks=-1))
+        replay(tails_trace(), get("gmlake-paper", min_saved_chunks=-1))
 
 
 def test_cli_explain_table_json_and_knobs(tmp_path, capsys):

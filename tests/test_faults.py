@@ -14,6 +14,10 @@ import gmlake
 from gmlake import Allocator, DriverError, HostDriver, OutOfMemoryError
 from gmlake._driver import FAULT_NAMES
 
+# These tests exercise the chunk-and-stitch mechanics, so they run the paper's design, where every request
+# past the free blocks stitches; the default policy's own tests are in test_gmlake_policy.py.
+PAPER = gmlake.policies.get("gmlake-paper")
+
 MiB = 1 << 20
 KiB = 1 << 10
 
@@ -118,7 +122,7 @@ def test_every_driver_call_can_fail_at_every_point(policy):
 
 def test_a_failed_release_is_retried_not_leaked():
     drv = HostDriver()
-    alloc = Allocator(drv)
+    alloc = Allocator(drv, PAPER)
     p = alloc.malloc(8 * MiB)
     alloc.free(p)
     drv.inject_fault("release_chunk", 1)
@@ -132,7 +136,7 @@ def test_a_failed_release_is_retried_not_leaked():
 
 def test_a_failed_stitch_gives_back_its_new_chunks():
     drv = HostDriver()
-    alloc = Allocator(drv)
+    alloc = Allocator(drv, PAPER)
     p = alloc.malloc(10 * MiB)
     alloc.free(p)
     before = alloc.stats()["reserved_bytes"]

@@ -6,12 +6,16 @@ import pytest
 import gmlake
 from gmlake import Allocator, HostDriver
 
+# These tests exercise the chunk-and-stitch mechanics, so they run the paper's design, where every request
+# past the free blocks stitches; the default policy's own tests are in test_gmlake_policy.py.
+PAPER = gmlake.policies.get("gmlake-paper")
+
 MiB = 1 << 20
 
 
 def test_stitched_block_writes_land_in_its_primitive_blocks():
     drv = HostDriver()
-    alloc = Allocator(drv)
+    alloc = Allocator(drv, PAPER)
     # Three 4 MiB blocks with 1 MiB guards between them; free the three, then ask for 12 MiB: no single free block
     # is large enough, so the allocator must stitch.
     blocks = [alloc.malloc(4 * MiB) for _ in range(3)]
@@ -38,7 +42,7 @@ def test_stitched_block_writes_land_in_its_primitive_blocks():
 
 def test_one_chunk_mapped_in_two_ranges():
     drv = HostDriver()
-    alloc = Allocator(drv)
+    alloc = Allocator(drv, PAPER)
     a = alloc.malloc(6 * MiB)
     b = alloc.malloc(6 * MiB)
     alloc.free(a)

@@ -18,7 +18,7 @@ def expandable(driver, **kw):
 
 
 def test_policy_names():
-    assert gmlake.policies.names() == ["gmlake", "caching", "expandable"]
+    assert gmlake.policies.names() == ["gmlake", "gmlake-paper", "caching", "expandable"]
 
 
 # ---------------------------------------------------------------- caching: PyTorch's native allocator
@@ -172,7 +172,7 @@ def test_python_policy_hook_decides_stitching(driver):
 
 
 def test_python_split_hook(driver):
-    class NeverSplitLarge(gmlake.GMLakePolicy):
+    class NeverSplitLarge(gmlake.policies.PaperPolicy):
         def should_split(self, block_size, size, pool, default):
             return default if pool == "small" else False
 
@@ -185,7 +185,7 @@ def test_python_split_hook(driver):
 
 
 def test_hook_that_raises_is_reported_and_undone(driver):
-    class Broken(gmlake.GMLakePolicy):
+    class Broken(gmlake.policies.PaperPolicy):
         def should_split(self, block_size, size, pool, default):
             raise ZeroDivisionError("boom")
 
@@ -207,7 +207,7 @@ def test_bad_policy_fields_are_refused(driver):
 
 
 def test_python_eviction_hook_chooses_the_victim(driver):
-    class EvictLargest(gmlake.GMLakePolicy):
+    class EvictLargest(gmlake.policies.PaperPolicy):
         def evict_victim(self, cached):
             self.seen.append([c["capacity"] for c in cached])
             return max(range(len(cached)), key=lambda i: cached[i]["capacity"])

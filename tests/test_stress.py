@@ -89,9 +89,10 @@ def test_eight_threads_with_pattern_checks(policy):
     assert ops > 1000
 
 
-def random_ops(total: int, seed: int = 0, check_every: int = 10_000) -> dict:
+def random_ops(total: int, seed: int = 0, check_every: int = 10_000, policy: str = "gmlake-paper") -> dict:
+    """Random malloc/free with byte checks; the paper's policy by default, the one that stitches most."""
     drv = HostDriver()
-    alloc = Allocator(drv, limit=256 * MiB)
+    alloc = Allocator(drv, gmlake.policies.get(policy), limit=256 * MiB)
     rng = random.Random(seed)
     live: list[tuple[int, int, int]] = []
     used = set()

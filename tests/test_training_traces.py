@@ -17,7 +17,7 @@ from gmlake.replay import replay
 from gmlake.trace import load
 
 RESULTS = Path(__file__).parent.parent / "bench" / "results"
-POLICIES = {"gmlake": get("gmlake"), "gmlake-8m": get("gmlake", chunk_size=8 << 20), "expandable": get("expandable")}
+POLICIES = {"gmlake": get("gmlake-paper"), "gmlake-8m": get("gmlake-paper", chunk_size=8 << 20), "expandable": get("expandable")}
 
 
 def measured() -> dict[tuple[str, str], int]:

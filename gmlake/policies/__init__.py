@@ -1,6 +1,7 @@
 """Placement policies: how a request is placed, how blocks split, which stitched blocks are evicted.
 
-`get(name)` returns a built-in policy by name: "gmlake" (virtual memory stitching, the default), "caching" (a model
+`get(name)` returns a built-in policy by name: "gmlake" (an expandable base with virtual memory stitching, the
+default), "gmlake-paper" (the paper's 2 MiB-chunk stitching), "caching" (a model
 of PyTorch's native allocator) and "expandable" (a model of its expandable segments). Policies are frozen dataclasses
 of knobs read once by the Cython core, so the built-in fast path runs with no Python. Subclass one and change its
 fields, or override its hooks (`should_split`, `allow_stitch`), to try a variant: see `gmlake.policies.examples`.
@@ -13,10 +14,10 @@ from typing import Iterable
 from gmlake.policies.base import Policy
 from gmlake.policies.caching import CachingPolicy
 from gmlake.policies.expandable import ExpandablePolicy
-from gmlake.policies.gmlake import GMLakePolicy
+from gmlake.policies.gmlake import GMLakePolicy, PaperPolicy
 
 _BUILTIN: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (GMLakePolicy, CachingPolicy, ExpandablePolicy)
+    cls.name: cls for cls in (GMLakePolicy, PaperPolicy, CachingPolicy, ExpandablePolicy)
 }
 
 
@@ -53,4 +54,4 @@ def parse_knobs(items: Iterable[str]) -> dict:
     return knobs
 
 
-__all__ = ["Policy", "GMLakePolicy", "CachingPolicy", "ExpandablePolicy", "get", "names", "parse_knobs"]
+__all__ = ["Policy", "GMLakePolicy", "PaperPolicy", "CachingPolicy", "ExpandablePolicy", "get", "names", "parse_knobs"]

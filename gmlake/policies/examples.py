@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gmlake.policies.gmlake import GMLakePolicy
+from gmlake.policies.gmlake import PaperPolicy
 
 
 @dataclass(frozen=True)
-class NoSmallStitches(GMLakePolicy):
+class NoSmallStitches(PaperPolicy):
     """GMLake, except that requests under `threshold` bytes never stitch, and neither do stitches that would map
     more than `max_pieces` pieces: each piece costs driver time, and small requests gain little from stitching."""
 

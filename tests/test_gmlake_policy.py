@@ -1,0 +1,132 @@
+"""The default policy: an expandable base that stitches free pages only where that saves new pages."""
+from __future__ import annotations
+
+import ctypes
+import random
+
+import pytest
+
+import gmlake
+from gmlake import Allocator, HostDriver
+from gmlake.replay import bundled_traces, replay
+from gmlake.trace import load
+
+MiB = 1 << 20
+PAGE = 20 * MiB
+
+
+def four_blocks(alloc: Allocator) -> list[int]:
+    """A (100 MiB), B (20), C (100), D (20), back to back in one range: 240 MiB, 12 pages."""
+    return [alloc.malloc(n * MiB) for n in (100, 20, 100, 20)]
+
+
+def test_growth_maps_whole_pages_at_the_end(driver):
+    alloc = Allocator(driver)
+    a = alloc.malloc(30 * MiB)
+    stats = alloc.stats()
+    assert stats["reserved_bytes"] == 2 * PAGE
+    assert stats["calls"]["set_access"] == 1, "one growth is one cuMemSetAccess over its pages"
+    b = alloc.malloc(10 * MiB)                      # fits in the second page's free tail: no driver call
+    assert alloc.stats()["calls"] == stats["calls"]
+    assert b == a + 30 * MiB
+    alloc.check()
+
+
+def test_free_pages_are_stitched_instead_of_growing(driver):
+    alloc = Allocator(driver)
+    a, b, c, d = four_blocks(alloc)
+    alloc.free(a)
+    alloc.free(c)
+    reserved = alloc.stats()["reserved_bytes"]
+    big = alloc.malloc(180 * MiB)                   # no free run of 180 MiB; growing would map 9 new pages
+    stats = alloc.stats()
+    assert stats["stitches"] == 1
+    assert stats["reserved_bytes"] == reserved, "the stitch reuses A's and C's pages"
+    assert stats["stitched_handles"] == 9           # A's 5 pages and the 4 of C that the request needs
+    alloc.free(big)
+    again = alloc.malloc(150 * MiB)                 # the cached stitched block serves a smaller request
+    assert again == big and alloc.stats()["stitches"] == 1
+    alloc.free(again)
+    for p in (b, d):
+        alloc.free(p)
+    alloc.check()
+
+
+def test_no_stitch_where_growing_maps_as_few_pages(driver):
+    alloc = Allocator(driver)
+    a, b, c, d = four_blocks(alloc)
+    alloc.free(d)                                   # the free tail of the range, next to unmapped space
+    alloc.malloc(50 * MiB)                          # growing maps 2 pages after D's; a stitch would too
+    stats = alloc.stats()
+    assert stats["stitches"] == 0
+    assert stats["reserved_bytes"] == 14 * PAGE
+    alloc.check()
+
+
+def test_a_stitch_must_save_min_saved_chunks_pages(driver):
+    strict = Allocator(driver, gmlake.policies.get("gmlake", min_saved_chunks=10))
+    a, b, c, d = four_blocks(strict)
+    strict.free(a)
+    strict.free(c)
+    strict.malloc(180 * MiB)                        # saves 9 pages: under the bar of 10, so the range grows
+    assert strict.stats()["stitches"] == 0
+    assert strict.stats()["reserved_bytes"] == 21 * PAGE
+    strict.check()
+
+
+def test_stitched_pages_carry_the_bytes():
+    drv = HostDriver()
+    alloc = Allocator(drv)
+    a, b, c, d = four_blocks(alloc)
+    ctypes.memset(b, 0x5B, 20 * MiB)
+    alloc.free(a)
+    alloc.free(c)
+    big = alloc.malloc(200 * MiB)                   # A's and C's pages exactly: 10 pages, no new memory
+    assert alloc.stats()["stitches"] == 1
+    ctypes.memset(big, 0xAB, 200 * MiB)
+    assert ctypes.string_at(a, 100 * MiB) == b"\xab" * (100 * MiB)
+    assert ctypes.string_at(c, 100 * MiB) == b"\xab" * (100 * MiB)
+    assert ctypes.string_at(b, 20 * MiB) == b"\x5b" * (20 * MiB), "a live neighbour was overwritten"
+    for p in (big, b, d):
+        alloc.free(p)
+    alloc.close()
+    assert drv.leaks() == {k: 0 for k in drv.leaks()}
+
+
+def training_step(alloc: Allocator, rng: random.Random, tokens: int) -> None:
+    """Activations that scale with the step's tokens, freed in reverse (as a backward pass does)."""
+    live = []
+    for layer in range(12):
+        live.append(alloc.malloc(tokens * 4096 * 2 + rng.randrange(1, 512)))     # hidden states
+        live.append(alloc.malloc(tokens * 16384 * 2))                            # MLP activations
+        if layer % 3 == 0:
+            live.append(alloc.malloc(tokens * 64 + rng.randrange(1, 512)))       # small bookkeeping tensors
+    for p in reversed(live):
+        alloc.free(p)
+
+
+def test_steady_state_makes_no_driver_calls_on_shapes_that_never_repeat(driver):
+    """After the largest step has been seen, steps of any smaller, never-repeated shape call no driver."""
+    alloc = Allocator(driver)
+    rng = random.Random(7)
+    weights = [alloc.malloc(rng.randrange(8, 64) * MiB) for _ in range(20)]
+    training_step(alloc, rng, 2048)                 # the warm-up reaches the largest shape
+    before = alloc.stats()
+    for _ in range(200):
+        training_step(alloc, rng, rng.randrange(128, 2048))
+    after = alloc.stats()
+    assert after["calls"] == before["calls"], "a steady-state step called the driver"
+    assert after["cached_sblocks"] <= 4
+    for p in weights:
+        alloc.free(p)
+    alloc.check()
+
+
+@pytest.mark.parametrize("path", [p for p in bundled_traces() if "native" in p.name], ids=lambda p: p.stem)
+def test_replay_goal_driver_time_and_memory_against_expandable(path):
+    """Issue 10's replay goal: gmlake's priced driver time <= 2x the expandable model's, utilization >= its."""
+    trace = load(path)
+    ours, theirs = replay(trace, "gmlake"), replay(trace, "expandable")
+    assert ours.ooms == 0
+    assert ours.utilization >= theirs.utilization
+    assert ours.driver_seconds <= 2 * theirs.driver_seconds, (ours.driver_seconds, theirs.driver_seconds)
