@@ -120,6 +120,17 @@ cdef enum Err:
     ERR_OOM
     ERR_DRIVER
     ERR_INVALID_FREE
+    ERR_POLICY          # a Python policy hook raised; the exception waits in the calling thread's hook_errors
+
+# Why one call failed, filled in under the allocator's lock and handed to the caller, so an error travels with the
+# call that raised it (another thread's call cannot overwrite it). The byte counts are the moment of failure.
+cdef struct Failure:
+    int err
+    int code            # the driver's return code (ERR_DRIVER)
+    int call            # which driver call (a Call) returned it
+    size_t reserved
+    size_t allocated
+    size_t limit
 
 cdef struct Stats:
     size_t allocated
@@ -192,12 +203,14 @@ cdef class Allocator:
     cdef Knobs k
     cdef std_mutex mutex
     cdef size_t limit_bytes
+    cdef size_t max_request
     cdef Stats st
     cdef FreeIndex free_small
     cdef FreeIndex free_large
     cdef FreeIndex unmapped_small                        # unmapped holes, by (stream, segment, offset)
     cdef FreeIndex unmapped_large
-    cdef object hook_error                               # an exception a Python policy hook raised
+    cdef object hook_errors                              # threading.local: the exception a hook raised, per thread
+    cdef bint hook_failed                                # a hook raised during the call in progress (under the lock)
     cdef unordered_map[uintptr_t, Block*] live           # user pointer -> allocated block
     cdef cmap[uintptr_t, Block*] by_addr                 # home address -> primitive block, all states
     cdef cmap[uint64_t, Segment*] segments               # serial -> segment
@@ -217,14 +230,18 @@ cdef class Allocator:
     cdef uint64_t next_serial
     cdef uint64_t tick
     cdef uint64_t free_seq
-    # Why the last call failed.
+    # Why the call in progress is failing; valid only under the lock (callers get a copy in their Failure).
     cdef int err
     cdef int err_code
     cdef int err_call
 
-    cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream) noexcept nogil
+    cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
-    cdef int empty_cache_nogil(self) noexcept nogil
+    cdef int empty_cache_nogil(self, Failure* why) noexcept nogil
+    cdef void set_limit_nogil(self, size_t limit) noexcept nogil
+    cdef object failure(self, size_t size, Failure* why)
+    cdef void _fill_failure(self, Failure* why) noexcept nogil
+    cdef int _free_locked(self, uintptr_t ptr) noexcept nogil
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil
 

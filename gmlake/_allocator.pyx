@@ -42,6 +42,12 @@ cdef inline size_t round_up(size_t n, size_t m) noexcept nogil:
     return ((n + m - 1) // m) * m
 
 
+cdef inline void peak_update(size_t* peak, size_t current) noexcept nogil:
+    """The one place a peak statistic follows its current value."""
+    if current > peak[0]:
+        peak[0] = current
+
+
 cdef inline size_t min_size(size_t a, size_t b) noexcept nogil:
     return a if a < b else b
 
@@ -126,6 +132,10 @@ cdef class Allocator:
         self.k.hook_allow_stitch = policy.overrides("allow_stitch")
         self.k.hook_split = policy.overrides("should_split")
         self.k.hook_evict = policy.overrides("evict_victim")
+        import threading
+        self.hook_errors = threading.local()
+        # The largest request worth trying: the device's memory, or 256 TiB where the driver models no bound.
+        self.max_request = driver.capacity if driver.capacity else (<size_t>1 << 48)
         self.set_limit(limit)
         self.next_serial = 1
 
@@ -459,8 +469,7 @@ cdef class Allocator:
             return seg
         self._record(TRACE_SEGMENT_ALLOC, va, size, stream)
         self.st.reserved += size
-        if self.st.reserved > self.st.peak_reserved:
-            self.st.peak_reserved = self.st.reserved
+        peak_update(&self.st.peak_reserved, self.st.reserved)
         return seg
 
     cdef size_t _release_chunks(self, Segment* seg, size_t wanted) noexcept nogil:
@@ -573,8 +582,7 @@ cdef class Allocator:
         seg.mapped_chunks += n
         self._record(TRACE_SEGMENT_MAP, hole.addr, n * C, hole.stream)
         self.st.reserved += n * C
-        if self.st.reserved > self.st.peak_reserved:
-            self.st.peak_reserved = self.st.reserved
+        peak_update(&self.st.peak_reserved, self.st.reserved)
         self._erase_hole(hole)
         if hole.size > n * C:
             self._insert_hole(self._split(hole, n * C))
@@ -802,8 +810,7 @@ cdef class Allocator:
             chunks[i].seg.sblock_maps[chunks[i].index] += 1
         self.sblocks[sb.serial] = sb
         self.st.sblock_va += va_size
-        if self.st.sblock_va > self.st.peak_sblock_va:
-            self.st.peak_sblock_va = self.st.sblock_va
+        peak_update(&self.st.peak_sblock_va, self.st.sblock_va)
         self.st.stitches += 1
         self.st.stitched_handles += chunks.size()
         return self._claim(sb, size, stream)
@@ -1160,20 +1167,31 @@ cdef class Allocator:
         self.err = ERR_OOM
         return NULL
 
-    cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream) noexcept nogil:
-        """Allocate `size` bytes for `stream`. Returns 0 and sets self.err on failure."""
-        cdef size_t rounded = round_up(size, self.k.round_to)
+    cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil:
+        """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `why` is given, says why there."""
+        cdef size_t rounded
+        cdef Block* b = NULL
         self.mutex.lock()
+        self.err = ERR_NONE
+        self.hook_failed = False
         if self.pending.size():
             self._process_pending()
-        self.err = ERR_NONE
-        cdef Block* b = self._alloc(rounded, stream)
+            self.err = ERR_NONE
+        # A request no device could hold fails at once: no loop over billions of chunks, no vector that large.
+        if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
+            self.err = ERR_OOM
+        else:
+            rounded = round_up(size, self.k.round_to)
+            b = self._alloc(rounded, stream)
         if b == NULL:
-            if self.err == ERR_NONE:
+            if self.hook_failed:
+                self.err = ERR_POLICY
+            elif self.err == ERR_NONE:
                 self.err = ERR_OOM
             if self.err == ERR_OOM:
                 self.st.ooms += 1
                 self._record(TRACE_OOM, 0, size, stream)
+            self._fill_failure(why)
             self.mutex.unlock()
             return 0
         b.requested = size
@@ -1184,27 +1202,45 @@ cdef class Allocator:
         self.st.allocated += b.size
         self.st.requested += size
         self.st.active += b.size
-        if self.st.allocated > self.st.peak_allocated:
-            self.st.peak_allocated = self.st.allocated
-        if self.st.requested > self.st.peak_requested:
-            self.st.peak_requested = self.st.requested
-        if self.st.active > self.st.peak_active:
-            self.st.peak_active = self.st.active
+        peak_update(&self.st.peak_allocated, self.st.allocated)
+        peak_update(&self.st.peak_requested, self.st.requested)
+        peak_update(&self.st.peak_active, self.st.active)
+        if self.hook_failed:
+            # A hook raised: the allocation completed with the built-in answer; undo it and fail the request.
+            self._free_locked(b.addr)
+            self.err = ERR_POLICY
+            self._fill_failure(why)
+            self.mutex.unlock()
+            return 0
         self.mutex.unlock()
         return b.addr
+
+    cdef void _fill_failure(self, Failure* why) noexcept nogil:
+        if why == NULL:
+            return
+        why.err = self.err
+        why.code = self.err_code
+        why.call = self.err_call
+        why.reserved = self.st.reserved
+        why.allocated = self.st.allocated
+        why.limit = self.limit_bytes
 
     # ------------------------------------------------------------------ free
 
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil:
         """Free an allocation; ERR_INVALID_FREE (state untouched) if ptr is not live. If other streams used it
         (record_stream), its memory returns only once events recorded on them now have completed."""
+        self.mutex.lock()
+        cdef int rc = self._free_locked(ptr)
+        self.mutex.unlock()
+        return rc
+
+    cdef int _free_locked(self, uintptr_t ptr) noexcept nogil:
         cdef PendingFree pend
         cdef size_t i
         cdef uint64_t event = 0
-        self.mutex.lock()
         it = self.live.find(ptr)
         if it == self.live.end():
-            self.mutex.unlock()
             return ERR_INVALID_FREE
         cdef Block* b = deref(it).second
         self.live.erase(it)
@@ -1225,11 +1261,8 @@ cdef class Allocator:
                     self._sync()
             self.stream_uses.erase(uses)
             self.pending.push_back(pend)
-            self.err = ERR_NONE
-            self.mutex.unlock()
             return ERR_NONE
         self._retire(b)
-        self.mutex.unlock()
         return ERR_NONE
 
     cdef void _retire(self, Block* b) noexcept nogil:
@@ -1303,7 +1336,7 @@ cdef class Allocator:
         self.mutex.unlock()
         return ERR_NONE
 
-    cdef int empty_cache_nogil(self) noexcept nogil:
+    cdef int empty_cache_nogil(self, Failure* why) noexcept nogil:
         """Return every cached sBlock range and every fully free chunk to the driver."""
         self.mutex.lock()
         self.err = ERR_NONE
@@ -1314,8 +1347,15 @@ cdef class Allocator:
             self._release_pool(POOL_SMALL, 0)
             self._release_pool(POOL_LARGE, 0)
         cdef int err = self.err
+        self._fill_failure(why)
         self.mutex.unlock()
         return err
+
+    cdef void set_limit_nogil(self, size_t limit) noexcept nogil:
+        """Cap the physical memory held (0: none), under the lock: torch's memory-fraction hook calls it."""
+        self.mutex.lock()
+        self.limit_bytes = limit
+        self.mutex.unlock()
 
     # ------------------------------------------------------------------ Python policy hooks (slow, with the GIL)
 
@@ -1324,8 +1364,7 @@ cdef class Allocator:
             return bool(self.policy.should_split(block_size, size, "small" if pool == POOL_SMALL else "large",
                                                  default))
         except BaseException as exc:
-            if self.hook_error is None:
-                self.hook_error = exc
+            self._hook_raised(exc)
             return default
 
     cdef bint _hook_allow_stitch(self, size_t size, int64_t stream, vector[Piece]& pieces,
@@ -1335,8 +1374,7 @@ cdef class Allocator:
             sizes = [pieces[i].size for i in range(pieces.size())]
             return bool(self.policy.allow_stitch(size, stream, sizes, remaining))
         except BaseException as exc:
-            if self.hook_error is None:
-                self.hook_error = exc
+            self._hook_raised(exc)
             return True
 
     cdef SBlock* _hook_evict(self, SBlock* lru_victim) noexcept:
@@ -1355,22 +1393,24 @@ cdef class Allocator:
                 raise IndexError(f"evict_victim returned {index}, not an index into {len(cached)} cached sBlocks")
             return order[index]
         except BaseException as exc:
-            if self.hook_error is None:
-                self.hook_error = exc
+            self._hook_raised(exc)
             return lru_victim
 
-    def _raise_hook_error(self):
-        exc = self.hook_error
-        self.hook_error = None
-        raise PolicyError(f"gmlake: policy {self.policy.name!r} raised {type(exc).__name__}: {exc}") from exc
+    def _hook_raised(self, exc: BaseException) -> None:
+        """Note a hook's exception for this thread's call (the first one wins); the call then fails with it."""
+        self.hook_failed = True
+        if getattr(self.hook_errors, "exc", None) is None:
+            self.hook_errors.exc = exc
 
     # ------------------------------------------------------------------ Python API
 
     def set_limit(self, limit: int) -> None:
         """Cap the physical memory this allocator may hold, in bytes (0: no cap)."""
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        self.limit_bytes = limit
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(f"gmlake: limit must be an int >= 0, got {limit!r}")
+        cdef size_t n = limit
+        with nogil:
+            self.set_limit_nogil(n)
 
     @property
     def limit(self) -> int:
@@ -1393,18 +1433,11 @@ cdef class Allocator:
         cdef size_t n = size
         cdef int64_t s = stream
         cdef uintptr_t ptr
-        if self.limit_bytes and round_up(n, self.k.round_to) > self.limit_bytes:
-            raise self._oom(n)
+        cdef Failure why
         with nogil:
-            ptr = self.malloc_nogil(n, s)
-        if self.hook_error is not None:
-            # The allocation completed with the hook's default; undo it and report the hook's failure.
-            if ptr:
-                with nogil:
-                    self.free_nogil(ptr)
-            self._raise_hook_error()
+            ptr = self.malloc_nogil(n, s, &why)
         if ptr == 0:
-            raise self._failure(n)
+            raise self.failure(n, &why)
         return ptr
 
     def free(self, ptr: int) -> None:
@@ -1466,18 +1499,21 @@ cdef class Allocator:
     def empty_cache(self) -> None:
         """Return every fully free chunk and every cached sBlock to the driver."""
         cdef int rc
+        cdef Failure why
         with nogil:
-            rc = self.empty_cache_nogil()
+            rc = self.empty_cache_nogil(&why)
         if rc == ERR_DRIVER:
-            raise self._failure(0)
+            raise self.failure(0, &why)
 
     def block_size(self, ptr: int) -> int:
         """Bytes held by the live allocation at ptr (its request rounded up)."""
         cdef uintptr_t p = ptr
-        it = self.live.find(p)
-        if it == self.live.end():
+        cdef size_t n
+        with nogil:
+            n = self.block_size_nogil(p)
+        if n == 0:
             raise InvalidPointerError(f"gmlake: 0x{ptr:x} is not a live allocation")
-        return deref(it).second.size
+        return n
 
     def reset_peak_stats(self) -> None:
         """Reset every peak to the current value."""
@@ -1533,17 +1569,31 @@ cdef class Allocator:
             "handles": {name: s.handles[i] for i, name in enumerate(CALL_NAMES)},
         }
 
-    def _oom(self, size_t size):
-        s = self.stats()
-        cached = s["reserved_bytes"] - s["allocated_bytes"]
+    cdef object failure(self, size_t size, Failure* why):
+        """The exception for a call that failed as `why` says: PolicyError (with the hook's exception, from this
+        thread), DriverError naming the driver call, or OutOfMemoryError with the figures at the failure."""
+        if why.err == ERR_POLICY:
+            exc = getattr(self.hook_errors, "exc", None)
+            self.hook_errors.exc = None
+            error = PolicyError(f"gmlake: policy {self.policy.name!r} raised {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            return error
+        if why.err == ERR_DRIVER:
+            return DriverError(CALL_NAMES[why.call], why.code, self.driver.describe_error(why.code))
         return OutOfMemoryError(
-            requested=size, reserved=s["reserved_bytes"], allocated=s["allocated_bytes"], cached=cached,
-            limit=self.limit_bytes, capacity=self.driver.capacity)
+            requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
+            limit=why.limit, capacity=self.driver.capacity)
 
-    def _failure(self, size_t size):
-        if self.err == ERR_DRIVER:
-            return DriverError(CALL_NAMES[self.err_call], self.err_code, self.driver.describe_error(self.err_code))
-        return self._oom(size)
+    def _failure_of(self, size: int, err: int, code: int = 0, call: int = 0):
+        """failure() from Python (for tests and the replay module): the exception for an error code."""
+        cdef Failure why
+        why.err = err
+        why.code = code
+        why.call = call
+        why.reserved = self.st.reserved
+        why.allocated = self.st.allocated
+        why.limit = self.limit_bytes
+        return self.failure(size, &why)
 
     def close(self) -> None:
         """Release everything back to the driver. Raises if allocations are still live."""
@@ -1685,7 +1735,7 @@ def bench_cache_hits(Allocator alloc, size_t size, size_t iterations, int64_t st
     with nogil:
         t0 = monotonic_ns()
         for i in range(iterations):
-            p = alloc.malloc_nogil(size, stream)
+            p = alloc.malloc_nogil(size, stream, NULL)
             alloc.free_nogil(p)
         t1 = monotonic_ns()
     if p == 0:

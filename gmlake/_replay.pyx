@@ -2,7 +2,7 @@
 """The replay loop: a trace's requests through an Allocator, nogil, sampling reserved and allocated memory."""
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t, uintptr_t
 from libcpp.vector cimport vector
-from gmlake._allocator cimport Allocator, ERR_OOM
+from gmlake._allocator cimport Allocator, Failure, ERR_OOM
 
 import numpy as np
 
@@ -40,14 +40,15 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
     cdef size_t window_reserved = 0, window_allocated = 0
     cdef uintptr_t p
     cdef int failed = 0
+    cdef Failure why
     cdef double t0, t1
     with nogil:
         t0 = monotonic_ns()
         for i in range(n):
             if action[i] == 0:
-                p = alloc.malloc_nogil(size[i], stream[i])
+                p = alloc.malloc_nogil(size[i], stream[i], &why)
                 if p == 0:
-                    if alloc.err != ERR_OOM:
+                    if why.err != ERR_OOM:     # a driver error or a policy hook that raised stops the replay
                         failed = 1
                         break
                     ooms += 1
@@ -82,7 +83,7 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
                 window_allocated = 0
         t1 = monotonic_ns()
     if failed:
-        raise alloc._failure(size[i])
+        raise alloc.failure(size[i], &why)
     te[taken] = n
     tr[taken] = alloc.st.reserved
     ta[taken] = alloc.st.allocated

@@ -7,7 +7,7 @@ creates its allocator, takes the GIL.
 """
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libc.stdio cimport snprintf
-from gmlake._allocator cimport Allocator, ERR_OOM, ERR_NONE
+from gmlake._allocator cimport Allocator, Failure, ERR_OOM, ERR_NONE
 
 cdef extern from "_bridge.h" namespace "gmlake" nogil:
     void throw_error(const char* message)
@@ -74,32 +74,35 @@ cdef inline double _mib(size_t n) noexcept nogil:
     return n / 1048576.0
 
 
-cdef void _fail(Allocator a, size_t size, int device) noexcept nogil:
+cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nogil:
+    """Raise torch's error for a failed allocation: gmlake's OOM message, or the policy's / driver's error."""
     cdef char message[768]
-    if a.err == ERR_OOM:
+    if why.err == ERR_OOM:
         snprintf(message, sizeof(message),
                  "gmlake: CUDA out of memory on device %d: tried to allocate %.2f MiB (%zu bytes); "
                  "%.2f MiB reserved, %.2f MiB allocated, %.2f MiB cached and free; cap %.2f MiB "
                  "(set_per_process_memory_fraction or GMLAKE_LIMIT; 0 = none), device capacity %.2f MiB. "
                  "The allocator is still usable: free tensors or use a smaller batch and retry.",
-                 device, _mib(size), size, _mib(a.st.reserved), _mib(a.st.allocated),
-                 _mib(a.st.reserved - a.st.allocated), _mib(a.limit_bytes), _mib(a.driver.capacity))
+                 device, _mib(size), size, _mib(why.reserved), _mib(why.allocated),
+                 _mib(why.reserved - why.allocated), _mib(why.limit), _mib(a.driver.capacity))
     else:
-        snprintf(message, sizeof(message),
-                 "gmlake: driver call failed while allocating %zu bytes on device %d (gmlake error %d, code %d)",
-                 size, device, a.err, a.err_code)
+        with gil:
+            text = f"gmlake: allocating {size} bytes on device {device} failed: {a.failure(size, why)}"
+            encoded = text.encode()[:700]
+            snprintf(message, sizeof(message), "%s", <const char*>encoded)
     throw_error(message)
 
 
 cdef public void* gmlake_alloc(size_t size, int device, void* stream) noexcept nogil:
     cdef void* handle = _get(device)
+    cdef Failure why
     if handle == NULL:
         throw_error(_create_error)
     if size == 0:
         size = 1    # torch may ask for 0 bytes; hand out a distinct, valid pointer
-    cdef uintptr_t ptr = (<Allocator>handle).malloc_nogil(size, <int64_t><uintptr_t>stream)
+    cdef uintptr_t ptr = (<Allocator>handle).malloc_nogil(size, <int64_t><uintptr_t>stream, &why)
     if ptr == 0:
-        _fail(<Allocator>handle, size, device)
+        _fail(<Allocator>handle, size, device, &why)
     return <void*>ptr
 
 
@@ -117,13 +120,16 @@ cdef public void gmlake_reset() noexcept nogil:
     cdef int d
     for d in range(MAX_DEVICES):
         if _allocators[d] != NULL:
-            (<Allocator>_allocators[d]).empty_cache_nogil()
+            (<Allocator>_allocators[d]).empty_cache_nogil(NULL)
 
 
 cdef public void gmlake_memory_fraction(double fraction, int device) noexcept nogil:
     cdef void* handle = _get(device)
-    if handle != NULL:
-        (<Allocator>handle).limit_bytes = <size_t>(fraction * (<Allocator>handle).driver.capacity)
+    if handle == NULL:
+        return
+    if not (0.0 <= fraction <= 1.0):        # torch checks too; a NaN or out-of-range value never becomes a cap
+        throw_error("gmlake: set_per_process_memory_fraction needs a fraction between 0 and 1")
+    (<Allocator>handle).set_limit_nogil(<size_t>(fraction * (<Allocator>handle).driver.capacity))
 
 
 cdef public void* gmlake_base_alloc(void* ptr, size_t* size) noexcept nogil:
