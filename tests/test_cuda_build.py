@@ -11,8 +11,10 @@ Each case runs in its own process: the resolved entry points are per process.
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -76,6 +78,16 @@ def test_no_extension_links_cuda():
         needed, undefined = _elf_dynamic(library)
         assert not [lib for lib in needed if "cuda" in lib], f"{library.name} needs {needed}"
         assert not [name for name in undefined if _is_cuda_symbol(name)], f"{library.name} imports CUDA symbols"
+
+
+def test_nothing_of_cuda_is_required_to_build_or_install():
+    requires = importlib.metadata.requires("gmlake") or []
+    assert requires, "gmlake's installed metadata lists no requirements at all: is this gmlake?"
+    assert not [r for r in requires if "cuda" in r.lower()], requires
+    pyproject = (HERE.parent / "pyproject.toml").read_text()
+    build_requires = re.search(r"^\[build-system\]\s*(?:#.*\n)*requires\s*=\s*\[(.*?)\]", pyproject, re.M | re.S)
+    assert build_requires and "Cython" in build_requires[1], "no build requirements found in pyproject.toml"
+    assert "cuda" not in build_requires[1].lower(), build_requires[1]
 
 
 # --- running it in a fresh process ----------------------------------------------------------------------------------
