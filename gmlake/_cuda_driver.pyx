@@ -372,7 +372,8 @@ cdef class CudaDriver(Driver):
         """'cuMemMap: CUDA_ERROR_INVALID_VALUE: invalid argument' for an error code this driver returned."""
         if code >= CUDA_BASE:
             result, call = divmod(code - CUDA_BASE, CALL_SLOTS)
-            return f"{_CALL_NAMES[call]}: {_result_name(result)}"
+            name = _CALL_NAMES[call] if call < len(_CALL_NAMES) else "a CUDA call"
+            return f"{name}: {_result_name(result)}"
         return Driver.describe_error(self, code)
 
 
