@@ -1,79 +1,11 @@
 """Build the Cython core of gmlake (compiled as C++17).
 
-The `cuda` driver cimports cuda-python's `cuda.bindings.cydriver`; its .pxd files must be compiled against a cuda.h
-of the same CUDA major.minor. We look for cuda.h in, in order: $GMLAKE_CUDA_INCLUDE, $CUDA_HOME/include, the
-`nvidia-cuda-runtime` wheel (nvidia/cu13/include), /usr/local/cuda/include, and prefer one whose version matches the
-installed cuda-bindings.
+Nothing here needs CUDA: the `cuda` driver declares the few driver entry points it calls itself (_cuda_api.pxd) and
+resolves them from libcuda at run time, so the same build runs on CUDA 12 and CUDA 13 drivers.
 """
-from __future__ import annotations
-
-import importlib.metadata
-import importlib.util
-import os
-import re
-import sys
-from pathlib import Path
-
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-
-def _cuda_h_version(include_dir: Path) -> tuple[int, int] | None:
-    header = include_dir / "cuda.h"
-    if not header.is_file():
-        return None
-    match = re.search(r"#define\s+CUDA_VERSION\s+(\d+)", header.read_text(errors="replace"))
-    if not match:
-        return None
-    value = int(match.group(1))
-    return value // 1000, (value % 1000) // 10
-
-
-def _candidate_include_dirs() -> list[Path]:
-    found: list[Path] = []
-    for env in ("GMLAKE_CUDA_INCLUDE",):
-        if os.environ.get(env):
-            found.append(Path(os.environ[env]))
-    if os.environ.get("CUDA_HOME"):
-        found.append(Path(os.environ["CUDA_HOME"]) / "include")
-    spec = importlib.util.find_spec("nvidia")
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            for sub in sorted(Path(location).glob("cu*/include")):
-                found.append(sub)
-    found.append(Path("/usr/local/cuda/include"))
-    # cydriver.pxd includes cudaProfiler.h too; a directory without it cannot compile the cuda driver.
-    return [path for path in found if (path / "cuda.h").is_file() and (path / "cudaProfiler.h").is_file()]
-
-
-def _bindings_version() -> tuple[int, int] | None:
-    try:
-        parts = importlib.metadata.version("cuda-bindings").split(".")
-        return int(parts[0]), int(parts[1])
-    except Exception:
-        return None
-
-
-def find_cuda_include() -> Path:
-    candidates = _candidate_include_dirs()
-    if not candidates:
-        sys.exit("gmlake: no cuda.h found; install nvidia-cuda-runtime or set GMLAKE_CUDA_INCLUDE")
-    explicit = os.environ.get("GMLAKE_CUDA_INCLUDE")
-    if explicit:
-        return Path(explicit)
-    wanted = _bindings_version()
-    for path in candidates:
-        if _cuda_h_version(path) == wanted:
-            return path
-    print(
-        f"gmlake: warning: no cuda.h matches cuda-bindings {wanted}; using {candidates[0]} "
-        f"(CUDA {_cuda_h_version(candidates[0])})",
-        file=sys.stderr,
-    )
-    return candidates[0]
-
-
-cuda_include = str(find_cuda_include())
 common = dict(
     language="c++",
     extra_compile_args=["-O3", "-std=c++17", "-Wno-unused-function", "-Wno-deprecated-declarations"],
@@ -83,11 +15,8 @@ extensions = [
     Extension("gmlake._driver", ["gmlake/_driver.pyx"], **common),
     Extension("gmlake._sim_driver", ["gmlake/_sim_driver.pyx"], **common),
     Extension("gmlake._host_driver", ["gmlake/_host_driver.pyx"], **common),
-    Extension(
-        "gmlake._cuda_driver",
-        ["gmlake/_cuda_driver.pyx"],
-        **{**common, "include_dirs": ["gmlake", cuda_include]},
-    ),
+    # dlopen lives in libdl before glibc 2.34 (in libc after, where -ldl still links).
+    Extension("gmlake._cuda_driver", ["gmlake/_cuda_driver.pyx"], libraries=["dl"], **common),
     Extension("gmlake._allocator", ["gmlake/_allocator.pyx"], **common),
     Extension("gmlake._bench", ["gmlake/_bench.pyx"], **common),
     Extension("gmlake._replay", ["gmlake/_replay.pyx"], **common),

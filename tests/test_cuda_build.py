@@ -1,0 +1,254 @@
+"""The `cuda` driver builds and imports with no CUDA at all, and finds and calls any CUDA 12 or 13 driver at run time.
+
+gmlake resolves the driver's entry points with cuGetProcAddress when the first CudaDriver is made, so nothing about
+CUDA is fixed at build time. These tests check that on a CPU machine: the built extension links nothing of CUDA's,
+imports with cuda-bindings blocked, and drives tests/fake_libcuda.c (a stand-in libcuda.so.1) as a CUDA 12 and as a
+CUDA 13 driver, through the 12.0 and the 13.0 entry points. The real driver is tested on a GPU by
+scripts/gpu-cuda-majors.sh.
+
+Each case runs in its own process: the resolved entry points are per process.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import gmlake
+
+HERE = Path(__file__).parent
+GMLAKE_DIR = Path(gmlake.__file__).parent
+MiB = 1 << 20
+
+
+# --- what the built extensions link ---------------------------------------------------------------------------------
+
+def _elf_dynamic(path: Path) -> tuple[list[str], list[str]]:
+    """(DT_NEEDED libraries, undefined dynamic symbols) of a 64-bit little-endian ELF shared object."""
+    data = path.read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, f"{path} is not a 64-bit little-endian ELF"
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+
+    def string(table: int, offset: int) -> str:
+        start = sections[table][4] + offset
+        return data[start:data.index(b"\0", start)].decode()
+
+    needed, undefined = [], []
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind == 6:                                    # SHT_DYNAMIC: (tag, value) pairs
+            for pos in range(offset, offset + size, 16):
+                tag, value = struct.unpack_from("<qQ", data, pos)
+                if tag == 1:                             # DT_NEEDED
+                    needed.append(string(link, value))
+        elif kind == 11:                                 # SHT_DYNSYM
+            for pos in range(offset + entsize, offset + size, entsize):
+                name, _, _, shndx = struct.unpack_from("<IBBH", data, pos)
+                if shndx == 0:                           # SHN_UNDEF
+                    undefined.append(string(link, name))
+    return needed, undefined
+
+
+def _is_cuda_symbol(name: str) -> bool:
+    return (name.startswith("cu") and name[2:3].isupper()) or name.startswith("cuda")
+
+
+def test_elf_reader_sees_what_an_extension_links():
+    # The reader must find something, or the test below would pass on a reader that finds nothing.
+    needed, undefined = _elf_dynamic(next(GMLAKE_DIR.glob("_cuda_driver*.so")))
+    assert any(lib.startswith("libc.so") for lib in needed), needed
+    assert {"dlopen", "dlsym"} <= {name.split("@")[0] for name in undefined}, undefined
+
+
+def test_no_extension_links_cuda():
+    libraries = sorted(GMLAKE_DIR.glob("_*.so"))
+    assert any(lib.name.startswith("_cuda_driver") for lib in libraries), "the cuda driver was not built"
+    for library in libraries:
+        needed, undefined = _elf_dynamic(library)
+        assert not [lib for lib in needed if "cuda" in lib], f"{library.name} needs {needed}"
+        assert not [name for name in undefined if _is_cuda_symbol(name)], f"{library.name} imports CUDA symbols"
+
+
+def test_nothing_of_cuda_is_required_to_build_or_install():
+    requires = importlib.metadata.requires("gmlake") or []
+    assert requires, "gmlake's installed metadata lists no requirements at all: is this gmlake?"
+    assert not [r for r in requires if "cuda" in r.lower()], requires
+    pyproject = (HERE.parent / "pyproject.toml").read_text()
+    build_requires = re.search(r"^\[build-system\]\s*(?:#.*\n)*requires\s*=\s*\[(.*?)\]", pyproject, re.M | re.S)
+    assert build_requires and "Cython" in build_requires[1], "no build requirements found in pyproject.toml"
+    assert "cuda" not in build_requires[1].lower(), build_requires[1]
+
+
+# --- running it in a fresh process ----------------------------------------------------------------------------------
+
+# Import gmlake's cuda driver with cuda-bindings made unimportable, then run `body`, which prints one JSON line.
+PRELUDE = """
+import ctypes, json, os, sys
+sys.modules["cuda"] = None                  # any `import cuda...` now fails: gmlake must not need cuda-bindings
+import gmlake
+from gmlake import Allocator, _bench
+from gmlake._cuda_driver import CudaDriverError
+
+def fake_log():
+    path = os.environ.get("GMLAKE_LIBCUDA")
+    if not path:
+        return ""
+    log = ctypes.CDLL(path).fake_cuda_log
+    log.restype = ctypes.c_char_p
+    return log().decode()
+
+def error_of(call):
+    try:
+        call()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+"""
+
+
+def run_gmlake(body: str, **env: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GMLAKE_", "FAKE_CUDA_"))}
+    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def fake_libcuda(tmp_path_factory) -> str:
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in libcuda")
+    library = tmp_path_factory.mktemp("fake-cuda") / "libcuda.so.1"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(library),
+                    str(HERE / "fake_libcuda.c")], check=True)
+    return str(library)
+
+
+WORKLOAD = """
+drv = gmlake.cuda_driver(0)
+costs = _bench.time_driver_calls(drv, 2 << 20, 4)     # every VMM call, and synchronize
+alloc = Allocator(drv)
+blocks = [alloc.malloc(8 << 20, stream=1) for _ in range(3)]
+guard = alloc.malloc(3 << 20, stream=1)
+for p in blocks:
+    alloc.free(p)
+big = alloc.malloc(24 << 20, stream=1)                # no free block fits: stitched from the three
+other = alloc.malloc(8 << 20, stream=2)               # another stream: the freed blocks' streams are fenced
+stats = alloc.stats()
+for p in (big, guard, other):
+    alloc.free(p)
+alloc.empty_cache()
+alloc.close()
+print(json.dumps({
+    "driver_version": drv.driver_version, "api_version": drv.api_version, "granularity": drv.granularity,
+    "capacity": drv.capacity, "mem_get_info": drv.mem_get_info(), "stitches": stats["stitches"],
+    "calls_timed": sorted(costs), "leaks": drv.leaks(), "log": fake_log(),
+}))
+"""
+
+
+# (driver, GMLAKE_CUDA_API_VERSION): a CUDA 12 driver has no 13.0 entry points to ask for (see the test below).
+@pytest.mark.parametrize("driver_version, api_version", [
+    ("12080", ""), ("12080", "12000"), ("13000", ""), ("13000", "12000"), ("13000", "13000")])
+def test_the_driver_runs_on_cuda_12_and_13_drivers(fake_libcuda, driver_version, api_version):
+    got = run_gmlake(WORKLOAD, GMLAKE_LIBCUDA=fake_libcuda, FAKE_CUDA_DRIVER_VERSION=driver_version,
+                     GMLAKE_CUDA_API_VERSION=api_version)
+    requested = int(api_version or 12000)                  # 12000 unless the knob asks for another
+    assert (got["driver_version"], got["api_version"]) == (int(driver_version), requested)
+    assert got["granularity"] == 2 * MiB and got["capacity"] == 80 << 30
+    assert got["mem_get_info"] == [80 << 30, 80 << 30]     # every chunk went back to the driver
+    assert got["stitches"] == 1 and set(got["leaks"].values()) == {0}
+    log = got["log"].splitlines()
+    resolved = [line for line in log if line.startswith("resolve ")]
+    assert len(resolved) == 23 and all(line.endswith(f" {requested} flags=1") for line in resolved), resolved
+    # The synchronize variant must be the one the requested version defines (the fake rejects a wrong context).
+    wanted, unwanted = ("cuCtxSynchronize(ctx)", "cuCtxSynchronize(void)")[:: 1 if requested >= 13000 else -1]
+    assert wanted in log and unwanted not in log
+    for call in ("cuInit", "cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
+                 "cuMemRelease", "cuMemAddressFree", "cuEventCreate", "cuEventRecord", "cuEventDestroy"):
+        assert call in log, f"{call} was never called"
+
+
+def test_too_old_a_driver_is_refused_clearly(fake_libcuda):
+    got = run_gmlake("""
+        errors = [error_of(lambda: gmlake.cuda_driver(0)) for _ in range(2)]
+        print(json.dumps({"errors": errors, "available": gmlake.cuda_available(), "log": fake_log()}))
+    """, GMLAKE_LIBCUDA=fake_libcuda, FAKE_CUDA_DRIVER_VERSION="11080")
+    assert got["errors"][0] == got["errors"][1] == (
+        "CudaDriverError: gmlake: the CUDA driver supports CUDA 11.8, but gmlake needs CUDA 12.0 or newer: "
+        "update the NVIDIA driver")
+    assert got["available"] is False and "resolve" not in got["log"]
+
+
+def test_cuda_13_entry_points_are_refused_on_a_cuda_12_driver(fake_libcuda):
+    got = run_gmlake("print(json.dumps(error_of(lambda: gmlake.cuda_driver(0))))",
+                     GMLAKE_LIBCUDA=fake_libcuda, FAKE_CUDA_DRIVER_VERSION="12080", GMLAKE_CUDA_API_VERSION="13000")
+    assert got == ("CudaDriverError: gmlake: GMLAKE_CUDA_API_VERSION=13000 asks for CUDA 13.0 entry points, but the "
+                   "CUDA driver supports only CUDA 12.8")
+
+
+@pytest.mark.parametrize("value", ["12", "12010", "13000x", "-1"])
+def test_an_unknown_api_version_is_refused(value):
+    got = run_gmlake("print(json.dumps(error_of(lambda: gmlake.cuda_driver(0))))", GMLAKE_CUDA_API_VERSION=value)
+    assert got == ("CudaDriverError: gmlake: GMLAKE_CUDA_API_VERSION must be one of 12000, 13000 (the CUDA versions "
+                   f"whose entry points gmlake declares), not {value!r}")
+
+
+def test_a_missing_entry_point_is_named(fake_libcuda):
+    got = run_gmlake("print(json.dumps(error_of(lambda: gmlake.cuda_driver(0))))",
+                     GMLAKE_LIBCUDA=fake_libcuda, FAKE_CUDA_NO_ENTRY="cuMemSetAccess")
+    assert got == ("CudaDriverError: gmlake: cannot resolve cuMemSetAccess for CUDA 12.0: the driver has no such "
+                   "entry point")
+
+
+def test_failed_calls_name_the_call_and_the_result(fake_libcuda):
+    got = run_gmlake("""
+        drv = gmlake.cuda_driver(0)
+        alloc = Allocator(drv)
+        failed = error_of(lambda: alloc.malloc(64 << 20))
+        alloc.close()
+        print(json.dumps({"malloc": failed, "device": error_of(lambda: gmlake.cuda_driver(1)),
+                          "leaks": drv.leaks()}))
+    """, GMLAKE_LIBCUDA=fake_libcuda, FAKE_CUDA_FAIL="cuMemMap")
+    assert got["malloc"].startswith(
+        "DriverError: gmlake: driver call map failed: cuMemMap: CUDA_ERROR_INVALID_VALUE: invalid argument (code ")
+    assert got["device"] == ("CudaDriverError: gmlake: no CUDA device 1: cuDeviceGet: CUDA_ERROR_INVALID_DEVICE: "
+                             "invalid device ordinal")
+    assert set(got["leaks"].values()) == {0}, "the failed malloc left chunks or reservations behind"
+    got = run_gmlake("print(json.dumps(error_of(lambda: gmlake.cuda_driver(0))))",
+                     GMLAKE_LIBCUDA=fake_libcuda, FAKE_CUDA_FAIL="cuInit")
+    assert got == ("CudaDriverError: gmlake: cannot initialise the CUDA driver: cuInit: CUDA_ERROR_INVALID_VALUE: "
+                   "invalid argument")
+
+
+def _libcuda_here() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def test_a_machine_without_a_driver_gets_one_clear_line():
+    named = run_gmlake("print(json.dumps(error_of(lambda: gmlake.cuda_driver(0))))",
+                       GMLAKE_LIBCUDA="/nonexistent/libcuda.so.1")
+    assert named.startswith("CudaDriverError: gmlake: no CUDA driver (/nonexistent/libcuda.so.1) found: ")
+    assert "\n" not in named
+    if _libcuda_here():
+        return                                   # a GPU machine: the default search finds the real driver
+    default = run_gmlake("print(json.dumps({'error': error_of(lambda: gmlake.cuda_driver(0)), "
+                         "'available': gmlake.cuda_available()}))")
+    assert default["error"].startswith("CudaDriverError: gmlake: no CUDA driver (libcuda.so.1) found: ")
+    assert "\n" not in default["error"] and default["available"] is False
