@@ -16,6 +16,9 @@ from pathlib import Path
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.dist import Distribution
+
+install_data = Distribution().get_command_class("install_data")   # setuptools >= 80 has no public module for it
 
 
 def _cuda_h_version(include_dir: Path) -> tuple[int, int] | None:
@@ -100,7 +103,33 @@ extensions = [
     ),
 ]
 
+AUTOLOAD_PTH = "gmlake/gmlake_autoload.pth"
+
+
+class install_autoload_pth(install_data):
+    """Put gmlake_autoload.pth (GMLAKE=1 turns gmlake on, see gmlake/_autoload.py) into site-packages.
+
+    A .pth works only at the top of site-packages. Wheels, editable ones included, install their data directory
+    `NAME.data/data` under sys.prefix but `NAME.data/purelib` into site-packages, so the file goes to the sibling.
+    """
+
+    def run(self) -> None:
+        data_dir = Path(self.install_dir)
+        if data_dir.parent.name.endswith(".data"):
+            target = data_dir.parent / "purelib"
+        else:   # a direct (non-wheel) install
+            import sysconfig
+
+            target = Path(sysconfig.get_path("purelib", vars={"base": self.install_dir,
+                                                              "platbase": self.install_dir}))
+        self.mkpath(str(target))
+        out, _ = self.copy_file(AUTOLOAD_PTH, str(target))
+        self.outfiles.append(out)
+
+
 setup(
+    cmdclass={"install_data": install_autoload_pth},
+    data_files=[("", [AUTOLOAD_PTH])],   # makes the install_data step run; install_autoload_pth places the file
     ext_modules=cythonize(
         extensions,
         compiler_directives={

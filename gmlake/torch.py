@@ -63,6 +63,15 @@ def options_from_env() -> dict:
     return opts
 
 
+def enable_from_env() -> None:
+    """enable() with the GMLAKE_* settings (GMLAKE_POLICY, GMLAKE_LIMIT, knobs), checked before anything runs."""
+    opts = options_from_env()
+    policy = opts.pop("policy", "gmlake")
+    limit = opts.pop("limit", 0)
+    policies.get(policy, **opts).validate(1)    # an unknown or ill-typed knob fails here, not at the first allocation
+    enable(policy, limit=limit, **opts)
+
+
 def enable(policy: str | policies.Policy = "gmlake", *, limit: int = 0, **knobs) -> None:
     """Install gmlake as PyTorch's CUDA allocator, one Allocator per device. Call before CUDA is initialised.
 
