@@ -127,7 +127,16 @@ class install_autoload_pth(install_data):
         self.outfiles.append(out)
 
 
+class DistributionInstallingData(Distribution):
+    """setuptools' editable_wheel (84 at least) runs install_data only if the distribution answers has_data(), a
+    method distutils names has_data_files(); without this, `pip install -e .` would leave the .pth out."""
+
+    def has_data(self) -> bool:
+        return self.has_data_files()
+
+
 setup(
+    distclass=DistributionInstallingData,
     cmdclass={"install_data": install_autoload_pth},
     data_files=[("", [AUTOLOAD_PTH])],   # makes the install_data step run; install_autoload_pth places the file
     ext_modules=cythonize(

@@ -55,8 +55,8 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module) -> None:
         self.loader.exec_module(module)
         _remove_finder()
-        # The import of torch is complete here except for sys.modules bookkeeping, which enable() does not need.
-        sys.modules["torch"] = module
+        # torch is fully imported now; give it back its own loader (resource readers, is_package, ...).
+        module.__loader__ = module.__spec__.loader = self.loader
         enable_from_environment()
 
 
