@@ -5,6 +5,9 @@ resolves them from libcuda at run time, so the same build runs on CUDA 12 and CU
 """
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.dist import Distribution
+
+install_data = Distribution().get_command_class("install_data")   # setuptools >= 80 has no public module for it
 
 common = dict(
     language="c++",
@@ -29,7 +32,42 @@ extensions = [
     ),
 ]
 
+AUTOLOAD_PTH = "gmlake/gmlake_autoload.pth"
+
+
+class install_autoload_pth(install_data):
+    """Put gmlake_autoload.pth (GMLAKE=1 turns gmlake on, see gmlake/_autoload.py) into site-packages.
+
+    A .pth works only at the top of site-packages. Wheels, editable ones included, install their data directory
+    `NAME.data/data` under sys.prefix but `NAME.data/purelib` into site-packages, so the file goes to the sibling.
+    """
+
+    def run(self) -> None:
+        data_dir = Path(self.install_dir)
+        if data_dir.parent.name.endswith(".data"):
+            target = data_dir.parent / "purelib"
+        else:   # a direct (non-wheel) install
+            import sysconfig
+
+            target = Path(sysconfig.get_path("purelib", vars={"base": self.install_dir,
+                                                              "platbase": self.install_dir}))
+        self.mkpath(str(target))
+        out, _ = self.copy_file(AUTOLOAD_PTH, str(target))
+        self.outfiles.append(out)
+
+
+class DistributionInstallingData(Distribution):
+    """setuptools' editable_wheel (84 at least) runs install_data only if the distribution answers has_data(), a
+    method distutils names has_data_files(); without this, `pip install -e .` would leave the .pth out."""
+
+    def has_data(self) -> bool:
+        return self.has_data_files()
+
+
 setup(
+    distclass=DistributionInstallingData,
+    cmdclass={"install_data": install_autoload_pth},
+    data_files=[("", [AUTOLOAD_PTH])],   # makes the install_data step run; install_autoload_pth places the file
     ext_modules=cythonize(
         extensions,
         compiler_directives={

@@ -9,10 +9,12 @@ Or with no code change: `gmlake run train.py args...` (see README for the GMLAKE
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import gzip
 import os
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,15 @@ def options_from_env() -> dict:
     return opts
 
 
+def enable_from_env() -> None:
+    """enable() with the GMLAKE_* settings (GMLAKE_POLICY, GMLAKE_LIMIT, knobs), checked before anything runs."""
+    opts = options_from_env()
+    policy = opts.pop("policy", "gmlake")
+    limit = opts.pop("limit", 0)
+    policies.get(policy, **opts).validate(1)    # an unknown or ill-typed knob fails here, not at the first allocation
+    enable(policy, limit=limit, **opts)
+
+
 def enable(policy: str | policies.Policy = "gmlake", *, limit: int = 0, **knobs) -> None:
     """Install gmlake as PyTorch's CUDA allocator, one Allocator per device. Call before CUDA is initialised.
 
@@ -103,6 +114,7 @@ def enable(policy: str | policies.Policy = "gmlake", *, limit: int = 0, **knobs)
         hook(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
     torch.cuda.memory.change_current_allocator(pluggable)
     _guard_graph_capture(torch)
+    install_memory_api(torch)
     _enabled.update(policy=policy, knobs=knobs, limit=limit, pluggable=pluggable, chosen=chosen)
 
 
@@ -146,23 +158,23 @@ def allocator(device=None) -> Allocator:
 
 
 def memory_stats(device=None) -> dict:
-    """The allocator's statistics under torch.cuda.memory_stats()'s key names, plus gmlake's own (gmlake.*)."""
-    s = allocator(device).stats()
-    out: dict[str, int] = {}
-    for name, key in (("allocated_bytes", "allocated_bytes"), ("reserved_bytes", "reserved_bytes"),
-                      ("active_bytes", "active_bytes"), ("requested_bytes", "requested_bytes")):
-        out[f"{name}.all.current"] = s[key]
-        out[f"{name}.all.peak"] = s[f"peak_{key}"]
-    out["allocation.all.current"] = s["live_blocks"]
-    out["num_alloc_retries"] = 0
-    out["num_ooms"] = s["ooms"]
-    out["num_device_alloc"] = s["calls"]["create_chunk"]
-    out["num_device_free"] = s["calls"]["release_chunk"]
-    out["num_sync_all_streams"] = s["calls"]["synchronize"]
+    """torch.cuda.memory_stats()'s keys, answered from gmlake, plus gmlake's own counters (gmlake.*)."""
+    d = _device(device)
+    out = dict(_flatten(nested_memory_stats(d)))
+    s = allocator(d).stats()
     for key in ("stitches", "stitched_handles", "sblock_reuses", "sblock_evictions", "cached_sblocks",
                 "sblock_va_bytes", "segments_created", "chunks_released", "pending_frees", "stream_migrations"):
         out[f"gmlake.{key}"] = s[key]
     return dict(sorted(out.items()))
+
+
+def _flatten(nested: dict, prefix: str = ""):
+    """("a.b.c", value) pairs of a nested dict, as torch.cuda.memory_stats() flattens its C++ answer."""
+    for key, value in nested.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def memory_allocated(device=None) -> int:
@@ -228,19 +240,24 @@ _history_settings: dict[str, Any] = {}
 
 def snapshot() -> dict:
     """The allocator's state and history in torch's snapshot format (segments, device_traces), readable by
-    `gmlake replay` and torch's memory_viz."""
-    allocs = _torch_bridge.allocators()
-    n = max(allocs, default=-1) + 1
+    `gmlake replay` and torch's memory_viz; what torch.cuda.memory._snapshot() returns under gmlake."""
+    return snapshot_of(_torch_bridge.allocators(), _enabled["chosen"].name if _enabled else None)
+
+
+def snapshot_of(allocators: dict[int, Allocator], policy_name: str | None = None) -> dict:
+    """snapshot() for any {device: Allocator}, on any driver (a sim allocator's snapshot renders the same way)."""
+    n = max(allocators, default=-1) + 1
     traces: list[list] = [[] for _ in range(n)]
     segments = []
-    for device, a in allocs.items():
+    for device, a in allocators.items():
         traces[device] = a.history()
         segments.extend(_segments(device, a))
-    peak = {d: a.stats() for d, a in allocs.items()}
+        segments.extend(_stitched_segments(device, traces[device], a.segments_info()))
+    peak = {d: a.stats() for d, a in allocators.items()}
     return {
         "segments": segments,
         "device_traces": traces,
-        "allocator_settings": {"gmlake_policy": _enabled.get("chosen").name if _enabled else None},
+        "allocator_settings": {"gmlake_policy": policy_name},
         "gmlake": {
             "allocator": "gmlake",
             "max_memory_reserved": max((s["peak_reserved_bytes"] for s in peak.values()), default=0),
@@ -250,7 +267,12 @@ def snapshot() -> dict:
 
 
 def _segments(device: int, a: Allocator) -> list[dict]:
-    """Segments in torch's format: one per mapped run of a gmlake segment."""
+    """Physical memory in torch's format: one segment per mapped run of a gmlake segment.
+
+    A piece claimed by a live stitched allocation is `active_allocated` with requested_size 0: its bytes are in use,
+    but the request belongs to the stitched allocation, reported at its own address (see _stitched_segments), so
+    memory_viz counts every requested byte once.
+    """
     states = {"free": "inactive", "allocated": "active_allocated", "claimed": "active_allocated"}
     out = []
     for seg in a.segments_info():
@@ -265,13 +287,77 @@ def _segments(device: int, a: Allocator) -> list[dict]:
                            "segment_type": seg["pool"], "segment_pool_id": (0, 0), "is_expandable": False,
                            "frames": [], "blocks": []}
                 out.append(current)
+            if state == "claimed":
+                requested = 0
             current["total_size"] += size
             if state != "free":
                 current["allocated_size"] += size
                 current["active_size"] += size
                 current["requested_size"] += requested
-            current["blocks"].append({"address": seg["va"] + offset, "size": size, "requested_size": requested,
-                                      "state": states[state], "frames": []})
+            block = {"address": seg["va"] + offset, "size": size, "requested_size": requested,
+                     "state": states[state], "frames": []}
+            if state == "claimed":
+                block["gmlake_stitched_piece"] = True
+            current["blocks"].append(block)
+    return out
+
+
+def _stitched_segments(device: int, trace: list[dict], segments_info: list[dict]) -> list[dict]:
+    """The virtual ranges that stitched allocations live at, as segments flagged `gmlake_stitched: True`.
+
+    A stitched allocation's address lies in an sBlock's own virtual range, outside every physical segment, and
+    torch's memory_viz places each block inside a segment. Every recorded allocation outside the physical ranges (the
+    segments now mapped, and every range the trace maps) is stitched; each such address gets a range as long as the
+    largest allocation made there, overlapping ranges merged. Their bytes are the pieces' physical bytes seen a second
+    time: sum only the unflagged segments for reserved memory.
+    """
+    physical: list[list[int]] = []   # disjoint [start, end) ranges, sorted
+    for lo, hi in sorted([(seg["va"], seg["va"] + seg["size"]) for seg in segments_info]
+                         + [(e["addr"], e["addr"] + e["size"]) for e in trace
+                            if e["action"] in ("segment_alloc", "segment_map")]):
+        if physical and lo <= physical[-1][1]:
+            physical[-1][1] = max(physical[-1][1], hi)
+        else:
+            physical.append([lo, hi])
+    starts = [lo for lo, _ in physical]
+
+    def is_physical(addr: int) -> bool:
+        i = bisect.bisect_right(starts, addr) - 1
+        return i >= 0 and addr < physical[i][1]
+
+    extent: dict[int, int] = {}       # stitched address -> largest allocation there
+    live: dict[int, dict] = {}        # stitched address -> its alloc event, while not freed
+    for e in trace:
+        if e["action"] == "alloc" and not is_physical(e["addr"]):
+            extent[e["addr"]] = max(extent.get(e["addr"], 0), e["size"])
+            live[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+    ranges: list[list[int]] = []
+    for addr in sorted(extent):
+        if ranges and addr < ranges[-1][1]:
+            ranges[-1][1] = max(ranges[-1][1], addr + extent[addr])
+        else:
+            ranges.append([addr, addr + extent[addr]])
+    out = []
+    for lo, hi in ranges:
+        blocks, cursor = [], lo
+        for addr in sorted(a for a in live if lo <= a < hi):
+            if addr > cursor:
+                blocks.append({"address": cursor, "size": addr - cursor, "requested_size": 0, "state": "inactive",
+                               "frames": []})
+            size = live[addr]["size"]
+            blocks.append({"address": addr, "size": size, "requested_size": size, "state": "active_allocated",
+                           "frames": []})
+            cursor = addr + size
+        if cursor < hi:
+            blocks.append({"address": cursor, "size": hi - cursor, "requested_size": 0, "state": "inactive",
+                           "frames": []})
+        used = sum(b["size"] for b in blocks if b["state"] != "inactive")
+        out.append({"device": device, "address": lo, "total_size": hi - lo, "allocated_size": used,
+                    "active_size": used, "requested_size": used, "stream": 0, "segment_type": "large",
+                    "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": blocks,
+                    "gmlake_stitched": True})
     return out
 
 
@@ -283,3 +369,123 @@ def dump_snapshot(path: str | os.PathLike) -> Path:
     tmp.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
     tmp.replace(path)
     return path
+
+
+# ---------------------------------------------------------------- torch.cuda's memory API, answered by gmlake
+#
+# A CUDAPluggableAllocator makes torch's C++ raise on getDeviceStats / resetPeakStats / snapshot / recordHistory.
+# torch.cuda.memory's Python functions reach those through a few torch._C entry points, looked up at call time, so
+# replacing the entry points makes every function built on them (memory_stats, memory_allocated, max_memory_*,
+# memory_summary, memory_snapshot, _snapshot, _dump_snapshot, _record_memory_history, reset_*) answer from gmlake,
+# in torch's formats, including in modules that imported those functions before gmlake was enabled.
+
+_STAT_NAMES = ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes", "active_bytes",
+               "inactive_split_bytes", "requested_bytes")
+_accumulated_base: dict[int, dict[str, int]] = {}   # counters at the last reset_accumulated_memory_stats, by device
+_replaced_entry_points: dict[str, Any] = {}         # torch._C name -> the original (None where it did not exist)
+
+
+def _stat(current: int = 0, peak: int = 0, allocated: int = 0, freed: int = 0) -> dict[str, int]:
+    return {"current": current, "peak": peak, "allocated": allocated, "freed": freed}
+
+
+def nested_memory_stats(device: int | None = None) -> dict[str, Any]:
+    """What torch._C._cuda_memoryStats(device) returns for the native allocator, from gmlake's counters.
+
+    gmlake counts bytes and allocations for the whole device, not per pool, so `all` carries them and `small_pool` /
+    `large_pool` are 0; it does not count segments or inactive splits (0), nor bytes allocated or freed over time
+    (0). Peaks of counts are not tracked either: allocation and active report their current count as the peak.
+    """
+    device = _device(device)
+    a = _torch_bridge.allocators().get(device)
+    stats: dict[str, Any] = {name: {"all": _stat(), "small_pool": _stat(), "large_pool": _stat()}
+                             for name in _STAT_NAMES}
+    stats.update(num_alloc_retries=0, num_ooms=0, max_split_size=-1, num_sync_all_streams=0, num_device_alloc=0,
+                 num_device_free=0, oversize_allocations=_stat(), oversize_segments=_stat())
+    if a is None:       # nothing allocated on this device yet
+        return stats
+    s = a.stats()
+    base = _accumulated_base.get(device, {})
+
+    def counted(key: str, value: int) -> int:
+        return value - base.get(key, 0)
+
+    for name in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
+        stats[name]["all"] = _stat(s[name], s[f"peak_{name}"])
+    live = s["live_blocks"]
+    stats["allocation"]["all"] = _stat(live, live, counted("allocs", s["allocs"]), counted("frees", s["frees"]))
+    active = live + s["pending_frees"]
+    stats["active"]["all"] = _stat(active, active)
+    calls = s["calls"]
+    stats.update(num_ooms=counted("ooms", s["ooms"]),
+                 num_sync_all_streams=counted("synchronize", calls["synchronize"]),
+                 num_device_alloc=counted("create_chunk", calls["create_chunk"]),
+                 num_device_free=counted("release_chunk", calls["release_chunk"]))
+    return stats
+
+
+def _reset_accumulated(device: int | None = None) -> None:
+    device = _device(device)
+    a = _torch_bridge.allocators().get(device)
+    if a is not None:
+        s = a.stats()
+        _accumulated_base[device] = {"allocs": s["allocs"], "frees": s["frees"], "ooms": s["ooms"],
+                                     **{k: s["calls"][k] for k in ("synchronize", "create_chunk", "release_chunk")}}
+
+
+def _reset_peak(device: int | None = None) -> None:
+    a = _torch_bridge.allocators().get(_device(device))
+    if a is not None:
+        a.reset_peak_stats()
+
+
+def _torch_snapshot(options=None) -> dict:
+    """torch._C._cuda_memorySnapshot(options): options is None or (pool id, pool id, include_traces)."""
+    taken = snapshot()
+    if isinstance(options, tuple) and len(options) >= 3 and not options[2]:
+        taken["device_traces"] = [[] for _ in taken["device_traces"]]
+    return taken
+
+
+def _torch_record_history(enabled, context=None, stacks=None, max_entries=sys.maxsize, *rest) -> None:
+    """torch._C._cuda_record_memory_history: enabled is None (off), "state" or "all"; gmlake records every event
+    (without stack frames) either way."""
+    record_memory_history(enabled is not None, max(1, int(max_entries)))
+
+
+def _torch_record_history_legacy(enabled: bool, record_context=True, trace_alloc_max_entries=1, *rest) -> None:
+    """torch._C._cuda_record_memory_history_legacy, behind _record_memory_history(True/False, ...)."""
+    record_memory_history(bool(enabled), max(1, int(trace_alloc_max_entries)))
+
+
+def _entry_points() -> dict[str, Any]:
+    """torch._C name -> gmlake's replacement. The _accelerator_* ones serve torch.accelerator.memory_*."""
+    return {
+        "_cuda_memoryStats": nested_memory_stats,
+        "_cuda_resetPeakMemoryStats": _reset_peak,
+        "_cuda_resetAccumulatedMemoryStats": _reset_accumulated,
+        "_cuda_memorySnapshot": _torch_snapshot,
+        "_cuda_record_memory_history": _torch_record_history,
+        "_cuda_record_memory_history_legacy": _torch_record_history_legacy,
+        "_accelerator_getDeviceStats": nested_memory_stats,
+        "_accelerator_resetPeakStats": _reset_peak,
+        "_accelerator_resetAccumulatedStats": _reset_accumulated,
+    }
+
+
+def install_memory_api(torch) -> None:
+    """Make torch.cuda's memory statistics, snapshot and history functions answer from gmlake (see above)."""
+    for name, replacement in _entry_points().items():
+        if name not in _replaced_entry_points:
+            _replaced_entry_points[name] = getattr(torch._C, name, None)
+        setattr(torch._C, name, replacement)
+
+
+def restore_memory_api(torch) -> None:
+    """Undo install_memory_api: torch._C's own entry points come back."""
+    for name, original in _replaced_entry_points.items():
+        if original is None:
+            delattr(torch._C, name)
+        else:
+            setattr(torch._C, name, original)
+    _replaced_entry_points.clear()
