@@ -15,7 +15,8 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
     (about `samples` of them) hold the largest reserved and allocated values since the previous sample.
 
     A request the allocator cannot serve is counted as an OOM and its free skipped, as a training run that caught
-    the error would go on. A driver error stops the replay. Returns peaks, counts and a sampled timeline.
+    the error would go on. A driver error stops the replay. Allocation ids must be below the number of events
+    (gmlake.replay numbers them densely). Returns peaks, counts and a sampled timeline.
     """
     cdef size_t n = action.shape[0]
     if stream.shape[0] != n or size.shape[0] != n or ident.shape[0] != n:
@@ -25,6 +26,8 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
     for i in range(n):
         if ident[i] > max_id:
             max_id = ident[i]
+    if n and max_id >= n:   # the id table is indexed by id: keep it as long as the trace, whatever the ids
+        raise ValueError(f"replay_events: allocation ids must be below the number of events ({n}), got {max_id}")
     cdef vector[uintptr_t] ptrs
     ptrs.assign(<size_t>max_id + 1, 0)
     cdef size_t every = max(1, n // max(1, samples))

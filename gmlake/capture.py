@@ -16,6 +16,18 @@ from pathlib import Path
 DEFAULT_MAX_ENTRIES = 20_000_000
 
 
+def torch_cuda_problem() -> str | None:
+    """Why this interpreter's PyTorch cannot record or serve CUDA memory, or None: PyTorch missing, or a build
+    without CUDA (a CPU-only torch has no CUDA allocator to record or replace)."""
+    try:
+        import torch
+    except ImportError:
+        return f"PyTorch is not installed in this Python ({sys.executable})"
+    if getattr(torch.version, "cuda", None) is None or not hasattr(torch._C, "_cuda_customAllocator"):
+        return f"this PyTorch ({torch.__version__}) has no CUDA (a CPU-only build); install a CUDA build of PyTorch"
+    return None
+
+
 def start(max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
     """Start recording every allocator event (no stack traces: they make snapshots large and runs slow)."""
     import torch
@@ -70,6 +82,10 @@ def run(out: str | Path, argv: list[str], name: str | None = None) -> None:
 
 if __name__ == "__main__":
     # python -m gmlake.capture OUT [--name NAME] -- program args...
+    problem = torch_cuda_problem()
+    if problem:
+        print(f"gmlake: error: gmlake capture: {problem}", file=sys.stderr)
+        sys.exit(2)
     args = sys.argv[1:]
     if len(args) < 3 or "--" not in args:
         raise SystemExit("usage: python -m gmlake.capture OUT [--name NAME] -- script.py args...")

@@ -1,12 +1,16 @@
-"""The gmlake command: replay, compare, capture, convert.
+"""The gmlake command: replay, explain, compare, traces, capture, convert, run.
 
-    gmlake replay TRACE [--policy NAME ...] [--json]
+    gmlake replay TRACE [--policy NAME ...] [--set KNOB=VALUE ...] [--device-memory 80GiB] [--json]
+    gmlake explain TRACE [--policy NAME ...] [--set KNOB=VALUE ...] [--json]
     gmlake compare [TRACE ...] [--out DIR]
+    gmlake traces                          (the bundled traces, usable by name as TRACE)
     gmlake capture -o run.pickle.gz -- python train.py ...
-    gmlake convert SNAPSHOT -o trace.gmtrace
-    gmlake run train.py args...            (gmlake as PyTorch's CUDA allocator)
+    gmlake convert SNAPSHOT [-o trace.gmtrace]
+    gmlake run train.py args...            (gmlake as PyTorch's CUDA allocator; or: gmlake run -m module args...)
 
-Bad input gets one line on stderr and exit status 2.
+Exit statuses: 0 success; 2 bad input (one line on stderr, nothing written); 3 a replay in which requests ran out of
+memory (results are still printed and written, marked as failed); 1 an internal error (a bug: one line on stderr,
+GMLAKE_TRACEBACK=1 shows the traceback); 130 interrupted. `run` and `capture` end with the program's own status.
 """
 from __future__ import annotations
 
@@ -15,10 +19,21 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
+from typing import Callable
 
-from gmlake import policies
-from gmlake.trace import TraceError
+from gmlake import __version__, policies
+from gmlake.knobs import coerce_knobs, parse_size, policy_with_knobs, split_settings
+from gmlake.trace import MAX_DEVICE_MEMORY
+
+EXIT_OK = 0
+EXIT_INTERNAL_ERROR = 1
+EXIT_BAD_INPUT = 2
+EXIT_OUT_OF_MEMORY = 3
+EXIT_INTERRUPTED = 130
+
+_POLICY_NAMES = ", ".join(policies.names())
 
 
 class UsageError(Exception):
@@ -30,29 +45,127 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _policies(names: list[str] | None) -> list[str]:
+def error_line(exc: BaseException) -> str:
+    """The one line of stderr that reports `exc`: its message without a leading 'gmlake: ' (the line adds its own)
+    and on one line; for an OSError, the file and the reason."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    else:
+        text = str(exc) or type(exc).__name__
+    text = " ".join(text.split())
+    while text.startswith("gmlake: "):
+        text = text[len("gmlake: "):]
+    return text
+
+
+# ---------------------------------------------------------------------------------------------- argument types
+
+
+def _size_type(what: str, minimum: int, maximum: int = (1 << 63) - 1) -> Callable[[str], int]:
+    """An argparse type: a byte size with optional unit (80GiB), in [minimum, maximum]. Argparse names the flag."""
+    def parse(text: str) -> int:
+        try:
+            return parse_size(text, what=what, minimum=minimum, maximum=maximum)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+_device_memory = _size_type("device memory", 1, MAX_DEVICE_MEMORY)
+_byte_count = _size_type("size", 0)
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number >= 0."""
+    try:
+        value = int(text.replace("_", "")) if len(text) <= 30 else -1
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- shared steps
+
+
+def _policy_names(names: list[str] | None) -> list[str]:
     names = names or policies.names()
-    known = policies.names()
     for name in names:
-        if name not in known:
-            raise UsageError(f"unknown policy {name!r}; built-in policies: {', '.join(known)}")
+        if name not in policies.names():
+            raise UsageError(f"unknown policy {name!r}; built-in policies: {_POLICY_NAMES}")
     return names
 
 
-def _load(paths: list[str], device: int | None):
+def _policy_objects(names: list[str] | None, settings: list[str] | None) -> list:
+    """The named policies (default: every built-in one) with the --set knobs applied and validated."""
+    knobs = split_settings(settings or [])
+    return [policy_with_knobs(name, knobs) for name in _policy_names(names)]
+
+
+def _load(specs: list[str], device: int | None):
+    """Traces by path or by bundled name."""
+    from gmlake.replay import trace_path
     from gmlake.trace import load
 
-    return [load(p, device) for p in paths]
+    return [load(trace_path(spec), device) for spec in specs]
 
 
-def _policy_objects(names: list[str] | None, settings: list[str] | None) -> list:
-    """The named policies (default: every built-in one) with the --set knobs applied."""
-    knobs = policies.parse_knobs(settings or [])
-    return [policies.get(name, **knobs) for name in _policies(names)]
+def _output_file(path: str, flag: str) -> Path:
+    """An output file that can be created: its folder exists and it is not a folder itself."""
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file name")
+    if not out.parent.is_dir():
+        raise UsageError(f"{flag} {path}: no such directory {str(out.parent)!r}")
+    return out
+
+
+def _output_dir(path: str, flag: str) -> Path:
+    """An output folder that exists or can be created (nothing on its way is a file)."""
+    out = Path(path)
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise UsageError(f"{flag} {path}: {str(folder)!r} is a file, not a folder")
+            break
+    return out
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 180)
+
+
+def _write_atomically(files: dict[Path, Callable[[Path], object]]) -> None:
+    """Write each file through `write(tmp_path)` to a temporary name, then rename them all; on failure remove the
+    temporary files, so nothing is half-written."""
+    tmps = {path: path.with_name(path.name + ".tmp") for path in files}
+    try:
+        for path, write in files.items():
+            write(tmps[path])
+        for path, tmp in tmps.items():
+            tmp.replace(path)
+    except BaseException:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def _torch_cuda_problem(what: str) -> str | None:
+    """Why this interpreter's PyTorch cannot serve `gmlake {what}`, or None."""
+    from gmlake.capture import torch_cuda_problem
+
+    problem = torch_cuda_problem()
+    return f"gmlake {what}: {problem}" if problem else None
+
+
+# ---------------------------------------------------------------------------------------------- commands
 
 
 def cmd_replay(args) -> int:
-    """`gmlake replay`: one trace through each policy; a table, or JSON lines."""
+    """`gmlake replay`: one trace through each policy; a table, or JSON lines. Exit 3 if requests ran out."""
     from gmlake.replay import replay
 
     chosen = _policy_objects(args.policy, args.set)
@@ -61,35 +174,39 @@ def cmd_replay(args) -> int:
     if args.json:
         for r in results:
             print(json.dumps(r.summary()))
-        return 0
-    from rich.console import Console
+    else:
+        from gmlake.compare import table
 
-    from gmlake.compare import table
-
-    Console(width=None if sys.stdout.isatty() else 180).print(table(results, [trace]))
-    return 0
+        _console().print(table(results, [trace]))
+    return EXIT_OUT_OF_MEMORY if any(r.failed for r in results) else EXIT_OK
 
 
 def cmd_explain(args) -> int:
     """`gmlake explain`: where each policy's reserved bytes are at its peak; a table, or JSON lines."""
     from dataclasses import asdict
 
+    from rich.table import Table
+    from rich.text import Text
+
     from gmlake.explain import explain
 
     chosen = _policy_objects(args.policy, args.set)
     (trace,) = _load([args.trace], args.device)
     found = [explain(trace, policy, device_memory=args.device_memory) for policy in chosen]
+    status = EXIT_OUT_OF_MEMORY if any(b.ooms for b in found) else EXIT_OK
     if args.json:
         for b in found:
             print(json.dumps(asdict(b)))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{trace.name}: reserved memory at each policy's peak (GiB, % of reserved)")
+        return status
+    caption = None
+    if status:
+        caption = "[red]FAILED: " + "; ".join(f"{b.policy}: {b.ooms} requests out of memory" for b in found
+                                              if b.ooms) + " (the peak covers the requests served)[/red]"
+    table = Table(title=Text(f"{trace.name}: reserved memory at each policy's peak (GiB, % of reserved)"),
+                  caption=caption)
     table.add_column("")
     for b in found:
-        table.add_column(b.policy, justify="right")
+        table.add_column(Text(b.policy), justify="right")
     table.add_row("request that reached the peak", *(f"#{b.request_index}, {b.request_size / 2**20:.2f} MiB"
                                                      for b in found))
     table.add_row("reserved", *(f"{b.reserved / 2**30:.3f}" for b in found), end_section=True)
@@ -100,31 +217,53 @@ def cmd_explain(args) -> int:
     for label in found[0].fragments:
         table.add_row(f"free large blocks {label}",
                       *(f"{b.fragments[label][0]} / {b.fragments[label][1] / 2**30:.3f}" for b in found))
-    Console(width=None if sys.stdout.isatty() else 180).print(table)
-    return 0
+    _console().print(table)
+    return status
 
 
 def cmd_compare(args) -> int:
     """`gmlake compare`: traces (default: the bundled ones) under every policy; table, PNG, JSON lines."""
-    from rich.console import Console
-
     from gmlake import compare
     from gmlake.replay import bundled_traces
 
-    names = _policies(args.policy)
-    paths = args.traces or [str(p) for p in bundled_traces()]
-    if not paths:
+    chosen = _policy_objects(args.policy, args.set)
+    out = _output_dir(args.out, "--out")
+    specs = args.traces or [str(p) for p in bundled_traces()]
+    if not specs:
         raise UsageError("no traces given and none bundled")
-    traces = _load(paths, args.device)
-    results = compare.run(traces, names, progress=sys.stderr.isatty())
-    console = Console(width=None if sys.stdout.isatty() else 180)
+    traces = _load(specs, args.device)
+    results = compare.run(traces, chosen, progress=sys.stderr.isatty(), device_memory=args.device_memory)
+    console = _console()
     console.print(compare.table(results, traces))
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    png = compare.plot(results, traces, out / "compare.png")
-    (out / "compare.jsonl").write_text("".join(json.dumps(r.summary()) + "\n" for r in results))
-    console.print(f"wrote {png} and {out / 'compare.jsonl'}")
-    return 0
+    png, jsonl = out / "compare.png", out / "compare.jsonl"
+    lines = "".join(json.dumps(r.summary()) + "\n" for r in results)
+    _write_atomically({png: lambda tmp: compare.plot(results, traces, tmp, format="png"),
+                       jsonl: lambda tmp: tmp.write_text(lines)})
+    console.print(f"wrote {png} and {jsonl}", markup=False, highlight=False)
+    return EXIT_OUT_OF_MEMORY if any(r.failed for r in results) else EXIT_OK
+
+
+def cmd_traces(args) -> int:
+    """`gmlake traces`: the bundled traces, which replay, explain and compare take by name."""
+    from rich.table import Table
+
+    from gmlake.replay import bundled_traces
+    from gmlake.trace import load
+
+    if args.names:
+        for path in bundled_traces():
+            print(path.name.removesuffix(".gmtrace"))
+        return EXIT_OK
+    table = Table(title="bundled traces (use the name as TRACE: gmlake replay NAME)")
+    for col in ("name", "captured under", "device", "events", "real reserved GiB"):
+        table.add_column(col, justify="right" if col in ("events", "real reserved GiB") else "left")
+    for path in bundled_traces():
+        meta = load(path).meta
+        table.add_row(path.name.removesuffix(".gmtrace"), meta.get("allocator", "-"), meta.get("device_name", "-"),
+                      f"{meta.get('events', 0):,}", f"{meta.get('max_memory_reserved', 0) / 2**30:.2f}")
+    _console().print(table)
+    return EXIT_OK
 
 
 def _program(args, usage: str) -> list[str]:
@@ -134,142 +273,243 @@ def _program(args, usage: str) -> list[str]:
         program = program[1:]
     if not program:
         raise UsageError(f"nothing to run: {usage}")
+    if program[0] == "-m" and len(program) < 2:
+        raise UsageError(f"-m needs a module name: {usage}")
     return program
 
 
+def _check_script(program: list[str]) -> None:
+    """A program is `-m module args` or `script.py args`; the script must exist."""
+    if program[0] != "-m" and not Path(program[0]).is_file():
+        raise UsageError(f"no such script: {program[0]}")
+
+
 def cmd_capture(args) -> int:
-    """`gmlake capture`: run a Python program with allocator history on, then dump its snapshot."""
-    program = _program(args, "gmlake capture -o OUT -- python script.py args...")
-    exe = Path(program[0]).name
-    if not exe.startswith("python"):
-        raise UsageError("capture runs Python programs: gmlake capture -o OUT -- python script.py args...")
-    cmd = [program[0], "-m", "gmlake.capture", args.output]
+    """`gmlake capture`: run a Python program with allocator history on, then dump its snapshot. A bare `python`
+    (or `python3`, ...) means this interpreter, the one gmlake is installed in; a path to a Python is honoured."""
+    usage = "gmlake capture -o OUT -- python script.py args...  (or: -- python -m module args...)"
+    program = _program(args, usage)
+    first = program[0]
+    if first == "-m" or first.endswith(".py"):
+        python, rest = sys.executable, program
+    elif Path(first).name.startswith("python"):
+        python, rest = (first if os.sep in first else sys.executable), program[1:]
+    else:
+        raise UsageError(f"capture runs Python programs: {usage}")
+    if not rest:
+        raise UsageError(f"nothing to run: {usage}")
+    if rest[0] == "-m" and len(rest) < 2:
+        raise UsageError(f"-m needs a module name: {usage}")
+    _check_script(rest)
+    output = _output_file(args.output, "--output")
+    if python == sys.executable:
+        problem = _torch_cuda_problem("capture")
+        if problem:
+            raise UsageError(problem)
+    cmd = [python, "-m", "gmlake.capture", str(output)]
     if args.name:
         cmd += ["--name", args.name]
-    cmd += ["--", *program[1:]]
-    return subprocess.call(cmd, env=os.environ.copy())
+    cmd += ["--", *rest]
+    try:
+        return subprocess.call(cmd, env=os.environ.copy())
+    except OSError as exc:
+        raise UsageError(f"cannot start {python}: {exc.strerror or exc}") from None
 
 
 def cmd_convert(args) -> int:
-    """`gmlake convert`: a snapshot to the compact .gmtrace format."""
-    from gmlake.trace import load, save_compact
+    """`gmlake convert`: a snapshot to the compact .gmtrace format (the only format it writes)."""
+    from gmlake.trace import save_compact
 
+    source = Path(args.snapshot)
+    output = args.output or str(source.with_name(source.name.split(".")[0] + ".gmtrace"))
+    if not output.endswith(".gmtrace"):
+        raise UsageError(f"convert writes the compact .gmtrace format; name the output *.gmtrace, got {output!r}")
+    out = _output_file(output, "--output")
     (trace,) = _load([args.snapshot], args.device)
     if args.name:
         trace.meta["name"] = args.name
-    save_compact(trace, args.output)
-    print(f"{args.output}: {len(trace)} events")
-    return 0
+    save_compact(trace, out)
+    print(f"wrote {out}: {len(trace)} events, compact .gmtrace format")
+    return EXIT_OK
 
 
-def cmd_run(args) -> int:
-    """`gmlake run`: install gmlake as PyTorch's CUDA allocator, then run the program in this process."""
+def cmd_run(args) -> int | Callable[[], int]:
+    """`gmlake run`: check every setting, install gmlake as PyTorch's CUDA allocator, and return the program to run
+    (main runs it outside gmlake's error handling: its errors are its own)."""
     import runpy
 
     from gmlake import torch as gtorch
 
     program = _program(args, "gmlake run script.py args...  (or: gmlake run -m module args...)")
     opts = gtorch.options_from_env()
-    opts.update(policies.parse_knobs(args.set or []))
-    for flag, knob in (("policy", "policy"), ("chunk_size", "chunk_size"), ("limit", "limit"),
-                       ("max_cached_sblocks", "max_cached_sblocks")):
-        value = getattr(args, flag)
-        if value is not None:
-            opts[knob] = value
+    opts.update(split_settings(args.set or []))
+    for flag in ("policy", "chunk_size", "limit", "max_cached_sblocks"):
+        if getattr(args, flag) is not None:
+            opts[flag] = getattr(args, flag)
     if args.no_stitch:
         opts["stitch"] = False
     policy = opts.pop("policy", "gmlake")
     limit = opts.pop("limit", 0)
-    if program[0] == "-m" and len(program) < 2:
-        raise UsageError("-m needs a module name")
-    if program[0] != "-m" and not Path(program[0]).is_file():
-        raise UsageError(f"no such script: {program[0]}")
-    _policies([policy])
-    policies.get(policy, **opts).validate(1)   # unknown or ill-typed knobs fail here, before the program runs
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise UsageError(f"the limit must be a number of bytes >= 0, got {limit!r}")
+    (name,) = _policy_names([policy])
+    knobs = coerce_knobs(type(policies.get(name)), opts)
+    policy_with_knobs(name, knobs, granularity=1)   # unknown or ill-typed knobs fail here, before the program runs
+    _check_script(program)
     try:
         import torch  # noqa: F401
     except ImportError:
         raise UsageError("gmlake run needs PyTorch, which is not installed here") from None
-    gtorch.enable(policy, limit=limit, **opts)
-    if program[0] == "-m":
-        sys.argv = program[1:]
-        runpy.run_module(program[1], run_name="__main__", alter_sys=True)
-    else:
-        script = Path(program[0])
-        sys.argv = program
-        sys.path.insert(0, str(script.resolve().parent))
-        runpy.run_path(str(script), run_name="__main__")
-    return 0
+    problem = _torch_cuda_problem("run")
+    if problem:
+        raise UsageError(problem)
+    gtorch.enable(name, limit=limit, **knobs)
+
+    def run_program() -> int:
+        if program[0] == "-m":
+            sys.argv = program[1:]
+            runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+        else:
+            script = Path(program[0])
+            sys.argv = program
+            sys.path.insert(0, str(script.resolve().parent))
+            runpy.run_path(str(script), run_name="__main__")
+        return EXIT_OK
+
+    return run_program
+
+
+# ---------------------------------------------------------------------------------------------- the parser
+
+_TRACE_HELP = ("a PyTorch snapshot pickle (.pickle, .pickle.gz), a .gmtrace file, or the name of a bundled trace "
+               "(see `gmlake traces`)")
+_POLICY_HELP = f"policy: {_POLICY_NAMES} (repeatable; default: all)"
+_SET_HELP = "change a policy knob, e.g. stitch=false or chunk_size=8MiB (repeatable; knobs: gmlake/policies/base.py)"
+_DEVICE_HELP = "which device's trace, if the snapshot has several"
+_DEVICE_MEMORY_HELP = ("simulated device size: bytes or with a unit, e.g. 80GiB (default: the captured device's; "
+                       f"at most {MAX_DEVICE_MEMORY >> 40} TiB)")
+_JSON_HELP = "one JSON object per line, one per policy"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the gmlake command."""
-    parser = _Parser(prog="gmlake", description="GPU memory allocator with virtual memory stitching: tools.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(prog="gmlake", description="GPU memory allocator with virtual memory stitching: tools. Exit "
+                     "status: 0 success, 2 bad input, 3 a replay ran out of memory, 1 internal error.")
+    parser.add_argument("--version", action="version", version=f"gmlake {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("replay", help="replay one trace through policies on the sim driver")
-    p.add_argument("trace", help="a PyTorch snapshot pickle (.pickle, .pickle.gz) or a .gmtrace file")
-    p.add_argument("--policy", action="append", help="policy name (repeatable; default: all built-in)")
-    p.add_argument("--json", action="store_true", help="one JSON object per line, one per policy")
-    p.add_argument("--device", type=int, help="which device's trace, if the snapshot has several")
-    p.add_argument("--device-memory", type=int, help="simulated device size in bytes (default: the captured one)")
-    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help="change a policy knob (repeatable)")
+    p.add_argument("trace", help=_TRACE_HELP)
+    p.add_argument("--policy", action="append", help=_POLICY_HELP)
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.add_argument("--device", type=int, help=_DEVICE_HELP)
+    p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("explain", help="where a policy's reserved memory is at its peak, replaying one trace")
-    p.add_argument("trace", help="a PyTorch snapshot pickle (.pickle, .pickle.gz) or a .gmtrace file")
-    p.add_argument("--policy", action="append", help="policy name (repeatable; default: all built-in)")
-    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help="change a policy knob (repeatable)")
-    p.add_argument("--json", action="store_true", help="one JSON object per line, one per policy")
-    p.add_argument("--device", type=int, help="which device's trace, if the snapshot has several")
-    p.add_argument("--device-memory", type=int, help="simulated device size in bytes (default: the captured one)")
+    p.add_argument("trace", help=_TRACE_HELP)
+    p.add_argument("--policy", action="append", help=_POLICY_HELP)
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
+    p.add_argument("--json", action="store_true", help=_JSON_HELP)
+    p.add_argument("--device", type=int, help=_DEVICE_HELP)
+    p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("compare", help="replay traces (default: the bundled ones) under every policy; table + PNG")
-    p.add_argument("traces", nargs="*")
-    p.add_argument("--policy", action="append")
-    p.add_argument("--device", type=int)
-    p.add_argument("--out", default="gmlake-compare", help="folder for compare.png and compare.jsonl")
+    p.add_argument("traces", nargs="*", metavar="TRACE", help=_TRACE_HELP + "; default: every bundled trace")
+    p.add_argument("--policy", action="append", help=_POLICY_HELP)
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
+    p.add_argument("--device", type=int, help=_DEVICE_HELP)
+    p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
+    p.add_argument("--out", default="gmlake-compare", metavar="DIR",
+                   help="folder for compare.png and compare.jsonl, created if missing (default: gmlake-compare)")
     p.set_defaults(func=cmd_compare)
 
+    p = sub.add_parser("traces", help="list the bundled traces, which replay, explain and compare take by name")
+    p.add_argument("--names", action="store_true", help="only the names, one a line")
+    p.set_defaults(func=cmd_traces)
+
     p = sub.add_parser("capture", help="record a memory snapshot of a Python training run")
-    p.add_argument("-o", "--output", default="gmlake-capture.pickle.gz")
+    p.add_argument("-o", "--output", default="gmlake-capture.pickle.gz", metavar="FILE",
+                   help="the snapshot to write, a gzipped pickle (default: gmlake-capture.pickle.gz)")
     p.add_argument("--name", help="a name for the run, kept in the snapshot")
-    p.add_argument("program", nargs=argparse.REMAINDER, help="-- python script.py args...")
+    p.add_argument("program", nargs=argparse.REMAINDER,
+                   help="[--] python script.py args...  (a bare `python` is this interpreter), or script.py, or "
+                        "-m module args...")
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("run", help="run a Python program with gmlake as PyTorch's CUDA allocator")
-    p.add_argument("--policy", help="policy name (env GMLAKE_POLICY; default gmlake)")
-    p.add_argument("--chunk-size", type=int, help="physical handle size in bytes (env GMLAKE_CHUNK_SIZE)")
-    p.add_argument("--limit", type=int, help="cap on each device's memory in bytes (env GMLAKE_LIMIT)")
-    p.add_argument("--max-cached-sblocks", type=int, help="env GMLAKE_MAX_CACHED_SBLOCKS")
+    p.add_argument("--policy", help=f"policy: {_POLICY_NAMES} (env GMLAKE_POLICY; default gmlake)")
+    p.add_argument("--chunk-size", type=_byte_count, metavar="SIZE",
+                   help="physical handle size, e.g. 2MiB (env GMLAKE_CHUNK_SIZE)")
+    p.add_argument("--limit", type=_byte_count, metavar="SIZE",
+                   help="cap on each device's memory, e.g. 24GiB; 0 = none (env GMLAKE_LIMIT)")
+    p.add_argument("--max-cached-sblocks", type=_count, metavar="N",
+                   help="stitched blocks kept mapped after their free (env GMLAKE_MAX_CACHED_SBLOCKS)")
     p.add_argument("--no-stitch", action="store_true", help="never stitch (env GMLAKE_STITCH=0)")
     p.add_argument("--set", action="append", metavar="KNOB=VALUE",
                    help="any policy knob, e.g. min_saved_chunks=0 (repeatable; env GMLAKE_KNOBS=k=v,k=v)")
-    p.add_argument("program", nargs=argparse.REMAINDER, help="script.py args...  or  -m module args...")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="[--] script.py args...  or  -m module args...")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("convert", help="convert a snapshot to the compact .gmtrace format")
-    p.add_argument("snapshot")
-    p.add_argument("-o", "--output", required=True)
-    p.add_argument("--name")
-    p.add_argument("--device", type=int)
+    p.add_argument("snapshot", help="a PyTorch snapshot pickle (.pickle, .pickle.gz) or a .gmtrace file")
+    p.add_argument("-o", "--output", metavar="FILE.gmtrace",
+                   help="the .gmtrace file to write (default: the snapshot's name with .gmtrace, beside it)")
+    p.add_argument("--name", help="a name for the trace, kept in it (default: the file's)")
+    p.add_argument("--device", type=int, help=_DEVICE_HELP)
     p.set_defaults(func=cmd_convert)
     return parser
 
 
+def _mark_program_start(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """For `run` and `capture`: argv with `--` inserted where the program starts, so that the program's own options
+    (and `-m module`) are never taken for gmlake's. An option gmlake does not know is left to argparse to report."""
+    if not argv or argv[0] not in ("run", "capture"):
+        return argv
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[argv[0]]
+    takes_value = {s: a.nargs != 0 for a in sub._actions for s in a.option_strings}
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv
+        if token == "-m" or not token.startswith("-") or token == "-":
+            break
+        option = token.split("=", 1)[0]
+        if option not in takes_value:
+            return argv
+        i += 1 + (takes_value[option] and "=" not in token)
+    return [*argv[:i], "--", *argv[i:]]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the gmlake command; returns the exit status (2 for bad input)."""
+    """Entry point of the gmlake command; returns the exit status (see the module docstring)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
-        return args.func(args)
-    except (UsageError, TraceError, ValueError) as exc:
-        print(f"gmlake: error: {exc}", file=sys.stderr)
-        return 2
+        parser = build_parser()
+        args = parser.parse_args(_mark_program_start(argv, parser))
+        outcome = args.func(args)
+    except SystemExit as exc:                     # --help, --version
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
     except BrokenPipeError:
-        return 0
+        return EXIT_OK
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except (UsageError, ValueError, OverflowError, MemoryError, OSError) as exc:
+        # TraceError, knob and size errors are ValueErrors; OSError: a file that cannot be read or written.
+        print(f"gmlake: error: {error_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:
+        if os.environ.get("GMLAKE_TRACEBACK"):
+            traceback.print_exc()
+        print(f"gmlake: internal error (a bug, please report it; GMLAKE_TRACEBACK=1 shows where): "
+              f"{type(exc).__name__}: {error_line(exc)}", file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
+    if callable(outcome):                         # `gmlake run`: the program, outside gmlake's error handling
+        return outcome()
+    return outcome
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ class PeakBreakdown:
     free_whole_chunks: int      # large pool: free chunks with no live block in them
     free_in_shared_chunks: int  # large pool: free bytes in chunks that also hold live blocks
     fragments: dict = field(default_factory=dict)  # free large blocks by size class: {class: (count, bytes)}
+    ooms: int = 0               # requests of the whole replay that ran out of memory (the peak covers the rest)
 
     @property
     def lost(self) -> int:
@@ -77,10 +78,20 @@ def _free_bytes(segments: list[dict]) -> tuple[int, int, int, dict]:
     return small, whole, shared, {k: tuple(v) for k, v in fragments.items()}
 
 
+class NothingToExplain(ValueError):
+    """The replay never reserved memory: the trace has no allocations, or none fit the modelled device."""
+
+
 def explain(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | None = None) -> PeakBreakdown:
-    """Account for `policy`'s reserved bytes at its peak on `trace` (replayed on the sim driver)."""
+    """Account for `policy`'s reserved bytes at its peak on `trace` (replayed on the sim driver). Raises
+    NothingToExplain if the replay never reserved any memory."""
     policy = get(policy) if isinstance(policy, str) else policy
     full = replay(trace, policy, device_memory, samples=1)
+    if full.peak_reserved == 0:
+        if not (trace.requests()["action"] == 0).any():
+            raise NothingToExplain(f"{trace.name}: the trace has no allocations to explain")
+        raise NothingToExplain(f"{trace.name}: policy {policy.name} served no request ({full.ooms} out of memory "
+                               f"on the modelled device), so no memory was reserved to explain")
     upto = full.peak_event + 1
     alloc, _ = run_requests(trace, policy, device_memory, upto=upto, samples=1)
     stats = alloc.stats()
@@ -93,4 +104,4 @@ def explain(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | 
         trace=trace.name, policy=policy.name, request_index=full.peak_event, request_size=int(request["size"]),
         reserved=stats["reserved_bytes"], requested=stats["requested_bytes"],
         rounding=stats["allocated_bytes"] - stats["requested_bytes"], free_small=small, free_whole_chunks=whole,
-        free_in_shared_chunks=shared, fragments=fragments)
+        free_in_shared_chunks=shared, fragments=fragments, ooms=full.ooms)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -12,7 +13,7 @@ from gmlake._allocator import Allocator
 from gmlake._replay import replay_events
 from gmlake._sim_driver import SimDriver
 from gmlake.policies import Policy, get
-from gmlake.trace import Trace
+from gmlake.trace import MAX_DEVICE_MEMORY, Trace
 
 GRANULARITY = 2 << 20
 
@@ -49,26 +50,37 @@ class ReplayResult:
     timeline: dict = field(repr=False, default_factory=dict)
 
     @property
+    def failed(self) -> bool:
+        """Whether some requests could not be served (out of memory): the peaks then cover only those served."""
+        return self.ooms > 0
+
+    @property
     def utilization(self) -> float:
-        """Peak allocated over peak reserved."""
+        """Peak allocated over peak reserved; NaN for a failed replay, whose peaks are not the run's."""
+        if self.failed:
+            return math.nan
         return self.peak_allocated / self.peak_reserved if self.peak_reserved else 1.0
 
     @property
     def fragmentation(self) -> float:
-        """The share of reserved memory not allocated at the moment reserved memory peaked."""
+        """The share of reserved memory not allocated at the moment reserved memory peaked; NaN for a failed
+        replay."""
+        if self.failed:
+            return math.nan
         if not self.peak_reserved:
             return 0.0
         return 1.0 - self.allocated_at_peak_reserved / self.peak_reserved
 
     def summary(self) -> dict:
-        """One flat, JSON-ready record."""
+        """One flat, JSON-ready record. A failed replay has `failed` true and null utilization and fragmentation."""
         return {
             "trace": self.trace,
             "policy": self.policy,
+            "failed": self.failed,
             "peak_allocated": self.peak_allocated,
             "peak_reserved": self.peak_reserved,
-            "utilization": round(self.utilization, 6),
-            "fragmentation_at_peak": round(self.fragmentation, 6),
+            "utilization": None if self.failed else round(self.utilization, 6),
+            "fragmentation_at_peak": None if self.failed else round(self.fragmentation, 6),
             "events": self.events,
             "requests": self.requests,
             "ooms": self.ooms,
@@ -84,7 +96,8 @@ class ReplayResult:
 def replay(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | None = None,
            samples: int = 2000) -> ReplayResult:
     """Run `trace`'s requests through `policy` on a simulated device of `device_memory` bytes (default: the
-    captured device's size where the trace records it, else unbounded)."""
+    captured device's size where the trace records it, else MAX_DEVICE_MEMORY). A request the device cannot serve
+    counts as an out-of-memory (`ReplayResult.ooms`, `failed`)."""
     policy = get(policy) if isinstance(policy, str) else policy
     alloc, out = run_requests(trace, policy, device_memory, samples=samples)
     stats = alloc.stats()
@@ -111,25 +124,49 @@ def run_requests(trace: Trace, policy: Policy | str = "gmlake", device_memory: i
     allocator, in the state they left it, and replay_events' result."""
     if isinstance(policy, str):
         policy = get(policy)
-    if device_memory is None:
-        device_memory = int(trace.meta.get("device_total", 0) or 0)
-    alloc = Allocator(SimDriver(capacity=device_memory, granularity=GRANULARITY), policy)
+    alloc = Allocator(SimDriver(capacity=modelled_device_memory(trace, device_memory), granularity=GRANULARITY),
+                      policy)
     req = trace.requests()[:upto]
+    # Dense allocation ids (0..k-1), so the replay's id table is as long as the trace, whatever ids it carries.
+    _, dense_ids = np.unique(req["id"], return_inverse=True)
     out = replay_events(
         alloc,
         np.ascontiguousarray(req["action"]),
         np.ascontiguousarray(req["stream"]),
         np.ascontiguousarray(req["size"]),
-        np.ascontiguousarray(req["id"]),
+        np.ascontiguousarray(dense_ids.reshape(-1), dtype=np.uint32),
         samples,
     )
     return alloc, out
+
+
+def modelled_device_memory(trace: Trace, device_memory: int | None = None) -> int:
+    """The size of the device a replay models: `device_memory`, else the captured device's where the trace records
+    it, else MAX_DEVICE_MEMORY. Always bounded, so no request can make the replay map more than MAX_DEVICE_MEMORY."""
+    if device_memory is None:
+        device_memory = int(trace.meta.get("device_total", 0) or 0) or MAX_DEVICE_MEMORY
+    if not isinstance(device_memory, int) or isinstance(device_memory, bool) or not \
+            0 < device_memory <= MAX_DEVICE_MEMORY:
+        raise ValueError(f"device memory must be a whole number of bytes from 1 to {MAX_DEVICE_MEMORY}, "
+                         f"got {device_memory!r}")
+    return device_memory
 
 
 def bundled_traces() -> list[Path]:
     """The real training traces shipped with gmlake."""
     folder = resources.files("gmlake").joinpath("data/traces")
     return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".gmtrace"))
+
+
+def trace_path(name_or_path: str | Path) -> Path:
+    """A trace file: `name_or_path` itself where such a file exists, else the bundled trace of that name
+    (`gpt2l-lora-ckpt-native`, with or without `.gmtrace`). Unknown names are returned unchanged, for the reader to
+    report as missing."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    bundled = {p.name.removesuffix(".gmtrace"): p for p in bundled_traces()}
+    return bundled.get(str(name_or_path).removesuffix(".gmtrace"), path)
 
 
 # Which policy models which captured allocator, and how close its replay must land to the real peak.

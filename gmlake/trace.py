@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gmlake.knobs import format_size
+
 MAGIC = b"GMLTRACE"
 VERSION = 1
 
@@ -39,6 +41,9 @@ _SNAPSHOT_ACTIONS = {
 }
 EVENT_DTYPE = np.dtype([("action", "u1"), ("stream", "<i8"), ("size", "<u8"), ("id", "<u4")])
 MAX_HEADER = 1 << 20
+# No GPU holds more (the largest hold 288 GB): a trace event or a device size beyond this is corrupt or hostile, and
+# a replay never models a larger device, so a crafted request cannot make it map billions of chunks.
+MAX_DEVICE_MEMORY = 4 << 40
 
 
 class TraceError(ValueError):
@@ -97,6 +102,8 @@ def _open_bytes(path: Path) -> bytes:
         data = path.read_bytes()
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not data:
+        raise TraceError(f"{path}: empty file, neither a snapshot pickle nor a .gmtrace")
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
@@ -113,8 +120,12 @@ def load(path: str | Path, device: int | None = None) -> Trace:
             head = f.read(6)
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not head:
+        raise TraceError(f"{path}: empty file, neither a snapshot pickle nor a .gmtrace")
     if head == b"\xfd7zXZ\x00":   # xz: our compact format
         return load_compact(path)
+    if path.suffix == ".gmtrace":
+        raise TraceError(f"{path}: not a .gmtrace file (a .gmtrace is xz-compressed; this is not)")
     return load_snapshot(path, device)
 
 
@@ -140,23 +151,35 @@ def load_snapshot(path: str | Path, device: int | None = None) -> Trace:
         device = nonempty[0]
     if not (0 <= device < len(traces)) or not traces[device]:
         raise TraceError(f"{path}: no trace events for device {device}")
-    meta = _clean_meta(snapshot.get("gmlake"))
+    meta = _clean_meta(snapshot.get("gmlake"), path)
     meta = {**meta, "name": meta.get("name", path.name.split(".")[0]), "device": device, "source": "snapshot"}
     return Trace(_convert(traces[device], path), meta)
 
 
-_META_INTS = ("max_memory_reserved", "max_memory_allocated", "device_total")
-_META_STRS = ("name", "allocator", "alloc_conf", "device_name", "torch")
+_META_INTS = ("max_memory_reserved", "max_memory_allocated", "device_total", "device", "events")
+_META_STRS = ("name", "allocator", "alloc_conf", "device_name", "torch", "source")
 
 
-def _clean_meta(raw) -> dict:
-    """The metadata gmlake capture adds, keeping only known keys of the right types (snapshots are untrusted)."""
+def _clean_meta(raw, path: Path) -> dict:
+    """The metadata gmlake capture adds, keeping only known keys of the right types (traces are untrusted). A device
+    size beyond any device's is refused: the replay models the recorded device."""
     if not isinstance(raw, dict):
         return {}
     meta = {k: raw[k] for k in _META_INTS if isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool)
             and raw[k] >= 0}
     meta.update({k: raw[k][:200] for k in _META_STRS if isinstance(raw.get(k), str)})
+    if meta.get("device_total", 0) > MAX_DEVICE_MEMORY:
+        raise TraceError(f"{path}: records a device of {meta['device_total']} bytes, more than any device holds "
+                         f"(at most {format_size(MAX_DEVICE_MEMORY)})")
     return meta
+
+
+def _check_sizes(sizes: np.ndarray, path: Path) -> None:
+    """Refuse a trace with an event larger than any device: it is corrupt or crafted, and no run could make it."""
+    if len(sizes) and int(sizes.max()) > MAX_DEVICE_MEMORY:
+        i = int(np.argmax(sizes > MAX_DEVICE_MEMORY))
+        raise TraceError(f"{path}: event {i} is of {int(sizes[i])} bytes, more than any device holds "
+                         f"(at most {format_size(MAX_DEVICE_MEMORY)}); refusing the trace")
 
 
 def _convert(entries: list, path: Path) -> np.ndarray:
@@ -191,6 +214,7 @@ def _convert(entries: list, path: Path) -> np.ndarray:
             ident = live.pop(addr)
         events[n] = (action, stream, size, ident)
         n += 1
+    _check_sizes(events["size"][:n], path)
     return events[:n]
 
 
@@ -234,17 +258,25 @@ def load_compact(path: str | Path) -> Trace:
     events = np.frombuffer(body, dtype=EVENT_DTYPE).copy()
     if len(events) != meta.get("events", len(events)):
         raise TraceError(f"{path}: .gmtrace holds {len(events)} events, its header says {meta.get('events')}")
-    return Trace(events, meta)
+    if len(events) and (int(events["action"].max()) >= len(ACTION_NAMES) or int(events["stream"].min()) < 0):
+        raise TraceError(f"{path}: corrupted .gmtrace events (unknown action or negative stream)")
+    _check_sizes(events["size"], path)
+    return Trace(events, _clean_meta(meta, path))
 
 
 def save_compact(trace: Trace, path: str | Path) -> Path:
-    """Write `trace` as a `.gmtrace` file (written to a temporary name, then renamed: never half-written)."""
+    """Write `trace` as a `.gmtrace` file (written to a temporary name, then renamed: never half-written; the
+    temporary file is removed if writing fails)."""
     path = Path(path)
     meta = {**trace.meta, "events": len(trace.events)}
     header = json.dumps(meta, sort_keys=True).encode()
     tmp = path.with_name(path.name + ".tmp")
-    with lzma.open(tmp, "wb", preset=9) as f:
-        f.write(MAGIC + struct.pack("<II", VERSION, len(header)) + header)
-        f.write(np.ascontiguousarray(trace.events, dtype=EVENT_DTYPE).tobytes())
-    tmp.replace(path)
+    try:
+        with lzma.open(tmp, "wb", preset=9) as f:
+            f.write(MAGIC + struct.pack("<II", VERSION, len(header)) + header)
+            f.write(np.ascontiguousarray(trace.events, dtype=EVENT_DTYPE).tobytes())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path

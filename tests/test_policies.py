@@ -255,7 +255,7 @@ def test_environment_knobs_and_their_precedence(monkeypatch):
 
 
 @pytest.mark.parametrize("setting, message", [("bogus=1", "no knob 'bogus'"),
-                                              ("chunk_size=big", "chunk_size must be a positive int"),
+                                              ("chunk_size=big", "chunk_size must be a whole number"),
                                               ("min_saved_chunks", "knob=value")])
 def test_run_refuses_bad_knobs_before_running_anything(tmp_path, capsys, setting, message):
     from gmlake.cli import main

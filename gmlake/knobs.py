@@ -1,0 +1,125 @@
+"""Typed parsing of command-line settings: byte sizes with units, strict booleans, and policy knobs.
+
+Every parser raises ValueError with a message that names the setting, so the command line can print it as its one
+line of error.
+"""
+from __future__ import annotations
+
+import re
+import typing
+from dataclasses import fields
+from fractions import Fraction
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from gmlake.policies import Policy
+
+# Binary units (KiB, K) and decimal ones (KB); matched case-insensitively.
+_UNITS = {"": 1, "b": 1}
+for _power, _letter in enumerate("kmgtpe", start=1):
+    _UNITS[_letter] = _UNITS[_letter + "ib"] = 1 << (10 * _power)
+    _UNITS[_letter + "b"] = 1000 ** _power
+_SIZE = re.compile(r"\s*([-+]?\d[\d_]*(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+TRUE_WORDS = ("true", "1", "yes", "on")
+FALSE_WORDS = ("false", "0", "no", "off")
+
+
+def parse_size(text: str, *, what: str = "size", minimum: int = 0, maximum: int = (1 << 63) - 1) -> int:
+    """A number of bytes, plain (`81920`) or with a unit: `80GiB`, `80G` (binary), `80GB` (decimal), `1.5GiB`.
+
+    Raises ValueError naming `what` unless the result is a whole number of bytes in [minimum, maximum].
+    """
+    match = _SIZE.fullmatch(text) if len(text) <= 64 else None
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"{what} must be a whole number, optionally with a unit (e.g. 80GiB, 512MiB), "
+                         f"got {text!r}")
+    value = Fraction(match.group(1).replace("_", "")) * _UNITS[match.group(2).lower()]
+    if value.denominator != 1:
+        raise ValueError(f"{what} {text!r} is not a whole number of bytes")
+    if value < minimum:
+        raise ValueError(f"{what} must be at least {format_size(minimum)}, got {text!r}")
+    if value > maximum:
+        raise ValueError(f"{what} must be at most {format_size(maximum)}, got {text!r}")
+    return int(value)
+
+
+def format_size(n: int) -> str:
+    """Bytes in the largest binary unit, with at most one decimal: '4 TiB', '1.5 GiB', '512 B'."""
+    for unit, scale in (("EiB", 1 << 60), ("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20),
+                        ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{n} B"
+
+
+def parse_bool(text: str, *, what: str = "value") -> bool:
+    """true/1/yes/on or false/0/no/off, in any case; anything else raises ValueError naming `what`."""
+    low = text.strip().lower()
+    if low in TRUE_WORDS:
+        return True
+    if low in FALSE_WORDS:
+        return False
+    raise ValueError(f"{what} must be one of {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}, got {text!r}")
+
+
+def split_settings(items: Iterable[str]) -> dict[str, str]:
+    """'knob=value' strings (from `--set`) as {knob: text}; a later setting of a knob wins."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"a knob setting is knob=value, got {item!r}")
+        out[name.strip()] = text.strip()
+    return out
+
+
+def knob_types(policy: type[Policy]) -> dict[str, type]:
+    """Each knob of a policy class (its dataclass fields) with its type: int, bool, str or float."""
+    hints = typing.get_type_hints(policy)
+    return {f.name: hints.get(f.name, str) for f in fields(policy)}
+
+
+def coerce_knobs(policy: type[Policy], settings: Mapping[str, object]) -> dict:
+    """`settings` as typed knobs of `policy`: text is parsed by the knob's type (sizes may carry units; booleans
+    are strict), values already typed are checked. Raises ValueError for an unknown knob or an ill-typed value."""
+    types = knob_types(policy)
+    out = {}
+    for name, value in settings.items():
+        if name not in types:
+            raise ValueError(f"policy {policy.name} has no knob {name!r}; its knobs: {', '.join(sorted(types))}")
+        want = types[name]
+        what = f"knob {name}"
+        if want is bool:
+            if isinstance(value, str):
+                value = parse_bool(value, what=what)
+            elif isinstance(value, int) and value in (0, 1):
+                value = bool(value)
+            else:
+                raise ValueError(f"{what} must be true or false, got {value!r}")
+        elif want is int:
+            if isinstance(value, str):
+                value = parse_size(value, what=what, minimum=-(1 << 63))
+            elif not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{what} must be an integer, got {value!r}")
+        elif want is float:
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{what} must be a number, got {value!r}") from None
+        elif want is str and not isinstance(value, str):
+            raise ValueError(f"{what} must be a string, got {value!r}")
+        out[name] = value
+    return out
+
+
+def policy_with_knobs(name: str, settings: Mapping[str, object], granularity: int = 2 << 20) -> Policy:
+    """The built-in policy `name` with `settings` applied and validated for a driver of `granularity` bytes."""
+    from gmlake import policies
+
+    if name not in policies.names():
+        raise ValueError(f"unknown policy {name!r}; built-in policies: {', '.join(policies.names())}")
+    cls = type(policies.get(name))
+    policy = cls(**coerce_knobs(cls, settings))
+    policy.validate(granularity)
+    return policy
