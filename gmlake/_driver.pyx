@@ -360,6 +360,10 @@ cdef class ModelDriver(Driver):
             if issued > done:
                 self.complete_stream(stream, rng.randint(done, issued))
 
+    def completed_ticket(self, stream: int) -> int:
+        """The ticket up to which `stream`'s work is done."""
+        return self.completed[stream]
+
     def queued(self, stream: int) -> int:
         """The ticket of the last work queued on `stream` (kernels and events share one count per stream)."""
         return self.issued[stream]
