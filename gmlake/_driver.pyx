@@ -468,5 +468,7 @@ cdef class ModelDriver(Driver):
         if code == DRIVER_INJECTED:
             return "injected fault"
         if code == DRIVER_HAZARD:
-            return "hazard: " + (self.model.hazards[-1] if self.model is not None and self.model.hazards else "?")
+            # Index from the front: this module is compiled with wraparound off.
+            found = self.model.hazards if self.model is not None else []
+            return "hazard: " + (found[len(found) - 1] if found else "?")
         return Driver.describe_error(self, code)

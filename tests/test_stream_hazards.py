@@ -299,3 +299,17 @@ def test_random_schedules_never_hand_out_busy_memory(harness_driver):
         else:
             h.empty_cache()
     h.close()
+
+
+
+def test_a_refused_call_is_described_by_the_hazard_it_found():
+    """What the driver refuses reaches the user as a DriverError whose text is the hazard's description."""
+    driver = HostDriver()
+    h = StreamHarness(driver)
+    assert driver.describe_error(78) == "hazard: ?"
+    p = h.malloc(2 * MiB, stream=0)
+    h.complete(0)
+    driver.launch(0, p, 4096, write=250)
+    h.free(p)
+    driver.complete_stream(0)
+    assert driver.describe_error(78).startswith("hazard: data race: ")
