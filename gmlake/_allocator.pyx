@@ -1607,7 +1607,9 @@ cdef class Allocator:
             raise RuntimeError(f"gmlake: the driver refused to take back {orphans} chunks, ranges or events")
 
     def check(self) -> None:
-        """Verify every internal invariant; raises AssertionError naming the first one broken. For tests."""
+        """Verify every internal invariant and statistic against the structures; raises InvariantError (an
+        AssertionError that `python -O` does not strip) naming the first one broken. For tests."""
+        from gmlake.errors import InvariantError
         cdef pair[uint64_t, Segment*] sp
         cdef pair[uint64_t, SBlock*] bp
         cdef pair[FreeKey, Block*] fp
@@ -1615,60 +1617,85 @@ cdef class Allocator:
         cdef Segment* seg
         cdef Block* b
         cdef SBlock* sb
-        cdef size_t reserved = 0, allocated = 0, free_count = 0, hole_count = 0, sblock_va = 0, i, j, c
+        cdef size_t reserved = 0, allocated = 0, requested = 0, active = 0, free_count = 0, hole_count = 0
+        cdef size_t sblock_va = 0, i, j, c
         cdef FreeKey key
         cdef uintptr_t at
         cdef vector[int] maps
+        pending_blocks = set()
+        for i in range(self.pending.size()):
+            pending_blocks.add(<uintptr_t>self.pending[i].block)
+            active += self.pending[i].block.size
+        for lp in self.live:
+            if lp.second.addr != lp.first or lp.second.state != BLOCK_ALLOCATED:
+                raise InvariantError(f"live pointer 0x{lp.first:x} maps to a block that is not its allocation")
+            if lp.second.requested > lp.second.size:
+                raise InvariantError(f"live block 0x{lp.first:x} holds {lp.second.size} bytes for a request of "
+                                     f"{lp.second.requested}")
+            allocated += lp.second.size
+            requested += lp.second.requested
+            active += lp.second.size
         for sp in self.segments:
             seg = sp.second
-            assert seg.handles.size() == seg.size // seg.chunk_size, "segment chunk count"
+            if seg.handles.size() != seg.size // seg.chunk_size:
+                raise InvariantError(f"segment {seg.serial}: chunk count")
             c = 0
             for i in range(seg.handles.size()):
                 if seg.handles[i] != 0:
                     c += 1
-            assert c == seg.mapped_chunks and c > 0, "segment mapped chunk count"
+            if c != seg.mapped_chunks or c == 0:
+                raise InvariantError(f"segment {seg.serial}: mapped chunk count {seg.mapped_chunks}, {c} handles")
             reserved += c * seg.chunk_size
             at = seg.va
             b = seg.first
-            assert b != NULL and b.prev == NULL, "segment first block"
+            if b == NULL or b.prev != NULL:
+                raise InvariantError(f"segment {seg.serial}: first block")
             while b != NULL:
-                assert b.addr == at and b.size > 0 and b.seg == seg, f"blocks tile segment {seg.serial}"
-                assert self.by_addr.count(b.addr) and self.by_addr[b.addr] == b, "address index"
-                if b.next != NULL:
-                    assert b.next.prev == b, "block links"
+                if b.addr != at or b.size == 0 or b.seg != seg:
+                    raise InvariantError(f"blocks do not tile segment {seg.serial} at offset {at - seg.va}")
+                if self.by_addr.count(b.addr) == 0 or self.by_addr[b.addr] != b:
+                    raise InvariantError(f"address index misses the block at 0x{b.addr:x}")
+                if b.next != NULL and b.next.prev != b:
+                    raise InvariantError(f"block links broken at 0x{b.addr:x}")
                 if b.state == BLOCK_FREE:
                     free_count += 1
-                    assert self._index(seg.pool).count(key_of(b)), "free block indexed"
-                    if b.next != NULL and b.next.state == BLOCK_FREE:
-                        assert b.next.stream != b.stream, "free neighbours of one stream are merged"
+                    if self._index(seg.pool).count(key_of(b)) == 0:
+                        raise InvariantError(f"free block at 0x{b.addr:x} is not indexed")
+                    if b.next != NULL and b.next.state == BLOCK_FREE and b.next.stream == b.stream:
+                        raise InvariantError(f"free neighbours of stream {b.stream} at 0x{b.addr:x} are not merged")
                 elif b.state == BLOCK_ALLOCATED:
                     if self.live.count(b.addr):
-                        assert self.live[b.addr] == b, "allocated block is live"
-                        allocated += b.size
-                    else:
-                        assert any(self.pending[i].block == b for i in range(self.pending.size())), \
-                            "an allocated block is live or pending"
+                        if self.live[b.addr] != b:
+                            raise InvariantError(f"allocated block at 0x{b.addr:x} is not the live one")
+                    elif <uintptr_t>b not in pending_blocks:
+                        raise InvariantError(f"allocated block at 0x{b.addr:x} is neither live nor pending")
                 elif b.state == BLOCK_CLAIMED:
-                    assert b.sblock != NULL and b.sblock.alloc != NULL, "claimed block has a live sBlock"
+                    if b.sblock == NULL or b.sblock.alloc == NULL:
+                        raise InvariantError(f"claimed block at 0x{b.addr:x} has no sBlock in use")
                 elif b.state == BLOCK_UNMAPPED:
                     hole_count += 1
                     key = key_of(b)
                     key.size = 0
-                    assert self._holes(seg.pool).count(key), "hole indexed"
-                    assert b.next == NULL or b.next.state != BLOCK_UNMAPPED, "neighbouring holes are merged"
+                    if self._holes(seg.pool).count(key) == 0:
+                        raise InvariantError(f"hole at 0x{b.addr:x} is not indexed")
+                    if b.next != NULL and b.next.state == BLOCK_UNMAPPED:
+                        raise InvariantError(f"neighbouring holes at 0x{b.addr:x} are not merged")
                 for i in range((b.addr - seg.va) // seg.chunk_size,
                                (b.addr + b.size - seg.va + seg.chunk_size - 1) // seg.chunk_size):
-                    if b.state == BLOCK_UNMAPPED:
-                        assert seg.handles[i] == 0, "unmapped block over a released chunk"
-                    else:
-                        assert seg.handles[i] != 0, "mapped block over a live chunk"
+                    if (b.state == BLOCK_UNMAPPED) != (seg.handles[i] == 0):
+                        raise InvariantError(f"segment {seg.serial} chunk {i}: block state {b.state} over "
+                                             f"{'a released' if seg.handles[i] == 0 else 'a live'} chunk")
                 at += b.size
                 b = b.next
-            assert at == seg.va + seg.size, "blocks cover segment"
-        assert self.free_small.size() + self.free_large.size() == free_count, "free index holds only free blocks"
-        assert self.unmapped_small.size() + self.unmapped_large.size() == hole_count, "hole index holds the holes"
+            if at != seg.va + seg.size:
+                raise InvariantError(f"blocks do not cover segment {seg.serial}")
+        if self.free_small.size() + self.free_large.size() != free_count:
+            raise InvariantError("free index holds blocks that are not free")
+        if self.unmapped_small.size() + self.unmapped_large.size() != hole_count:
+            raise InvariantError("hole index does not hold exactly the holes")
         for fp in self.free_large:
-            assert fp.second.seg.pool == POOL_LARGE and fp.second.state == BLOCK_FREE, "large index"
+            if fp.second.seg.pool != POOL_LARGE or fp.second.state != BLOCK_FREE:
+                raise InvariantError("large free index holds a block that is not a free large-pool block")
         for sp in self.segments:
             maps.assign(sp.second.sblock_maps.size(), 0)
             for bp in self.sblocks:
@@ -1676,32 +1703,59 @@ cdef class Allocator:
                     if bp.second.chunks[i].seg == sp.second:
                         maps[bp.second.chunks[i].index] += 1
             for i in range(maps.size()):
-                assert maps[i] == sp.second.sblock_maps[i], "sBlock map counts"
+                if maps[i] != sp.second.sblock_maps[i]:
+                    raise InvariantError(f"segment {sp.second.serial} chunk {i}: {sp.second.sblock_maps[i]} sBlock "
+                                         f"maps counted, {maps[i]} sBlocks map it")
         c = 0
         for bp in self.sblocks:
             sb = bp.second
             sblock_va += sb.va_size
+            j = 0
+            for i in range(sb.chunks.size()):
+                j += sb.chunks[i].seg.chunk_size
+            if j != sb.va_size:
+                raise InvariantError(f"sBlock {sb.serial}: VA of {sb.va_size} bytes maps {j} bytes of chunks")
+            j = 0
+            for i in range(sb.pieces.size()):
+                j += sb.pieces[i].size
+            if j != sb.capacity or sb.offset + sb.capacity > sb.va_size:
+                raise InvariantError(f"sBlock {sb.serial}: capacity {sb.capacity} against pieces of {j} bytes")
             if sb.alloc == NULL:
                 c += 1
-                assert sb.claimed.size() == 0, "cached sBlock claims nothing"
-                assert self.cached.count(sblock_key(sb)) and self.lru.count(sb.last_use), "cached sBlock indexed"
+                if sb.claimed.size() != 0:
+                    raise InvariantError(f"cached sBlock {sb.serial} claims blocks")
+                if self.cached.count(sblock_key(sb)) == 0 or self.lru.count(sb.last_use) == 0:
+                    raise InvariantError(f"cached sBlock {sb.serial} is not indexed")
             else:
-                assert self.live.count(sb.alloc.addr) or \
-                    any(self.pending[i].block == sb.alloc for i in range(self.pending.size())), \
-                    "in-use sBlock allocation is live or pending"
-                i = 0
-                for j in range(sb.claimed.size()):
-                    assert sb.claimed[j].state == BLOCK_CLAIMED and sb.claimed[j].sblock == sb, "claims"
-                    i += sb.claimed[j].size
-                assert i == sb.alloc.size, "claimed bytes equal the allocation"
-                if self.live.count(sb.alloc.addr):
-                    allocated += sb.alloc.size
-        assert c == self.cached.size() == self.lru.size(), "cached sBlock count"
-        assert reserved == self.st.reserved, f"reserved {self.st.reserved} != chunks held {reserved}"
-        assert allocated == self.st.allocated, f"allocated {self.st.allocated} != live blocks {allocated}"
-        assert sblock_va == self.st.sblock_va, "sBlock VA bytes"
-        assert self.live.size() == self.st.live_blocks, "live count"
-        assert self.st.allocated <= self.st.reserved, "allocated within reserved"
+                if not (self.live.count(sb.alloc.addr) or <uintptr_t>sb.alloc in pending_blocks):
+                    raise InvariantError(f"sBlock {sb.serial} in use by an allocation neither live nor pending")
+                j = 0
+                for i in range(sb.claimed.size()):
+                    if sb.claimed[i].state != BLOCK_CLAIMED or sb.claimed[i].sblock != sb:
+                        raise InvariantError(f"sBlock {sb.serial} lists a block it does not claim")
+                    j += sb.claimed[i].size
+                if j != sb.alloc.size:
+                    raise InvariantError(f"sBlock {sb.serial}: claimed {j} bytes for an allocation of {sb.alloc.size}")
+        if not (c == self.cached.size() == self.lru.size()):
+            raise InvariantError(f"cached sBlocks: {c} counted, {self.cached.size()} indexed, {self.lru.size()} in LRU")
+        # Every statistic against the structures, and every peak at least its current value.
+        counted = (("reserved", self.st.reserved, reserved), ("allocated", self.st.allocated, allocated),
+                   ("requested", self.st.requested, requested), ("active", self.st.active, active),
+                   ("sblock_va", self.st.sblock_va, sblock_va), ("live_blocks", self.st.live_blocks, self.live.size()))
+        for name, stat, actual in counted:
+            if stat != actual:
+                raise InvariantError(f"statistic {name} is {stat}, but the structures hold {actual}")
+        peaks = (("allocated", self.st.allocated, self.st.peak_allocated),
+                 ("requested", self.st.requested, self.st.peak_requested),
+                 ("reserved", self.st.reserved, self.st.peak_reserved),
+                 ("active", self.st.active, self.st.peak_active),
+                 ("sblock_va", self.st.sblock_va, self.st.peak_sblock_va))
+        for name, current, peak in peaks:
+            if peak < current:
+                raise InvariantError(f"peak {name} {peak} is below its current value {current}")
+        if not (self.st.requested <= self.st.allocated <= self.st.active <= self.st.reserved):
+            raise InvariantError(f"requested {self.st.requested} <= allocated {self.st.allocated} <= active "
+                                 f"{self.st.active} <= reserved {self.st.reserved} does not hold")
 
     def segments_info(self) -> list:
         """One dict per segment: serial, pool, size, chunk size, mapped chunks, and its blocks' states."""

@@ -56,6 +56,7 @@ cdef enum FaultKind:
 
 cdef enum:
     DRIVER_INJECTED = 77      # the code an injected (non-OOM) fault returns
+    DRIVER_HAZARD = 78        # hazard tracking refused a call the CUDA driver would make dangerous
 
 
 cdef class ModelDriver(Driver):
@@ -71,6 +72,15 @@ cdef class ModelDriver(Driver):
     cdef int64_t fault_countdown[<int>NUM_FAULTS]
     cdef int fault_code[<int>NUM_FAULTS]
     cdef readonly int64_t faults_triggered
+    # Hazard tracking (tests only, off by default): `model` is a StreamModel that queues kernels per stream and
+    # judges every map, unmap, release and address free; while off, each of those calls costs one branch.
+    cdef bint tracking
+    cdef object model
     cdef int take_capacity(self, size_t size) noexcept nogil
     cdef void give_capacity(self, size_t size) noexcept nogil
     cdef int fault(self, int kind) noexcept nogil
+    cdef int _ask_model(self, object method, tuple args) noexcept
+    cdef int track_map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil
+    cdef int track_unmap(self, uintptr_t va, size_t size) noexcept nogil
+    cdef int track_release(self, uint64_t handle) noexcept nogil
+    cdef int track_free_va(self, uintptr_t va, size_t size) noexcept nogil

@@ -1,7 +1,16 @@
 # cython: language_level=3, annotation_typing=False
-"""Base class of the drivers: an abstract interface; every call fails until a subclass overrides it."""
+"""Base class of the drivers: an abstract interface; every call fails until a subclass overrides it.
+
+Also the modelled streams of the CPU drivers, and their optional hazard tracking (StreamModel): the asynchrony of a
+GPU played out on the CPU, so tests see the stream-ordering bugs that would corrupt data only on a device.
+"""
+from bisect import bisect_right, insort
+from collections import deque
+
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from cython.operator cimport dereference as deref
+
+from gmlake.errors import HazardError
 
 cdef enum:
     NOT_IMPLEMENTED = -1
@@ -73,6 +82,158 @@ cdef class Driver:
         }
 
 
+def _overlap(a: list, b: list) -> tuple | None:
+    """The first physical byte range two extent lists share, as (handle, lo, hi), or None."""
+    for handle, lo, hi in a:
+        for other, olo, ohi in b:
+            if handle == other and lo < ohi and olo < hi:
+                return handle, max(lo, olo), min(hi, ohi)
+    return None
+
+
+class _Kernel:
+    """Work queued on a stream: it touches VA [va, va + size), i.e. the physical `extents` (handle, lo, hi) that VA
+    mapped when it was queued. When it runs it writes byte `write` and/or checks that the bytes read `expect`."""
+    __slots__ = ("stream", "ticket", "va", "size", "extents", "write", "expect", "waits", "label")
+
+    def __init__(self, stream, ticket, va, size, extents, write, expect, waits, label):
+        self.stream, self.ticket, self.va, self.size = stream, ticket, va, size
+        self.extents, self.write, self.expect, self.waits, self.label = extents, write, expect, waits, label
+
+    def describe(self) -> str:
+        return f"stream {self.stream}'s queued kernel #{self.ticket} ({self.label or 'unnamed'}) on 0x{self.va:x}+{self.size}"
+
+
+class StreamModel:
+    """What a ModelDriver with hazard tracking knows: which VA maps which handle, and each stream's queued kernels.
+
+    A kernel runs (its write lands, its check reads) only when its stream is completed up to it: by the test
+    (`complete_stream`), by a seeded random schedule (`complete_random`) or by a synchronize. Hazards are judged on
+    physical memory, (handle, offset), because an sBlock maps one handle in several VA ranges; an unmap is judged on
+    VA, since a queued kernel faults on the address it was given. Each hazard found is appended to `hazards`.
+    """
+
+    def __init__(self, driver) -> None:
+        self.driver = driver
+        self.maps: dict[int, tuple[int, int]] = {}      # va -> (size, handle) of each live mapping
+        self.starts: list[int] = []                     # the mappings' VAs, sorted
+        self.handle_vas: dict[int, set[int]] = {}       # handle -> the VAs it is mapped at
+        self.queues: dict[int, deque] = {}              # stream -> queued kernels, oldest first
+        self.hazards: list[str] = []
+
+    # ---- address translation
+
+    def extents(self, va: int, size: int) -> list[tuple[int, int, int]]:
+        """The physical ranges (handle, lo, hi) under VA [va, va + size); HazardError if any byte is unmapped."""
+        out = []
+        at, end = va, va + size
+        i = bisect_right(self.starts, at) - 1
+        while at < end:
+            if i < 0 or i >= len(self.starts):
+                raise HazardError(f"access to 0x{at:x}, which no handle is mapped at")
+            start = self.starts[i]
+            msize, handle = self.maps[start]
+            if not start <= at < start + msize:
+                raise HazardError(f"access to 0x{at:x}, which no handle is mapped at")
+            hi = min(end, start + msize)
+            out.append((handle, at - start, hi - start))
+            at = hi
+            i += 1
+        return out
+
+    # ---- kernels
+
+    def pending(self, stream: int | None = None) -> int:
+        """How many kernels are queued (on `stream`, or on all streams)."""
+        if stream is not None:
+            return len(self.queues.get(stream, ()))
+        return sum(len(q) for q in self.queues.values())
+
+    def launch(self, stream: int, ticket: int, va: int, size: int, write, expect, waits: dict, label: str) -> None:
+        """Queue a kernel; HazardError if another stream's queued work (not waited for) touches the same bytes."""
+        extents = self.extents(va, size)
+        kernel = _Kernel(stream, ticket, va, size, extents, write, expect, waits, label)
+        for other, queue in self.queues.items():
+            if other == stream:
+                continue    # one stream runs its kernels in order
+            waited = waits.get(other, 0)
+            for queued in queue:
+                if queued.ticket <= waited or (write is None and queued.write is None):
+                    continue    # ordered by an event wait, or two reads: no race
+                shared = _overlap(extents, queued.extents)
+                if shared is not None:
+                    handle, lo, hi = shared
+                    raise HazardError(
+                        f"stream-ordering hazard: stream {stream} was handed handle {handle} bytes [{lo}, {hi}) "
+                        f"(kernel {label or 'unnamed'} on 0x{va:x}+{size}) while {queued.describe()} still uses them")
+        self.queues.setdefault(stream, deque()).append(kernel)
+
+    def run_until(self, stream: int, ticket: int) -> None:
+        """Run `stream`'s kernels up to `ticket`, in order; the streams each one waited for run first."""
+        queue = self.queues.get(stream)
+        while queue and queue[0].ticket <= ticket:
+            kernel = queue.popleft()
+            for other, upto in kernel.waits.items():
+                self.driver.complete_stream(other, upto)
+            self._run(kernel)
+
+    def _run(self, kernel) -> None:
+        for handle, lo, hi in kernel.extents:
+            if kernel.write is not None:
+                self.driver._write_physical(handle, lo, bytes([kernel.write]) * (hi - lo))
+            if kernel.expect is not None:
+                got = self.driver._read_physical(handle, lo, hi - lo)
+                if got is not None and got.count(kernel.expect) != len(got):
+                    wrong = next(b for b in got if b != kernel.expect)
+                    self.hazards.append(
+                        f"data race: {kernel.describe()} expected its bytes to hold {kernel.expect} but handle "
+                        f"{handle} [{lo}, {hi}) holds {wrong}: another stream's kernel overwrote them")
+
+    # ---- what the allocator asks of the driver (each returns None if safe, else the hazard's description)
+
+    def _queued_on(self, test) -> object:
+        for queue in self.queues.values():
+            for kernel in queue:
+                if test(kernel):
+                    return kernel
+        return None
+
+    def on_map(self, va: int, size: int, handle: int) -> None:
+        self.maps[va] = (size, handle)
+        insort(self.starts, va)
+        self.handle_vas.setdefault(handle, set()).add(va)
+
+    def on_unmap(self, va: int, size: int) -> str | None:
+        end = va + size
+        busy = self._queued_on(lambda k: k.va < end and va < k.va + k.size)
+        if busy is not None:
+            return (f"unmap of 0x{va:x}+{size} with no synchronize since {busy.describe()} was queued: "
+                    f"the kernel would fault")
+        i = bisect_right(self.starts, va - 1)
+        while i < len(self.starts) and self.starts[i] < end:
+            start = self.starts.pop(i)
+            _, handle = self.maps.pop(start)
+            self.handle_vas[handle].discard(start)
+        return None
+
+    def on_release(self, handle: int) -> str | None:
+        vas = self.handle_vas.get(handle)
+        if vas:
+            return (f"release of handle {handle} while it is still mapped at "
+                    f"{', '.join(f'0x{v:x}' for v in sorted(vas))}")
+        busy = self._queued_on(lambda k: any(e[0] == handle for e in k.extents))
+        if busy is not None:
+            return f"release of handle {handle} while {busy.describe()} still uses it"
+        self.handle_vas.pop(handle, None)
+        return None
+
+    def on_free_va(self, va: int, size: int) -> str | None:
+        i = bisect_right(self.starts, va - 1)
+        if i < len(self.starts) and self.starts[i] < va + size:
+            return f"address free of 0x{va:x}+{size} while a handle is still mapped at 0x{self.starts[i]:x}"
+        return None
+
+
 FAULT_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
                "event_record")
 
@@ -84,6 +245,8 @@ cdef class ModelDriver(Driver):
     def __cinit__(self):
         self.auto_complete = True
         self.next_event = 1
+        self.tracking = False
+        self.model = None
 
     cdef int fault(self, int kind) noexcept nogil:
         """DRIVER_OK, or the injected code if this call is the one chosen to fail."""
@@ -128,6 +291,11 @@ cdef class ModelDriver(Driver):
         cdef int rc = self.fault(FAULT_SYNC)
         if rc != DRIVER_OK:
             return rc
+        if self.tracking:
+            with gil:
+                rc = self._ask_model(self.complete_all, ())
+            if rc != DRIVER_OK:
+                return rc
         for entry in self.issued:
             self.completed[entry.first] = entry.second
         return DRIVER_OK
@@ -159,13 +327,148 @@ cdef class ModelDriver(Driver):
         self.live_events -= 1
         return DRIVER_OK
 
-    def complete_stream(self, stream: int) -> None:
-        """Mark all work queued so far on `stream` as done (events recorded on it become complete)."""
-        self.completed[stream] = self.issued[stream]
+    def complete_stream(self, stream: int, upto: int | None = None) -> None:
+        """Mark the work queued on `stream` as done, all of it or up to ticket `upto` (see `queued`): events
+        recorded on it become complete and, with hazard tracking, its kernels run."""
+        cdef int64_t s = stream
+        cdef uint64_t target = self.issued[s]
+        if upto is not None and <uint64_t>upto < target:
+            target = upto
+        if self.model is not None:
+            self.model.run_until(s, target)
+        if target > self.completed[s]:
+            self.completed[s] = target
+
+    def complete_all(self) -> None:
+        """Complete every stream's work (what synchronize does)."""
+        cdef pair[int64_t, uint64_t] entry
+        streams = []
+        for entry in self.issued:
+            streams.append(entry.first)
+        for stream in streams:
+            self.complete_stream(stream)
+
+    def complete_random(self, rng) -> None:
+        """A seeded random schedule: complete each stream up to a random point of its queued work (`rng` is a
+        random.Random)."""
+        cdef pair[int64_t, uint64_t] entry
+        queued = []
+        for entry in self.issued:
+            queued.append((entry.first, entry.second))
+        for stream, issued in sorted(queued):
+            done = self.completed[<int64_t>stream]
+            if issued > done:
+                self.complete_stream(stream, rng.randint(done, issued))
+
+    def completed_ticket(self, stream: int) -> int:
+        """The ticket up to which `stream`'s work is done."""
+        return self.completed[stream]
+
+    def queued(self, stream: int) -> int:
+        """The ticket of the last work queued on `stream` (kernels and events share one count per stream)."""
+        return self.issued[stream]
+
+    # ------------------------------------------------------------------ hazard tracking (tests)
+
+    def track_hazards(self) -> None:
+        """Turn on hazard tracking on this fresh driver: streams run nothing until completed (auto_complete off),
+        kernels are queued with `launch`, and unmapping, releasing or freeing what would be unsafe on a GPU is
+        refused (DRIVER_HAZARD) and logged; `check_hazards()` raises the first hazard logged."""
+        if self.live_chunks or self.live_reservations:
+            raise RuntimeError("track_hazards() must be called before the driver hands anything out")
+        self.auto_complete = False
+        self.model = StreamModel(self)
+        self.tracking = True
+
+    def _need_model(self):
+        if self.model is None:
+            raise RuntimeError("hazard tracking is off: call track_hazards() first")
+        return self.model
+
+    def launch(self, stream: int, ptr: int, size: int, *, write: int | None = None, expect: int | None = None,
+               after=(), label: str = "") -> int:
+        """Queue a kernel on `stream` that touches [ptr, ptr + size): when it runs, it writes byte `write` and/or
+        checks that the bytes hold `expect` (real bytes on the host driver). It waits for all work queued so far on
+        the streams in `after` (an event wait), so it does not race with them. Raises HazardError if another
+        stream's queued work still touches the same physical bytes. Returns the kernel's ticket."""
+        model = self._need_model()
+        cdef int64_t s = stream
+        waits = {}
+        for other in after:
+            if other != stream:
+                waits[int(other)] = self.issued[<int64_t>other]
+        ticket = self.issued[s] + 1
+        model.launch(stream, ticket, ptr, size, write, expect, waits, label)
+        self.issued[s] = ticket
+        return ticket
+
+    def physical(self, ptr: int, size: int) -> list:
+        """The physical ranges (handle, lo, hi) under VA [ptr, ptr + size)."""
+        return self._need_model().extents(ptr, size)
+
+    def pending_kernels(self, stream: int | None = None) -> int:
+        """How many kernels are queued and not yet run (on `stream`, or on all)."""
+        return self._need_model().pending(stream)
+
+    @property
+    def hazards(self) -> list:
+        """Every hazard logged so far (empty while tracking is off)."""
+        return list(self.model.hazards) if self.model is not None else []
+
+    def check_hazards(self) -> None:
+        """Raise HazardError naming the first hazard logged, if any."""
+        if self.model is not None and self.model.hazards:
+            raise HazardError(self.model.hazards[0])
+
+    def _write_physical(self, handle: int, offset: int, data: bytes) -> None:
+        """Write bytes into a chunk (host driver); the sim driver has no bytes."""
+
+    def _read_physical(self, handle: int, offset: int, size: int):
+        """The bytes of a chunk (host driver); None on the sim driver."""
+        return None
+
+    cdef int _ask_model(self, object method, tuple args) noexcept:
+        """Call the model: DRIVER_HAZARD (logged) if it names a hazard or fails, else DRIVER_OK."""
+        try:
+            found = method(*args)
+        except BaseException as err:
+            found = f"hazard model failed: {err!r}"
+        if found is None:
+            return DRIVER_OK
+        self.model.hazards.append(found)
+        return DRIVER_HAZARD
+
+    cdef int track_map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:
+        if not self.tracking:
+            return DRIVER_OK
+        with gil:
+            return self._ask_model(self.model.on_map, (va, size, handle))
+
+    cdef int track_unmap(self, uintptr_t va, size_t size) noexcept nogil:
+        if not self.tracking:
+            return DRIVER_OK
+        with gil:
+            return self._ask_model(self.model.on_unmap, (va, size))
+
+    cdef int track_release(self, uint64_t handle) noexcept nogil:
+        if not self.tracking:
+            return DRIVER_OK
+        with gil:
+            return self._ask_model(self.model.on_release, (handle,))
+
+    cdef int track_free_va(self, uintptr_t va, size_t size) noexcept nogil:
+        if not self.tracking:
+            return DRIVER_OK
+        with gil:
+            return self._ask_model(self.model.on_free_va, (va, size))
 
     def describe_error(self, int code) -> str:
         if code == -2:
             return "unknown event"
         if code == DRIVER_INJECTED:
             return "injected fault"
+        if code == DRIVER_HAZARD:
+            # Index from the front: this module is compiled with wraparound off.
+            found = self.model.hazards if self.model is not None else []
+            return "hazard: " + (found[len(found) - 1] if found else "?")
         return Driver.describe_error(self, code)

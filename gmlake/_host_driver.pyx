@@ -5,6 +5,8 @@ A chunk is a memfd of `granularity` bytes; a reservation is a PROT_NONE anonymou
 memfd at a fixed address inside a reservation with MAP_SHARED, so one chunk can appear in several ranges at once and a
 byte written through a stitched range reads back through the chunk's primitive range.
 """
+import os
+
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libc.errno cimport errno, ENOMEM
 from gmlake._driver cimport ModelDriver, DRIVER_OK, DRIVER_OOM
@@ -92,6 +94,9 @@ cdef class HostDriver(ModelDriver):
         cdef int fault = self.fault(FAULT_RELEASE)
         if fault != DRIVER_OK:
             return fault
+        fault = self.track_release(handle)
+        if fault != DRIVER_OK:
+            return fault
         if close(<int>handle) != 0:
             return _errno_code()
         self.give_capacity(size)
@@ -124,6 +129,9 @@ cdef class HostDriver(ModelDriver):
         cdef int fault = self.fault(FAULT_FREE_VA)
         if fault != DRIVER_OK:
             return fault
+        fault = self.track_free_va(va, size)
+        if fault != DRIVER_OK:
+            return fault
         if munmap(<void*>va, size) != 0:
             return _errno_code()
         self.live_reservations -= 1
@@ -137,10 +145,13 @@ cdef class HostDriver(ModelDriver):
         cdef void* got = mmap(<void*>va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, <int>handle, 0)
         if got == MAP_FAILED:
             return _errno_code()
-        return DRIVER_OK
+        return self.track_map(va, size, handle)
 
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil:
         cdef int fault = self.fault(FAULT_UNMAP)
+        if fault != DRIVER_OK:
+            return fault
+        fault = self.track_unmap(va, size)
         if fault != DRIVER_OK:
             return fault
         # Put the reservation back in place of the chunk mapping, so the range stays reserved.
@@ -156,6 +167,13 @@ cdef class HostDriver(ModelDriver):
         if mprotect(<void*>va, size, PROT_READ | PROT_WRITE) != 0:
             return _errno_code()
         return DRIVER_OK
+
+    def _write_physical(self, handle: int, offset: int, data: bytes) -> None:
+        """A queued kernel's write landing: into the chunk's memfd itself, so every mapping of it sees the bytes."""
+        os.pwrite(handle, data, offset)
+
+    def _read_physical(self, handle: int, offset: int, size: int) -> bytes:
+        return os.pread(handle, size, offset)
 
     def describe_error(self, int code) -> str:
         if code >= ERRNO_BASE:

@@ -39,6 +39,9 @@ cdef class SimDriver(ModelDriver):
         cdef int fault = self.fault(FAULT_RELEASE)
         if fault != DRIVER_OK:
             return fault
+        fault = self.track_release(handle)
+        if fault != DRIVER_OK:
+            return fault
         self.give_capacity(size)
         return DRIVER_OK
 
@@ -59,6 +62,9 @@ cdef class SimDriver(ModelDriver):
         cdef int fault = self.fault(FAULT_FREE_VA)
         if fault != DRIVER_OK:
             return fault
+        fault = self.track_free_va(va, size)
+        if fault != DRIVER_OK:
+            return fault
         self.live_reservations -= 1
         self.live_reserved_va -= size
         return DRIVER_OK
@@ -67,10 +73,13 @@ cdef class SimDriver(ModelDriver):
         cdef int fault = self.fault(FAULT_MAP)
         if fault != DRIVER_OK:
             return fault
-        return DRIVER_OK
+        return self.track_map(va, size, handle)
 
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil:
         cdef int fault = self.fault(FAULT_UNMAP)
+        if fault != DRIVER_OK:
+            return fault
+        fault = self.track_unmap(va, size)
         if fault != DRIVER_OK:
             return fault
         return DRIVER_OK

@@ -52,3 +52,14 @@ class InvalidPointerError(GmlakeError, ValueError):
 
 class PolicyError(GmlakeError, RuntimeError):
     """A Python policy hook raised; the request it was deciding was undone."""
+
+
+class InvariantError(GmlakeError, AssertionError):
+    """`Allocator.check()` found internal state that contradicts itself (a bug in the allocator core). Raised as a
+    real exception, so it survives `python -O`, which strips `assert`."""
+
+
+class HazardError(GmlakeError, AssertionError):
+    """A modelled driver with hazard tracking on saw what would corrupt data or fault on a GPU: memory handed to a
+    stream while another stream's queued work still touches it, a range unmapped under queued work, a handle
+    released while still mapped, or bytes a queued kernel found overwritten."""

@@ -21,10 +21,12 @@ def test_bundled_traces_are_there():
     assert any("native" in n for n in names) and any("expandable" in n for n in names)
 
 
-@pytest.mark.parametrize("row", fidelity(), ids=lambda r: r["trace"])
-def test_replay_reproduces_the_captured_peak(row):
+# Collected by name only: the replay runs inside the test, so a core bug fails this test instead of collection.
+@pytest.mark.parametrize("path", bundled_traces(), ids=lambda p: p.stem)
+def test_replay_reproduces_the_captured_peak(path):
     """A trace captured under PyTorch's native allocator, replayed through `caching`, lands within 1% of the run's
     real max_memory_reserved; one captured under expandable segments, through `expandable`, within 2%."""
+    (row,) = fidelity([path])
     assert abs(row["error"]) <= row["tolerance"], row
 
 

@@ -1,11 +1,15 @@
-"""Random malloc / free / empty_cache / stream sequences, checked on real bytes (host) and against sim.
+"""Random malloc / free / record_stream / completion / empty_cache sequences on several streams, checked on real
+bytes (host) against a reference model, and sim against host.
 
-Every live block is filled with a byte value no other live block has, and checked when freed: if two live blocks
-ever shared physical bytes (a stitching or splitting bug), one of the patterns would be overwritten.
+The machine drives the allocator through tests/streams.py: every block is written by a kernel queued on its stream
+and checked by its last kernel before the free, kernels run only when the machine completes a stream (whole, up to a
+point, or on a seeded random schedule), and the driver treats memory handed to a stream while another stream's
+queued work still touches it as a hazard. The shadow of live physical bytes catches two live blocks sharing memory.
+A memory cap makes the pressure paths run. Every policy runs under it.
 """
 from __future__ import annotations
 
-import ctypes
+import random
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +17,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 import gmlake
 from gmlake import Allocator, HostDriver, OutOfMemoryError, SimDriver
+from streams import StreamHarness
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -26,12 +31,8 @@ sizes = st.one_of(
 streams = st.integers(0, 2)
 
 
-def _fill_check(ptr: int, size: int, value: int) -> bool:
-    return ctypes.string_at(ptr, size).count(value) == size
-
-
 class HostAllocatorMachine(RuleBasedStateMachine):
-    """The state machine over the host driver, with a memory cap so the pressure paths run too."""
+    """The state machine over the host driver with hazard tracking, with a memory cap so the pressure paths run."""
 
     blocks = Bundle("blocks")
 
@@ -40,67 +41,52 @@ class HostAllocatorMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.driver = HostDriver()
-        self.driver.auto_complete = False
-        self.alloc = Allocator(self.driver, self.policy, limit=96 * MiB)
-        self.values: dict[int, int] = {}   # ptr -> pattern byte
-        self.sizes: dict[int, int] = {}
+        self.h = StreamHarness(self.driver, self.policy, limit=96 * MiB)
 
-    def _free_value(self) -> int:
-        used = set(self.values.values())
-        return next(v for v in range(1, 256) if v not in used)
-
-    @precondition(lambda self: len(self.values) < 200)
+    @precondition(lambda self: len(self.h.live) < 200)
     @rule(target=blocks, size=sizes, stream=streams)
     def malloc(self, size, stream):
-        try:
-            ptr = self.alloc.malloc(size, stream)
-        except OutOfMemoryError as err:
-            assert err.requested == size
-            return None
-        assert ptr not in self.values
-        assert self.alloc.block_size(ptr) >= size
-        value = self._free_value()
-        ctypes.memset(ptr, value, size)
-        self.values[ptr] = value
-        self.sizes[ptr] = size
+        ptr = self.h.malloc(size, stream)
+        if ptr is not None:
+            assert self.h.alloc.block_size(ptr) >= size
         return ptr
 
     @rule(ptr=consumes(blocks))
     def free(self, ptr):
-        if ptr is None:
-            return
-        assert _fill_check(ptr, self.sizes[ptr], self.values[ptr]), "a live block's bytes were overwritten"
-        self.alloc.free(ptr)
-        del self.values[ptr], self.sizes[ptr]
+        if ptr is not None and ptr in self.h.live:
+            self.h.free(ptr)
 
     @rule(ptr=blocks, stream=streams)
     def record_stream(self, ptr, stream):
-        if ptr is not None and ptr in self.values:
-            self.alloc.record_stream(ptr, stream)
+        if ptr is not None and ptr in self.h.live and stream != self.h.live[ptr].stream:
+            self.h.use_on(ptr, stream)
 
     @rule()
     def empty_cache(self):
-        self.alloc.empty_cache()
-        assert self.alloc.stats()["cached_sblocks"] == 0
+        self.h.empty_cache()
+        assert self.h.alloc.stats()["cached_sblocks"] == 0
 
     @rule(stream=streams)
     def complete_stream(self, stream):
-        self.driver.complete_stream(stream)
+        self.h.complete(stream)
+
+    @rule(stream=streams, fraction=st.floats(0, 1))
+    def complete_part_of_stream(self, stream, fraction):
+        """Run only the older part of a stream's queued work: fences recorded before the rest complete first."""
+        done, issued = self.driver.completed_ticket(stream), self.driver.queued(stream)
+        self.h.complete(stream, int(done + (issued - done) * fraction))
+
+    @rule(seed=st.integers(0, 2**32 - 1))
+    def complete_random(self, seed):
+        self.h.complete_random(random.Random(seed))
 
     @invariant()
     def consistent(self):
-        self.alloc.check()
-        assert self.alloc.stats()["reserved_bytes"] == self.driver.live_chunk_bytes
+        self.h.verify()
+        assert self.h.alloc.stats()["reserved_bytes"] == self.driver.live_chunk_bytes
 
     def teardown(self):
-        for ptr in list(self.values):
-            assert _fill_check(ptr, self.sizes[ptr], self.values[ptr])
-            self.alloc.free(ptr)
-        self.alloc.empty_cache()
-        self.alloc.check()
-        assert self.alloc.stats()["reserved_bytes"] == 0
-        leaks = self.driver.leaks()
-        assert leaks == {k: 0 for k in leaks}, leaks
+        self.h.close()
 
 
 class CachingMachine(HostAllocatorMachine):
@@ -111,7 +97,8 @@ class ExpandableMachine(HostAllocatorMachine):
     policy = gmlake.policies.get("expandable")
 
 
-_settings = settings(max_examples=60, stateful_step_count=60, deadline=None,
+# derandomize: the same examples on every run, so a bug this finds fails every run, not one in a few.
+_settings = settings(max_examples=60, stateful_step_count=60, deadline=None, derandomize=True,
                      suppress_health_check=[HealthCheck.too_slow])
 HostAllocatorMachine.TestCase.settings = _settings
 CachingMachine.TestCase.settings = _settings

@@ -89,14 +89,16 @@ def test_eight_threads_with_pattern_checks(policy):
     assert ops > 1000
 
 
-def random_ops(total: int, seed: int = 0, check_every: int = 10_000, policy: str = "gmlake-paper") -> dict:
-    """Random malloc/free with byte checks; the paper's policy by default, the one that stitches most."""
+def random_ops(total: int, seed: int = 0, check_every: int = 10_000, empty_every: int = 50_000,
+               policy: str = "gmlake-paper") -> dict:
+    """`total` random mallocs and frees on two streams with pattern checks, empty_cache every `empty_every`; the
+    paper's policy by default, the one that stitches most."""
     drv = HostDriver()
     alloc = Allocator(drv, gmlake.policies.get(policy), limit=256 * MiB)
     rng = random.Random(seed)
     live: list[tuple[int, int, int]] = []
     used = set()
-    ooms = 0
+    ooms = empties = 0
     for i in range(total):
         if live and (rng.random() < 0.5 or len(live) > 150):
             p, n, v = live.pop(rng.randrange(len(live)))
@@ -114,8 +116,9 @@ def random_ops(total: int, seed: int = 0, check_every: int = 10_000, policy: str
             used.add(v)
             ctypes.memset(p, v, n)
             live.append((p, n, v))
-        if i % 50_000 == 0 and i:
+        if i % empty_every == 0 and i:
             alloc.empty_cache()
+            empties += 1
         if i % check_every == 0:
             alloc.check()
     for p, n, v in live:
@@ -124,12 +127,13 @@ def random_ops(total: int, seed: int = 0, check_every: int = 10_000, policy: str
     stats = alloc.stats()
     alloc.close()
     assert drv.leaks() == {k: 0 for k in drv.leaks()}
-    return {"ops": total, "ooms": ooms, "stitches": stats["stitches"], "sblock_reuses": stats["sblock_reuses"]}
+    return {"ops": total, "ooms": ooms, "stitches": stats["stitches"], "sblock_reuses": stats["sblock_reuses"],
+            "empty_caches": empties}
 
 
 def test_random_operations_short():
-    result = random_ops(30_000)
-    assert result["stitches"] > 0
+    result = random_ops(30_000, empty_every=4_000)
+    assert result["stitches"] > 0 and result["empty_caches"] == 7
 
 
 @pytest.mark.slow

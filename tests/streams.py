@@ -1,0 +1,122 @@
+"""A harness that drives an Allocator the way PyTorch drives it on a GPU, over a modelled driver with hazard
+tracking on, so stream-ordering bugs fail on the CPU.
+
+Every allocation is written by a kernel queued on its stream; a use on another stream (record_stream) queues a
+kernel there that waits for the writer (an event wait, as `wait_stream` would); every free is preceded by a last
+kernel on the allocation's stream that checks the block still holds its byte. Kernels run only when a stream is
+completed (by the test, a seeded random schedule, or a synchronize), so memory the allocator hands out early is
+caught: by the driver, as a hazard, when the new owner's kernel is queued while another stream's work on the same
+physical bytes is still pending; and by the shadow here, when two live allocations share physical bytes.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import gmlake
+from gmlake import Allocator, OutOfMemoryError
+from gmlake.errors import HazardError
+
+
+@dataclass
+class Live:
+    """A live allocation, as the shadow sees it."""
+
+    ptr: int
+    size: int
+    stream: int
+    value: int
+    extents: list
+    users: set = field(default_factory=set)
+
+
+def _shared(a: list, b: list) -> tuple | None:
+    for handle, lo, hi in a:
+        for other, olo, ohi in b:
+            if handle == other and lo < ohi and olo < hi:
+                return handle, max(lo, olo), min(hi, ohi)
+    return None
+
+
+class StreamHarness:
+    """An allocator over `driver` (made hazard-tracking here) with a shadow of the bytes each live allocation, and so
+    each stream, may touch. Every operation ends with `verify()`: the driver's hazards, then `Allocator.check()`."""
+
+    def __init__(self, driver: gmlake.Driver, policy: gmlake.Policy | str = "gmlake", *, limit: int = 0,
+                 **knobs) -> None:
+        driver.track_hazards()
+        if isinstance(policy, str):
+            policy = gmlake.policies.get(policy, **knobs)
+        self.driver = driver
+        self.alloc = Allocator(driver, policy, limit=limit)
+        self.live: dict[int, Live] = {}
+
+    def _value(self) -> int:
+        used = {b.value for b in self.live.values()}
+        return next(v for v in range(1, 256) if v not in used)
+
+    def verify(self) -> None:
+        """Raise if the driver logged a hazard or the allocator's invariants are broken."""
+        self.driver.check_hazards()
+        self.alloc.check()
+
+    def malloc(self, size: int, stream: int = 0) -> int | None:
+        """Allocate and queue the kernel that writes the new block on `stream`; None on a clean out-of-memory."""
+        try:
+            ptr = self.alloc.malloc(size, stream)
+        except OutOfMemoryError:
+            self.verify()
+            return None
+        extents = self.driver.physical(ptr, size)
+        for other in self.live.values():
+            shared = _shared(extents, other.extents)
+            if shared is not None:
+                raise HazardError(
+                    f"malloc({size}, stream {stream}) returned 0x{ptr:x}, whose handle {shared[0]} bytes "
+                    f"[{shared[1]}, {shared[2]}) belong to the live allocation 0x{other.ptr:x} of stream {other.stream}")
+        block = Live(ptr, size, stream, self._value(), extents)
+        self.driver.launch(stream, ptr, size, write=block.value, label=f"write of malloc 0x{ptr:x} on stream {stream}")
+        self.live[ptr] = block
+        self.verify()
+        return ptr
+
+    def use_on(self, ptr: int, stream: int) -> None:
+        """Use a live block on another stream too: record_stream, then a kernel there after an event wait."""
+        block = self.live[ptr]
+        self.alloc.record_stream(ptr, stream)
+        self.driver.launch(stream, ptr, block.size, expect=block.value, after=(block.stream,),
+                           label=f"use of 0x{ptr:x} on stream {stream}")
+        block.users.add(stream)
+        self.verify()
+
+    def free(self, ptr: int) -> None:
+        """Queue the block's last use on its stream, then free it."""
+        block = self.live.pop(ptr)
+        self.driver.launch(block.stream, ptr, block.size, expect=block.value,
+                           label=f"last use of 0x{ptr:x} before its free on stream {block.stream}")
+        self.alloc.free(ptr)
+        self.verify()
+
+    def complete(self, stream: int, upto: int | None = None) -> None:
+        """Run `stream`'s queued work, all of it or up to ticket `upto`."""
+        self.driver.complete_stream(stream, upto)
+        self.verify()
+
+    def complete_random(self, rng: random.Random) -> None:
+        self.driver.complete_random(rng)
+        self.verify()
+
+    def empty_cache(self) -> None:
+        self.alloc.empty_cache()
+        self.verify()
+
+    def close(self) -> None:
+        """Free everything, run all work, give everything back; nothing may leak."""
+        for ptr in list(self.live):
+            self.free(ptr)
+        self.driver.complete_all()
+        self.verify()
+        self.alloc.close()
+        self.verify()
+        leaks = self.driver.leaks()
+        assert leaks == {k: 0 for k in leaks}, leaks
