@@ -3,6 +3,8 @@
 Nothing here needs CUDA: the `cuda` driver declares the few driver entry points it calls itself (_cuda_api.pxd) and
 resolves them from libcuda at run time, so the same build runs on CUDA 12 and CUDA 13 drivers.
 """
+from pathlib import Path
+
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.dist import Distribution
