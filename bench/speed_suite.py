@@ -164,7 +164,8 @@ def format_table(rows: list[dict], warmup: int, steps: int) -> str:
             f"{row['workload']:<8} {row['allocator']:<13} {row['runs']:>4} {cell(row.get('vs_native'), '.3f'):>8}x "
             f"{ratio_range:>13} {row['spread_pct']:>6.1f}% {row['samples_per_s']:>10.1f} "
             f"{cell(row.get('peak_reserved_gib'), '.2f'):>9} {cell(row.get('utilization'), '.3f'):>6} "
-            f"{cell(row.get('stitches_after_warmup'), '.0f'):>9} {cell(row.get('driver_calls_after_warmup'), '.0f'):>10}"
+            f"{cell(row.get('stitches_after_warmup'), '.0f'):>9} "
+            f"{cell(row.get('driver_calls_after_warmup'), '.0f'):>10}"
             + (f"  ({row['failed']} failed)" if row["failed"] else "")
             + ("  (SHAPES DIFFER between runs)" if len(row["schedules"]) > 1 else ""))
     native = [f"{r['workload']} {r['spread_pct']:.1f}% over {r['runs']} runs" for r in rows

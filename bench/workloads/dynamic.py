@@ -35,33 +35,36 @@ from torch import nn
 
 from common import allocator_name, counters_since, gmlake_policy_name, gmlake_stats, memory_peaks
 
-# Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive; `shape` is
-# the image side in pixels or the padded sequence length, drawn in steps of `shape_step`). The full sizes are
-# estimates for about 0.1 s a step and 5-30 GB on an H200 (bf16 autocast); --batch and --shape override them.
+# Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive, in steps of
+# `batch_step` and `shape_step`; `shape` is the image side in pixels or the padded sequence length). The full sizes
+# are estimates, not measurements: about 0.05-0.1 s a step and a peak of 10-30 GB on an H200 under bf16 autocast
+# (ViT-B/16 and BERT-base at up to ~65k tokens a step, T5-base with recomputation, ResNet-50 at up to 224 images of
+# 288 px), so that 4 workloads x 4 allocators x 2 rounds of 60 steps fit one 9-minute device call; --batch and
+# --shape override the ranges.
 PRESETS: dict[str, dict[str, dict]] = {
     "vit": {
         "full": {"hidden": 768, "layers": 12, "heads": 12, "ffn": 3072, "patch": 16, "classes": 1000,
-                 "batch": (48, 144), "shape": (160, 384), "shape_step": 32},
+                 "batch": (32, 112), "batch_step": 16, "shape": (160, 384), "shape_step": 32},
         "small": {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64, "patch": 8, "classes": 10,
-                  "batch": (2, 4), "shape": (32, 64), "shape_step": 16},
+                  "batch": (2, 4), "batch_step": 1, "shape": (32, 64), "shape_step": 16},
     },
     "bert": {
         "full": {"hidden": 768, "layers": 12, "heads": 12, "ffn": 3072, "vocab": 30522, "classes": 2,
-                 "batch": (64, 128), "shape": (32, 512), "shape_step": 8},
+                 "batch": (64, 128), "batch_step": 8, "shape": (32, 512), "shape_step": 8},
         "small": {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64, "vocab": 1000, "classes": 2,
-                  "batch": (2, 4), "shape": (8, 64), "shape_step": 8},
+                  "batch": (2, 4), "batch_step": 1, "shape": (8, 64), "shape_step": 8},
     },
     "t5": {
         "full": {"hidden": 768, "layers": 12, "heads": 12, "ffn": 3072, "vocab": 32128,
-                 "batch": (32, 96), "shape": (32, 512), "shape_step": 8, "target": (16, 128)},
+                 "batch": (32, 96), "batch_step": 8, "shape": (32, 512), "shape_step": 8, "target": (16, 128)},
         "small": {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64, "vocab": 1000,
-                  "batch": (2, 4), "shape": (8, 64), "shape_step": 8, "target": (8, 32)},
+                  "batch": (2, 4), "batch_step": 1, "shape": (8, 64), "shape_step": 8, "target": (8, 32)},
     },
     "cnn": {
         "full": {"width": 64, "blocks": (3, 4, 6, 3), "classes": 1000,
-                 "batch": (64, 224), "shape": (128, 288), "shape_step": 32},
+                 "batch": (64, 224), "batch_step": 32, "shape": (128, 288), "shape_step": 32},
         "small": {"width": 8, "blocks": (1, 1, 1, 1), "classes": 10,
-                  "batch": (2, 4), "shape": (32, 64), "shape_step": 16},
+                  "batch": (2, 4), "batch_step": 1, "shape": (32, 64), "shape_step": 16},
     },
 }
 
@@ -77,9 +80,19 @@ class Workload:
 
 
 def draw_range(rng: random.Random, bounds: tuple[int, int], step: int) -> int:
-    """A value in [lo, hi] in steps of `step`, uniformly."""
+    """A value in [lo, hi] in steps of `step` from lo, uniformly."""
     lo, hi = bounds
     return rng.randrange(lo, hi + 1, step)
+
+
+def draw_batch(rng: random.Random, cfg: dict) -> int:
+    """One step's batch size, from the preset's range."""
+    return draw_range(rng, cfg["batch"], cfg["batch_step"])
+
+
+def draw_side_or_length(rng: random.Random, cfg: dict) -> int:
+    """One step's image side or padded sequence length, from the preset's range."""
+    return draw_range(rng, cfg["shape"], cfg["shape_step"])
 
 
 # ---- the models ----------------------------------------------------------------------------------------------
@@ -95,7 +108,7 @@ def build_vit(cfg: dict, device: torch.device) -> Workload:
         model = ViTForImageClassification(config)
 
     def draw(rng: random.Random) -> dict:
-        return {"batch": rng.randint(*cfg["batch"]), "side": draw_range(rng, cfg["shape"], cfg["shape_step"])}
+        return {"batch": draw_batch(rng, cfg), "side": draw_side_or_length(rng, cfg)}
 
     def make(shape: dict, dev: torch.device) -> dict:
         b, s = shape["batch"], shape["side"]
@@ -127,7 +140,7 @@ def build_bert(cfg: dict, device: torch.device) -> Workload:
         model = BertForSequenceClassification(config)
 
     def draw(rng: random.Random) -> dict:
-        return {"batch": rng.randint(*cfg["batch"]), "length": draw_range(rng, cfg["shape"], cfg["shape_step"])}
+        return {"batch": draw_batch(rng, cfg), "length": draw_side_or_length(rng, cfg)}
 
     def make(shape: dict, dev: torch.device) -> dict:
         b, n = shape["batch"], shape["length"]
@@ -160,7 +173,7 @@ def build_t5(cfg: dict, device: torch.device) -> Workload:
     enable_recomputation(model)
 
     def draw(rng: random.Random) -> dict:
-        return {"batch": rng.randint(*cfg["batch"]), "length": draw_range(rng, cfg["shape"], cfg["shape_step"]),
+        return {"batch": draw_batch(rng, cfg), "length": draw_side_or_length(rng, cfg),
                 "target": draw_range(rng, cfg["target"], 8)}
 
     def make(shape: dict, dev: torch.device) -> dict:
@@ -214,7 +227,7 @@ def build_cnn(cfg: dict, device: torch.device) -> Workload:
     criterion = nn.CrossEntropyLoss()
 
     def draw(rng: random.Random) -> dict:
-        return {"batch": rng.randint(*cfg["batch"]), "side": draw_range(rng, cfg["shape"], cfg["shape_step"])}
+        return {"batch": draw_batch(rng, cfg), "side": draw_side_or_length(rng, cfg)}
 
     def make(shape: dict, dev: torch.device) -> dict:
         b, s = shape["batch"], shape["side"]
