@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from common import allocator_name, gmlake_stats, memory_peaks  # fsdp_train.py imports them from here too
+
 MODELS = {
     # name: (family, hidden, layers, heads, ffn, word_embed_proj_dim)
     "gpt2": ("gpt2", 768, 12, 12, None, None),
@@ -47,30 +49,6 @@ def build_model(name: str, device: str | torch.device = "cpu"):
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     return model, cfg.vocab_size, lora_targets
-
-
-def allocator_name() -> str:
-    try:
-        import gmlake.torch as gt
-
-        if gt.is_enabled():
-            return "gmlake"
-    except ImportError:
-        pass
-    import os
-
-    return "expandable" if "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").lower() \
-        else "native"
-
-
-def memory_peaks() -> dict:
-    """Peak allocated and reserved bytes, from torch or, under gmlake (whose stats torch cannot read), from gmlake."""
-    if allocator_name() == "gmlake":
-        import gmlake.torch as gt
-
-        return {"max_memory_reserved": gt.max_memory_reserved(), "max_memory_allocated": gt.max_memory_allocated()}
-    return {"max_memory_reserved": torch.cuda.max_memory_reserved(),
-            "max_memory_allocated": torch.cuda.max_memory_allocated()}
 
 
 def search_max_batch(train_step, args, model) -> int:
@@ -132,18 +110,6 @@ def add_lora(model, targets: list[str], ckpt: bool):
     if ckpt:
         model.enable_input_require_grads()     # checkpointed blocks need an input that requires grad
     return model
-
-
-def gmlake_stats() -> dict | None:
-    """gmlake's own counters for the run (stitches, sBlock reuses, driver calls), or None under torch's allocator."""
-    if allocator_name() != "gmlake":
-        return None
-    import gmlake.torch as gt
-
-    s = gt.allocator().stats()
-    keep = ("stitches", "stitched_handles", "sblock_reuses", "sblock_evictions", "cached_sblocks", "segments_created",
-            "chunks_released", "ooms", "calls", "handles")
-    return {k: s[k] for k in keep} | {"chunk_size": gt.allocator().policy.chunk_size}
 
 
 def main() -> None:

@@ -1,0 +1,254 @@
+"""The speed suite (issue 10, "never slower than expandable segments"): dynamic-shape training under each allocator.
+
+    python bench/speed_suite.py [--workloads vit bert t5 cnn] [--allocators native expandable gmlake gmlake-paper]
+                                [--rounds 2] [--steps 60] [--warmup N] [--deadline SECONDS] [--out DIR]
+                                [--device cuda|cpu] [--size full|small]
+
+Each run is a fresh process of bench/workloads/dynamic.py (same seed, so the same shapes, under every allocator):
+`native` (PYTORCH_CUDA_ALLOC_CONF empty), `expandable` (expandable_segments:True), `gmlake` (`python -m gmlake run`)
+and `gmlake-paper` (`python -m gmlake run --policy gmlake-paper`). The order is interleaved: round 1 runs each
+workload's allocators A B C D, round 2 D C B A, and so on, so two rounds make A B C D D C B A and a drift in the
+machine's speed falls on every allocator alike. Rounds are the outer loop, so a deadline that cuts the suite short
+leaves every workload with at least its first round.
+
+The measure is the sum of a run's step times after warm-up (the first quarter of the steps by default); per workload
+and allocator the table shows its median over runs relative to native's median, the min-max of the runs (as ratios
+to native's median), their spread (max - min over their own median), samples/s, peak reserved GiB, utilization
+(peak allocated / peak reserved) and, under gmlake, its stitches and driver calls after warm-up. Native's own spread
+is printed too: a ratio within it of 1.00 is not resolved.
+
+Output: DIR/runs/NN-WORKLOAD-ALLOCATOR.json, one per run (dynamic.py's summary, per-step times included, plus the
+command, return code and wall time), and DIR/summary.json (environment, every run without its per-step records, the
+table's rows), rewritten after every run so that a suite stopped from outside keeps what finished.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from train_suite import environment
+
+HERE = Path(__file__).resolve().parent
+WORKLOAD_SCRIPT = HERE / "workloads" / "dynamic.py"
+WORKLOADS = ("vit", "bert", "t5", "cnn")
+# allocator name -> how a run starts it: PYTORCH_CUDA_ALLOC_CONF for torch's allocator, or `gmlake run` flags
+TORCH_ALLOC_CONF = {"native": "", "expandable": "expandable_segments:True"}
+GMLAKE_RUN_FLAGS = {"gmlake": [], "gmlake-paper": ["--policy", "gmlake-paper"]}
+ALLOCATORS = (*TORCH_ALLOC_CONF, *GMLAKE_RUN_FLAGS)
+GIB = 1 << 30
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device (without creating a context here)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_order(workloads: list[str], allocators: list[str], rounds: int) -> list[tuple[int, str, str]]:
+    """(round, workload, allocator) in the order they run: rounds outermost, each workload's allocators forward in
+    even rounds and backward in odd ones (A B C D, then D C B A)."""
+    order = []
+    for round_ in range(rounds):
+        sequence = allocators if round_ % 2 == 0 else allocators[::-1]
+        order += [(round_, workload, allocator) for workload in workloads for allocator in sequence]
+    return order
+
+
+def command(workload: str, allocator: str, args: argparse.Namespace, json_path: Path) -> tuple[list[str], dict]:
+    """The command line and environment of one run."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": TORCH_ALLOC_CONF.get(allocator, "")}
+    script = [str(WORKLOAD_SCRIPT), "--workload", workload, "--steps", str(args.steps), "--warmup", str(args.warmup),
+              "--seed", str(args.seed), "--device", args.device, "--size", args.size, "--json", str(json_path)]
+    if allocator in GMLAKE_RUN_FLAGS:
+        return [sys.executable, "-m", "gmlake", "run", *GMLAKE_RUN_FLAGS[allocator], *script], env
+    return [sys.executable, *script], env
+
+
+def expected_duration(workload: str, finished: list[dict]) -> float:
+    """How long a run of `workload` will likely take: the longest finished run of it, else of any workload, else 0."""
+    same = [r["wall_s"] for r in finished if r["workload"] == workload and "error" not in r]
+    anything = [r["wall_s"] for r in finished if "error" not in r]
+    return max(same or anything or [0.0])
+
+
+def run_one(index: int, round_: int, workload: str, allocator: str, args: argparse.Namespace,
+            timeout_s: float) -> dict:
+    """One run in a fresh process; its measurements merged with the command, return code and wall time."""
+    json_path = Path(args.out) / "runs" / f"{index:02d}-{workload}-{allocator}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.unlink(missing_ok=True)
+    cmd, env = command(workload, allocator, args, json_path)
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        proc = subprocess.CompletedProcess(cmd, -9, stdout, f"killed after {timeout_s:.0f} s (timeout or deadline)")
+    run = {"index": index, "round": round_, "workload": workload, "allocator": allocator,
+           "command": " ".join(cmd), "returncode": proc.returncode, "wall_s": round(time.perf_counter() - started, 1)}
+    if proc.returncode == 0 and json_path.exists():
+        measured = json.loads(json_path.read_text())
+        run["allocator_seen"] = measured.pop("allocator", None)     # what the process saw: "gmlake" for both gmlakes
+        run.update(measured)
+    else:
+        run["error"] = (proc.stderr or proc.stdout or "no output")[-3000:]
+    json_path.write_text(json.dumps(run, indent=1) + "\n")
+    return run
+
+
+def spread_pct(values: list[float]) -> float:
+    """(max - min) over the median, in %."""
+    return 100.0 * (max(values) - min(values)) / statistics.median(values)
+
+
+def table_rows(runs: list[dict], workloads: list[str], allocators: list[str]) -> list[dict]:
+    """One row per workload and allocator that finished at least one run: the suite's figures (see the docstring)."""
+    rows = []
+    for workload in workloads:
+        native = [r["timed_s"] for r in runs if r["workload"] == workload and r["allocator"] == "native"
+                  and "error" not in r]
+        native_median = statistics.median(native) if native else None
+        for allocator in allocators:
+            done = [r for r in runs if r["workload"] == workload and r["allocator"] == allocator and "error" not in r]
+            failed = sum(1 for r in runs if r["workload"] == workload and r["allocator"] == allocator
+                         and "error" in r)
+            if not done:
+                if failed:
+                    rows.append({"workload": workload, "allocator": allocator, "runs": 0, "failed": failed})
+                continue
+            times = [r["timed_s"] for r in done]
+            row = {"workload": workload, "allocator": allocator, "runs": len(done), "failed": failed,
+                   "timed_s": times, "spread_pct": spread_pct(times),
+                   "samples_per_s": statistics.median(r["samples_per_s"] for r in done),
+                   "tokens_per_s": statistics.median(r["tokens_per_s"] for r in done) if done[0]["tokens_per_s"]
+                   else None,
+                   "schedules": sorted({r["schedule_sha256"] for r in done})}
+            if native_median:
+                row.update(vs_native=statistics.median(times) / native_median,
+                           vs_native_min=min(times) / native_median, vs_native_max=max(times) / native_median)
+            if "max_memory_reserved" in done[0]:
+                row.update(peak_reserved_gib=statistics.median(r["max_memory_reserved"] for r in done) / GIB,
+                           peak_allocated_gib=statistics.median(r["max_memory_allocated"] for r in done) / GIB,
+                           utilization=statistics.median(r["utilization"] for r in done))
+            after = [r["gmlake_after_warmup"] for r in done if r.get("gmlake_after_warmup")]
+            if after:
+                row.update(stitches_after_warmup=statistics.median(a["stitches"] for a in after),
+                           driver_calls_after_warmup=statistics.median(a["driver_calls"] for a in after))
+            rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict], warmup: int, steps: int) -> str:
+    """The table printed at the end, and native's run-to-run spread under it."""
+    def cell(value, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    header = (f"{'workload':<8} {'allocator':<13} {'runs':>4} {'vs native':>9} {'min-max':>13} {'spread':>7} "
+              f"{'samples/s':>10} {'resv GiB':>9} {'util':>6} {'stitches':>9} {'drv calls':>10}")
+    lines = [f"time = sum of step times after {warmup} warm-up steps of {steps}, median over runs, relative to "
+             f"native's median; min-max = each run's ratio; spread = (max - min) / median of the allocator's own runs",
+             header, "-" * len(header)]
+    for row in rows:
+        if not row["runs"]:
+            lines.append(f"{row['workload']:<8} {row['allocator']:<13} {0:>4} failed {row['failed']} time(s)")
+            continue
+        ratio_range = (f"{row['vs_native_min']:.3f}-{row['vs_native_max']:.3f}" if "vs_native" in row else "-")
+        lines.append(
+            f"{row['workload']:<8} {row['allocator']:<13} {row['runs']:>4} {cell(row.get('vs_native'), '.3f'):>8}x "
+            f"{ratio_range:>13} {row['spread_pct']:>6.1f}% {row['samples_per_s']:>10.1f} "
+            f"{cell(row.get('peak_reserved_gib'), '.2f'):>9} {cell(row.get('utilization'), '.3f'):>6} "
+            f"{cell(row.get('stitches_after_warmup'), '.0f'):>9} "
+            f"{cell(row.get('driver_calls_after_warmup'), '.0f'):>10}"
+            + (f"  ({row['failed']} failed)" if row["failed"] else "")
+            + ("  (SHAPES DIFFER between runs)" if len(row["schedules"]) > 1 else ""))
+    native = [f"{r['workload']} {r['spread_pct']:.1f}% over {r['runs']} runs" for r in rows
+              if r["allocator"] == "native" and r["runs"]]
+    if native:
+        lines.append("native's own run-to-run spread (a ratio closer to 1.00 than this is not resolved): "
+                     + ", ".join(native))
+    return "\n".join(lines)
+
+
+def write_summary(path: Path, record: dict) -> None:
+    """The summary JSON: runs without their per-step records (those are in runs/)."""
+    slim = {**record, "runs": [{k: v for k, v in r.items() if k != "per_step"} for r in record["runs"]]}
+    path.write_text(json.dumps(slim, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
+    parser.add_argument("--rounds", type=int, default=2, help="each round runs every allocator once per workload")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where present, else cpu")
+    parser.add_argument("--size", choices=("full", "small"), help="default: full on cuda, small on cpu")
+    parser.add_argument("--deadline", type=float, default=0,
+                        help="seconds from the start: start no run that would likely end after it, and stop one "
+                             "still running at it (0: none)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
+    parser.add_argument("--out", default=str(HERE / "results" / "train" / "speed"))
+    args = parser.parse_args()
+    started = time.perf_counter()
+    args.warmup = args.steps // 4 if args.warmup is None else args.warmup
+    if args.rounds < 1 or args.steps < 1 or not 0 <= args.warmup < args.steps:
+        parser.error("need --rounds >= 1, --steps >= 1 and 0 <= --warmup < --steps")
+    has_cuda = cuda_available()
+    args.device = args.device or ("cuda" if has_cuda else "cpu")
+    args.size = args.size or ("full" if args.device == "cuda" else "small")
+    if args.device == "cuda" and not has_cuda:
+        parser.error("--device cuda, but no CUDA device is available here")
+    allocators = list(dict.fromkeys(args.allocators))
+    if args.device == "cpu" and allocators != ["native"]:
+        skipped = [a for a in allocators if a != "native"]
+        print(f"skipping {', '.join(skipped)}: they need CUDA, and this suite runs on the CPU "
+              f"({'no CUDA device here' if not has_cuda else '--device cpu'}); running native only", flush=True)
+        allocators = ["native"] if "native" in allocators else []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    order = run_order(args.workloads, allocators, args.rounds)
+    record = {"environment": environment(), "settings": {k: v for k, v in vars(args).items()},
+              "order": [f"{w}:{a}:r{r}" for r, w, a in order], "runs": [], "rows": []}
+    print(f"{len(order)} runs: {args.steps} steps ({args.warmup} warm-up), size {args.size}, device {args.device}, "
+          f"deadline {args.deadline or 'none'}", flush=True)
+    for index, (round_, workload, allocator) in enumerate(order):
+        elapsed = time.perf_counter() - started
+        timeout_s = args.timeout
+        if args.deadline:
+            left = args.deadline - elapsed
+            expected = expected_duration(workload, record["runs"])
+            if left < max(expected, 1.0):
+                record["not_started"] = [f"{w}:{a}:r{r}" for r, w, a in order[index:]]
+                print(f"deadline: {left:.0f} s left, a {workload} run takes about {expected:.0f} s; "
+                      f"not starting the last {len(order) - index} runs", flush=True)
+                break
+            timeout_s = min(timeout_s, left)
+        print(f"== [{index + 1}/{len(order)}] round {round_ + 1} {workload} / {allocator} at {elapsed:.0f} s",
+              flush=True)
+        run = run_one(index, round_, workload, allocator, args, timeout_s)
+        record["runs"].append(run)
+        if "error" in run:
+            print(f"   FAILED (exit {run['returncode']}): {run['error'][-800:]}", flush=True)
+        else:
+            print("   " + json.dumps({k: run.get(k) for k in ("timed_s", "median_step_s", "samples_per_s",
+                                                              "max_memory_reserved", "utilization", "wall_s")}),
+                  flush=True)
+        record["rows"] = table_rows(record["runs"], args.workloads, allocators)
+        write_summary(out / "summary.json", record)
+    record["suite_wall_s"] = round(time.perf_counter() - started, 1)
+    write_summary(out / "summary.json", record)
+    print(f"\nsuite: {len(record['runs'])} runs in {record['suite_wall_s']:.0f} s; results in {out}")
+    print(format_table(record["rows"], args.warmup, args.steps))
+
+
+if __name__ == "__main__":
+    main()

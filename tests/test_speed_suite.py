@@ -1,0 +1,52 @@
+"""bench/speed_suite.py's bookkeeping (no torch, no GPU): the interleaved run order, the deadline's estimate and
+the table's figures."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+speed_suite = pytest.importorskip("speed_suite")
+
+GIB = 1 << 30
+
+
+def test_rounds_alternate_direction_and_are_the_outer_loop():
+    order = speed_suite.run_order(["vit", "bert"], ["A", "B", "C", "D"], rounds=2)
+    assert [a for r, w, a in order if w == "vit"] == list("ABCDDCBA")
+    assert [w for r, w, a in order][:8] == ["vit"] * 4 + ["bert"] * 4
+    assert {r for r, w, a in order[:8]} == {0}
+
+
+def test_expected_duration_prefers_the_same_workload_and_ignores_failures():
+    finished = [{"workload": "vit", "wall_s": 10.0}, {"workload": "bert", "wall_s": 30.0},
+                {"workload": "vit", "wall_s": 50.0, "error": "oom"}]
+    assert speed_suite.expected_duration("vit", finished) == 10.0
+    assert speed_suite.expected_duration("cnn", finished) == 30.0
+    assert speed_suite.expected_duration("cnn", []) == 0.0
+
+
+def run(allocator: str, timed_s: float, gmlake: bool = False) -> dict:
+    """A finished run as dynamic.py reports it, at 2 GiB allocated of 4 GiB reserved."""
+    out = {"workload": "bert", "allocator": allocator, "timed_s": timed_s, "samples_per_s": 100.0 / timed_s,
+           "tokens_per_s": 1e4 / timed_s, "schedule_sha256": "s", "max_memory_reserved": 4 * GIB,
+           "max_memory_allocated": 2 * GIB, "utilization": 0.5}
+    if gmlake:
+        out["gmlake_after_warmup"] = {"stitches": 3, "driver_calls": 40}
+    return out
+
+
+def test_rows_relate_each_allocator_to_natives_median():
+    runs = [run("native", 10.0), run("native", 12.0), run("gmlake", 11.0, gmlake=True), run("gmlake", 13.2, True),
+            {"workload": "bert", "allocator": "expandable", "error": "killed"}]
+    rows = {r["allocator"]: r for r in speed_suite.table_rows(runs, ["bert"], ["native", "expandable", "gmlake"])}
+    assert rows["native"]["vs_native"] == pytest.approx(1.0)
+    assert rows["native"]["spread_pct"] == pytest.approx(100 * 2 / 11)
+    assert rows["gmlake"]["vs_native"] == pytest.approx(12.1 / 11)
+    assert (rows["gmlake"]["vs_native_min"], rows["gmlake"]["vs_native_max"]) == pytest.approx((1.0, 1.2))
+    assert rows["gmlake"]["stitches_after_warmup"] == 3 and rows["gmlake"]["peak_reserved_gib"] == 4.0
+    assert rows["expandable"] == {"workload": "bert", "allocator": "expandable", "runs": 0, "failed": 1}
+    table = speed_suite.format_table(list(rows.values()), 15, 60)
+    assert "1.100x" in table and "failed 1 time(s)" in table and "bert 18.2% over 2 runs" in table
