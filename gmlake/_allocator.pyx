@@ -1177,12 +1177,15 @@ cdef class Allocator:
         if self.pending.size():
             self._process_pending()
             self.err = ERR_NONE
-        # A request no device could hold fails at once: no loop over billions of chunks, no vector that large.
+        # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
+        # chunks, no vector that large, no memory released for nothing.
         if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
             self.err = ERR_OOM
-        else:
-            rounded = round_up(size, self.k.round_to)
-            b = self._alloc(rounded, stream)
+            self._fill_failure(why)
+            self.mutex.unlock()
+            return 0
+        rounded = round_up(size, self.k.round_to)
+        b = self._alloc(rounded, stream)
         if b == NULL:
             if self.hook_failed:
                 self.err = ERR_POLICY

@@ -470,7 +470,14 @@ def _entry_points() -> dict[str, Any]:
         "_accelerator_getDeviceStats": nested_memory_stats,
         "_accelerator_resetPeakStats": _reset_peak,
         "_accelerator_resetAccumulatedStats": _reset_accumulated,
+        # torch.accelerator.memory_stats() answers {} unless the allocator reports itself initialised.
+        "_accelerator_isAllocatorInitialized": _allocator_initialized,
     }
+
+
+def _allocator_initialized(*_args) -> bool:
+    """torch._C._accelerator_isAllocatorInitialized: gmlake serves the device once it is enabled."""
+    return True
 
 
 def install_memory_api(torch) -> None:

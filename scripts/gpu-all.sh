@@ -19,7 +19,7 @@ if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log
 fi
 stamp "built"
 rc=0
-python3 -m pytest -q -p no:cacheprovider tests/test_cuda_build.py 2>&1 | tail -2 | tee -a "$LOG"
+python3 -m pytest -q -rf -p no:cacheprovider tests/test_cuda_build.py 2>&1 | tee "$OUT/cuda-build.log" | tail -4 | tee -a "$LOG"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 for api in 13000 12000; do
   GMLAKE_CUDA_API_VERSION=$api python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_gpu.py 2>&1 \

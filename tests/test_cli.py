@@ -71,7 +71,7 @@ def test_a_huge_request_in_a_trace_object_is_an_oom_in_bounded_time():
     start = time.monotonic()
     result = replay(Trace(events, {}), "gmlake")
     assert time.monotonic() - start < 5
-    assert result.ooms == 1 and result.failed and result.peak_reserved == 1 << 30
+    assert result.ooms == 1 and result.failed and 1 << 30 <= result.peak_reserved < 2 << 30
 
 
 def test_sparse_allocation_ids_do_not_size_the_replay(tmp_path):

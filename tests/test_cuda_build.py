@@ -139,7 +139,7 @@ def fake_libcuda(tmp_path_factory) -> str:
 WORKLOAD = """
 drv = gmlake.cuda_driver(0)
 costs = _bench.time_driver_calls(drv, 2 << 20, 4)     # every VMM call, and synchronize
-alloc = Allocator(drv)
+alloc = Allocator(drv, gmlake.policies.get("gmlake-paper"))   # stitches at once
 blocks = [alloc.malloc(8 << 20, stream=1) for _ in range(3)]
 guard = alloc.malloc(3 << 20, stream=1)
 for p in blocks:

@@ -10,6 +10,8 @@ from gmlake import Allocator
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
+# Most tests here exercise the chunk-and-stitch mechanics, which the paper's policy reaches at once.
+PAPER = gmlake.policies.get("gmlake-paper")
 
 
 def _torch():
@@ -42,7 +44,7 @@ def cuda():
 
 def test_kernel_writes_through_stitched_block_read_back_through_pblocks(cuda):
     torch = _torch()
-    alloc = Allocator(cuda)
+    alloc = Allocator(cuda, PAPER)
     n = 8 * MiB
     blocks = [alloc.malloc(n) for _ in range(3)]
     guard = alloc.malloc(3 * MiB)
@@ -70,9 +72,33 @@ def test_kernel_writes_through_stitched_block_read_back_through_pblocks(cuda):
     alloc.close()
 
 
+def test_default_policy_stitches_free_pages_that_kernels_then_read_back(cuda):
+    """The default policy's stitch: A and C (100 MiB each) freed around live B and D; 200 MiB maps their pages."""
+    torch = _torch()
+    alloc = Allocator(cuda)
+    a, b, c, d = (alloc.malloc(n * MiB) for n in (100, 20, 100, 20))
+    view(b, 20 * MiB).fill_(0x5B)
+    alloc.free(a)
+    alloc.free(c)
+    reserved = alloc.stats()["reserved_bytes"]
+    big = alloc.malloc(200 * MiB)
+    assert alloc.stats()["stitches"] == 1 and alloc.stats()["reserved_bytes"] == reserved
+    pattern = (torch.arange(200 * MiB, device="cuda", dtype=torch.int64) * 7 // 5 % 251).to(torch.uint8)
+    view(big, 200 * MiB).copy_(pattern)
+    torch.cuda.synchronize()
+    halves = {a: pattern[:100 * MiB], c: pattern[100 * MiB:]}
+    for p, want in halves.items():
+        assert torch.equal(view(p, 100 * MiB), want), "a stitched page does not hold what was written"
+    assert bool((view(b, 20 * MiB) == 0x5B).all()), "a live neighbour was overwritten"
+    for p in (big, b, d):
+        alloc.free(p)
+    torch.cuda.synchronize()
+    alloc.close()
+
+
 def test_random_malloc_free_with_patterns_on_device(cuda):
     torch = _torch()
-    alloc = Allocator(cuda, limit=2 << 30)
+    alloc = Allocator(cuda, PAPER, limit=2 << 30)
     rng = random.Random(1234)
     live: dict[int, tuple[int, int]] = {}
     used_values: set[int] = set()
@@ -110,7 +136,7 @@ def test_nothing_leaks_driver_free_memory_returns(cuda):
     torch = _torch()
     torch.cuda.synchronize()
     free_before, _ = cuda.mem_get_info()
-    alloc = Allocator(cuda)
+    alloc = Allocator(cuda, PAPER)
     rng = random.Random(7)
     live = []
     for _ in range(500):
@@ -132,7 +158,7 @@ def test_nothing_leaks_driver_free_memory_returns(cuda):
 
 def test_cross_stream_reuse_waits_for_the_stream(cuda):
     torch = _torch()
-    alloc = Allocator(cuda)
+    alloc = Allocator(cuda, PAPER)
     s1 = torch.cuda.Stream()
     s2 = torch.cuda.Stream()
     n = 64 * MiB

@@ -18,6 +18,8 @@ from gmlake.errors import HazardError
 from streams import StreamHarness
 
 MiB = 1 << 20
+# The scenarios below stitch and hand blocks across streams at once, as the paper's policy does (the harness's
+# default); the state machines run every policy, the default included.
 
 
 @pytest.fixture(params=["sim", "host"])
@@ -94,7 +96,7 @@ def test_driver_refuses_to_release_a_mapped_handle_or_unmap_under_queued_work():
 
     driver = SimDriver()
     driver.track_hazards()
-    alloc = Allocator(driver)
+    alloc = Allocator(driver, gmlake.policies.get("gmlake-paper"))
     p = alloc.malloc(4 * MiB, 0)
     driver.launch(0, p, 4 * MiB, write=1)
     alloc.free(p)

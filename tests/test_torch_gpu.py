@@ -31,8 +31,9 @@ def test_training_gives_the_same_losses_as_the_native_allocator():
     assert ours == native
 
 
-def test_thousands_of_random_tensors_filled_and_checked():
-    assert "ok" in run("random_tensors.py")
+@pytest.mark.parametrize("policy", ["gmlake", "gmlake-paper"])
+def test_thousands_of_random_tensors_filled_and_checked(policy):
+    assert "ok" in run("random_tensors.py", env={"GMLAKE_POLICY": policy})
 
 
 def test_record_stream_keeps_cross_stream_use_safe():
