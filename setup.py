@@ -3,6 +3,7 @@
 Nothing here needs CUDA: the `cuda` driver declares the few driver entry points it calls itself (_cuda_api.pxd) and
 resolves them from libcuda at run time, so the same build runs on CUDA 12 and CUDA 13 drivers.
 """
+import os
 from pathlib import Path
 
 from Cython.Build import cythonize
@@ -11,6 +12,8 @@ from setuptools.dist import Distribution
 
 install_data = Distribution().get_command_class("install_data")   # setuptools >= 80 has no public module for it
 
+# GMLAKE_DEBUG=1 at build time: a debug build, whose allocators check every invariant after every operation.
+debug_macros = [("GMLAKE_DEBUG", "1")] if os.environ.get("GMLAKE_DEBUG", "") not in ("", "0") else []
 common = dict(
     language="c++",
     extra_compile_args=["-O3", "-std=c++17", "-Wno-unused-function", "-Wno-deprecated-declarations"],
@@ -22,7 +25,7 @@ extensions = [
     Extension("gmlake._host_driver", ["gmlake/_host_driver.pyx"], **common),
     # dlopen lives in libdl before glibc 2.34 (in libc after, where -ldl still links).
     Extension("gmlake._cuda_driver", ["gmlake/_cuda_driver.pyx"], libraries=["dl"], **common),
-    Extension("gmlake._allocator", ["gmlake/_allocator.pyx"], **common),
+    Extension("gmlake._allocator", ["gmlake/_allocator.pyx"], define_macros=debug_macros, **common),
     Extension("gmlake._bench", ["gmlake/_bench.pyx"], **common),
     Extension("gmlake._replay", ["gmlake/_replay.pyx"], **common),
     # torch loads these symbols by name: C linkage for `cdef public` (Cython emits C++ linkage otherwise).

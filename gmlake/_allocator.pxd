@@ -173,6 +173,7 @@ cdef struct Knobs:
     size_t min_saved_chunks
     size_t max_cached_sblocks
     size_t sblock_search_depth
+    bint sblock_first
     int segment_rule
     size_t large_split_min
     size_t max_split_size
@@ -210,6 +211,9 @@ cdef class Allocator:
     cdef FreeIndex unmapped_small                        # unmapped holes, by (stream, segment, offset)
     cdef FreeIndex unmapped_large
     cdef object hook_errors                              # threading.local: the exception a hook raised, per thread
+    cdef bint checking                                   # debug_checks: every invariant after every operation
+    cdef uint64_t checks_run
+    cdef object invariant_error                          # what a debug check found, for the next Python call
     cdef bint hook_failed                                # a hook raised during the call in progress (under the lock)
     cdef unordered_map[uintptr_t, Block*] live           # user pointer -> allocated block
     cdef cmap[uintptr_t, Block*] by_addr                 # home address -> primitive block, all states
@@ -242,6 +246,7 @@ cdef class Allocator:
     cdef object failure(self, size_t size, Failure* why)
     cdef void _fill_failure(self, Failure* why) noexcept nogil
     cdef int _free_locked(self, uintptr_t ptr) noexcept nogil
+    cdef void _debug_check(self) noexcept nogil
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil
 

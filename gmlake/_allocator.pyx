@@ -22,6 +22,18 @@ drivers make the same choices for the same requests: a replayed trace predicts t
 """
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libc.string cimport memset
+from libc.stdio cimport fprintf, stderr
+from libc.stdlib cimport abort
+
+cdef extern from *:
+    """
+    #ifndef GMLAKE_DEBUG
+    #define GMLAKE_DEBUG 0
+    #endif
+    """
+    # Set at build time (GMLAKE_DEBUG=1 python setup.py build_ext): every allocator checks its invariants after
+    # every operation and aborts on the first one broken.
+    bint GMLAKE_DEBUG
 from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
@@ -116,6 +128,7 @@ cdef class Allocator:
         self.k.min_saved_chunks = policy.min_saved_chunks
         self.k.max_cached_sblocks = policy.max_cached_sblocks
         self.k.sblock_search_depth = policy.sblock_search_depth
+        self.k.sblock_first = policy.sblock_first
         rules = {"chunks": SEGMENTS_CHUNKS, "pytorch": SEGMENTS_PYTORCH, "expandable": SEGMENTS_EXPANDABLE}
         self.k.segment_rule = rules[policy.segment_rule]
         self.k.large_split_min = policy.large_split_min
@@ -138,6 +151,7 @@ cdef class Allocator:
         self.max_request = driver.capacity if driver.capacity else (<size_t>1 << 48)
         self.set_limit(limit)
         self.next_serial = 1
+        self.checking = GMLAKE_DEBUG
 
     def __dealloc__(self):
         # Bookkeeping only: driver resources are returned by close(); an allocator dropped with live memory leaks
@@ -965,7 +979,10 @@ cdef class Allocator:
             b = self._best_free(POOL_LARGE, size, stream)
         if self.err != ERR_NONE:
             return NULL
-        if self.cached.size():
+        # Note [sBlocks only where no free block fits]: with sblock_first off, a cached sBlock serves a request only
+        # when no free block can. Checking whether an sBlock's pieces are free costs a lookup per piece, and an
+        # expandable range's long free tail would otherwise send every request through that search.
+        if self.cached.size() and (b == NULL or self.k.sblock_first):
             sb = self._best_cached(size, b.size if b != NULL else <size_t>-1, stream)
             if sb != NULL:
                 self.st.sblock_reuses += 1
@@ -1195,6 +1212,7 @@ cdef class Allocator:
                 self.st.ooms += 1
                 self._record(TRACE_OOM, 0, size, stream)
             self._fill_failure(why)
+            self._debug_check()
             self.mutex.unlock()
             return 0
         b.requested = size
@@ -1213,8 +1231,10 @@ cdef class Allocator:
             self._free_locked(b.addr)
             self.err = ERR_POLICY
             self._fill_failure(why)
+            self._debug_check()
             self.mutex.unlock()
             return 0
+        self._debug_check()
         self.mutex.unlock()
         return b.addr
 
@@ -1235,8 +1255,51 @@ cdef class Allocator:
         (record_stream), its memory returns only once events recorded on them now have completed."""
         self.mutex.lock()
         cdef int rc = self._free_locked(ptr)
+        self._debug_check()
         self.mutex.unlock()
         return rc
+
+    cdef void _debug_check(self) noexcept nogil:
+        """Note [Invariant checks inside the allocator]: with debug_checks on (always in a GMLAKE_DEBUG build), every
+        operation ends by verifying every invariant, as mimalloc's debug mode does, so a bug is caught at the
+        operation that made it, whichever path (Python, replay, torch) called. A debug build aborts with the broken
+        invariant's name: an allocator that has corrupted its own state must not hand out more memory. Switched on
+        from Python, the error is raised by the next Python call instead, for tests."""
+        if not self.checking:
+            return
+        with gil:
+            if self.invariant_error is not None:
+                return
+            self.checks_run += 1
+            try:
+                self.check()
+            except BaseException as exc:
+                if GMLAKE_DEBUG:
+                    message = f"gmlake: invariant broken: {exc}\n".encode()
+                    fprintf(stderr, "%s", <const char*>message)
+                    abort()
+                self.invariant_error = exc
+
+    def _raise_invariant_error(self) -> None:
+        exc = self.invariant_error
+        if exc is not None:
+            self.invariant_error = None
+            raise exc
+
+    @property
+    def debug_checks(self) -> bool:
+        """Whether every operation ends by checking every invariant (see Note [Invariant checks inside the
+        allocator]); slow, for tests and debugging. A GMLAKE_DEBUG build starts with it on."""
+        return self.checking
+
+    @debug_checks.setter
+    def debug_checks(self, on: bool) -> None:
+        self.checking = bool(on)
+
+    @property
+    def debug_checks_run(self) -> int:
+        """How many operations ended with a full invariant check."""
+        return self.checks_run
 
     cdef int _free_locked(self, uintptr_t ptr) noexcept nogil:
         cdef PendingFree pend
@@ -1351,6 +1414,7 @@ cdef class Allocator:
             self._release_pool(POOL_LARGE, 0)
         cdef int err = self.err
         self._fill_failure(why)
+        self._debug_check()
         self.mutex.unlock()
         return err
 
@@ -1439,6 +1503,7 @@ cdef class Allocator:
         cdef Failure why
         with nogil:
             ptr = self.malloc_nogil(n, s, &why)
+        self._raise_invariant_error()
         if ptr == 0:
             raise self.failure(n, &why)
         return ptr
@@ -1451,6 +1516,7 @@ cdef class Allocator:
         cdef int rc
         with nogil:
             rc = self.free_nogil(p)
+        self._raise_invariant_error()
         if rc == ERR_INVALID_FREE:
             raise InvalidPointerError(
                 f"gmlake: cannot free 0x{ptr:x}: not a live allocation (double free, or never returned by malloc)")
@@ -1505,6 +1571,7 @@ cdef class Allocator:
         cdef Failure why
         with nogil:
             rc = self.empty_cache_nogil(&why)
+        self._raise_invariant_error()
         if rc == ERR_DRIVER:
             raise self.failure(0, &why)
 

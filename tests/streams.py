@@ -49,6 +49,7 @@ class StreamHarness:
             policy = gmlake.policies.get(policy, **knobs)
         self.driver = driver
         self.alloc = Allocator(driver, policy, limit=limit)
+        self.alloc.debug_checks = True     # every invariant inside every operation, not only between them
         self.live: dict[int, Live] = {}
 
     def _value(self) -> int:

@@ -38,6 +38,9 @@ class Policy:
     Stitched blocks:
       max_cached_sblocks: sBlocks kept mapped after their allocation is freed, least recently used evicted first.
       sblock_search_depth: how many cached sBlocks a request examines before it gives up on reuse.
+      sblock_first: a cached sBlock that fits more tightly than the best free block serves the request (the
+        paper's order). Off, cached sBlocks serve only requests no free block fits: each check costs a lookup per
+        piece, so this keeps the search off the common path.
 
     Hooks: override `should_split`, `allow_stitch` or `evict_victim` in a subclass to decide from Python. They run
     with the GIL and only where the decision is made, so the built-in policies keep the nogil path.
@@ -65,6 +68,7 @@ class Policy:
     expandable_reserve: int = 0
     max_cached_sblocks: int = 4096
     sblock_search_depth: int = 8
+    sblock_first: bool = True
 
     # ------------------------------------------------------------------ hooks
 

@@ -29,6 +29,7 @@ class GMLakePolicy(Policy):
     stitch: bool = True
     min_saved_chunks: int = 3
     cross_stream: bool = False
+    sblock_first: bool = False
 
 
 @dataclass(frozen=True)
