@@ -29,7 +29,7 @@ _D3_DEFAULT = "/usr/share/nodejs/d3/dist/d3.min.js"
 def training_like_snapshot() -> tuple[dict, gmlake.Allocator]:
     """A snapshot of a sim-driver allocator through six steps of a training-like loop whose activation sizes change
     every step (so free blocks no longer fit and gmlake stitches), ending inside a step, stitched blocks live."""
-    alloc = gmlake.Allocator(gmlake.SimDriver(capacity=16 << 30), gmlake.policies.get("gmlake"))
+    alloc = gmlake.Allocator(gmlake.SimDriver(capacity=16 << 30), gmlake.policies.get("gmlake-paper"))   # stitches at once
     alloc.record_history(True)
     weights = [alloc.malloc(s * MiB) for s in (96, 96, 48, 160)]
     for step in range(6):
