@@ -14,7 +14,7 @@ from gmlake import _torch_bridge
 
 MiB = 1 << 20
 _torch_bridge.configure(lambda device: gmlake.Allocator(gmlake.SimDriver(capacity=8 << 30),
-                                                        gmlake.policies.get("gmlake")))
+                                                        gmlake.policies.get("gmlake-paper")))   # stitches at once
 torch.cuda.is_initialized = lambda: True
 torch.cuda.memory.is_initialized = lambda: True
 torch.cuda.current_device = lambda: 0
