@@ -398,23 +398,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gmlake {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    p = sub.add_parser("replay", help="replay one trace through policies on the sim driver")
-    p.add_argument("trace", help=_TRACE_HELP)
-    p.add_argument("--policy", action="append", help=_POLICY_HELP)
-    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
-    p.add_argument("--json", action="store_true", help=_JSON_HELP)
-    p.add_argument("--device", type=int, help=_DEVICE_HELP)
-    p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
-    p.set_defaults(func=cmd_replay)
-
-    p = sub.add_parser("explain", help="where a policy's reserved memory is at its peak, replaying one trace")
-    p.add_argument("trace", help=_TRACE_HELP)
-    p.add_argument("--policy", action="append", help=_POLICY_HELP)
-    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
-    p.add_argument("--json", action="store_true", help=_JSON_HELP)
-    p.add_argument("--device", type=int, help=_DEVICE_HELP)
-    p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
-    p.set_defaults(func=cmd_explain)
+    for name, func, text in (("replay", cmd_replay, "replay one trace through policies on the sim driver"),
+                             ("explain", cmd_explain,
+                              "where a policy's reserved memory is at its peak, replaying one trace")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("trace", help=_TRACE_HELP)
+        p.add_argument("--policy", action="append", help=_POLICY_HELP)
+        p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
+        p.add_argument("--json", action="store_true", help=_JSON_HELP)
+        p.add_argument("--device", type=int, help=_DEVICE_HELP)
+        p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
+        p.set_defaults(func=func)
 
     p = sub.add_parser("compare", help="replay traces (default: the bundled ones) under every policy; table + PNG")
     p.add_argument("traces", nargs="*", metavar="TRACE", help=_TRACE_HELP + "; default: every bundled trace")

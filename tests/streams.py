@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import gmlake
 from gmlake import Allocator, OutOfMemoryError
+from gmlake._driver import _overlap   # the driver's own rule for two physical extents meeting
 from gmlake.errors import HazardError
 
 
@@ -28,14 +29,6 @@ class Live:
     value: int
     extents: list
     users: set = field(default_factory=set)
-
-
-def _shared(a: list, b: list) -> tuple | None:
-    for handle, lo, hi in a:
-        for other, olo, ohi in b:
-            if handle == other and lo < ohi and olo < hi:
-                return handle, max(lo, olo), min(hi, ohi)
-    return None
 
 
 class StreamHarness:
@@ -70,7 +63,7 @@ class StreamHarness:
             return None
         extents = self.driver.physical(ptr, size)
         for other in self.live.values():
-            shared = _shared(extents, other.extents)
+            shared = _overlap(extents, other.extents)
             if shared is not None:
                 raise HazardError(
                     f"malloc({size}, stream {stream}) returned 0x{ptr:x}, whose handle {shared[0]} bytes "
