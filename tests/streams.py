@@ -10,6 +10,7 @@ physical bytes is still pending; and by the shadow here, when two live allocatio
 """
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 
@@ -31,6 +32,19 @@ class Live:
     users: set = field(default_factory=set)
 
 
+def _fails_once(method):
+    """Mark the harness broken when an operation raises, so close() (a state machine's teardown) does not bury
+    the first failure under the consequences of the bug."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self.broken = True
+            raise
+    return wrapper
+
+
 class StreamHarness:
     """An allocator over `driver` (made hazard-tracking here) with a shadow of the bytes each live allocation, and so
     each stream, may touch. Every operation ends with `verify()`: the driver's hazards, then `Allocator.check()`."""
@@ -44,16 +58,19 @@ class StreamHarness:
         self.alloc = Allocator(driver, policy, limit=limit)
         self.alloc.debug_checks = True     # every invariant inside every operation, not only between them
         self.live: dict[int, Live] = {}
+        self.broken = False
 
     def _value(self) -> int:
         used = {b.value for b in self.live.values()}
         return next(v for v in range(1, 256) if v not in used)
 
+    @_fails_once
     def verify(self) -> None:
         """Raise if the driver logged a hazard or the allocator's invariants are broken."""
         self.driver.check_hazards()
         self.alloc.check()
 
+    @_fails_once
     def malloc(self, size: int, stream: int = 0) -> int | None:
         """Allocate and queue the kernel that writes the new block on `stream`; None on a clean out-of-memory."""
         try:
@@ -74,6 +91,7 @@ class StreamHarness:
         self.verify()
         return ptr
 
+    @_fails_once
     def use_on(self, ptr: int, stream: int) -> None:
         """Use a live block on another stream too: record_stream, then a kernel there after an event wait."""
         block = self.live[ptr]
@@ -83,6 +101,7 @@ class StreamHarness:
         block.users.add(stream)
         self.verify()
 
+    @_fails_once
     def free(self, ptr: int) -> None:
         """Queue the block's last use on its stream, then free it."""
         block = self.live.pop(ptr)
@@ -91,21 +110,26 @@ class StreamHarness:
         self.alloc.free(ptr)
         self.verify()
 
+    @_fails_once
     def complete(self, stream: int, upto: int | None = None) -> None:
         """Run `stream`'s queued work, all of it or up to ticket `upto`."""
         self.driver.complete_stream(stream, upto)
         self.verify()
 
+    @_fails_once
     def complete_random(self, rng: random.Random) -> None:
         self.driver.complete_random(rng)
         self.verify()
 
+    @_fails_once
     def empty_cache(self) -> None:
         self.alloc.empty_cache()
         self.verify()
 
     def close(self) -> None:
-        """Free everything, run all work, give everything back; nothing may leak."""
+        """Free everything, run all work, give everything back; nothing may leak. Does nothing after a failure."""
+        if self.broken:
+            return
         for ptr in list(self.live):
             self.free(ptr)
         self.driver.complete_all()

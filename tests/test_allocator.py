@@ -1,4 +1,5 @@
 """The allocator core's rules, on the sim and host drivers."""
+import os
 import threading
 
 import pytest
@@ -341,7 +342,8 @@ def test_peaks_reset(driver):
     assert stats["peak_reserved_bytes"] == stats["reserved_bytes"]
 
 
-def test_threads_share_one_allocator_safely():
+def threads_share_one_allocator() -> None:
+    """8 threads malloc, fill, check and free through one allocator on real memory."""
     drv = gmlake.HostDriver()
     alloc = Allocator(drv, PAPER)
     import ctypes
@@ -380,6 +382,20 @@ def test_threads_share_one_allocator_safely():
     alloc.check()
     alloc.close()
     assert drv.live_chunks == 0
+
+
+def test_threads_share_one_allocator_safely():
+    # In a child process: a core bug that hands out too small a block makes the fill crash the process, which
+    # then fails this test with its output instead of killing the whole run.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here.parent), str(here)]))
+    child = subprocess.run([sys.executable, "-c", "import test_allocator; test_allocator.threads_share_one_allocator()"],
+                           cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, f"exit status {child.returncode}:\n{child.stderr[-3000:]}"
 
 
 def test_record_stream_defers_reuse_until_the_other_stream_is_done():

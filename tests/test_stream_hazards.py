@@ -91,7 +91,23 @@ def test_hazards_are_judged_on_physical_memory_through_an_sblock(harness_driver)
         harness_driver.launch(1, home, 4096, write=3)
 
 
-def test_driver_refuses_to_release_a_mapped_handle_or_unmap_under_queued_work():
+def test_the_model_refuses_releasing_a_mapped_handle_unmapping_under_work_and_freeing_mapped_va():
+    from gmlake._driver import StreamModel
+
+    model = StreamModel(SimDriver())
+    model.on_map(0x10000, 0x1000, 7)
+    model.on_map(0x20000, 0x1000, 7)                    # one handle in two ranges, as an sBlock maps it
+    model.launch(0, 1, 0x20000, 0x100, 5, None, {}, "k")
+    assert "still mapped at 0x10000, 0x20000" in model.on_release(7)
+    assert "address free of 0x10000+4096 while a handle is still mapped" in model.on_free_va(0x10000, 0x1000)
+    assert model.on_unmap(0x10000, 0x1000) is None       # no queued work on this VA
+    assert "unmap of 0x20000+4096 with no synchronize since stream 0's queued kernel #1" in model.on_unmap(0x20000, 0x1000)
+    model.run_until(0, 1)
+    assert model.on_unmap(0x20000, 0x1000) is None
+    assert model.on_release(7) is None and model.on_free_va(0x10000, 0x1000) is None
+
+
+def test_empty_cache_synchronizes_before_it_unmaps():
     from gmlake import Allocator
 
     driver = SimDriver()
@@ -100,10 +116,9 @@ def test_driver_refuses_to_release_a_mapped_handle_or_unmap_under_queued_work():
     p = alloc.malloc(4 * MiB, 0)
     driver.launch(0, p, 4 * MiB, write=1)
     alloc.free(p)
-    # empty_cache synchronizes first, so the queued kernel is done before the unmap: safe.
     alloc.empty_cache()
     driver.check_hazards()
-    assert driver.pending_kernels() == 0
+    assert driver.pending_kernels() == 0 and alloc.stats()["reserved_bytes"] == 0
     alloc.close()
 
 
