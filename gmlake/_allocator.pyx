@@ -147,8 +147,9 @@ cdef class Allocator:
         self.k.hook_evict = policy.overrides("evict_victim")
         import threading
         self.hook_errors = threading.local()
-        # The largest request worth trying: the device's memory, or 256 TiB where the driver models no bound.
-        self.max_request = driver.capacity if driver.capacity else (<size_t>1 << 48)
+        # The largest request worth trying: the device's memory, or 4 TiB (the largest device a replay models, as
+        # trace.MAX_DEVICE_MEMORY) where the driver models no bound, so no request loops over millions of chunks.
+        self.max_request = driver.capacity if driver.capacity else (<size_t>1 << 42)
         self.set_limit(limit)
         self.next_serial = 1
         self.checking = GMLAKE_DEBUG
