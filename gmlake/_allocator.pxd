@@ -64,6 +64,7 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
     cppclass PendingFree:
         Block* block
         vector[uint64_t] events
+        vector[int64_t] streams
     cppclass OrphanChunk:
         uint64_t handle
         size_t size

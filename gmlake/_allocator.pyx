@@ -1323,6 +1323,7 @@ cdef class Allocator:
                 if self._call(CALL_EVENT_RECORD, self.driver.record_event(deref(uses).second[i], &event), 0) \
                         == DRIVER_OK:
                     pend.events.push_back(event)
+                    pend.streams.push_back(deref(uses).second[i])
                 else:
                     # No event: the only safe course is to wait for the device.
                     self._sync()
@@ -1354,23 +1355,44 @@ cdef class Allocator:
             del b
 
     cdef void _process_pending(self) noexcept nogil:
-        """Retire the deferred frees whose events have all completed."""
-        cdef size_t i = 0, j
-        cdef bint done
+        """Retire the deferred frees whose events have all completed.
+
+        Note [Polling pending frees]: events on one stream complete in order, so once an event of stream S is found
+        incomplete, no later-recorded event of S can be done: each pass queries each stream until its first
+        incomplete event, as PyTorch's process_events does, not every pending event (FSDP keeps hundreds pending).
+        Completed events are destroyed at once, so no event is queried twice after it is done. Skipping an earlier
+        event of a busy stream only delays its free to a later pass; it never hands out memory early."""
+        cdef size_t i = 0, j, k
+        cdef bint busy_stream
         cdef int rc
+        cdef vector[int64_t] busy
+        cdef PendingFree* entry
         while i < self.pending.size():
-            done = True
-            for j in range(self.pending[i].events.size()):
-                rc = self._call(CALL_EVENT_QUERY, self.driver.query_event(self.pending[i].events[j]), 0)
+            entry = &self.pending[i]
+            j = 0
+            while j < entry.events.size():
+                busy_stream = False
+                for k in range(busy.size()):
+                    if busy[k] == entry.streams[j]:
+                        busy_stream = True
+                        break
+                if busy_stream:
+                    j += 1
+                    continue
+                rc = self._call(CALL_EVENT_QUERY, self.driver.query_event(entry.events[j]), 0)
                 if rc != EVENT_DONE:
-                    done = False
-                    break
-            if not done:
+                    busy.push_back(entry.streams[j])
+                    j += 1
+                    continue
+                self._destroy_event(entry.events[j])
+                entry.events[j] = entry.events.back()
+                entry.events.pop_back()
+                entry.streams[j] = entry.streams.back()
+                entry.streams.pop_back()
+            if not entry.events.empty():
                 i += 1
                 continue
-            for j in range(self.pending[i].events.size()):
-                self._destroy_event(self.pending[i].events[j])
-            self._retire(self.pending[i].block)
+            self._retire(entry.block)
             self.pending[i] = self.pending.back()
             self.pending.pop_back()
         self.err = ERR_NONE

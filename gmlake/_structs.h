@@ -67,7 +67,8 @@ struct SBlock {
 // A free waiting for work queued on other streams (Tensor.record_stream) to finish.
 struct PendingFree {
     Block* block;
-    std::vector<uint64_t> events;
+    std::vector<uint64_t> events;    // still incomplete, one per stream that used the block
+    std::vector<int64_t> streams;    // the stream each event was recorded on
 };
 
 // What the driver refused to take back, kept to retry (so a failed release or unmap never leaks).
