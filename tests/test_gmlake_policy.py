@@ -122,6 +122,26 @@ def test_steady_state_makes_no_driver_calls_on_shapes_that_never_repeat(driver):
     alloc.check()
 
 
+def test_a_thousand_dynamic_steps_keep_the_sblock_cache_small():
+    """Issue 10: a long run of new shapes reaches no cache bound and makes no eviction storm."""
+    alloc = Allocator(gmlake.SimDriver(capacity=80 << 30))
+    rng = random.Random(11)
+    weights = [alloc.malloc(rng.randrange(8, 64) * MiB) for _ in range(20)]
+    training_step(alloc, rng, 2048)
+    for step in range(1000):
+        if step % 100 == 50:                            # a weight is replaced now and then: the layout shifts
+            alloc.free(weights.pop(rng.randrange(len(weights))))
+            weights.append(alloc.malloc(rng.randrange(8, 64) * MiB))
+        training_step(alloc, rng, rng.randrange(128, 2048))
+    stats = alloc.stats()
+    assert stats["cached_sblocks"] <= 8 and stats["sblock_evictions"] == 0
+    assert stats["sblock_va_bytes"] <= stats["peak_reserved_bytes"]
+    assert stats["calls"]["unmap"] == 0 and stats["calls"]["synchronize"] == 0
+    for p in weights:
+        alloc.free(p)
+    alloc.check()
+
+
 @pytest.mark.parametrize("path", [p for p in bundled_traces() if "native" in p.name], ids=lambda p: p.stem)
 def test_replay_goal_driver_time_and_memory_against_expandable(path):
     """Issue 10's replay goal: gmlake's priced driver time <= 2x the expandable model's, utilization >= its."""
