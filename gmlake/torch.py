@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gmlake import _torch_bridge, policies
+from gmlake.knobs import coerce_knobs, parse_bool, parse_size, split_settings
 from gmlake._allocator import Allocator
 
 _enabled: dict[str, Any] = {}
@@ -33,31 +34,33 @@ _HOOKS = {
 }
 
 
-def _env_int(name: str) -> int | None:
+def _env_size(name: str) -> int | None:
+    """A GMLAKE_* variable holding bytes (units allowed: 8MiB), or None where unset."""
     value = os.environ.get(name)
     if value in (None, ""):
         return None
-    try:
-        return int(float(value.replace("_", "")))
-    except ValueError:
-        raise ValueError(f"gmlake: {name}={value!r} is not a number of bytes") from None
+    return parse_size(value.strip(), what=name)
 
 
 def options_from_env() -> dict:
-    """Policy and limit settings from GMLAKE_* environment variables (see README)."""
+    """Policy and limit settings from GMLAKE_* environment variables (see README), typed by the policy's knobs with
+    the same strict parsing as `gmlake run --set` (GMLAKE_STITCH=maybe is an error, not True)."""
     opts: dict[str, Any] = {}
-    if os.environ.get("GMLAKE_KNOBS"):          # any knobs, "k=v,k=v"; the specific variables below win
-        opts.update(policies.parse_knobs(k for k in os.environ["GMLAKE_KNOBS"].split(",") if k.strip()))
+    name = os.environ.get("GMLAKE_POLICY", "").strip() or "gmlake"
     if os.environ.get("GMLAKE_POLICY"):
-        opts["policy"] = os.environ["GMLAKE_POLICY"]
+        opts["policy"] = name
+    settings: dict[str, object] = {}
+    if os.environ.get("GMLAKE_KNOBS"):          # any knobs, "k=v,k=v"; the specific variables below win
+        settings.update(split_settings(k for k in os.environ["GMLAKE_KNOBS"].split(",") if k.strip()))
     for var, knob in (("GMLAKE_CHUNK_SIZE", "chunk_size"), ("GMLAKE_MAX_CACHED_SBLOCKS", "max_cached_sblocks"),
                       ("GMLAKE_MIN_STITCH_SIZE", "min_stitch_size")):
-        value = _env_int(var)
+        value = _env_size(var)
         if value is not None:
-            opts[knob] = value
+            settings[knob] = value
     if os.environ.get("GMLAKE_STITCH"):
-        opts["stitch"] = os.environ["GMLAKE_STITCH"].lower() not in ("0", "false", "no", "off")
-    limit = _env_int("GMLAKE_LIMIT")
+        settings["stitch"] = parse_bool(os.environ["GMLAKE_STITCH"], what="GMLAKE_STITCH")
+    opts.update(coerce_knobs(type(policies.get(name)), settings))
+    limit = _env_size("GMLAKE_LIMIT")
     if limit is not None:
         opts["limit"] = limit
     return opts

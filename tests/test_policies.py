@@ -254,6 +254,27 @@ def test_environment_knobs_and_their_precedence(monkeypatch):
     assert opts == {"min_saved_chunks": 0, "sblock_search_depth": 64, "chunk_size": 4 << 20}
 
 
+@pytest.mark.parametrize("var, value, message", [("GMLAKE_STITCH", "maybe", "GMLAKE_STITCH must be one of"),
+                                                ("GMLAKE_KNOBS", "stitch=perhaps", "knob stitch must be one of"),
+                                                ("GMLAKE_KNOBS", "bogus=1", "no knob 'bogus'"),
+                                                ("GMLAKE_LIMIT", "lots", "GMLAKE_LIMIT must be a whole number"),
+                                                ("GMLAKE_POLICY", "nope", "unknown policy 'nope'")])
+def test_environment_settings_parse_strictly(monkeypatch, var, value, message):
+    from gmlake.torch import options_from_env
+
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=message):
+        options_from_env()
+
+
+def test_environment_sizes_take_units(monkeypatch):
+    from gmlake.torch import options_from_env
+
+    monkeypatch.setenv("GMLAKE_LIMIT", "24GiB")
+    monkeypatch.setenv("GMLAKE_STITCH", "off")
+    assert options_from_env() == {"limit": 24 << 30, "stitch": False}
+
+
 @pytest.mark.parametrize("setting, message", [("bogus=1", "no knob 'bogus'"),
                                               ("chunk_size=big", "chunk_size must be a whole number"),
                                               ("min_saved_chunks", "knob=value")])
