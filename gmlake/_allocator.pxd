@@ -257,55 +257,9 @@ cdef class Allocator:
     cdef SBlock* _hook_evict(self, SBlock* lru_victim) noexcept
 
     # internals, in the order _allocator.pyx defines them
-    cdef int _call(self, int kind, int rc, uint64_t handles) noexcept nogil
-    cdef int _sync(self) noexcept nogil
-    cdef void _release_handle(self, uint64_t handle, size_t size) noexcept nogil
-    cdef void _destroy_event(self, uint64_t event) noexcept nogil
-    cdef size_t _retry_orphans(self) noexcept nogil
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil
-    cdef FreeIndex* _index(self, int pool) noexcept nogil
-    cdef void _insert_free(self, Block* b) noexcept nogil
-    cdef void _erase_free(self, Block* b) noexcept nogil
-    cdef FreeIndex* _holes(self, int pool) noexcept nogil
-    cdef void _insert_hole(self, Block* b) noexcept nogil
-    cdef void _erase_hole(self, Block* b) noexcept nogil
-    cdef Block* _merge_holes(self, Block* b) noexcept nogil
-    cdef Block* _peek_fit(self, FreeIndex* index, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _best_free(self, int pool, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _split(self, Block* b, size_t size) noexcept nogil
-    cdef void _absorb_next(self, Block* b) noexcept nogil
-    cdef Block* _coalesce(self, Block* b) noexcept nogil
-    cdef bint _should_split(self, Block* b, size_t size) noexcept nogil
-    cdef Block* _take(self, Block* b, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _containing(self, uintptr_t addr) noexcept nogil
-    cdef void _release_block(self, Block* b) noexcept nogil
-    cdef size_t _release_chunks(self, Segment* seg, size_t wanted) noexcept nogil
-    cdef void _drop_segment(self, Segment* seg) noexcept nogil
-    cdef Block* _map_pages(self, Block* hole, size_t size) noexcept nogil
-    cdef Block* _find_expandable(self, int pool, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_expandable(self, int pool, size_t size, int64_t stream) noexcept nogil
-    cdef bint _sblock_fits(self, SBlock* sb, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _claim(self, SBlock* sb, size_t size, int64_t stream) noexcept nogil
-    cdef SBlock* _best_cached(self, size_t size, size_t below, int64_t stream) noexcept nogil
-    cdef int _evict(self, SBlock* sb) noexcept nogil
-    cdef int _evict_lru(self, size_t keep, bint synced) noexcept nogil
-    cdef Block* _stitch(self, vector[Piece]& pieces, size_t size, int64_t stream) noexcept nogil
-    cdef size_t _migrate(self, int64_t stream, uint64_t upto) noexcept nogil
-    cdef size_t _reclaim_streams(self, int64_t stream, bint wait) noexcept nogil
-    cdef size_t _release_pool(self, int pool, size_t wanted) noexcept nogil
-    cdef bint _relieve(self, int pool, size_t size, int stage) noexcept nogil
     cdef Block* _alloc_small(self, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc_large(self, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _stitch_or_grow(self, size_t size, int64_t stream) noexcept nogil
-    cdef size_t _collect_pieces(self, size_t size, int64_t stream, vector[Piece]& pieces) noexcept nogil
-    cdef bint _stitch_allowed(self, size_t size, int64_t stream, vector[Piece]& pieces, size_t remaining) noexcept nogil
-    cdef size_t _growth_bytes(self, int pool, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _stitch_expandable(self, size_t size, int64_t stream) noexcept nogil
-    cdef Segment* _grow(self, size_t size, int64_t stream) noexcept nogil
-    cdef void _descending(self, int64_t stream, vector[Block*]& out) noexcept nogil
     cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil
     cdef void _retire(self, Block* b) noexcept nogil
-    cdef void _process_pending(self) noexcept nogil
-    cdef void _discard_range(self, uintptr_t va, size_t size, size_t mapped, size_t handles, bint release_va) noexcept nogil
-    cdef Segment* _new_segment(self, int pool, size_t size, size_t chunk_size, int64_t stream, bint mapped) noexcept nogil

@@ -9,13 +9,21 @@ Vocabulary
             (cached), so a request that recurs every training step is stitched once.
   claimed   a pBlock whose bytes are in use through an sBlock.
 
-A request is served by the first step that succeeds:
-  1. best fit among free pBlocks of the request's stream (or of no stream) and cached sBlocks whose pieces are free;
-  2. split the block found (requests are packed at `round_to` bytes, below chunk level);
-  3. stitch free pBlocks whose chunks together cover the request;
-  4. allocate only the shortfall as new chunks, stitched with the free ones;
+A request is served by the first step that succeeds (the policy's knobs choose among the variants):
+  1. best fit among free pBlocks of the request's stream (or of no stream), and cached sBlocks whose pieces are
+     free (only where no free block fits, unless `sblock_first`);
+  2. split the block found (requests are packed at `round_to` bytes);
+  3. stitch free pBlocks whose chunks together cover the request, plus new memory for the shortfall, where that
+     saves `min_saved_chunks` handles over growing;
+  4. grow: an expandable range by pages (the default), new chunks, or PyTorch's native segment sizes;
   5. under memory pressure: wait for all streams, give back memory the other pool holds, then everything free;
   6. fail with an out-of-memory error.
+
+Rooms, one file each, included below as module-level nogil functions over the Allocator's state:
+  _vmm.pxi       driver calls, counted, and orphans retried     _blocks.pxi    free index, holes, split and merge
+  _segments.pxi  segments and handles, pressure                 _growth.pxi    expandable growth and its stitch
+  _sblocks.pxi   stitching and the sBlock cache                 _streams.pxi   fences and deferred frees
+This file keeps the lock, malloc/free/empty_cache, the policy hooks, statistics and the Python API.
 
 Every decision orders blocks by (stream, size, segment serial, offset), never by address, so the sim, host and cuda
 drivers make the same choices for the same requests: a replayed trace predicts the GPU run.
@@ -96,6 +104,15 @@ cdef inline SBlockKey sblock_key(SBlock* sb) noexcept nogil:
     key.capacity = sb.capacity
     key.serial = sb.serial
     return key
+
+
+# The rooms of the core, module-level nogil functions over the Allocator's state (see _allocator.pxd).
+include "_vmm.pxi"
+include "_blocks.pxi"
+include "_segments.pxi"
+include "_growth.pxi"
+include "_sblocks.pxi"
+include "_streams.pxi"
 
 
 cdef class Allocator:
@@ -181,67 +198,6 @@ cdef class Allocator:
 
     # ------------------------------------------------------------------ driver calls, counted
 
-    cdef int _call(self, int kind, int rc, uint64_t handles) noexcept nogil:
-        self.st.calls[kind] += 1
-        self.st.handles[kind] += handles
-        if rc != DRIVER_OK and rc != DRIVER_OOM and self.err == ERR_NONE:
-            self.err = ERR_DRIVER
-            self.err_code = rc
-            self.err_call = kind
-        return rc
-
-    cdef int _sync(self) noexcept nogil:
-        return self._call(CALL_SYNC, self.driver.synchronize(), 0)
-
-    cdef void _release_handle(self, uint64_t handle, size_t size) noexcept nogil:
-        """Give a chunk back to the driver; if the driver refuses, keep it as an orphan to retry later, so nothing
-        leaks (it still counts in the driver's memory, not in reserved)."""
-        cdef OrphanChunk orphan
-        if self._call(CALL_RELEASE, self.driver.release_chunk(handle, size), 1) != DRIVER_OK:
-            orphan.handle = handle
-            orphan.size = size
-            self.orphan_chunks.push_back(orphan)
-
-    cdef void _discard_range(self, uintptr_t va, size_t size, size_t mapped, size_t handles,
-                             bint release_va) noexcept nogil:
-        """Unmap the first `mapped` bytes of a range and free its reservation (if `release_va`); what the driver
-        refuses becomes an orphan to retry."""
-        cdef OrphanRange orphan
-        orphan.va = va
-        orphan.size = size
-        orphan.mapped = mapped
-        orphan.handles = handles
-        orphan.release_va = release_va
-        if mapped and self._call(CALL_UNMAP, self.driver.unmap(va, mapped), handles) != DRIVER_OK:
-            self.orphan_ranges.push_back(orphan)
-            return
-        orphan.mapped = 0
-        orphan.handles = 0
-        if release_va and self._call(CALL_FREE_VA, self.driver.free_va(va, size), 0) != DRIVER_OK:
-            self.orphan_ranges.push_back(orphan)
-
-    cdef void _destroy_event(self, uint64_t event) noexcept nogil:
-        if self._call(CALL_EVENT_DESTROY, self.driver.destroy_event(event), 0) != DRIVER_OK:
-            self.orphan_events.push_back(event)
-
-    cdef size_t _retry_orphans(self) noexcept nogil:
-        """Try again to return what the driver refused earlier. Returns how many are still held."""
-        cdef vector[OrphanChunk] chunks
-        cdef vector[OrphanRange] ranges
-        cdef vector[uint64_t] events
-        cdef size_t i
-        chunks.swap(self.orphan_chunks)
-        ranges.swap(self.orphan_ranges)
-        events.swap(self.orphan_events)
-        for i in range(ranges.size()):
-            self._discard_range(ranges[i].va, ranges[i].size, ranges[i].mapped, ranges[i].handles,
-                                ranges[i].release_va)
-        for i in range(chunks.size()):
-            self._release_handle(chunks[i].handle, chunks[i].size)
-        for i in range(events.size()):
-            self._destroy_event(events[i])
-        return self.orphan_chunks.size() + self.orphan_ranges.size() + self.orphan_events.size()
-
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil:
         """Append to the history (a ring of trace_max entries) while tracing."""
         cdef TraceEntry e
@@ -260,909 +216,67 @@ cdef class Allocator:
             self.trace[self.trace_next] = e
             self.trace_next = (self.trace_next + 1) % self.trace_max
 
-    # ------------------------------------------------------------------ free index
-
-    cdef FreeIndex* _index(self, int pool) noexcept nogil:
-        return &self.free_small if pool == POOL_SMALL else &self.free_large
-
-    cdef void _insert_free(self, Block* b) noexcept nogil:
-        self._index(b.seg.pool).insert(FreeEntry(key_of(b), b))
-
-    cdef void _erase_free(self, Block* b) noexcept nogil:
-        self._index(b.seg.pool).erase(key_of(b))
-
-    cdef FreeIndex* _holes(self, int pool) noexcept nogil:
-        return &self.unmapped_small if pool == POOL_SMALL else &self.unmapped_large
-
-    cdef void _insert_hole(self, Block* b) noexcept nogil:
-        cdef FreeKey key = key_of(b)
-        key.size = 0
-        self._holes(b.seg.pool).insert(FreeEntry(key, b))
-
-    cdef void _erase_hole(self, Block* b) noexcept nogil:
-        cdef FreeKey key = key_of(b)
-        key.size = 0
-        self._holes(b.seg.pool).erase(key)
-
-    cdef Block* _merge_holes(self, Block* b) noexcept nogil:
-        """Merge unmapped, unindexed b with unmapped neighbours. Returns the merged hole, unindexed."""
-        cdef Block* p = b.prev
-        cdef Block* n
-        if p != NULL and p.state == BLOCK_UNMAPPED:
-            self._erase_hole(p)
-            self._absorb_next(p)
-            b = p
-        n = b.next
-        if n != NULL and n.state == BLOCK_UNMAPPED:
-            self._erase_hole(n)
-            self._absorb_next(b)
-        return b
-
-    cdef Block* _peek_fit(self, FreeIndex* index, size_t size, int64_t stream) noexcept nogil:
-        cdef FreeIndex.iterator it = index.lower_bound(make_key(stream, size))
-        cdef FreeIndex.iterator nxt
-        cdef Block* b
-        if it == index.end() or deref(it).first.stream != stream:
-            return NULL
-        if self.k.segment_rule == SEGMENTS_EXPANDABLE:
-            # As PyTorch does: a block that can grow into the unmapped space after it counts as that large, so a
-            # later block that fits more snugly is preferred.
-            nxt = it
-            inc(nxt)
-            while nxt != index.end() and deref(nxt).first.stream == stream and \
-                    expandable_size(deref(nxt).second) < expandable_size(deref(it).second):
-                it = nxt
-                inc(nxt)
-        b = deref(it).second
-        if self.k.max_split_size:
-            # PyTorch's rules for blocks of max_split_size or more: never split them for a smaller request, and
-            # round a request up into one only within max_non_split_rounding.
-            if size < self.k.max_split_size and b.size >= self.k.max_split_size:
-                return NULL
-            if size >= self.k.max_split_size and b.size >= size + self.k.max_non_split_rounding:
-                return NULL
-        return b
-
-    cdef Block* _best_free(self, int pool, size_t size, int64_t stream) noexcept nogil:
-        """Smallest free pBlock >= size of `stream` or of no stream; stays in the index."""
-        cdef FreeIndex* index = self._index(pool)
-        cdef Block* own = self._peek_fit(index, size, stream)
-        cdef Block* anyb = self._peek_fit(index, size, ANY_STREAM)
-        if own == NULL:
-            return anyb
-        if anyb != NULL and anyb.size < own.size:
-            return anyb
-        return own
-
     # ------------------------------------------------------------------ block surgery
-
-    cdef Block* _split(self, Block* b, size_t size) noexcept nogil:
-        """Cut b after `size` bytes; b keeps the head. Returns the tail (same state, not indexed)."""
-        cdef Block* tail = new Block()
-        tail.addr = b.addr + size
-        tail.size = b.size - size
-        tail.stream = b.stream
-        tail.free_seq = b.free_seq
-        tail.state = b.state
-        tail.seg = b.seg
-        tail.prev = b
-        tail.next = b.next
-        if b.next != NULL:
-            b.next.prev = tail
-        b.next = tail
-        b.size = size
-        self.by_addr[tail.addr] = tail
-        return tail
-
-    cdef void _absorb_next(self, Block* b) noexcept nogil:
-        """Merge b's next neighbour into b (the neighbour is unindexed by the caller first)."""
-        cdef Block* n = b.next
-        self.by_addr.erase(n.addr)
-        b.size += n.size
-        b.next = n.next
-        if n.next != NULL:
-            n.next.prev = b
-        if n.free_seq > b.free_seq:
-            b.free_seq = n.free_seq
-        del n
-
-    cdef Block* _coalesce(self, Block* b) noexcept nogil:
-        """Merge free, unindexed b with free neighbours of the same stream. Returns the merged block, unindexed."""
-        cdef Block* p = b.prev
-        cdef Block* n
-        if p != NULL and p.state == BLOCK_FREE and p.stream == b.stream:
-            self._erase_free(p)
-            self._absorb_next(p)
-            b = p
-        n = b.next
-        if n != NULL and n.state == BLOCK_FREE and n.stream == b.stream:
-            self._erase_free(n)
-            self._absorb_next(b)
-        return b
-
-    cdef bint _should_split(self, Block* b, size_t size) noexcept nogil:
-        cdef size_t remaining = b.size - size
-        cdef bint split
-        if remaining == 0:
-            return False
-        if b.seg.pool == POOL_SMALL:
-            split = remaining >= self.k.round_to
-        else:
-            split = remaining > self.k.large_split_min and (self.k.max_split_size == 0 or size < self.k.max_split_size)
-        if self.k.hook_split:
-            with gil:
-                split = self._hook_split(b.size, size, b.seg.pool, split)
-        return split
-
-    cdef Block* _take(self, Block* b, size_t size, int64_t stream) noexcept nogil:
-        """Allocate the head of free, unindexed b; the rest stays free if the policy splits it."""
-        if self._should_split(b, size):
-            self._insert_free(self._split(b, size))
-        b.state = BLOCK_ALLOCATED
-        b.stream = stream
-        return b
-
-    cdef Block* _containing(self, uintptr_t addr) noexcept nogil:
-        cdef cmap[uintptr_t, Block*].iterator it = self.by_addr.upper_bound(addr)
-        if it == self.by_addr.begin():
-            return NULL
-        dec(it)
-        cdef Block* b = deref(it).second
-        return b if addr < b.addr + b.size else NULL
-
-    cdef void _release_block(self, Block* b) noexcept nogil:
-        """A block returns to the free index: stamped, merged, indexed."""
-        self.free_seq += 1
-        b.state = BLOCK_FREE
-        b.sblock = NULL
-        b.free_seq = self.free_seq
-        self._insert_free(self._coalesce(b))
-
-    # ------------------------------------------------------------------ segments
-
-    cdef Segment* _new_segment(self, int pool, size_t size, size_t chunk_size, int64_t stream,
-                               bint mapped) noexcept nogil:
-        """Reserve VA and map fresh chunks into it (unless not `mapped`: then the whole range is one unmapped hole,
-        as an expandable segment starts). NULL with self.err set on failure; nothing is left behind."""
-        cdef size_t n = size // chunk_size if mapped else 0
-        cdef size_t i, j
-        cdef uintptr_t va = 0
-        cdef uint64_t handle = 0
-        cdef int rc
-        cdef vector[uint64_t] handles
-        if mapped and self.limit_bytes and self.st.reserved + size > self.limit_bytes:
-            self.err = ERR_OOM
-            return NULL
-        rc = self._call(CALL_RESERVE, self.driver.reserve(size, self.driver.granularity, &va), 0)
-        if rc != DRIVER_OK:
-            if rc == DRIVER_OOM:
-                self.err = ERR_OOM
-            return NULL
-        for i in range(n):
-            rc = self._call(CALL_CREATE, self.driver.create_chunk(chunk_size, &handle), 1)
-            if rc == DRIVER_OK:
-                rc = self._call(CALL_MAP, self.driver.map(va + i * chunk_size, chunk_size, handle), 1)
-                if rc != DRIVER_OK:
-                    self._release_handle(handle, chunk_size)
-            if rc != DRIVER_OK:
-                break
-            handles.push_back(handle)
-        if rc == DRIVER_OK and n:
-            rc = self._call(CALL_SET_ACCESS, self.driver.set_access(va, size), n)
-        if rc != DRIVER_OK:
-            if rc == DRIVER_OOM and self.err == ERR_NONE:
-                self.err = ERR_OOM
-            self._discard_range(va, size, handles.size() * chunk_size, handles.size(), True)
-            for j in range(handles.size()):
-                self._release_handle(handles[j], chunk_size)
-            return NULL
-        cdef Segment* seg = new Segment()
-        seg.serial = self.next_serial
-        self.next_serial += 1
-        seg.va = va
-        seg.size = size
-        seg.chunk_size = chunk_size
-        seg.pool = pool
-        if mapped:
-            seg.handles = handles
-        else:
-            seg.handles.assign(size // chunk_size, 0)
-        seg.sblock_maps.assign(size // chunk_size, 0)
-        seg.mapped_chunks = n
-        cdef Block* b = new Block()
-        b.addr = va
-        b.size = size
-        b.stream = stream
-        b.state = BLOCK_FREE if mapped else BLOCK_UNMAPPED
-        b.seg = seg
-        seg.first = b
-        self.by_addr[va] = b
-        self.segments[seg.serial] = seg
-        self.st.segments_created += 1
-        if not mapped:
-            self._insert_hole(b)
-            return seg
-        self._record(TRACE_SEGMENT_ALLOC, va, size, stream)
-        self.st.reserved += size
-        peak_update(&self.st.peak_reserved, self.st.reserved)
-        return seg
-
-    cdef size_t _release_chunks(self, Segment* seg, size_t wanted) noexcept nogil:
-        """Return to the driver chunks of seg that lie wholly in free blocks and that no sBlock maps, until
-        `wanted` bytes are released (0: all). The caller has synchronized. Returns the bytes released."""
-        cdef size_t C = seg.chunk_size
-        cdef size_t released = 0
-        cdef size_t first, end, i, j, k
-        cdef Block* b = seg.first
-        cdef Block* nxt
-        cdef Block* hole
-        cdef uintptr_t lo, hi
-        cdef int rc
-        while b != NULL and (wanted == 0 or released < wanted):
-            nxt = b.next
-            if b.state == BLOCK_FREE:
-                first = (b.addr - seg.va + C - 1) // C
-                end = (b.addr + b.size - seg.va) // C
-                i = first
-                while i < end:
-                    if seg.sblock_maps[i] != 0:
-                        i += 1
-                        continue
-                    j = i
-                    while j < end and seg.sblock_maps[j] == 0:
-                        j += 1
-                    lo = seg.va + i * C
-                    hi = seg.va + j * C
-                    rc = self._call(CALL_UNMAP, self.driver.unmap(lo, hi - lo), j - i)
-                    if rc != DRIVER_OK:
-                        return released
-                    for k in range(i, j):
-                        self._release_handle(seg.handles[k], C)
-                        seg.handles[k] = 0
-                        self.st.chunks_released += 1
-                    seg.mapped_chunks -= j - i
-                    self._record(TRACE_SEGMENT_UNMAP, lo, hi - lo, b.stream)
-                    self.st.reserved -= hi - lo
-                    released += hi - lo
-                    # Carve the hole out of b: [b.addr, lo) stays free, [lo, hi) becomes unmapped.
-                    self._erase_free(b)
-                    hole = b
-                    if lo > b.addr:
-                        hole = self._split(b, lo - b.addr)
-                        self._insert_free(b)
-                    if hole.addr + hole.size > hi:
-                        nxt = self._split(hole, hi - hole.addr)
-                        self._insert_free(nxt)
-                    hole.state = BLOCK_UNMAPPED
-                    hole = self._merge_holes(hole)
-                    self._insert_hole(hole)
-                    nxt = hole.next
-                    break   # continue from the block after the hole
-            b = nxt
-        if seg.mapped_chunks == 0:
-            self._drop_segment(seg)
-        return released
-
-    cdef void _drop_segment(self, Segment* seg) noexcept nogil:
-        """Forget a segment whose chunks are all released; frees its VA."""
-        cdef Block* b = seg.first
-        cdef Block* nxt
-        while b != NULL:
-            nxt = b.next
-            if b.state == BLOCK_UNMAPPED:
-                self._erase_hole(b)
-            self.by_addr.erase(b.addr)
-            del b
-            b = nxt
-        self._discard_range(seg.va, seg.size, 0, 0, True)
-        self.segments.erase(seg.serial)
-        del seg
-
-    cdef Block* _map_pages(self, Block* hole, size_t size) noexcept nogil:
-        """Map new chunks over the first `size` bytes (rounded up to whole chunks) of an unmapped hole. The mapped
-        part becomes free, merged with its free neighbours and indexed; it is returned. NULL with self.err set on
-        failure, leaving the hole as it was."""
-        cdef Segment* seg = hole.seg
-        cdef size_t C = seg.chunk_size
-        cdef size_t n = min_size((size + C - 1) // C, hole.size // C)
-        cdef size_t first = (hole.addr - seg.va) // C
-        cdef size_t i, j
-        cdef uint64_t handle = 0
-        cdef int rc = DRIVER_OK
-        if self.limit_bytes and self.st.reserved + n * C > self.limit_bytes:
-            self.err = ERR_OOM
-            return NULL
-        for i in range(n):
-            rc = self._call(CALL_CREATE, self.driver.create_chunk(C, &handle), 1)
-            if rc == DRIVER_OK:
-                rc = self._call(CALL_MAP, self.driver.map(hole.addr + i * C, C, handle), 1)
-                if rc != DRIVER_OK:
-                    self._release_handle(handle, C)
-            if rc != DRIVER_OK:
-                break
-            seg.handles[first + i] = handle
-        if rc == DRIVER_OK:
-            rc = self._call(CALL_SET_ACCESS, self.driver.set_access(hole.addr, n * C), n)
-            i = n
-        if rc != DRIVER_OK:
-            if rc == DRIVER_OOM and self.err == ERR_NONE:
-                self.err = ERR_OOM
-            if i:
-                # The hole's VA belongs to the segment: unmap only (the segment frees its reservation).
-                self._discard_range(hole.addr, i * C, i * C, i, False)
-            for j in range(i):
-                self._release_handle(seg.handles[first + j], C)
-                seg.handles[first + j] = 0
-            return NULL
-        seg.mapped_chunks += n
-        self._record(TRACE_SEGMENT_MAP, hole.addr, n * C, hole.stream)
-        self.st.reserved += n * C
-        peak_update(&self.st.peak_reserved, self.st.reserved)
-        self._erase_hole(hole)
-        if hole.size > n * C:
-            self._insert_hole(self._split(hole, n * C))
-        hole.state = BLOCK_FREE
-        hole.free_seq = 0
-        cdef Block* b = self._coalesce(hole)
-        self._insert_free(b)
-        return b
-
-    cdef Block* _find_expandable(self, int pool, size_t size, int64_t stream) noexcept nogil:
-        """The lowest hole of `stream` (with the free block before it) that has `size` bytes of free or unmapped
-        space in a row, or a new expandable segment's hole."""
-        cdef FreeIndex* holes = self._holes(pool)
-        cdef FreeIndex.iterator it = holes.lower_bound(make_key(stream, 0))
-        cdef Block* c
-        cdef Block* b
-        cdef size_t room
-        cdef Segment* seg
-        while it != holes.end() and deref(it).first.stream == stream:
-            c = deref(it).second
-            if c.prev != NULL and free_for(c.prev, stream):
-                c = c.prev
-            room = 0
-            b = c
-            while room < size and b != NULL and (free_for(b, stream) or b.state == BLOCK_UNMAPPED):
-                room += b.size
-                b = b.next
-            if room >= size:
-                return c
-            inc(it)
-        cdef size_t page = self.k.page_small if pool == POOL_SMALL else self.k.page_large
-        cdef size_t reserve = round_up(self.k.expandable_reserve, page)
-        if reserve < size:
-            self.err = ERR_OOM
-            return NULL
-        seg = self._new_segment(pool, reserve, page, stream, False)
-        return seg.first if seg != NULL else NULL
-
-    cdef Block* _alloc_expandable(self, int pool, size_t size, int64_t stream) noexcept nogil:
-        """Grow an expandable segment by mapping pages until `size` bytes in a row are free, then take them."""
-        cdef Block* c = self._find_expandable(pool, size, stream)
-        cdef Block* m
-        cdef Segment* seg
-        if c == NULL:
-            return NULL
-        if c.state == BLOCK_UNMAPPED:
-            seg = c.seg
-            c = self._map_pages(c, min_size(c.size, size))
-            if c == NULL:
-                if seg.mapped_chunks == 0:
-                    self._drop_segment(seg)     # a segment with nothing mapped holds only VA: give it back
-                return NULL
-        while c.size < size:
-            m = self._map_pages(c.next, min_size(size - c.size, c.next.size))
-            if m == NULL:
-                return NULL
-            c = m
-        self._erase_free(c)
-        return self._take(c, size, stream)
 
     # ------------------------------------------------------------------ sBlocks
 
-    cdef bint _sblock_fits(self, SBlock* sb, size_t size, int64_t stream) noexcept nogil:
-        """Are the first `size` bytes of sb's pieces free for `stream`?"""
-        cdef size_t remaining = size
-        cdef size_t take, i
-        cdef Block* b
-        for i in range(sb.pieces.size()):
-            take = min_size(sb.pieces[i].size, remaining)
-            b = self._containing(sb.pieces[i].addr)
-            if b == NULL or b.state != BLOCK_FREE or (b.stream != stream and b.stream != ANY_STREAM):
-                return False
-            if b.addr + b.size < sb.pieces[i].addr + take:
-                return False
-            remaining -= take
-            if remaining == 0:
-                return True
-        return remaining == 0
-
-    cdef Block* _claim(self, SBlock* sb, size_t size, int64_t stream) noexcept nogil:
-        """Serve `size` bytes through cached sb: claim the pBlocks under its first `size` bytes."""
-        cdef size_t remaining = size
-        cdef size_t take, i
-        cdef Block* b
-        cdef Block* piece
-        self.cached.erase(sblock_key(sb))
-        self.lru.erase(sb.last_use)
-        for i in range(sb.pieces.size()):
-            if remaining == 0:
-                break
-            take = min_size(sb.pieces[i].size, remaining)
-            b = self._containing(sb.pieces[i].addr)
-            self._erase_free(b)
-            piece = b
-            if b.addr < sb.pieces[i].addr:
-                piece = self._split(b, sb.pieces[i].addr - b.addr)
-                self._insert_free(b)
-            if piece.size > take:
-                self._insert_free(self._split(piece, take))
-            piece.state = BLOCK_CLAIMED
-            piece.sblock = sb
-            piece.stream = stream
-            sb.claimed.push_back(piece)
-            remaining -= take
-        cdef Block* a = new Block()
-        a.addr = sb.va + sb.offset
-        a.size = size
-        a.stream = stream
-        a.state = BLOCK_ALLOCATED
-        a.sblock = sb
-        sb.alloc = a
-        return a
-
-    cdef SBlock* _best_cached(self, size_t size, size_t below, int64_t stream) noexcept nogil:
-        """Smallest cached sBlock with capacity in [size, below) whose first `size` bytes are free."""
-        cdef cmap[SBlockKey, SBlock*].iterator it
-        cdef SBlockKey key
-        key.capacity = size
-        key.serial = 0
-        it = self.cached.lower_bound(key)
-        cdef size_t tried = 0
-        while it != self.cached.end() and tried < self.k.sblock_search_depth:
-            if deref(it).first.capacity >= below:
-                return NULL
-            if self._sblock_fits(deref(it).second, size, stream):
-                return deref(it).second
-            tried += 1
-            inc(it)
-        return NULL
-
-    cdef int _evict(self, SBlock* sb) noexcept nogil:
-        """Unmap a cached sBlock and free its VA. The caller has synchronized."""
-        cdef size_t i
-        cdef int rc = self._call(CALL_UNMAP, self.driver.unmap(sb.va, sb.va_size), sb.chunks.size())
-        if rc != DRIVER_OK:
-            return rc
-        self._discard_range(sb.va, sb.va_size, 0, 0, True)
-        for i in range(sb.chunks.size()):
-            sb.chunks[i].seg.sblock_maps[sb.chunks[i].index] -= 1
-        self.cached.erase(sblock_key(sb))
-        self.lru.erase(sb.last_use)
-        self.sblocks.erase(sb.serial)
-        self.st.sblock_va -= sb.va_size
-        self.st.sblock_evictions += 1
-        del sb
-        return DRIVER_OK
-
-    cdef int _evict_lru(self, size_t keep, bint synced) noexcept nogil:
-        """Evict cached sBlocks until at most `keep` remain: the least recently used first, or the policy's choice
-        (its evict_victim hook). Synchronizes first unless the caller has (queued kernels may still use a freed
-        sBlock's range)."""
-        cdef int rc
-        cdef SBlock* victim
-        while self.lru.size() > keep:
-            if not synced:
-                rc = self._sync()
-                if rc != DRIVER_OK:
-                    return rc
-                synced = True
-            victim = deref(self.lru.begin()).second
-            if self.k.hook_evict and keep > 0:     # when all go, the order does not matter
-                with gil:
-                    victim = self._hook_evict(victim)
-            rc = self._evict(victim)
-            if rc != DRIVER_OK:
-                return rc
-        return DRIVER_OK
-
-    cdef Block* _stitch(self, vector[Piece]& pieces, size_t size, int64_t stream) noexcept nogil:
-        """Map the chunks under `pieces` (in order) into one new VA range and serve `size` bytes through it."""
-        cdef SBlock* sb
-        cdef vector[ChunkRef] chunks
-        cdef ChunkRef ref
-        cdef Block* b
-        cdef Segment* seg
-        cdef size_t i, c, c_end, va_size = 0, mapped = 0, capacity = 0
-        cdef uintptr_t va = 0, at
-        cdef int rc
-        if self.k.max_cached_sblocks and self.lru.size() >= self.k.max_cached_sblocks:
-            if self._evict_lru(self.k.max_cached_sblocks - 1, False) != DRIVER_OK:
-                return NULL
-        for i in range(pieces.size()):
-            b = self._containing(pieces[i].addr)
-            seg = b.seg
-            c = (pieces[i].addr - seg.va) // seg.chunk_size
-            c_end = (pieces[i].addr + pieces[i].size - seg.va + seg.chunk_size - 1) // seg.chunk_size
-            while c < c_end:
-                ref.seg = seg
-                ref.index = c
-                chunks.push_back(ref)
-                va_size += seg.chunk_size
-                c += 1
-            capacity += pieces[i].size
-        rc = self._call(CALL_RESERVE, self.driver.reserve(va_size, self.driver.granularity, &va), 0)
-        if rc != DRIVER_OK:
-            if rc == DRIVER_OOM:
-                self.err = ERR_OOM
-            return NULL
-        at = va
-        for i in range(chunks.size()):
-            seg = chunks[i].seg
-            rc = self._call(CALL_MAP, self.driver.map(at, seg.chunk_size, seg.handles[chunks[i].index]), 1)
-            if rc != DRIVER_OK:
-                break
-            at += seg.chunk_size
-            mapped += 1
-        if rc == DRIVER_OK:
-            rc = self._call(CALL_SET_ACCESS, self.driver.set_access(va, va_size), chunks.size())
-        if rc != DRIVER_OK:
-            if rc == DRIVER_OOM and self.err == ERR_NONE:
-                self.err = ERR_OOM
-            self._discard_range(va, va_size, at - va, mapped, True)
-            return NULL
-        sb = new SBlock()
-        sb.serial = self.next_serial
-        self.next_serial += 1
-        sb.va = va
-        sb.va_size = va_size
-        seg = chunks[0].seg
-        sb.offset = (pieces[0].addr - seg.va) % seg.chunk_size
-        sb.capacity = capacity
-        sb.pieces = pieces
-        sb.chunks = chunks
-        for i in range(chunks.size()):
-            chunks[i].seg.sblock_maps[chunks[i].index] += 1
-        self.sblocks[sb.serial] = sb
-        self.st.sblock_va += va_size
-        peak_update(&self.st.peak_sblock_va, self.st.sblock_va)
-        self.st.stitches += 1
-        self.st.stitched_handles += chunks.size()
-        return self._claim(sb, size, stream)
-
-    # ------------------------------------------------------------------ streams
-
-    cdef size_t _migrate(self, int64_t stream, uint64_t upto) noexcept nogil:
-        """Blocks freed on `stream` (all streams but ANY when stream == ANY) at or before free_seq `upto`
-        become usable by any stream."""
-        cdef vector[Block*] moving
-        cdef FreeIndex.iterator it
-        cdef FreeIndex* index
-        cdef int pool
-        cdef Block* b
-        cdef size_t i
-        for pool in range(2):
-            index = self._index(pool)
-            if stream == ANY_STREAM:
-                it = index.begin()
-            else:
-                it = index.lower_bound(make_key(stream, 0))
-            while it != index.end():
-                b = deref(it).second
-                if stream != ANY_STREAM and b.stream != stream:
-                    break
-                if b.stream != ANY_STREAM and b.free_seq <= upto:
-                    moving.push_back(b)
-                inc(it)
-        # Adjacent free blocks of one stream are always merged, so merging never deletes a block still queued here.
-        for i in range(moving.size()):
-            b = moving[i]
-            self._erase_free(b)
-            b.stream = ANY_STREAM
-            self._insert_free(self._coalesce(b))
-        self.st.stream_migrations += moving.size()
-        return moving.size()
-
-    cdef size_t _reclaim_streams(self, int64_t stream, bint wait) noexcept nogil:
-        """Make blocks other streams freed usable by `stream` once their work is done. With wait, synchronize
-        and make every free block usable by any stream. Returns how many blocks moved."""
-        cdef FreeIndex* index
-        cdef FreeIndex.iterator it
-        cdef int pool, rc
-        cdef int64_t s
-        cdef Fence fence
-        cdef vector[int64_t] done
-        cdef size_t moved = 0, i
-        cdef pair[int64_t, Fence] entry
-        if not self.k.cross_stream:
-            # Blocks stay with their stream, as in PyTorch; only a synchronize is owed under pressure.
-            if wait and self._sync() == DRIVER_OK and self.pending.size():
-                moved = self.pending.size()
-                self._process_pending()
-            return moved
-        if wait:
-            if self._sync() != DRIVER_OK:
-                return 0
-            self._process_pending()
-            for entry in self.fences:
-                self._destroy_event(entry.second.event)
-            self.fences.clear()
-            return self._migrate(ANY_STREAM, self.free_seq)
-        # Fence each other stream that holds free blocks: an event now covers all work queued before its frees.
-        for pool in range(2):
-            index = self._index(pool)
-            it = index.begin()
-            while it != index.end():
-                s = deref(it).first.stream
-                if s != ANY_STREAM and s != stream and self.fences.count(s) == 0:
-                    fence.seq = self.free_seq
-                    rc = self._call(CALL_EVENT_RECORD, self.driver.record_event(s, &fence.event), 0)
-                    if rc != DRIVER_OK:
-                        return moved
-                    self.fences[s] = fence
-                it = index.lower_bound(make_key(s + 1, 0))
-        for entry in self.fences:
-            rc = self._call(CALL_EVENT_QUERY, self.driver.query_event(entry.second.event), 0)
-            if rc == EVENT_DONE:
-                done.push_back(entry.first)
-        for i in range(done.size()):
-            fence = self.fences[done[i]]
-            moved += self._migrate(done[i], fence.seq)
-            self._destroy_event(fence.event)
-            self.fences.erase(done[i])
-        return moved
-
     # ------------------------------------------------------------------ memory pressure
-
-    cdef size_t _release_pool(self, int pool, size_t wanted) noexcept nogil:
-        """Release fully free chunks of `pool` (large: evicting cached sBlocks first). The caller has synchronized."""
-        cdef vector[Segment*] segs
-        cdef pair[uint64_t, Segment*] entry
-        cdef size_t released = 0, i
-        if pool == POOL_LARGE and self.lru.size():
-            if self._evict_lru(0, True) != DRIVER_OK:
-                return 0
-        for entry in self.segments:
-            if entry.second.pool == pool:
-                segs.push_back(entry.second)
-        for i in range(segs.size()):
-            released += self._release_chunks(segs[i], 0 if wanted == 0 else wanted - released)
-            if wanted and released >= wanted:
-                break
-        return released
-
-    cdef bint _relieve(self, int pool, size_t size, int stage) noexcept nogil:
-        """Step 5. Stage 0: wait for all streams so every free block serves any stream, and return what the other
-        pool holds free. Stage 1: return everything free. True if anything changed."""
-        cdef size_t changed
-        self.err = ERR_NONE
-        if stage == 0 and not self.k.cross_stream:
-            # PyTorch: synchronize, then release every free segment (both pools) and retry once.
-            changed = self._reclaim_streams(ANY_STREAM, True)
-            if self.err != ERR_NONE:
-                return False
-            changed += self._release_pool(POOL_SMALL, 0) + self._release_pool(POOL_LARGE, 0)
-        elif stage == 0:
-            changed = self._reclaim_streams(ANY_STREAM, True)
-            if self.err != ERR_NONE:
-                return False
-            changed += self._release_pool(POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size)
-        else:
-            if self._sync() != DRIVER_OK:
-                return False
-            changed = self._release_pool(POOL_SMALL, 0) + self._release_pool(POOL_LARGE, 0)
-        return changed > 0 and self.err == ERR_NONE
 
     # ------------------------------------------------------------------ malloc
 
     cdef Block* _alloc_small(self, size_t size, int64_t stream) noexcept nogil:
-        cdef Block* b = self._best_free(POOL_SMALL, size, stream)
+        cdef Block* b = _best_free(self, POOL_SMALL, size, stream)
         cdef Segment* seg
-        if b == NULL and self._reclaim_streams(stream, False):
-            b = self._best_free(POOL_SMALL, size, stream)
+        if b == NULL and _reclaim_streams(self, stream, False):
+            b = _best_free(self, POOL_SMALL, size, stream)
         if b != NULL:
-            self._erase_free(b)
-            return self._take(b, size, stream)
+            _erase_free(self, b)
+            return _take(self, b, size, stream)
         if self.err != ERR_NONE:
             return NULL
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
-            return self._alloc_expandable(POOL_SMALL, size, stream)
-        seg = self._new_segment(POOL_SMALL, self.k.small_segment_size, self.k.small_segment_size, stream, True)
+            return _alloc_expandable(self, POOL_SMALL, size, stream)
+        seg = _new_segment(self, POOL_SMALL, self.k.small_segment_size, self.k.small_segment_size, stream, True)
         if seg == NULL:
             return NULL
-        return self._take(seg.first, size, stream)
+        return _take(self, seg.first, size, stream)
 
     cdef Block* _alloc_large(self, size_t size, int64_t stream) noexcept nogil:
         # Steps 1-2: best fit among free pBlocks and cached sBlocks, then split.
-        cdef Block* b = self._best_free(POOL_LARGE, size, stream)
+        cdef Block* b = _best_free(self, POOL_LARGE, size, stream)
         cdef SBlock* sb
-        if b == NULL and self._reclaim_streams(stream, False):
-            b = self._best_free(POOL_LARGE, size, stream)
+        if b == NULL and _reclaim_streams(self, stream, False):
+            b = _best_free(self, POOL_LARGE, size, stream)
         if self.err != ERR_NONE:
             return NULL
         # Note [sBlocks only where no free block fits]: with sblock_first off, a cached sBlock serves a request only
         # when no free block can. Checking whether an sBlock's pieces are free costs a lookup per piece, and an
         # expandable range's long free tail would otherwise send every request through that search.
         if self.cached.size() and (b == NULL or self.k.sblock_first):
-            sb = self._best_cached(size, b.size if b != NULL else <size_t>-1, stream)
+            sb = _best_cached(self, size, b.size if b != NULL else <size_t>-1, stream)
             if sb != NULL:
                 self.st.sblock_reuses += 1
-                return self._claim(sb, size, stream)
+                return _claim(self, sb, size, stream)
         if b != NULL:
-            self._erase_free(b)
-            return self._take(b, size, stream)
+            _erase_free(self, b)
+            return _take(self, b, size, stream)
         cdef size_t alloc_size
         cdef Segment* seg
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
             if self.k.stitch and size >= self.k.min_stitch_size:
-                b = self._stitch_expandable(size, stream)
+                b = _stitch_expandable(self, size, stream)
                 if b != NULL or self.err != ERR_NONE:
                     return b
-            return self._alloc_expandable(POOL_LARGE, size, stream)
+            return _alloc_expandable(self, POOL_LARGE, size, stream)
         if self.k.segment_rule == SEGMENTS_PYTORCH:
             # One handle per segment, sized as PyTorch's get_allocation_size does.
             alloc_size = self.k.large_segment_size if size < self.k.min_large_alloc else round_up(size, self.k.round_large)
-            seg = self._new_segment(POOL_LARGE, alloc_size, alloc_size, stream, True)
+            seg = _new_segment(self, POOL_LARGE, alloc_size, alloc_size, stream, True)
             if seg == NULL:
                 return NULL
-            return self._take(seg.first, size, stream)
+            return _take(self, seg.first, size, stream)
         # Steps 3-4: stitch free pBlocks, adding new chunks for the shortfall only.
-        return self._stitch_or_grow(size, stream)
-
-    cdef size_t _collect_pieces(self, size_t size, int64_t stream, vector[Piece]& pieces) noexcept nogil:
-        """Free large pBlocks whose mapped chunks could carry `size` bytes when stitched, largest first (so the
-        fewest pieces, and handles to map, cover the request). Returns the bytes still missing."""
-        cdef Piece piece
-        cdef vector[Block*] own
-        cdef vector[Block*] anyb
-        cdef size_t remaining = size, C, usable, i = 0, j = 0
-        cdef uintptr_t start, aligned_end
-        cdef Block* b
-        cdef Segment* seg
-        self._descending(stream, own)
-        self._descending(ANY_STREAM, anyb)
-        while remaining and (i < own.size() or j < anyb.size()):
-            if j >= anyb.size() or (i < own.size() and own[i].size >= anyb[j].size):
-                b = own[i]
-                i += 1
-            else:
-                b = anyb[j]
-                j += 1
-            seg = b.seg
-            C = seg.chunk_size
-            # Only the first piece may start inside a chunk; every piece but the last ends on a chunk boundary.
-            start = b.addr if pieces.empty() else seg.va + round_up(b.addr - seg.va, C)
-            if b.addr + b.size <= start:
-                continue
-            if b.addr + b.size - start >= remaining:
-                piece.addr = start
-                piece.size = remaining
-                pieces.push_back(piece)
-                return 0
-            aligned_end = seg.va + ((b.addr + b.size - seg.va) // C) * C
-            if aligned_end <= start:
-                continue
-            usable = aligned_end - start
-            piece.addr = start
-            piece.size = usable
-            pieces.push_back(piece)
-            remaining -= usable
-        return remaining
-
-    cdef bint _stitch_allowed(self, size_t size, int64_t stream, vector[Piece]& pieces, size_t remaining) noexcept nogil:
-        if pieces.empty():
-            return False
-        if self.k.hook_allow_stitch:
-            with gil:
-                return self._hook_allow_stitch(size, stream, pieces, remaining)
-        return True
-
-    cdef Block* _stitch_or_grow(self, size_t size, int64_t stream) noexcept nogil:
-        cdef vector[Piece] pieces
-        cdef Piece piece
-        cdef size_t remaining = size
-        cdef Block* b
-        cdef Segment* seg = NULL
-        if self.k.stitch and size >= self.k.min_stitch_size:
-            remaining = self._collect_pieces(size, stream, pieces)
-        # A stitch that needs new chunks anyway must save `min_saved_chunks` of them, or it only costs driver calls
-        # (with 0 it also packs the new chunks after a free chunk tail, as one contiguous range would).
-        if remaining and round_up(remaining, self.k.chunk_size) + self.k.min_saved_chunks * self.k.chunk_size \
-                > round_up(size, self.k.chunk_size):
-            pieces.clear()
-        if not self._stitch_allowed(size, stream, pieces, remaining):
-            seg = self._grow(size, stream)
-            if seg == NULL:
-                return NULL
-            return self._take(seg.first, size, stream)
-        seg = NULL
-        if remaining:
-            seg = self._grow(remaining, stream)
-            if seg == NULL:
-                return NULL
-            self._insert_free(seg.first)
-            piece.addr = seg.va
-            piece.size = remaining
-            pieces.push_back(piece)
-        b = self._stitch(pieces, size, stream)
-        if b == NULL and seg != NULL:
-            # Give back what this request took: its new chunks were never handed out, so no sync is owed.
-            self._release_chunks(seg, 0)
-        return b
-
-    cdef size_t _growth_bytes(self, int pool, size_t size, int64_t stream) noexcept nogil:
-        """New bytes an expandable segment would map to serve `size` bytes: the unmapped part of the lowest run of
-        free and unmapped space with room (as _find_expandable picks it), or all of it in a new segment."""
-        cdef FreeIndex* holes = self._holes(pool)
-        cdef FreeIndex.iterator it = holes.lower_bound(make_key(stream, 0))
-        cdef Block* c
-        cdef Block* b
-        cdef size_t room, unmapped
-        cdef size_t page = self.k.page_small if pool == POOL_SMALL else self.k.page_large
-        while it != holes.end() and deref(it).first.stream == stream:
-            c = deref(it).second
-            if c.prev != NULL and free_for(c.prev, stream):
-                c = c.prev
-            room = 0
-            unmapped = 0
-            b = c
-            while room < size and b != NULL and (free_for(b, stream) or b.state == BLOCK_UNMAPPED):
-                if b.state == BLOCK_UNMAPPED:
-                    unmapped += min_size(b.size, round_up(size - room, page))
-                room += b.size
-                b = b.next
-            if room >= size:
-                return unmapped
-            inc(it)
-        return round_up(size, page)
-
-    cdef Block* _stitch_expandable(self, size_t size, int64_t stream) noexcept nogil:
-        """Expandable base with stitching: serve `size` by stitching free pages (plus new pages for the shortfall)
-        when that maps at least `min_saved_chunks` fewer new pages than growing the range would. NULL with no
-        error: growing is as good, the caller grows."""
-        cdef vector[Piece] pieces
-        cdef Piece piece
-        cdef size_t page = self.k.page_large
-        cdef size_t remaining = self._collect_pieces(size, stream, pieces)
-        cdef size_t grow = self._growth_bytes(POOL_LARGE, size, stream)
-        cdef size_t fresh = round_up(remaining, page)
-        cdef Block* hole
-        cdef Segment* seg
-        if pieces.empty() or fresh + self.k.min_saved_chunks * page > grow:
-            return NULL
-        if not self._stitch_allowed(size, stream, pieces, remaining):
-            return NULL
-        if remaining:
-            # The shortfall as new pages at the lowest hole with room, stitched last.
-            hole = self._find_expandable(POOL_LARGE, fresh, stream)
-            if hole == NULL:
-                return NULL
-            while hole.state != BLOCK_UNMAPPED:
-                hole = hole.next
-            if hole.size < fresh:
-                return NULL
-            piece.addr = hole.addr
-            piece.size = remaining
-            seg = hole.seg
-            if self._map_pages(hole, fresh) == NULL:
-                if seg.mapped_chunks == 0:
-                    self._drop_segment(seg)     # a segment with nothing mapped holds only VA: give it back
-                return NULL
-            pieces.push_back(piece)
-        return self._stitch(pieces, size, stream)
-
-    cdef Segment* _grow(self, size_t size, int64_t stream) noexcept nogil:
-        """A new segment of whole chunks for `size` bytes (the "chunks" segment rule)."""
-        return self._new_segment(POOL_LARGE, round_up(size, self.k.chunk_size), self.k.chunk_size, stream, True)
-
-    cdef void _descending(self, int64_t stream, vector[Block*]& out) noexcept nogil:
-        """Free large pBlocks of `stream`, largest first."""
-        cdef FreeIndex.iterator it = self.free_large.lower_bound(make_key(stream + 1, 0))
-        while it != self.free_large.begin():
-            dec(it)
-            if deref(it).first.stream != stream:
-                break
-            out.push_back(deref(it).second)
+        return _stitch_or_grow(self, size, stream)
 
     cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil:
         self.err = ERR_NONE
@@ -1176,7 +290,7 @@ cdef class Allocator:
             return b
         # Step 5: relieve memory pressure in two stages, retrying after each that changed something.
         for stage in range(2):
-            if self._relieve(pool, size, stage):
+            if _relieve(self, pool, size, stage):
                 b = self._try_alloc(pool, size, stream)
                 if b != NULL or self.err != ERR_OOM:
                     return b
@@ -1193,7 +307,7 @@ cdef class Allocator:
         self.err = ERR_NONE
         self.hook_failed = False
         if self.pending.size():
-            self._process_pending()
+            _process_pending(self)
             self.err = ERR_NONE
         # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
         # chunks, no vector that large, no memory released for nothing.
@@ -1320,13 +434,13 @@ cdef class Allocator:
         if uses != self.stream_uses.end():
             pend.block = b
             for i in range(deref(uses).second.size()):
-                if self._call(CALL_EVENT_RECORD, self.driver.record_event(deref(uses).second[i], &event), 0) \
+                if _call(self, CALL_EVENT_RECORD, self.driver.record_event(deref(uses).second[i], &event), 0) \
                         == DRIVER_OK:
                     pend.events.push_back(event)
                     pend.streams.push_back(deref(uses).second[i])
                 else:
                     # No event: the only safe course is to wait for the device.
-                    self._sync()
+                    _sync(self)
             self.stream_uses.erase(uses)
             self.pending.push_back(pend)
             return ERR_NONE
@@ -1340,12 +454,12 @@ cdef class Allocator:
         self._record(TRACE_FREE_COMPLETED, b.addr, b.requested, b.stream)
         self.st.active -= b.size
         if b.seg != NULL:
-            self._release_block(b)
+            _release_block(self, b)
         else:
             sb = b.sblock
             for i in range(sb.claimed.size()):
                 sb.claimed[i].stream = b.stream
-                self._release_block(sb.claimed[i])
+                _release_block(self, sb.claimed[i])
             sb.claimed.clear()
             sb.alloc = NULL
             self.tick += 1
@@ -1353,49 +467,6 @@ cdef class Allocator:
             self.cached[sblock_key(sb)] = sb
             self.lru[sb.last_use] = sb
             del b
-
-    cdef void _process_pending(self) noexcept nogil:
-        """Retire the deferred frees whose events have all completed.
-
-        Note [Polling pending frees]: events on one stream complete in order, so once an event of stream S is found
-        incomplete, no later-recorded event of S can be done: each pass queries each stream until its first
-        incomplete event, as PyTorch's process_events does, not every pending event (FSDP keeps hundreds pending).
-        Completed events are destroyed at once, so no event is queried twice after it is done. Skipping an earlier
-        event of a busy stream only delays its free to a later pass; it never hands out memory early."""
-        cdef size_t i = 0, j, k
-        cdef bint busy_stream
-        cdef int rc
-        cdef vector[int64_t] busy
-        cdef PendingFree* entry
-        while i < self.pending.size():
-            entry = &self.pending[i]
-            j = 0
-            while j < entry.events.size():
-                busy_stream = False
-                for k in range(busy.size()):
-                    if busy[k] == entry.streams[j]:
-                        busy_stream = True
-                        break
-                if busy_stream:
-                    j += 1
-                    continue
-                rc = self._call(CALL_EVENT_QUERY, self.driver.query_event(entry.events[j]), 0)
-                if rc != EVENT_DONE:
-                    busy.push_back(entry.streams[j])
-                    j += 1
-                    continue
-                self._destroy_event(entry.events[j])
-                entry.events[j] = entry.events.back()
-                entry.events.pop_back()
-                entry.streams[j] = entry.streams.back()
-                entry.streams.pop_back()
-            if not entry.events.empty():
-                i += 1
-                continue
-            self._retire(entry.block)
-            self.pending[i] = self.pending.back()
-            self.pending.pop_back()
-        self.err = ERR_NONE
 
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
         """Bytes held by the live allocation at ptr; 0 if ptr is not one."""
@@ -1430,11 +501,11 @@ cdef class Allocator:
         self.mutex.lock()
         self.err = ERR_NONE
         # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
-        self._reclaim_streams(ANY_STREAM, True)
-        self._retry_orphans()
+        _reclaim_streams(self, ANY_STREAM, True)
+        _retry_orphans(self)
         if self.err == ERR_NONE:
-            self._release_pool(POOL_SMALL, 0)
-            self._release_pool(POOL_LARGE, 0)
+            _release_pool(self, POOL_SMALL, 0)
+            _release_pool(self, POOL_LARGE, 0)
         cdef int err = self.err
         self._fill_failure(why)
         self._debug_check()
@@ -1752,7 +823,7 @@ cdef class Allocator:
                     raise InvariantError(f"block links broken at 0x{b.addr:x}")
                 if b.state == BLOCK_FREE:
                     free_count += 1
-                    if self._index(seg.pool).count(key_of(b)) == 0:
+                    if _index(self, seg.pool).count(key_of(b)) == 0:
                         raise InvariantError(f"free block at 0x{b.addr:x} is not indexed")
                     if b.next != NULL and b.next.state == BLOCK_FREE and b.next.stream == b.stream:
                         raise InvariantError(f"free neighbours of stream {b.stream} at 0x{b.addr:x} are not merged")
@@ -1769,7 +840,7 @@ cdef class Allocator:
                     hole_count += 1
                     key = key_of(b)
                     key.size = 0
-                    if self._holes(seg.pool).count(key) == 0:
+                    if _holes(self, seg.pool).count(key) == 0:
                         raise InvariantError(f"hole at 0x{b.addr:x} is not indexed")
                     if b.next != NULL and b.next.state == BLOCK_UNMAPPED:
                         raise InvariantError(f"neighbouring holes at 0x{b.addr:x} are not merged")

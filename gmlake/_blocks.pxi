@@ -1,0 +1,173 @@
+# The allocator core, room "blocks": the free index (best fit by stream, size, segment, offset), unmapped holes, and
+# block surgery: split, merge, take.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+
+
+cdef FreeIndex* _index(Allocator self, int pool) noexcept nogil:
+    return &self.free_small if pool == POOL_SMALL else &self.free_large
+
+
+cdef void _insert_free(Allocator self, Block* b) noexcept nogil:
+    _index(self, b.seg.pool).insert(FreeEntry(key_of(b), b))
+
+
+cdef void _erase_free(Allocator self, Block* b) noexcept nogil:
+    _index(self, b.seg.pool).erase(key_of(b))
+
+
+cdef FreeIndex* _holes(Allocator self, int pool) noexcept nogil:
+    return &self.unmapped_small if pool == POOL_SMALL else &self.unmapped_large
+
+
+cdef void _insert_hole(Allocator self, Block* b) noexcept nogil:
+    cdef FreeKey key = key_of(b)
+    key.size = 0
+    _holes(self, b.seg.pool).insert(FreeEntry(key, b))
+
+
+cdef void _erase_hole(Allocator self, Block* b) noexcept nogil:
+    cdef FreeKey key = key_of(b)
+    key.size = 0
+    _holes(self, b.seg.pool).erase(key)
+
+
+cdef Block* _merge_holes(Allocator self, Block* b) noexcept nogil:
+    """Merge unmapped, unindexed b with unmapped neighbours. Returns the merged hole, unindexed."""
+    cdef Block* p = b.prev
+    cdef Block* n
+    if p != NULL and p.state == BLOCK_UNMAPPED:
+        _erase_hole(self, p)
+        _absorb_next(self, p)
+        b = p
+    n = b.next
+    if n != NULL and n.state == BLOCK_UNMAPPED:
+        _erase_hole(self, n)
+        _absorb_next(self, b)
+    return b
+
+
+cdef Block* _peek_fit(Allocator self, FreeIndex* index, size_t size, int64_t stream) noexcept nogil:
+    cdef FreeIndex.iterator it = index.lower_bound(make_key(stream, size))
+    cdef FreeIndex.iterator nxt
+    cdef Block* b
+    if it == index.end() or deref(it).first.stream != stream:
+        return NULL
+    if self.k.segment_rule == SEGMENTS_EXPANDABLE:
+        # As PyTorch does: a block that can grow into the unmapped space after it counts as that large, so a
+        # later block that fits more snugly is preferred.
+        nxt = it
+        inc(nxt)
+        while nxt != index.end() and deref(nxt).first.stream == stream and \
+                expandable_size(deref(nxt).second) < expandable_size(deref(it).second):
+            it = nxt
+            inc(nxt)
+    b = deref(it).second
+    if self.k.max_split_size:
+        # PyTorch's rules for blocks of max_split_size or more: never split them for a smaller request, and
+        # round a request up into one only within max_non_split_rounding.
+        if size < self.k.max_split_size and b.size >= self.k.max_split_size:
+            return NULL
+        if size >= self.k.max_split_size and b.size >= size + self.k.max_non_split_rounding:
+            return NULL
+    return b
+
+
+cdef Block* _best_free(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
+    """Smallest free pBlock >= size of `stream` or of no stream; stays in the index."""
+    cdef FreeIndex* index = _index(self, pool)
+    cdef Block* own = _peek_fit(self, index, size, stream)
+    cdef Block* anyb = _peek_fit(self, index, size, ANY_STREAM)
+    if own == NULL:
+        return anyb
+    if anyb != NULL and anyb.size < own.size:
+        return anyb
+    return own
+
+
+cdef Block* _split(Allocator self, Block* b, size_t size) noexcept nogil:
+    """Cut b after `size` bytes; b keeps the head. Returns the tail (same state, not indexed)."""
+    cdef Block* tail = new Block()
+    tail.addr = b.addr + size
+    tail.size = b.size - size
+    tail.stream = b.stream
+    tail.free_seq = b.free_seq
+    tail.state = b.state
+    tail.seg = b.seg
+    tail.prev = b
+    tail.next = b.next
+    if b.next != NULL:
+        b.next.prev = tail
+    b.next = tail
+    b.size = size
+    self.by_addr[tail.addr] = tail
+    return tail
+
+
+cdef void _absorb_next(Allocator self, Block* b) noexcept nogil:
+    """Merge b's next neighbour into b (the neighbour is unindexed by the caller first)."""
+    cdef Block* n = b.next
+    self.by_addr.erase(n.addr)
+    b.size += n.size
+    b.next = n.next
+    if n.next != NULL:
+        n.next.prev = b
+    if n.free_seq > b.free_seq:
+        b.free_seq = n.free_seq
+    del n
+
+
+cdef Block* _coalesce(Allocator self, Block* b) noexcept nogil:
+    """Merge free, unindexed b with free neighbours of the same stream. Returns the merged block, unindexed."""
+    cdef Block* p = b.prev
+    cdef Block* n
+    if p != NULL and p.state == BLOCK_FREE and p.stream == b.stream:
+        _erase_free(self, p)
+        _absorb_next(self, p)
+        b = p
+    n = b.next
+    if n != NULL and n.state == BLOCK_FREE and n.stream == b.stream:
+        _erase_free(self, n)
+        _absorb_next(self, b)
+    return b
+
+
+cdef bint _should_split(Allocator self, Block* b, size_t size) noexcept nogil:
+    cdef size_t remaining = b.size - size
+    cdef bint split
+    if remaining == 0:
+        return False
+    if b.seg.pool == POOL_SMALL:
+        split = remaining >= self.k.round_to
+    else:
+        split = remaining > self.k.large_split_min and (self.k.max_split_size == 0 or size < self.k.max_split_size)
+    if self.k.hook_split:
+        with gil:
+            split = self._hook_split(b.size, size, b.seg.pool, split)
+    return split
+
+
+cdef Block* _take(Allocator self, Block* b, size_t size, int64_t stream) noexcept nogil:
+    """Allocate the head of free, unindexed b; the rest stays free if the policy splits it."""
+    if _should_split(self, b, size):
+        _insert_free(self, _split(self, b, size))
+    b.state = BLOCK_ALLOCATED
+    b.stream = stream
+    return b
+
+
+cdef Block* _containing(Allocator self, uintptr_t addr) noexcept nogil:
+    cdef cmap[uintptr_t, Block*].iterator it = self.by_addr.upper_bound(addr)
+    if it == self.by_addr.begin():
+        return NULL
+    dec(it)
+    cdef Block* b = deref(it).second
+    return b if addr < b.addr + b.size else NULL
+
+
+cdef void _release_block(Allocator self, Block* b) noexcept nogil:
+    """A block returns to the free index: stamped, merged, indexed."""
+    self.free_seq += 1
+    b.state = BLOCK_FREE
+    b.sblock = NULL
+    b.free_seq = self.free_seq
+    _insert_free(self, _coalesce(self, b))

@@ -1,0 +1,174 @@
+# The allocator core, room "growth": how new memory is laid out: expandable ranges grown by pages, and the stitch that
+# beats growing them.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+
+
+cdef Block* _map_pages(Allocator self, Block* hole, size_t size) noexcept nogil:
+    """Map new chunks over the first `size` bytes (rounded up to whole chunks) of an unmapped hole. The mapped
+    part becomes free, merged with its free neighbours and indexed; it is returned. NULL with self.err set on
+    failure, leaving the hole as it was."""
+    cdef Segment* seg = hole.seg
+    cdef size_t C = seg.chunk_size
+    cdef size_t n = min_size((size + C - 1) // C, hole.size // C)
+    cdef size_t first = (hole.addr - seg.va) // C
+    cdef size_t i, j
+    cdef uint64_t handle = 0
+    cdef int rc = DRIVER_OK
+    if self.limit_bytes and self.st.reserved + n * C > self.limit_bytes:
+        self.err = ERR_OOM
+        return NULL
+    for i in range(n):
+        rc = _call(self, CALL_CREATE, self.driver.create_chunk(C, &handle), 1)
+        if rc == DRIVER_OK:
+            rc = _call(self, CALL_MAP, self.driver.map(hole.addr + i * C, C, handle), 1)
+            if rc != DRIVER_OK:
+                _release_handle(self, handle, C)
+        if rc != DRIVER_OK:
+            break
+        seg.handles[first + i] = handle
+    if rc == DRIVER_OK:
+        rc = _call(self, CALL_SET_ACCESS, self.driver.set_access(hole.addr, n * C), n)
+        i = n
+    if rc != DRIVER_OK:
+        if rc == DRIVER_OOM and self.err == ERR_NONE:
+            self.err = ERR_OOM
+        if i:
+            # The hole's VA belongs to the segment: unmap only (the segment frees its reservation).
+            _discard_range(self, hole.addr, i * C, i * C, i, False)
+        for j in range(i):
+            _release_handle(self, seg.handles[first + j], C)
+            seg.handles[first + j] = 0
+        return NULL
+    seg.mapped_chunks += n
+    self._record(TRACE_SEGMENT_MAP, hole.addr, n * C, hole.stream)
+    self.st.reserved += n * C
+    peak_update(&self.st.peak_reserved, self.st.reserved)
+    _erase_hole(self, hole)
+    if hole.size > n * C:
+        _insert_hole(self, _split(self, hole, n * C))
+    hole.state = BLOCK_FREE
+    hole.free_seq = 0
+    cdef Block* b = _coalesce(self, hole)
+    _insert_free(self, b)
+    return b
+
+
+cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
+    """The lowest hole of `stream` (with the free block before it) that has `size` bytes of free or unmapped
+    space in a row, or a new expandable segment's hole."""
+    cdef FreeIndex* holes = _holes(self, pool)
+    cdef FreeIndex.iterator it = holes.lower_bound(make_key(stream, 0))
+    cdef Block* c
+    cdef Block* b
+    cdef size_t room
+    cdef Segment* seg
+    while it != holes.end() and deref(it).first.stream == stream:
+        c = deref(it).second
+        if c.prev != NULL and free_for(c.prev, stream):
+            c = c.prev
+        room = 0
+        b = c
+        while room < size and b != NULL and (free_for(b, stream) or b.state == BLOCK_UNMAPPED):
+            room += b.size
+            b = b.next
+        if room >= size:
+            return c
+        inc(it)
+    cdef size_t page = self.k.page_small if pool == POOL_SMALL else self.k.page_large
+    cdef size_t reserve = round_up(self.k.expandable_reserve, page)
+    if reserve < size:
+        self.err = ERR_OOM
+        return NULL
+    seg = _new_segment(self, pool, reserve, page, stream, False)
+    return seg.first if seg != NULL else NULL
+
+
+cdef Block* _alloc_expandable(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
+    """Grow an expandable segment by mapping pages until `size` bytes in a row are free, then take them."""
+    cdef Block* c = _find_expandable(self, pool, size, stream)
+    cdef Block* m
+    cdef Segment* seg
+    if c == NULL:
+        return NULL
+    if c.state == BLOCK_UNMAPPED:
+        seg = c.seg
+        c = _map_pages(self, c, min_size(c.size, size))
+        if c == NULL:
+            if seg.mapped_chunks == 0:
+                _drop_segment(self, seg)     # a segment with nothing mapped holds only VA: give it back
+            return NULL
+    while c.size < size:
+        m = _map_pages(self, c.next, min_size(size - c.size, c.next.size))
+        if m == NULL:
+            return NULL
+        c = m
+    _erase_free(self, c)
+    return _take(self, c, size, stream)
+
+
+cdef size_t _growth_bytes(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
+    """New bytes an expandable segment would map to serve `size` bytes: the unmapped part of the lowest run of
+    free and unmapped space with room (as _find_expandable picks it), or all of it in a new segment."""
+    cdef FreeIndex* holes = _holes(self, pool)
+    cdef FreeIndex.iterator it = holes.lower_bound(make_key(stream, 0))
+    cdef Block* c
+    cdef Block* b
+    cdef size_t room, unmapped
+    cdef size_t page = self.k.page_small if pool == POOL_SMALL else self.k.page_large
+    while it != holes.end() and deref(it).first.stream == stream:
+        c = deref(it).second
+        if c.prev != NULL and free_for(c.prev, stream):
+            c = c.prev
+        room = 0
+        unmapped = 0
+        b = c
+        while room < size and b != NULL and (free_for(b, stream) or b.state == BLOCK_UNMAPPED):
+            if b.state == BLOCK_UNMAPPED:
+                unmapped += min_size(b.size, round_up(size - room, page))
+            room += b.size
+            b = b.next
+        if room >= size:
+            return unmapped
+        inc(it)
+    return round_up(size, page)
+
+
+cdef Block* _stitch_expandable(Allocator self, size_t size, int64_t stream) noexcept nogil:
+    """Expandable base with stitching: serve `size` by stitching free pages (plus new pages for the shortfall)
+    when that maps at least `min_saved_chunks` fewer new pages than growing the range would. NULL with no
+    error: growing is as good, the caller grows."""
+    cdef vector[Piece] pieces
+    cdef Piece piece
+    cdef size_t page = self.k.page_large
+    cdef size_t remaining = _collect_pieces(self, size, stream, pieces)
+    cdef size_t grow = _growth_bytes(self, POOL_LARGE, size, stream)
+    cdef size_t fresh = round_up(remaining, page)
+    cdef Block* hole
+    cdef Segment* seg
+    if pieces.empty() or fresh + self.k.min_saved_chunks * page > grow:
+        return NULL
+    if not _stitch_allowed(self, size, stream, pieces, remaining):
+        return NULL
+    if remaining:
+        # The shortfall as new pages at the lowest hole with room, stitched last.
+        hole = _find_expandable(self, POOL_LARGE, fresh, stream)
+        if hole == NULL:
+            return NULL
+        while hole.state != BLOCK_UNMAPPED:
+            hole = hole.next
+        if hole.size < fresh:
+            return NULL
+        piece.addr = hole.addr
+        piece.size = remaining
+        seg = hole.seg
+        if _map_pages(self, hole, fresh) == NULL:
+            if seg.mapped_chunks == 0:
+                _drop_segment(self, seg)     # a segment with nothing mapped holds only VA: give it back
+            return NULL
+        pieces.push_back(piece)
+    return _stitch(self, pieces, size, stream)
+
+
+cdef Segment* _grow(Allocator self, size_t size, int64_t stream) noexcept nogil:
+    """A new segment of whole chunks for `size` bytes (the "chunks" segment rule)."""
+    return _new_segment(self, POOL_LARGE, round_up(size, self.k.chunk_size), self.k.chunk_size, stream, True)

@@ -1,0 +1,276 @@
+# The allocator core, room "sblocks": stitching and the sBlock cache: which pieces, the stitch itself, reuse,
+# eviction.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+
+
+cdef bint _sblock_fits(Allocator self, SBlock* sb, size_t size, int64_t stream) noexcept nogil:
+    """Are the first `size` bytes of sb's pieces free for `stream`?"""
+    cdef size_t remaining = size
+    cdef size_t take, i
+    cdef Block* b
+    for i in range(sb.pieces.size()):
+        take = min_size(sb.pieces[i].size, remaining)
+        b = _containing(self, sb.pieces[i].addr)
+        if b == NULL or b.state != BLOCK_FREE or (b.stream != stream and b.stream != ANY_STREAM):
+            return False
+        if b.addr + b.size < sb.pieces[i].addr + take:
+            return False
+        remaining -= take
+        if remaining == 0:
+            return True
+    return remaining == 0
+
+
+cdef Block* _claim(Allocator self, SBlock* sb, size_t size, int64_t stream) noexcept nogil:
+    """Serve `size` bytes through cached sb: claim the pBlocks under its first `size` bytes."""
+    cdef size_t remaining = size
+    cdef size_t take, i
+    cdef Block* b
+    cdef Block* piece
+    self.cached.erase(sblock_key(sb))
+    self.lru.erase(sb.last_use)
+    for i in range(sb.pieces.size()):
+        if remaining == 0:
+            break
+        take = min_size(sb.pieces[i].size, remaining)
+        b = _containing(self, sb.pieces[i].addr)
+        _erase_free(self, b)
+        piece = b
+        if b.addr < sb.pieces[i].addr:
+            piece = _split(self, b, sb.pieces[i].addr - b.addr)
+            _insert_free(self, b)
+        if piece.size > take:
+            _insert_free(self, _split(self, piece, take))
+        piece.state = BLOCK_CLAIMED
+        piece.sblock = sb
+        piece.stream = stream
+        sb.claimed.push_back(piece)
+        remaining -= take
+    cdef Block* a = new Block()
+    a.addr = sb.va + sb.offset
+    a.size = size
+    a.stream = stream
+    a.state = BLOCK_ALLOCATED
+    a.sblock = sb
+    sb.alloc = a
+    return a
+
+
+cdef SBlock* _best_cached(Allocator self, size_t size, size_t below, int64_t stream) noexcept nogil:
+    """Smallest cached sBlock with capacity in [size, below) whose first `size` bytes are free."""
+    cdef cmap[SBlockKey, SBlock*].iterator it
+    cdef SBlockKey key
+    key.capacity = size
+    key.serial = 0
+    it = self.cached.lower_bound(key)
+    cdef size_t tried = 0
+    while it != self.cached.end() and tried < self.k.sblock_search_depth:
+        if deref(it).first.capacity >= below:
+            return NULL
+        if _sblock_fits(self, deref(it).second, size, stream):
+            return deref(it).second
+        tried += 1
+        inc(it)
+    return NULL
+
+
+cdef int _evict(Allocator self, SBlock* sb) noexcept nogil:
+    """Unmap a cached sBlock and free its VA. The caller has synchronized."""
+    cdef size_t i
+    cdef int rc = _call(self, CALL_UNMAP, self.driver.unmap(sb.va, sb.va_size), sb.chunks.size())
+    if rc != DRIVER_OK:
+        return rc
+    _discard_range(self, sb.va, sb.va_size, 0, 0, True)
+    for i in range(sb.chunks.size()):
+        sb.chunks[i].seg.sblock_maps[sb.chunks[i].index] -= 1
+    self.cached.erase(sblock_key(sb))
+    self.lru.erase(sb.last_use)
+    self.sblocks.erase(sb.serial)
+    self.st.sblock_va -= sb.va_size
+    self.st.sblock_evictions += 1
+    del sb
+    return DRIVER_OK
+
+
+cdef int _evict_lru(Allocator self, size_t keep, bint synced) noexcept nogil:
+    """Evict cached sBlocks until at most `keep` remain: the least recently used first, or the policy's choice
+    (its evict_victim hook). Synchronizes first unless the caller has (queued kernels may still use a freed
+    sBlock's range)."""
+    cdef int rc
+    cdef SBlock* victim
+    while self.lru.size() > keep:
+        if not synced:
+            rc = _sync(self)
+            if rc != DRIVER_OK:
+                return rc
+            synced = True
+        victim = deref(self.lru.begin()).second
+        if self.k.hook_evict and keep > 0:     # when all go, the order does not matter
+            with gil:
+                victim = self._hook_evict(victim)
+        rc = _evict(self, victim)
+        if rc != DRIVER_OK:
+            return rc
+    return DRIVER_OK
+
+
+cdef Block* _stitch(Allocator self, vector[Piece]& pieces, size_t size, int64_t stream) noexcept nogil:
+    """Map the chunks under `pieces` (in order) into one new VA range and serve `size` bytes through it."""
+    cdef SBlock* sb
+    cdef vector[ChunkRef] chunks
+    cdef ChunkRef ref
+    cdef Block* b
+    cdef Segment* seg
+    cdef size_t i, c, c_end, va_size = 0, mapped = 0, capacity = 0
+    cdef uintptr_t va = 0, at
+    cdef int rc
+    if self.k.max_cached_sblocks and self.lru.size() >= self.k.max_cached_sblocks:
+        if _evict_lru(self, self.k.max_cached_sblocks - 1, False) != DRIVER_OK:
+            return NULL
+    for i in range(pieces.size()):
+        b = _containing(self, pieces[i].addr)
+        seg = b.seg
+        c = (pieces[i].addr - seg.va) // seg.chunk_size
+        c_end = (pieces[i].addr + pieces[i].size - seg.va + seg.chunk_size - 1) // seg.chunk_size
+        while c < c_end:
+            ref.seg = seg
+            ref.index = c
+            chunks.push_back(ref)
+            va_size += seg.chunk_size
+            c += 1
+        capacity += pieces[i].size
+    rc = _call(self, CALL_RESERVE, self.driver.reserve(va_size, self.driver.granularity, &va), 0)
+    if rc != DRIVER_OK:
+        if rc == DRIVER_OOM:
+            self.err = ERR_OOM
+        return NULL
+    at = va
+    for i in range(chunks.size()):
+        seg = chunks[i].seg
+        rc = _call(self, CALL_MAP, self.driver.map(at, seg.chunk_size, seg.handles[chunks[i].index]), 1)
+        if rc != DRIVER_OK:
+            break
+        at += seg.chunk_size
+        mapped += 1
+    if rc == DRIVER_OK:
+        rc = _call(self, CALL_SET_ACCESS, self.driver.set_access(va, va_size), chunks.size())
+    if rc != DRIVER_OK:
+        if rc == DRIVER_OOM and self.err == ERR_NONE:
+            self.err = ERR_OOM
+        _discard_range(self, va, va_size, at - va, mapped, True)
+        return NULL
+    sb = new SBlock()
+    sb.serial = self.next_serial
+    self.next_serial += 1
+    sb.va = va
+    sb.va_size = va_size
+    seg = chunks[0].seg
+    sb.offset = (pieces[0].addr - seg.va) % seg.chunk_size
+    sb.capacity = capacity
+    sb.pieces = pieces
+    sb.chunks = chunks
+    for i in range(chunks.size()):
+        chunks[i].seg.sblock_maps[chunks[i].index] += 1
+    self.sblocks[sb.serial] = sb
+    self.st.sblock_va += va_size
+    peak_update(&self.st.peak_sblock_va, self.st.sblock_va)
+    self.st.stitches += 1
+    self.st.stitched_handles += chunks.size()
+    return _claim(self, sb, size, stream)
+
+
+cdef size_t _collect_pieces(Allocator self, size_t size, int64_t stream, vector[Piece]& pieces) noexcept nogil:
+    """Free large pBlocks whose mapped chunks could carry `size` bytes when stitched, largest first (so the
+    fewest pieces, and handles to map, cover the request). Returns the bytes still missing."""
+    cdef Piece piece
+    cdef vector[Block*] own
+    cdef vector[Block*] anyb
+    cdef size_t remaining = size, C, usable, i = 0, j = 0
+    cdef uintptr_t start, aligned_end
+    cdef Block* b
+    cdef Segment* seg
+    _descending(self, stream, own)
+    _descending(self, ANY_STREAM, anyb)
+    while remaining and (i < own.size() or j < anyb.size()):
+        if j >= anyb.size() or (i < own.size() and own[i].size >= anyb[j].size):
+            b = own[i]
+            i += 1
+        else:
+            b = anyb[j]
+            j += 1
+        seg = b.seg
+        C = seg.chunk_size
+        # Only the first piece may start inside a chunk; every piece but the last ends on a chunk boundary.
+        start = b.addr if pieces.empty() else seg.va + round_up(b.addr - seg.va, C)
+        if b.addr + b.size <= start:
+            continue
+        if b.addr + b.size - start >= remaining:
+            piece.addr = start
+            piece.size = remaining
+            pieces.push_back(piece)
+            return 0
+        aligned_end = seg.va + ((b.addr + b.size - seg.va) // C) * C
+        if aligned_end <= start:
+            continue
+        usable = aligned_end - start
+        piece.addr = start
+        piece.size = usable
+        pieces.push_back(piece)
+        remaining -= usable
+    return remaining
+
+
+cdef bint _stitch_allowed(Allocator self, size_t size, int64_t stream, vector[Piece]& pieces,
+                          size_t remaining) noexcept nogil:
+    """A stitch of `pieces` (plus `remaining` new bytes) may go ahead: there are pieces, and the policy's
+    allow_stitch hook, where it has one, agrees."""
+    if pieces.empty():
+        return False
+    if self.k.hook_allow_stitch:
+        with gil:
+            return self._hook_allow_stitch(size, stream, pieces, remaining)
+    return True
+
+
+cdef Block* _stitch_or_grow(Allocator self, size_t size, int64_t stream) noexcept nogil:
+    cdef vector[Piece] pieces
+    cdef Piece piece
+    cdef size_t remaining = size
+    cdef Block* b
+    cdef Segment* seg = NULL
+    if self.k.stitch and size >= self.k.min_stitch_size:
+        remaining = _collect_pieces(self, size, stream, pieces)
+    # A stitch that needs new chunks anyway must save `min_saved_chunks` of them, or it only costs driver calls
+    # (with 0 it also packs the new chunks after a free chunk tail, as one contiguous range would).
+    if remaining and round_up(remaining, self.k.chunk_size) + self.k.min_saved_chunks * self.k.chunk_size \
+            > round_up(size, self.k.chunk_size):
+        pieces.clear()
+    if not _stitch_allowed(self, size, stream, pieces, remaining):
+        seg = _grow(self, size, stream)
+        if seg == NULL:
+            return NULL
+        return _take(self, seg.first, size, stream)
+    seg = NULL
+    if remaining:
+        seg = _grow(self, remaining, stream)
+        if seg == NULL:
+            return NULL
+        _insert_free(self, seg.first)
+        piece.addr = seg.va
+        piece.size = remaining
+        pieces.push_back(piece)
+    b = _stitch(self, pieces, size, stream)
+    if b == NULL and seg != NULL:
+        # Give back what this request took: its new chunks were never handed out, so no sync is owed.
+        _release_chunks(self, seg, 0)
+    return b
+
+
+cdef void _descending(Allocator self, int64_t stream, vector[Block*]& out) noexcept nogil:
+    """Free large pBlocks of `stream`, largest first."""
+    cdef FreeIndex.iterator it = self.free_large.lower_bound(make_key(stream + 1, 0))
+    while it != self.free_large.begin():
+        dec(it)
+        if deref(it).first.stream != stream:
+            break
+        out.push_back(deref(it).second)

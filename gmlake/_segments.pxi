@@ -1,0 +1,185 @@
+# The allocator core, room "segments": segments and their handles: create (with rollback), release free chunks, drop;
+# memory pressure.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+
+
+cdef Segment* _new_segment(Allocator self, int pool, size_t size, size_t chunk_size, int64_t stream,
+                           bint mapped) noexcept nogil:
+    """Reserve VA and map fresh chunks into it (unless not `mapped`: then the whole range is one unmapped hole,
+    as an expandable segment starts). NULL with self.err set on failure; nothing is left behind."""
+    cdef size_t n = size // chunk_size if mapped else 0
+    cdef size_t i, j
+    cdef uintptr_t va = 0
+    cdef uint64_t handle = 0
+    cdef int rc
+    cdef vector[uint64_t] handles
+    if mapped and self.limit_bytes and self.st.reserved + size > self.limit_bytes:
+        self.err = ERR_OOM
+        return NULL
+    rc = _call(self, CALL_RESERVE, self.driver.reserve(size, self.driver.granularity, &va), 0)
+    if rc != DRIVER_OK:
+        if rc == DRIVER_OOM:
+            self.err = ERR_OOM
+        return NULL
+    for i in range(n):
+        rc = _call(self, CALL_CREATE, self.driver.create_chunk(chunk_size, &handle), 1)
+        if rc == DRIVER_OK:
+            rc = _call(self, CALL_MAP, self.driver.map(va + i * chunk_size, chunk_size, handle), 1)
+            if rc != DRIVER_OK:
+                _release_handle(self, handle, chunk_size)
+        if rc != DRIVER_OK:
+            break
+        handles.push_back(handle)
+    if rc == DRIVER_OK and n:
+        rc = _call(self, CALL_SET_ACCESS, self.driver.set_access(va, size), n)
+    if rc != DRIVER_OK:
+        if rc == DRIVER_OOM and self.err == ERR_NONE:
+            self.err = ERR_OOM
+        _discard_range(self, va, size, handles.size() * chunk_size, handles.size(), True)
+        for j in range(handles.size()):
+            _release_handle(self, handles[j], chunk_size)
+        return NULL
+    cdef Segment* seg = new Segment()
+    seg.serial = self.next_serial
+    self.next_serial += 1
+    seg.va = va
+    seg.size = size
+    seg.chunk_size = chunk_size
+    seg.pool = pool
+    if mapped:
+        seg.handles = handles
+    else:
+        seg.handles.assign(size // chunk_size, 0)
+    seg.sblock_maps.assign(size // chunk_size, 0)
+    seg.mapped_chunks = n
+    cdef Block* b = new Block()
+    b.addr = va
+    b.size = size
+    b.stream = stream
+    b.state = BLOCK_FREE if mapped else BLOCK_UNMAPPED
+    b.seg = seg
+    seg.first = b
+    self.by_addr[va] = b
+    self.segments[seg.serial] = seg
+    self.st.segments_created += 1
+    if not mapped:
+        _insert_hole(self, b)
+        return seg
+    self._record(TRACE_SEGMENT_ALLOC, va, size, stream)
+    self.st.reserved += size
+    peak_update(&self.st.peak_reserved, self.st.reserved)
+    return seg
+
+
+cdef size_t _release_chunks(Allocator self, Segment* seg, size_t wanted) noexcept nogil:
+    """Return to the driver chunks of seg that lie wholly in free blocks and that no sBlock maps, until
+    `wanted` bytes are released (0: all). The caller has synchronized. Returns the bytes released."""
+    cdef size_t C = seg.chunk_size
+    cdef size_t released = 0
+    cdef size_t first, end, i, j, k
+    cdef Block* b = seg.first
+    cdef Block* nxt
+    cdef Block* hole
+    cdef uintptr_t lo, hi
+    cdef int rc
+    while b != NULL and (wanted == 0 or released < wanted):
+        nxt = b.next
+        if b.state == BLOCK_FREE:
+            first = (b.addr - seg.va + C - 1) // C
+            end = (b.addr + b.size - seg.va) // C
+            i = first
+            while i < end:
+                if seg.sblock_maps[i] != 0:
+                    i += 1
+                    continue
+                j = i
+                while j < end and seg.sblock_maps[j] == 0:
+                    j += 1
+                lo = seg.va + i * C
+                hi = seg.va + j * C
+                rc = _call(self, CALL_UNMAP, self.driver.unmap(lo, hi - lo), j - i)
+                if rc != DRIVER_OK:
+                    return released
+                for k in range(i, j):
+                    _release_handle(self, seg.handles[k], C)
+                    seg.handles[k] = 0
+                    self.st.chunks_released += 1
+                seg.mapped_chunks -= j - i
+                self._record(TRACE_SEGMENT_UNMAP, lo, hi - lo, b.stream)
+                self.st.reserved -= hi - lo
+                released += hi - lo
+                # Carve the hole out of b: [b.addr, lo) stays free, [lo, hi) becomes unmapped.
+                _erase_free(self, b)
+                hole = b
+                if lo > b.addr:
+                    hole = _split(self, b, lo - b.addr)
+                    _insert_free(self, b)
+                if hole.addr + hole.size > hi:
+                    nxt = _split(self, hole, hi - hole.addr)
+                    _insert_free(self, nxt)
+                hole.state = BLOCK_UNMAPPED
+                hole = _merge_holes(self, hole)
+                _insert_hole(self, hole)
+                nxt = hole.next
+                break   # continue from the block after the hole
+        b = nxt
+    if seg.mapped_chunks == 0:
+        _drop_segment(self, seg)
+    return released
+
+
+cdef void _drop_segment(Allocator self, Segment* seg) noexcept nogil:
+    """Forget a segment whose chunks are all released; frees its VA."""
+    cdef Block* b = seg.first
+    cdef Block* nxt
+    while b != NULL:
+        nxt = b.next
+        if b.state == BLOCK_UNMAPPED:
+            _erase_hole(self, b)
+        self.by_addr.erase(b.addr)
+        del b
+        b = nxt
+    _discard_range(self, seg.va, seg.size, 0, 0, True)
+    self.segments.erase(seg.serial)
+    del seg
+
+
+cdef size_t _release_pool(Allocator self, int pool, size_t wanted) noexcept nogil:
+    """Release fully free chunks of `pool` (large: evicting cached sBlocks first). The caller has synchronized."""
+    cdef vector[Segment*] segs
+    cdef pair[uint64_t, Segment*] entry
+    cdef size_t released = 0, i
+    if pool == POOL_LARGE and self.lru.size():
+        if _evict_lru(self, 0, True) != DRIVER_OK:
+            return 0
+    for entry in self.segments:
+        if entry.second.pool == pool:
+            segs.push_back(entry.second)
+    for i in range(segs.size()):
+        released += _release_chunks(self, segs[i], 0 if wanted == 0 else wanted - released)
+        if wanted and released >= wanted:
+            break
+    return released
+
+
+cdef bint _relieve(Allocator self, int pool, size_t size, int stage) noexcept nogil:
+    """Step 5. Stage 0: wait for all streams so every free block serves any stream, and return what the other
+    pool holds free. Stage 1: return everything free. True if anything changed."""
+    cdef size_t changed
+    self.err = ERR_NONE
+    if stage == 0 and not self.k.cross_stream:
+        # PyTorch: synchronize, then release every free segment (both pools) and retry once.
+        changed = _reclaim_streams(self, ANY_STREAM, True)
+        if self.err != ERR_NONE:
+            return False
+        changed += _release_pool(self, POOL_SMALL, 0) + _release_pool(self, POOL_LARGE, 0)
+    elif stage == 0:
+        changed = _reclaim_streams(self, ANY_STREAM, True)
+        if self.err != ERR_NONE:
+            return False
+        changed += _release_pool(self, POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size)
+    else:
+        if _sync(self) != DRIVER_OK:
+            return False
+        changed = _release_pool(self, POOL_SMALL, 0) + _release_pool(self, POOL_LARGE, 0)
+    return changed > 0 and self.err == ERR_NONE

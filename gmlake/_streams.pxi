@@ -1,0 +1,129 @@
+# The allocator core, room "streams": stream ordering: fences that hand other streams' free blocks over, and frees
+# deferred by record_stream.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+
+
+cdef size_t _migrate(Allocator self, int64_t stream, uint64_t upto) noexcept nogil:
+    """Blocks freed on `stream` (all streams but ANY when stream == ANY) at or before free_seq `upto`
+    become usable by any stream."""
+    cdef vector[Block*] moving
+    cdef FreeIndex.iterator it
+    cdef FreeIndex* index
+    cdef int pool
+    cdef Block* b
+    cdef size_t i
+    for pool in range(2):
+        index = _index(self, pool)
+        if stream == ANY_STREAM:
+            it = index.begin()
+        else:
+            it = index.lower_bound(make_key(stream, 0))
+        while it != index.end():
+            b = deref(it).second
+            if stream != ANY_STREAM and b.stream != stream:
+                break
+            if b.stream != ANY_STREAM and b.free_seq <= upto:
+                moving.push_back(b)
+            inc(it)
+    # Adjacent free blocks of one stream are always merged, so merging never deletes a block still queued here.
+    for i in range(moving.size()):
+        b = moving[i]
+        _erase_free(self, b)
+        b.stream = ANY_STREAM
+        _insert_free(self, _coalesce(self, b))
+    self.st.stream_migrations += moving.size()
+    return moving.size()
+
+
+cdef size_t _reclaim_streams(Allocator self, int64_t stream, bint wait) noexcept nogil:
+    """Make blocks other streams freed usable by `stream` once their work is done. With wait, synchronize
+    and make every free block usable by any stream. Returns how many blocks moved."""
+    cdef FreeIndex* index
+    cdef FreeIndex.iterator it
+    cdef int pool, rc
+    cdef int64_t s
+    cdef Fence fence
+    cdef vector[int64_t] done
+    cdef size_t moved = 0, i
+    cdef pair[int64_t, Fence] entry
+    if not self.k.cross_stream:
+        # Blocks stay with their stream, as in PyTorch; only a synchronize is owed under pressure.
+        if wait and _sync(self) == DRIVER_OK and self.pending.size():
+            moved = self.pending.size()
+            _process_pending(self)
+        return moved
+    if wait:
+        if _sync(self) != DRIVER_OK:
+            return 0
+        _process_pending(self)
+        for entry in self.fences:
+            _destroy_event(self, entry.second.event)
+        self.fences.clear()
+        return _migrate(self, ANY_STREAM, self.free_seq)
+    # Fence each other stream that holds free blocks: an event now covers all work queued before its frees.
+    for pool in range(2):
+        index = _index(self, pool)
+        it = index.begin()
+        while it != index.end():
+            s = deref(it).first.stream
+            if s != ANY_STREAM and s != stream and self.fences.count(s) == 0:
+                fence.seq = self.free_seq
+                rc = _call(self, CALL_EVENT_RECORD, self.driver.record_event(s, &fence.event), 0)
+                if rc != DRIVER_OK:
+                    return moved
+                self.fences[s] = fence
+            it = index.lower_bound(make_key(s + 1, 0))
+    for entry in self.fences:
+        rc = _call(self, CALL_EVENT_QUERY, self.driver.query_event(entry.second.event), 0)
+        if rc == EVENT_DONE:
+            done.push_back(entry.first)
+    for i in range(done.size()):
+        fence = self.fences[done[i]]
+        moved += _migrate(self, done[i], fence.seq)
+        _destroy_event(self, fence.event)
+        self.fences.erase(done[i])
+    return moved
+
+
+cdef void _process_pending(Allocator self) noexcept nogil:
+    """Retire the deferred frees whose events have all completed.
+
+    Note [Polling pending frees]: events on one stream complete in order, so once an event of stream S is found
+    incomplete, no later-recorded event of S can be done: each pass queries each stream until its first
+    incomplete event, as PyTorch's process_events does, not every pending event (FSDP keeps hundreds pending).
+    Completed events are destroyed at once, so no event is queried twice after it is done. Skipping an earlier
+    event of a busy stream only delays its free to a later pass; it never hands out memory early."""
+    cdef size_t i = 0, j, k
+    cdef bint busy_stream
+    cdef int rc
+    cdef vector[int64_t] busy
+    cdef PendingFree* entry
+    while i < self.pending.size():
+        entry = &self.pending[i]
+        j = 0
+        while j < entry.events.size():
+            busy_stream = False
+            for k in range(busy.size()):
+                if busy[k] == entry.streams[j]:
+                    busy_stream = True
+                    break
+            if busy_stream:
+                j += 1
+                continue
+            rc = _call(self, CALL_EVENT_QUERY, self.driver.query_event(entry.events[j]), 0)
+            if rc != EVENT_DONE:
+                busy.push_back(entry.streams[j])
+                j += 1
+                continue
+            _destroy_event(self, entry.events[j])
+            entry.events[j] = entry.events.back()
+            entry.events.pop_back()
+            entry.streams[j] = entry.streams.back()
+            entry.streams.pop_back()
+        if not entry.events.empty():
+            i += 1
+            continue
+        self._retire(entry.block)
+        self.pending[i] = self.pending.back()
+        self.pending.pop_back()
+    self.err = ERR_NONE

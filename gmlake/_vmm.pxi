@@ -1,0 +1,70 @@
+# The allocator core, room "vmm": driver calls, each counted, and what the driver refused to take back (orphans),
+# retried later.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+
+
+cdef int _call(Allocator self, int kind, int rc, uint64_t handles) noexcept nogil:
+    self.st.calls[kind] += 1
+    self.st.handles[kind] += handles
+    if rc != DRIVER_OK and rc != DRIVER_OOM and self.err == ERR_NONE:
+        self.err = ERR_DRIVER
+        self.err_code = rc
+        self.err_call = kind
+    return rc
+
+
+cdef int _sync(Allocator self) noexcept nogil:
+    return _call(self, CALL_SYNC, self.driver.synchronize(), 0)
+
+
+cdef void _release_handle(Allocator self, uint64_t handle, size_t size) noexcept nogil:
+    """Give a chunk back to the driver; if the driver refuses, keep it as an orphan to retry later, so nothing
+    leaks (it still counts in the driver's memory, not in reserved)."""
+    cdef OrphanChunk orphan
+    if _call(self, CALL_RELEASE, self.driver.release_chunk(handle, size), 1) != DRIVER_OK:
+        orphan.handle = handle
+        orphan.size = size
+        self.orphan_chunks.push_back(orphan)
+
+
+cdef void _discard_range(Allocator self, uintptr_t va, size_t size, size_t mapped, size_t handles,
+                         bint release_va) noexcept nogil:
+    """Unmap the first `mapped` bytes of a range and free its reservation (if `release_va`); what the driver
+    refuses becomes an orphan to retry."""
+    cdef OrphanRange orphan
+    orphan.va = va
+    orphan.size = size
+    orphan.mapped = mapped
+    orphan.handles = handles
+    orphan.release_va = release_va
+    if mapped and _call(self, CALL_UNMAP, self.driver.unmap(va, mapped), handles) != DRIVER_OK:
+        self.orphan_ranges.push_back(orphan)
+        return
+    orphan.mapped = 0
+    orphan.handles = 0
+    if release_va and _call(self, CALL_FREE_VA, self.driver.free_va(va, size), 0) != DRIVER_OK:
+        self.orphan_ranges.push_back(orphan)
+
+
+cdef void _destroy_event(Allocator self, uint64_t event) noexcept nogil:
+    if _call(self, CALL_EVENT_DESTROY, self.driver.destroy_event(event), 0) != DRIVER_OK:
+        self.orphan_events.push_back(event)
+
+
+cdef size_t _retry_orphans(Allocator self) noexcept nogil:
+    """Try again to return what the driver refused earlier. Returns how many are still held."""
+    cdef vector[OrphanChunk] chunks
+    cdef vector[OrphanRange] ranges
+    cdef vector[uint64_t] events
+    cdef size_t i
+    chunks.swap(self.orphan_chunks)
+    ranges.swap(self.orphan_ranges)
+    events.swap(self.orphan_events)
+    for i in range(ranges.size()):
+        _discard_range(self, ranges[i].va, ranges[i].size, ranges[i].mapped, ranges[i].handles,
+                            ranges[i].release_va)
+    for i in range(chunks.size()):
+        _release_handle(self, chunks[i].handle, chunks[i].size)
+    for i in range(events.size()):
+        _destroy_event(self, events[i])
+    return self.orphan_chunks.size() + self.orphan_ranges.size() + self.orphan_events.size()
