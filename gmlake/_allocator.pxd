@@ -248,6 +248,7 @@ cdef class Allocator:
     cdef void _fill_failure(self, Failure* why) noexcept nogil
     cdef int _free_locked(self, uintptr_t ptr) noexcept nogil
     cdef void _debug_check(self) noexcept nogil
+    cdef void _verify_invariants(self) noexcept with gil
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil
 

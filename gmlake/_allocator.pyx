@@ -379,21 +379,25 @@ cdef class Allocator:
         operation ends by verifying every invariant, as mimalloc's debug mode does, so a bug is caught at the
         operation that made it, whichever path (Python, replay, torch) called. A debug build aborts with the broken
         invariant's name: an allocator that has corrupted its own state must not hand out more memory. Switched on
-        from Python, the error is raised by the next Python call instead, for tests."""
-        if not self.checking:
+        from Python, the error is raised by the next Python call instead, for tests.
+
+        The Python work lives in _verify_invariants, a `with gil` function: a nogil function that holds Python
+        objects takes the GIL on every call (to release them), which doubled the cost of a cache hit."""
+        if self.checking:
+            self._verify_invariants()
+
+    cdef void _verify_invariants(self) noexcept with gil:
+        if self.invariant_error is not None:
             return
-        with gil:
-            if self.invariant_error is not None:
-                return
-            self.checks_run += 1
-            try:
-                self.check()
-            except BaseException as exc:
-                if GMLAKE_DEBUG:
-                    message = f"gmlake: invariant broken: {exc}\n".encode()
-                    fprintf(stderr, "%s", <const char*>message)
-                    abort()
-                self.invariant_error = exc
+        self.checks_run += 1
+        try:
+            self.check()
+        except BaseException as exc:
+            if GMLAKE_DEBUG:
+                message = f"gmlake: invariant broken: {exc}\n".encode()
+                fprintf(stderr, "%s", <const char*>message)
+                abort()
+            self.invariant_error = exc
 
     def _raise_invariant_error(self) -> None:
         exc = self.invariant_error
