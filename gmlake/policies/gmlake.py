@@ -18,9 +18,14 @@ class GMLakePolicy(Policy):
 
     Note [Why an expandable base]: the paper's design maps 2 MiB handles, and cuMemSetAccess costs ~25 µs per
     handle whatever its size, so every new segment and every stitch cost ~13 ms per GiB; on dynamic shapes that
-    never reached a steady state. Replayed on the bundled traces this policy maps 4-15 stitches instead of
-    62-313, and its priced driver time is 1.3-1.6x the expandable model's (the paper's: 26-29x), at 0.986-0.992
+    never reached a steady state. Replayed on the bundled traces this policy makes 4-15 stitches instead of
+    62-313, and its priced driver time is 1.38-1.53x the expandable model's (the paper's: 26-29x), at 0.987-0.996
     utilization against the expandable model's 0.873-0.950.
+
+    Cached sBlocks serve only requests no free block fits (`sblock_first=False`): checking an sBlock's pieces costs
+    a lookup per piece, and an expandable range's long free tail would otherwise send every request through it.
+    Blocks stay on their stream until a synchronize (`cross_stream=False`), as in PyTorch: no event polling per
+    request.
     """
 
     name: ClassVar[str] = "gmlake"
