@@ -9,7 +9,7 @@ from gmlake.replay import run_requests
 from gmlake.trace import load
 
 MiB = 1 << 20
-TINY = "tests/data/tiny-gpt2-native.pickle.gz"
+TINY = str(__import__("pathlib").Path(__file__).parent / "data" / "tiny-gpt2-native.pickle.gz")
 
 
 @pytest.mark.parametrize("policy", gmlake.policies.names())
@@ -38,3 +38,45 @@ def test_the_checks_can_be_switched_off_again():
     alloc.debug_checks = False
     alloc.free(alloc.malloc(3 * MiB))
     assert alloc.debug_checks_run == 2 and not alloc.debug_checks
+
+
+def test_a_gmlake_debug_build_checks_every_operation_on_every_path(tmp_path):
+    """Build the core with GMLAKE_DEBUG=1 (from the C++ the install generated) beside a copy of the package, and run
+    the Python API and a replay under it: every allocator starts checking, with no flag set."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    package = Path(gmlake.__file__).parent
+    source = package / "_allocator.cpp"
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if not source.is_file() or compiler is None:
+        pytest.skip("needs the generated _allocator.cpp and a C++ compiler")
+    copy = tmp_path / "gmlake"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("*.cpp", "__pycache__"))
+    target = copy / ("_allocator" + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-DGMLAKE_DEBUG=1", f"-I{package}",
+                    f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(target)], check=True)
+    script = f"""
+import gmlake
+from gmlake.replay import run_requests
+from gmlake.trace import load
+assert gmlake.__file__.startswith({str(tmp_path)!r}), gmlake.__file__
+alloc = gmlake.Allocator(gmlake.SimDriver(), gmlake.policies.get("gmlake-paper"))
+assert alloc.debug_checks, "a debug build checks from the start"
+ptrs = [alloc.malloc(n << 20) for n in (4, 4, 4, 1, 3)]
+for p in ptrs[:3]:
+    alloc.free(p)
+alloc.free(alloc.malloc(12 << 20))          # stitched
+alloc.empty_cache()
+replayed, out = run_requests(load({TINY!r}), "gmlake", upto=3000)
+print(alloc.debug_checks_run, replayed.debug_checks_run, out["requests"])
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    direct, replayed, requests = map(int, proc.stdout.split())
+    assert direct == 5 + 3 + 2 + 1                  # mallocs, frees, the stitched malloc and free, empty_cache
+    assert replayed == requests
