@@ -106,6 +106,25 @@ cdef inline SBlockKey sblock_key(SBlock* sb) noexcept nogil:
     return key
 
 
+# segments_info's rows, copied under the lock.
+cdef struct SegmentRow:
+    uint64_t serial
+    uintptr_t va
+    int pool
+    size_t size
+    size_t chunk_size
+    size_t mapped_chunks
+    size_t first_row
+    size_t end_row
+
+cdef struct BlockRow:
+    size_t offset
+    size_t size
+    int state
+    int64_t stream
+    size_t used
+
+
 # The rooms of the core, module-level nogil functions over the Allocator's state (see _allocator.pxd).
 include "_vmm.pxi"
 include "_blocks.pxi"
@@ -926,24 +945,49 @@ cdef class Allocator:
                                  f"{self.st.active} <= reserved {self.st.reserved} does not hold")
 
     def segments_info(self) -> list:
-        """One dict per segment: serial, pool, size, chunk size, mapped chunks, and its blocks' states."""
+        """One dict per segment: serial, pool, size, chunk size, mapped chunks, and its blocks' states.
+
+        The walk is copied into plain rows under the lock, without the GIL, and turned into Python objects after:
+        holding the lock while taking the GIL could deadlock against a thread that allocates with the GIL held."""
+        cdef vector[SegmentRow] segs
+        cdef vector[BlockRow] rows
+        cdef SegmentRow seg_row
+        cdef BlockRow row
         cdef pair[uint64_t, Segment*] sp
         cdef Block* b
-        out = []
+        cdef size_t i, j
+        with nogil:
+            self.mutex.lock()
+            for sp in self.segments:
+                seg_row.serial = sp.second.serial
+                seg_row.va = sp.second.va
+                seg_row.pool = sp.second.pool
+                seg_row.size = sp.second.size
+                seg_row.chunk_size = sp.second.chunk_size
+                seg_row.mapped_chunks = sp.second.mapped_chunks
+                seg_row.first_row = rows.size()
+                b = sp.second.first
+                while b != NULL:
+                    row.offset = b.addr - sp.second.va
+                    row.size = b.size
+                    row.state = b.state
+                    row.stream = b.stream
+                    # A claimed piece's bytes are all in use by its stitched allocation.
+                    row.used = b.requested if b.state == BLOCK_ALLOCATED else b.size if b.state == BLOCK_CLAIMED else 0
+                    rows.push_back(row)
+                    b = b.next
+                seg_row.end_row = rows.size()
+                segs.push_back(seg_row)
+            self.mutex.unlock()
         names = ("free", "allocated", "claimed", "unmapped")
-        for sp in self.segments:
-            blocks = []
-            b = sp.second.first
-            while b != NULL:
-                # A claimed piece's bytes are all in use by its stitched allocation.
-                blocks.append((b.addr - sp.second.va, b.size, names[b.state], b.stream,
-                               b.requested if b.state == BLOCK_ALLOCATED else
-                               b.size if b.state == BLOCK_CLAIMED else 0))
-                b = b.next
-            out.append({"serial": sp.second.serial, "va": sp.second.va,
-                        "pool": "small" if sp.second.pool == POOL_SMALL else "large",
-                        "size": sp.second.size, "chunk_size": sp.second.chunk_size,
-                        "mapped_chunks": sp.second.mapped_chunks, "blocks": blocks})
+        out = []
+        for i in range(segs.size()):
+            blocks = [(rows[j].offset, rows[j].size, names[rows[j].state], rows[j].stream, rows[j].used)
+                      for j in range(segs[i].first_row, segs[i].end_row)]
+            out.append({"serial": segs[i].serial, "va": segs[i].va,
+                        "pool": "small" if segs[i].pool == POOL_SMALL else "large",
+                        "size": segs[i].size, "chunk_size": segs[i].chunk_size,
+                        "mapped_chunks": segs[i].mapped_chunks, "blocks": blocks})
         return out
 
 
