@@ -95,3 +95,7 @@ def test_soak_500_steps_reserved_stays_flat():
 
 def test_threads_and_autograd_allocate_at_once():
     assert "ok:" in run("threads.py")
+
+
+def test_a_raising_policy_hook_fails_the_torch_allocation_with_its_message():
+    assert "ok policy error reached torch" in run("policy_error.py", gmlake=False)
