@@ -771,17 +771,6 @@ cdef class Allocator:
             requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
             limit=why.limit, capacity=self.driver.capacity)
 
-    def _failure_of(self, size: int, err: int, code: int = 0, call: int = 0):
-        """failure() from Python (for tests and the replay module): the exception for an error code."""
-        cdef Failure why
-        why.err = err
-        why.code = code
-        why.call = call
-        why.reserved = self.st.reserved
-        why.allocated = self.st.allocated
-        why.limit = self.limit_bytes
-        return self.failure(size, &why)
-
     def close(self) -> None:
         """Release everything back to the driver. Raises if allocations are still live."""
         if self.live.size():
