@@ -1,7 +1,7 @@
 """Train a model at random init (no downloads) on shapes drawn per step: the dynamic-shape speed workloads.
 
     python bench/workloads/dynamic.py --workload {vit,bert,t5,cnn} [--steps 60] [--seed 0] [--device cuda|cpu]
-                                      [--size small|full] [--warmup N] [--json OUT]
+                                      [--size small|full] [--warmup N] [--json OUT] [--memory-fraction F]
 
     vit   a mixed-resolution vision transformer (ViT-Base/16, pos. embeddings interpolated): image side and batch
           drawn per step
@@ -17,6 +17,14 @@ between two torch.cuda.synchronize() calls, inputs made before the first. The su
 the sum of the step times after --warmup steps (the first quarter by default), samples/s and tokens/s after
 warm-up, the peaks of allocated and reserved memory, and, under gmlake, its counters at the end and what it did
 after warm-up (stitches, driver calls by kind). --size small builds tiny models for a smoke test on the CPU.
+
+--memory-fraction F (0 < F <= 1, CUDA only) caps the process with torch.cuda.set_per_process_memory_fraction(F),
+set as CUDA starts, before the model is built, so the cap holds from the first byte; it works alike under torch's
+allocator (native, expandable segments) and under `gmlake run`, which wires torch's memory-fraction hook. A step
+that runs out of memory under the cap (torch.OutOfMemoryError, or gmlake's "gmlake: CUDA out of memory", which
+reaches Python as a RuntimeError) ends the run with one line on stderr and exit status 3 (OOM_EXIT), and the --json
+summary says "oom": true, the step and the peaks so far: bench/cap_search.py bisects on that answer. Without the
+option nothing changes.
 """
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NoReturn
 
 import torch
 from torch import nn
@@ -263,15 +271,17 @@ def gmlake_step_counters() -> tuple[int, int] | None:
     return None if stats is None else (stats["stitches"], sum(stats["calls"].values()))
 
 
-def train(workload: Workload, schedule: list[dict], device: torch.device, warmup: int) -> tuple[list[dict], dict]:
+def train(workload: Workload, schedule: list[dict], device: torch.device, warmup: int,
+          records: list[dict] | None = None) -> tuple[list[dict], dict]:
     """Run one training step per scheduled shape. Returns the per-step records and gmlake's counters at the end of
-    warm-up (None under torch's allocator)."""
+    warm-up (None under torch's allocator). Records go into `records` when given, so that a caller whose step
+    raised (out of memory under a cap) knows how many steps completed."""
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     model = workload.model
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    records: list[dict] = []
+    records = [] if records is None else records
     at_warmup = None
     counters = gmlake_step_counters()
     for step, shape in enumerate(schedule):
@@ -323,6 +333,53 @@ def preset(workload: str, size: str, batch: list[int] | None, shape: list[int] |
     return cfg
 
 
+OOM_EXIT = 3      # the exit status of a run that ran out of memory under --memory-fraction
+
+
+def parse_fraction(text: str | None) -> float | None:
+    """--memory-fraction's value: None when absent, else a number in (0, 1] (torch rejects others, and a typo should
+    stop the run before minutes of model building). Raises ValueError saying why."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"--memory-fraction needs a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:                    # also refuses nan
+        raise ValueError(f"--memory-fraction needs a number in (0, 1], got {text}")
+    return value
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation failure: torch.OutOfMemoryError under torch's allocator, a RuntimeError
+    saying "out of memory" under gmlake (a pluggable allocator's error reaches Python as a RuntimeError)."""
+    return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
+
+
+def header(args: argparse.Namespace, cfg: dict, warmup: int) -> dict:
+    """The summary's first keys: what ran, under which allocator."""
+    return {
+        "workload": args.workload, "size": args.size, "config": cfg, "seed": args.seed, "device": args.device,
+        "allocator": allocator_name() if args.device == "cuda" else "cpu", "gmlake_policy": gmlake_policy_name(),
+        "torch": torch.__version__, "steps": args.steps, "warmup_steps": warmup,
+    }
+
+
+def exit_out_of_memory(args: argparse.Namespace, cfg: dict, warmup: int, fraction: float, records: list[dict],
+                       exc: BaseException) -> NoReturn:
+    """End a capped run whose step ran out of memory: the --json summary (oom, the step, the peaks so far), one
+    line on stderr, exit status OOM_EXIT. Step 0 with no records also covers building the model."""
+    step = len(records)
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+    summary = {**header(args, cfg, warmup), "memory_fraction": fraction, "oom": True, "oom_step": step,
+               "error": first_line, **memory_peaks(), "per_step": records}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    print(f"dynamic.py: out of memory at step {step} under memory fraction {fraction}", file=sys.stderr)
+    sys.exit(OOM_EXIT)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=sorted(BUILDERS), required=True)
@@ -335,28 +392,46 @@ def main() -> None:
     parser.add_argument("--shape", type=int, nargs=2, metavar=("MIN", "MAX"),
                         help="image side or sequence length range (overrides --size)")
     parser.add_argument("--json", help="write the summary here")
+    parser.add_argument("--memory-fraction", metavar="F",
+                        help="cap this process at F (0 < F <= 1) of the device's memory; out of memory: exit 3")
     args = parser.parse_args()
     warmup = args.steps // 4 if args.warmup is None else args.warmup
     if args.steps < 1 or not 0 <= warmup < args.steps:
         parser.error("need --steps >= 1 and 0 <= --warmup < --steps")
+    try:
+        fraction = parse_fraction(args.memory_fraction)
+    except ValueError as exc:
+        print(f"dynamic.py: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if fraction is not None and args.device != "cuda":
+        print("dynamic.py: --memory-fraction needs --device cuda (it caps a CUDA device's memory)", file=sys.stderr)
+        sys.exit(2)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("dynamic.py: CUDA is not available here; use --device cpu (with --size small) for a smoke test")
 
     device = torch.device(args.device)
+    if fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(fraction)     # initialises CUDA; the cap holds from the first byte
     cfg = preset(args.workload, args.size, args.batch, args.shape)
     torch.manual_seed(args.seed)
-    workload = BUILDERS[args.workload](cfg, device)
-    schedule = shape_schedule(workload, args.steps, args.seed)
-    records, at_warmup = train(workload, schedule, device, warmup)
+    records: list[dict] = []
+    try:
+        workload = BUILDERS[args.workload](cfg, device)
+        schedule = shape_schedule(workload, args.steps, args.seed)
+        records, at_warmup = train(workload, schedule, device, warmup, records)
+    except Exception as exc:
+        if fraction is None or not out_of_memory(exc):
+            raise
+        exit_out_of_memory(args, cfg, warmup, fraction, records, exc)
 
     summary = {
-        "workload": args.workload, "size": args.size, "config": cfg, "seed": args.seed, "device": args.device,
-        "allocator": allocator_name() if args.device == "cuda" else "cpu", "gmlake_policy": gmlake_policy_name(),
-        "torch": torch.__version__, "steps": args.steps, "warmup_steps": warmup,
+        **header(args, cfg, warmup),
         "schedule_sha256": schedule_digest(schedule),
         "parameters": sum(p.numel() for p in workload.model.parameters()),
         **summarize(records, warmup),
     }
+    if fraction is not None:
+        summary.update(memory_fraction=fraction, oom=False)
     if args.device == "cuda":
         summary.update(memory_peaks())
         summary["utilization"] = summary["max_memory_allocated"] / summary["max_memory_reserved"]

@@ -1,0 +1,416 @@
+"""The cap search (issue 10, "under a cap"): per workload and allocator, the smallest memory cap at which training
+completes, and the step time near it.
+
+    python bench/cap_search.py [--workloads vit bert t5 cnn] [--allocators expandable gmlake] [--steps 20]
+                               [--resolution 0.01] [--deadline SECONDS] [--timeout SECONDS] [--out DIR]
+                               [--bounds-from bench/results/train/speed-.../summary.json]
+
+Why: the speed suite reports peak reserved memory with no cap, which is what an allocator keeps when nothing presses
+it. Under a cap an allocator can release its cache and retry, so what a job fits into is the smallest cap it
+completes under: torch.cuda.set_per_process_memory_fraction(f), the cap a user sharing or sizing a GPU sets.
+
+Each probe is a fresh process of bench/workloads/dynamic.py (same seed, so the same shapes; `--steps 20`), started
+exactly as speed_suite.py starts that allocator (its `command`), plus `--memory-fraction f`; it fits when it exits 0
+and fails when it exits 3 (out of memory under the cap). Any other failure ends that pair's search as an error,
+since bisecting on crashes would give a meaningless threshold. Per pair:
+
+1. reference: an uncapped run. Its peak allocated / device total is the floor (below it nothing fits) and its peak
+   reserved / total a fraction that fits (the same run capped there never meets the cap). With --bounds-from (a
+   speed-suite summary.json) the reference is instead a run capped at that suite's peak reserved for the pair
+   (widened by 10 % until one fits, as a 60-step run's peaks need not hold for 20 steps); its own peaks then give
+   the bounds, and its time stands for the uncapped time (a cap at or above a run's own peak never binds).
+2. bisection, geometric, between the two until hi / lo <= 1 + resolution: the smallest fraction that fit is then
+   within the resolution of the threshold (it is the reference's peak reserved when no capped probe fit below it).
+3. one timed run at 1.05 x that fraction: its time (sum of step times after warm-up, dynamic.py's timed_s) against
+   the reference's.
+
+Order: workloads in turn; within one, the allocators' probes alternate (A B, then B A, ...), so a drift in the
+machine's speed falls on both and a deadline leaves them about equally far. --deadline stops starting probes that
+would likely end after it (a probe still running at it is stopped) and marks the pairs left "unfinished" (with the
+bracket they reached) or "not started".
+
+Output: DIR/probes/NNN-WORKLOAD-ALLOCATOR-PURPOSE.json (dynamic.py's summary, per-step times included) and
+DIR/cap.json (environment, settings, the device's total memory, every probe, every pair's outcome), rewritten after
+every probe; a table at the end. The device's total memory is read in a child process so that this one never
+creates a CUDA context on the device the probes measure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Generator, NamedTuple, NoReturn, TypeVar
+
+from speed_suite import ALLOCATORS, GIB, WORKLOADS, command, expected_duration
+from train_suite import environment
+
+HERE = Path(__file__).resolve().parent
+OOM_EXIT = 3            # dynamic.py's exit status when a step runs out of memory under --memory-fraction
+TIMED_MARGIN = 1.05     # the timed run's cap, over the smallest fraction that fit
+WIDEN = 1.1             # a bound that turns out wrong moves by this factor per probe
+FLOOR = 1e-3            # the smallest fraction ever probed
+SLACK = 4096            # bytes over a peak, so that f * total never rounds below it
+
+T = TypeVar("T")
+Request = tuple[str, "float | None"]          # (purpose, fraction; None: uncapped)
+
+
+class Bisection(NamedTuple):
+    """A search's outcome: the smallest fraction shown to fit (or assumed to, as an upper bound given with hi_fits),
+    None when nothing up to the ceiling fit; the largest shown (or assumed) to fail, None when even the floor fit."""
+    smallest_fit: float | None
+    largest_fail: float | None
+
+
+Search = Generator[float, bool, T]   # yields the fractions to probe, is sent whether each fit, returns T
+
+
+def step_until(start: float, factor: float, limit: float, want: bool) -> Search[tuple[float | None, float | None]]:
+    """Probe start, start * factor, ... (never past `limit`) until one answers `want`. Returns (the fraction that
+    did, or None when `limit` did not either; the last fraction that answered otherwise, or None)."""
+    fraction, other = start, None
+    while True:
+        if (yield fraction) == want:
+            return fraction, other
+        other = fraction
+        if fraction == limit:
+            return None, other
+        fraction = min(fraction * factor, limit) if factor > 1 else max(fraction * factor, limit)
+
+
+def bisect_fraction(lo: float, hi: float, resolution: float, *, lo_fails: bool = True, hi_fits: bool = True,
+                    ceiling: float = 1.0, floor: float = FLOOR, widen: float = WIDEN) -> Search[Bisection]:
+    """The smallest fraction that fits, between `lo` and `hi`, to a relative `resolution`, as a coroutine (pure: no
+    processes, so tests drive it with a fake oracle). Bounds not known to hold are probed first and widened by
+    `widen` while wrong: an upper bound that fails moves up (to `ceiling` at most), a lower bound that fits moves
+    down (to `floor`). Then geometric bisection until hi / lo <= 1 + resolution, since the resolution is relative."""
+    if not hi_fits:
+        fit, failed = yield from step_until(min(hi, ceiling), widen, ceiling, True)
+        if fit is None:
+            return Bisection(None, failed)
+        hi = fit
+        if failed is not None:
+            lo, lo_fails = failed, True
+    if not lo_fails:
+        start = lo if lo < hi else hi / widen
+        failed, fit = yield from step_until(max(start, floor), 1 / widen, floor, False)
+        if failed is None:
+            return Bisection(fit, None)
+        lo = failed
+        hi = fit if fit is not None else hi
+    while hi > lo * (1 + resolution):
+        mid = math.sqrt(lo * hi)
+        if (yield mid):
+            hi = mid
+        else:
+            lo = mid
+    return Bisection(hi, lo)
+
+
+def drive(search: Search[T], fits: Callable[[float], bool]) -> tuple[T, list[float]]:
+    """Run a search against an oracle: its result and the fractions it probed, in order."""
+    probed: list[float] = []
+    try:
+        fraction = next(search)
+        while True:
+            probed.append(fraction)
+            fraction = search.send(fits(fraction))
+    except StopIteration as stop:
+        return stop.value, probed
+
+
+class ProbeError(Exception):
+    """A probe failed other than by running out of memory under its cap: the pair's search stops."""
+
+
+def as_probes(purpose: str, search: Search[T]) -> Generator[Request, dict, tuple[T, dict | None]]:
+    """A fraction search as probe requests: each fraction it asks for is a `purpose` probe, each probe's fit its
+    answer. Returns the search's result and the record of the last probe that fit (the smallest, as fits only
+    shrink in a bisection)."""
+    last_fit = None
+    try:
+        fraction = next(search)
+        while True:
+            probe = yield purpose, fraction
+            if "error" in probe:
+                raise ProbeError(probe["error"])
+            last_fit = probe if probe["fit"] else last_fit
+            fraction = search.send(probe["fit"])
+    except StopIteration as stop:
+        return stop.value, last_fit
+
+
+def pair_search(outcome: dict, total: int, resolution: float, bound: float | None) -> Generator[Request, dict, None]:
+    """One pair's probes as a coroutine: yields requests, is sent each probe's record, and keeps `outcome` up to
+    date as it goes (so a pair stopped by the deadline keeps what it learnt). `bound`: a fraction from another run
+    that likely fits (--bounds-from), else None for an uncapped reference run."""
+    try:
+        failed = None
+        if bound is None:
+            reference = yield "reference", None
+            if "error" in reference:
+                raise ProbeError(reference["error"])
+        else:
+            (fit, failed), reference = yield from as_probes("reference", step_until(min(bound, 1.0), WIDEN, 1.0,
+                                                                                         True))
+            if fit is None:
+                outcome.update(status="no fit", largest_fail=failed)
+                return
+        lo = max(reference["max_memory_allocated"] / total, failed or 0.0)
+        hi = (reference["max_memory_reserved"] + SLACK) / total
+        if reference["fraction"] is not None:       # a capped reference: its cap fit; a failed one below it bounds lo
+            hi = min(hi, reference["fraction"]) if hi > lo else reference["fraction"]
+        outcome.update(reference={k: reference[k] for k in ("fraction", "timed_s", "max_memory_allocated",
+                                                            "max_memory_reserved")},
+                       floor=lo, upper_bound=hi, smallest_fit=hi)
+        result, _ = yield from as_probes("bisect", bisect_fraction(lo, hi, resolution))
+        outcome["smallest_fit"] = result.smallest_fit
+        timed = yield "timed", min(TIMED_MARGIN * result.smallest_fit, 1.0)
+        outcome.update(timed_fraction=timed["fraction"], timed_fit=timed["fit"], timed_s=timed.get("timed_s"))
+        if timed["fit"] and timed.get("timed_s") and reference.get("timed_s"):
+            outcome["time_ratio"] = timed["timed_s"] / reference["timed_s"]
+        outcome["status"] = "done"
+    except ProbeError as exc:
+        outcome.update(status="error", error=str(exc)[-500:])
+
+
+def note_probe(outcome: dict, probe: dict) -> None:
+    """A pair's bracket from its capped reference and bisection probes: the smallest fraction that fit in a probe
+    and the largest that failed (out of memory)."""
+    outcome["probes"] += 1
+    if probe["purpose"] == "timed" or probe["fraction"] is None or "error" in probe:
+        return
+    if probe["fit"]:
+        outcome["smallest_fit_probed"] = min(probe["fraction"], outcome.get("smallest_fit_probed") or 1.0)
+    else:
+        outcome["largest_fail"] = max(probe["fraction"], outcome.get("largest_fail") or 0.0)
+
+
+ProbeRunner = Callable[[str, str, str, "float | None", float], dict]   # workload, allocator, purpose, fraction, timeout
+
+
+def search(workloads: list[str], allocators: list[str], total: int, resolution: float,
+           bounds: dict[tuple[str, str], float], run_probe: ProbeRunner, time_left: Callable[[], float | None],
+           timeout: float, record: dict, save: Callable[[], None]) -> None:
+    """Every pair's search, workloads in turn and each workload's allocators alternating (A B, B A, ...), probes
+    appended to record["probes"], outcomes in record["pairs"], `save` called after every probe. Stops starting
+    probes when `time_left()` (None: no deadline) is shorter than a probe of that workload likely takes."""
+    outcomes = {(w, a): {"workload": w, "allocator": a, "status": "not started", "probes": 0}
+                for w in workloads for a in allocators}
+    record["pairs"] = list(outcomes.values())
+    for workload in workloads:
+        plans = {a: pair_search(outcomes[workload, a], total, resolution, bounds.get((workload, a)))
+                 for a in allocators}
+        pending = {a: next(plan) for a, plan in plans.items()}
+        turn = 0
+        while pending:
+            for allocator in (list(pending) if turn % 2 == 0 else list(pending)[::-1]):
+                left, expected = time_left(), expected_duration(workload, record["probes"])
+                if left is not None and left < max(expected, 1.0):
+                    stop(record, f"deadline: {left:.0f} s left, a {workload} probe takes about {expected:.0f} s")
+                    save()
+                    return
+                outcome = outcomes[workload, allocator]
+                outcome["status"] = "unfinished"
+                purpose, fraction = pending[allocator]
+                limit = timeout if left is None else min(timeout, left)
+                print(f"== [{len(record['probes']) + 1}] {workload} / {allocator}: {purpose} at "
+                      f"{'no cap' if fraction is None else f'{fraction:.5f} ({fraction * total / GIB:.2f} GiB)'}",
+                      flush=True)
+                probe = run_probe(workload, allocator, purpose, fraction, limit)
+                record["probes"].append(probe)
+                note_probe(outcome, probe)
+                print("   " + ("fit" if probe["fit"] else "OOM" if probe.get("oom") else "ERROR")
+                      + f" in {probe['wall_s']:.0f} s" + (f", timed {probe['timed_s']:.2f} s"
+                                                           if probe.get("timed_s") else "")
+                      + (f": {probe['error'][-300:]}" if "error" in probe else ""), flush=True)
+                if probe.get("killed") and left is not None and limit < timeout:
+                    stop(record, f"deadline: a {workload} / {allocator} probe was stopped at it")
+                    save()
+                    return
+                try:
+                    pending[allocator] = plans[allocator].send(probe)
+                except StopIteration:
+                    del pending[allocator]
+                save()
+            turn += 1
+
+
+def stop(record: dict, why: str) -> None:
+    """Note why the search stopped early."""
+    record["stopped"] = why
+    print(why + "; not starting more probes", flush=True)
+
+
+def run_probe(workload: str, allocator: str, purpose: str, fraction: float | None, timeout_s: float, *,
+              settings: argparse.Namespace, out: Path, index: int) -> dict:
+    """One probe in a fresh process: fit (exit 0), out of memory under the cap (exit 3), or an error."""
+    json_path = out / "probes" / f"{index:03d}-{workload}-{allocator}-{purpose}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.unlink(missing_ok=True)
+    cmd, env = command(workload, allocator, settings, json_path)
+    if fraction is not None:
+        cmd += ["--memory-fraction", repr(fraction)]
+    started = time.perf_counter()
+    killed = False
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        killed = True
+        proc = subprocess.CompletedProcess(cmd, -9, "", f"killed after {timeout_s:.0f} s (timeout or deadline)")
+    measured = (json.loads(json_path.read_text()) if proc.returncode in (0, OOM_EXIT) and json_path.exists()
+                else {})
+    probe = {"index": index, "workload": workload, "allocator": allocator, "purpose": purpose, "fraction": fraction,
+             "fit": proc.returncode == 0 and bool(measured), "returncode": proc.returncode,
+             "wall_s": round(time.perf_counter() - started, 1),
+             **{k: measured.get(k) for k in ("timed_s", "max_memory_allocated", "max_memory_reserved", "oom_step")}}
+    if proc.returncode == OOM_EXIT and measured.get("oom"):
+        probe["oom"] = True
+    elif not probe["fit"]:
+        probe["error"] = (proc.stderr or proc.stdout or "no output")[-2000:]
+        probe["killed"] = killed
+    return probe
+
+
+def device_total_memory() -> int:
+    """torch.cuda.get_device_properties(0).total_memory, read in a child process: a CUDA context here would take
+    memory on the very device the probes measure."""
+    proc = subprocess.run([sys.executable, "-c",
+                           "import torch; print(torch.cuda.get_device_properties(0).total_memory)"],
+                          capture_output=True, text=True, timeout=180)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout or "no output").strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else "no output")
+    return int(proc.stdout.split()[-1])
+
+
+def read_bounds(path: str, total: int) -> dict[tuple[str, str], float]:
+    """Per (workload, allocator), the largest peak reserved among a speed-suite summary's finished runs, as a
+    fraction of `total` (at most 1)."""
+    bounds: dict[tuple[str, str], float] = {}
+    for run in json.loads(Path(path).read_text())["runs"]:
+        if "error" not in run and run.get("max_memory_reserved"):
+            key = (run["workload"], run["allocator"])
+            bounds[key] = min(max(bounds.get(key, 0.0), (run["max_memory_reserved"] + SLACK) / total), 1.0)
+    return bounds
+
+
+def table(record: dict) -> str:
+    """The final table: per pair, the smallest fraction that fit (and in GiB), the uncapped peak reserved, and the
+    time at 1.05 x that cap over the uncapped time."""
+    total = record["device_total_memory"]
+    columns = ("workload", "allocator", "status", "probes", "floor GiB", "smallest fit", "fit GiB",
+               "largest OOM GiB", "uncapped resv GiB", "time at 1.05x / uncapped")
+
+    def gib(fraction: float | None) -> str:
+        return "-" if fraction is None else f"{fraction * total / GIB:.2f}"
+
+    rows = []
+    for p in record["pairs"]:
+        ref = p.get("reference") or {}
+        fit = min((f for f in (p.get("smallest_fit"), p.get("smallest_fit_probed")) if f is not None), default=None)
+        rows.append((p["workload"], p["allocator"], p["status"], str(p["probes"]), gib(p.get("floor")),
+                     "-" if fit is None else f"{fit:.5f}", gib(fit), gib(p.get("largest_fail")),
+                     "-" if not ref.get("max_memory_reserved") else f"{ref['max_memory_reserved'] / GIB:.2f}",
+                     f"{p['time_ratio']:.3f}" if "time_ratio" in p else "-"))
+    title = (f"smallest memory fraction at which {record['settings']['steps']} steps complete (device "
+             f"{total / GIB:.1f} GiB, resolution {record['settings']['resolution']})")
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:             # plain text where rich is missing
+        return "\n".join([title, *("  ".join(row) for row in [columns, *rows])])
+    t = Table(title=title)
+    for name in columns:
+        t.add_column(name, justify="left" if name in ("workload", "allocator", "status") else "right")
+    for row in rows:
+        t.add_row(*row)
+    console = Console(width=160, record=True)
+    with console.capture() as captured:
+        console.print(t)
+    return captured.get()
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (exit 2), not usage then message: the wrapper's log shows why at once."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: any bad value is one line on stderr and exit 2."""
+    parser = OneLineParser(prog="cap_search.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=["expandable", "gmlake"])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=("full", "small"), default="full")
+    parser.add_argument("--resolution", type=float, default=0.01, help="stop bisecting at hi / lo <= 1 + this")
+    parser.add_argument("--deadline", type=float, default=0, help="seconds from the start (0: none)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds one probe may take")
+    parser.add_argument("--bounds-from", metavar="SUMMARY_JSON", help="a speed-suite summary.json (see above)")
+    parser.add_argument("--out", default=str(HERE / "results" / "train" / "cap"))
+    args = parser.parse_args(argv)
+    args.warmup = args.steps // 4 if args.warmup is None else args.warmup
+    if args.steps < 1 or not 0 <= args.warmup < args.steps:
+        parser.error("need --steps >= 1 and 0 <= --warmup < --steps")
+    if not 0 < args.resolution < 1:
+        parser.error(f"--resolution needs a number in (0, 1), got {args.resolution}")
+    if not args.deadline >= 0 or not args.timeout > 0:
+        parser.error("need --deadline >= 0 and --timeout > 0")
+    if args.bounds_from and not Path(args.bounds_from).is_file():
+        parser.error(f"--bounds-from: no such file: {args.bounds_from}")
+    args.workloads = list(dict.fromkeys(args.workloads))
+    args.allocators = list(dict.fromkeys(args.allocators))
+    args.device = "cuda"              # for speed_suite.command: a fraction only means something on a CUDA device
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    try:
+        total = device_total_memory()
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+        sys.exit(f"cap_search.py: cannot read the CUDA device's total memory: {exc}")
+    try:
+        bounds = read_bounds(args.bounds_from, total) if args.bounds_from else {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"cap_search.py: --bounds-from {args.bounds_from}: not a speed-suite summary ({exc!r})",
+              file=sys.stderr)
+        sys.exit(2)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record: dict = {"environment": environment(), "settings": vars(args), "device_total_memory": total,
+                    "probes": [], "pairs": []}
+
+    def save() -> None:
+        record["search_wall_s"] = round(time.perf_counter() - started, 1)
+        (out / "cap.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    def time_left() -> float | None:
+        return args.deadline - (time.perf_counter() - started) if args.deadline else None
+
+    def runner(workload: str, allocator: str, purpose: str, fraction: float | None, timeout_s: float) -> dict:
+        return run_probe(workload, allocator, purpose, fraction, timeout_s, settings=args, out=out,
+                         index=len(record["probes"]))
+
+    print(f"{len(args.workloads) * len(args.allocators)} pairs, {args.steps} steps ({args.warmup} warm-up), device "
+          f"{total / GIB:.1f} GiB, resolution {args.resolution}, deadline {args.deadline or 'none'}"
+          + (f", bounds from {args.bounds_from}" if args.bounds_from else ""), flush=True)
+    search(args.workloads, args.allocators, total, args.resolution, bounds, runner, time_left, args.timeout, record,
+           save)
+    save()
+    print(f"\ncap search: {len(record['probes'])} probes in {record['search_wall_s']:.0f} s; results in {out}")
+    print(table(record))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""bench/cap_search.py without a GPU: the bisection as a pure coroutine against fake "fits(f)" oracles, the search's
+order, bookkeeping and deadline with a fake probe runner, the command line's refusals, and dynamic.py's
+--memory-fraction checks."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "workloads"))
+cap_search = pytest.importorskip("cap_search")
+
+GIB = 1 << 30
+TOTAL = 140 * GIB
+
+
+def threshold_oracle(threshold: float):
+    """fits(f): a run completes exactly at caps at or above `threshold`."""
+    return lambda f: f >= threshold
+
+
+@pytest.mark.parametrize("threshold", [0.1001, 0.123, 0.15, 0.1777, 0.1999])
+@pytest.mark.parametrize("resolution", [0.01, 0.002])
+def test_bisection_converges_to_the_threshold_within_the_resolution(threshold, resolution):
+    result, probed = cap_search.drive(cap_search.bisect_fraction(0.1, 0.2, resolution), threshold_oracle(threshold))
+    assert result.largest_fail < threshold <= result.smallest_fit
+    assert result.smallest_fit <= result.largest_fail * (1 + resolution)
+    assert 0.1 not in probed and 0.2 not in probed               # bounds known to hold are not spent on
+    assert len(probed) <= math.ceil(math.log2(math.log(2) / math.log1p(resolution))) + 1
+
+
+def test_bounds_already_within_the_resolution_cost_no_probe():
+    result, probed = cap_search.drive(cap_search.bisect_fraction(0.2, 0.2009, 0.01), threshold_oracle(0.2005))
+    assert probed == [] and result == (0.2009, 0.2)
+
+
+def test_an_upper_bound_that_fails_is_widened_until_one_fits():
+    result, probed = cap_search.drive(cap_search.bisect_fraction(0.1, 0.2, 0.01, hi_fits=False),
+                                      threshold_oracle(0.3))
+    assert probed[:2] == [0.2, pytest.approx(0.22)]               # the bound first, then up by WIDEN
+    assert result.largest_fail < 0.3 <= result.smallest_fit <= result.largest_fail * 1.01
+    assert max(probed) <= 0.3 * cap_search.WIDEN
+
+
+def test_nothing_fits_up_to_the_ceiling():
+    result, probed = cap_search.drive(cap_search.bisect_fraction(0.5, 0.6, 0.01, hi_fits=False),
+                                      lambda f: False)
+    assert result == (None, 1.0) and probed[-1] == 1.0 and max(probed) == 1.0
+
+
+def test_an_upper_bound_that_fits_when_probed_then_bisects():
+    result, probed = cap_search.drive(cap_search.bisect_fraction(0.1, 0.2, 0.01, hi_fits=False),
+                                      threshold_oracle(0.15))
+    assert probed[0] == 0.2 and result.largest_fail < 0.15 <= result.smallest_fit
+
+
+def test_a_lower_bound_that_fits_is_widened_down_until_one_fails():
+    result, probed = cap_search.drive(cap_search.bisect_fraction(0.1, 0.2, 0.01, lo_fails=False),
+                                      threshold_oracle(0.05))
+    assert probed[:2] == [0.1, pytest.approx(0.1 / cap_search.WIDEN)]
+    assert result.largest_fail < 0.05 <= result.smallest_fit <= result.largest_fail * 1.01
+
+
+def test_a_lower_bound_that_fails_when_probed_then_bisects():
+    result, probed = cap_search.drive(cap_search.bisect_fraction(0.1, 0.2, 0.01, lo_fails=False),
+                                      threshold_oracle(0.15))
+    assert probed[0] == 0.1 and result.largest_fail < 0.15 <= result.smallest_fit
+
+
+def test_everything_fits_down_to_the_floor():
+    result, probed = cap_search.drive(cap_search.bisect_fraction(0.1, 0.2, 0.01, lo_fails=False), lambda f: True)
+    assert result == (cap_search.FLOOR, None) and min(probed) == cap_search.FLOOR
+
+
+# ---- the search over pairs, with a fake probe runner ----------------------------------------------------------
+
+class FakeDevice:
+    """Probes answered from per-allocator thresholds (fractions of TOTAL) and uncapped peaks, with a clock."""
+
+    def __init__(self, thresholds: dict[str, float], peaks: dict[str, tuple[float, float]], wall_s: float = 10.0,
+                 errors: set[str] = frozenset()) -> None:
+        self.thresholds, self.peaks, self.wall_s, self.errors = thresholds, peaks, wall_s, errors
+        self.calls: list[tuple[str, str, str, float | None]] = []
+        self.clock = 0.0
+
+    def __call__(self, workload, allocator, purpose, fraction, timeout_s) -> dict:
+        self.calls.append((workload, allocator, purpose, fraction))
+        self.clock += self.wall_s
+        probe = {"index": len(self.calls) - 1, "workload": workload, "allocator": allocator, "purpose": purpose,
+                 "fraction": fraction, "wall_s": self.wall_s, "returncode": 0}
+        if allocator in self.errors and purpose == "bisect":
+            return {**probe, "fit": False, "returncode": 1, "error": "Segmentation fault", "killed": False}
+        if fraction is not None and fraction < self.thresholds[allocator]:
+            return {**probe, "fit": False, "returncode": 3, "oom": True, "oom_step": 7}
+        allocated, reserved = self.peaks[allocator]
+        return {**probe, "fit": True, "timed_s": 2.0 if fraction is None else 2.2,
+                "max_memory_allocated": int(allocated * TOTAL), "max_memory_reserved": int(reserved * TOTAL)}
+
+
+def run_search(device: FakeDevice, workloads=("vit",), allocators=("expandable", "gmlake"), bounds=None,
+               deadline: float | None = None, resolution: float = 0.01) -> dict:
+    record: dict = {"probes": [], "pairs": []}
+    time_left = (lambda: deadline - device.clock) if deadline is not None else (lambda: None)
+    cap_search.search(list(workloads), list(allocators), TOTAL, resolution, bounds or {}, device, time_left, 300,
+                      record, lambda: None)
+    return record
+
+
+def test_every_pair_brackets_its_threshold_and_is_timed_near_it():
+    device = FakeDevice({"expandable": 0.155, "gmlake": 0.152}, {"expandable": (0.15, 0.16), "gmlake": (0.15, 0.17)})
+    record = run_search(device)
+    pairs = {p["allocator"]: p for p in record["pairs"]}
+    for allocator, pair in pairs.items():
+        threshold = device.thresholds[allocator]
+        assert pair["status"] == "done"
+        assert pair["largest_fail"] < threshold <= pair["smallest_fit"] <= pair["largest_fail"] * 1.01
+        assert pair["floor"] == pytest.approx(0.15, rel=1e-6)
+        assert pair["timed_fraction"] == pytest.approx(1.05 * pair["smallest_fit"])
+        assert pair["time_ratio"] == pytest.approx(1.1) and pair["probes"] == len(
+            [c for c in device.calls if c[1] == allocator])
+    purposes = [c[2] for c in device.calls if c[1] == "gmlake"]
+    assert purposes[0] == "reference" and purposes[-1] == "timed" and set(purposes[1:-1]) == {"bisect"}
+    assert device.calls[0][3] is None                             # the reference runs uncapped
+
+
+def test_allocators_alternate_within_a_workload_and_workloads_run_in_turn():
+    device = FakeDevice({"A": 0.155, "B": 0.155}, {"A": (0.15, 0.16), "B": (0.15, 0.16)})
+    run_search(device, workloads=("vit", "bert"), allocators=("A", "B"))
+    order = [(w, a) for w, a, _, _ in device.calls]
+    vit = [a for w, a in order if w == "vit"]
+    assert vit[:4] == ["A", "B", "B", "A"]
+    assert order.index(("bert", "A")) > max(i for i, (w, _) in enumerate(order) if w == "vit")
+
+
+def test_bounds_from_elsewhere_are_verified_and_widened_when_they_fail():
+    device = FakeDevice({"gmlake": 0.2}, {"gmlake": (0.15, 0.21)})
+    record = run_search(device, allocators=("gmlake",), bounds={("vit", "gmlake"): 0.18})
+    refs = [c[3] for c in device.calls if c[2] == "reference"]
+    assert refs == [0.18, pytest.approx(0.198), pytest.approx(0.2178)]
+    pair = record["pairs"][0]
+    assert pair["status"] == "done" and pair["reference"]["fraction"] == pytest.approx(0.2178)
+    assert pair["largest_fail"] < 0.2 <= pair["smallest_fit"] <= pair["largest_fail"] * 1.01
+    assert min(c[3] for c in device.calls if c[2] == "bisect") > 0.198      # the failed reference bounds it
+
+
+def test_a_reference_whose_peak_contradicts_a_failed_cap_keeps_to_what_was_shown():
+    """Runs are not perfectly repeatable: a capped reference that fit at 0.2178 after failing at 0.198, yet peaked
+    at 0.19, bisects between 0.198 and 0.2178 rather than trusting the peak."""
+    device = FakeDevice({"gmlake": 0.2}, {"gmlake": (0.15, 0.19)})
+    pair = run_search(device, allocators=("gmlake",), bounds={("vit", "gmlake"): 0.18})["pairs"][0]
+    assert pair["status"] == "done" and pair["upper_bound"] == pytest.approx(0.2178)
+    assert pair["largest_fail"] < 0.2 <= pair["smallest_fit"] <= pair["largest_fail"] * 1.01
+
+
+def test_a_probe_that_crashes_ends_its_pair_as_an_error_and_the_other_goes_on():
+    device = FakeDevice({"A": 0.155, "B": 0.155}, {"A": (0.15, 0.16), "B": (0.15, 0.16)}, errors={"A"})
+    pairs = {p["allocator"]: p for p in run_search(device, allocators=("A", "B"))["pairs"]}
+    assert pairs["A"]["status"] == "error" and "Segmentation" in pairs["A"]["error"]
+    assert pairs["B"]["status"] == "done"
+
+
+def test_the_deadline_stops_new_probes_and_marks_what_is_left():
+    device = FakeDevice({"A": 0.155, "B": 0.155}, {"A": (0.15, 0.16), "B": (0.15, 0.16)})
+    record = run_search(device, workloads=("vit", "bert"), allocators=("A", "B"), deadline=35)
+    assert len(device.calls) == 3 and "deadline" in record["stopped"]
+    statuses = {(p["workload"], p["allocator"]): p["status"] for p in record["pairs"]}
+    assert statuses == {("vit", "A"): "unfinished", ("vit", "B"): "unfinished", ("bert", "A"): "not started",
+                        ("bert", "B"): "not started"}
+    table = cap_search.table({**record, "device_total_memory": TOTAL, "settings": {"steps": 20, "resolution": 0.01}})
+    assert "unfinished" in table and "not started" in table
+
+
+def test_the_table_shows_each_pairs_cap_in_gib_and_its_time_ratio():
+    device = FakeDevice({"gmlake": 0.155}, {"gmlake": (0.15, 0.16)})
+    record = run_search(device, allocators=("gmlake",))
+    table = cap_search.table({**record, "device_total_memory": TOTAL, "settings": {"steps": 20, "resolution": 0.01}})
+    pair = record["pairs"][0]
+    assert f"{pair['smallest_fit'] * 140:.2f}" in table and "1.100" in table and "22.40" in table   # 0.16 x 140
+
+
+def test_bounds_are_read_from_a_speed_suite_summary(tmp_path):
+    summary = {"runs": [{"workload": "vit", "allocator": "gmlake", "max_memory_reserved": 14 * GIB},
+                        {"workload": "vit", "allocator": "gmlake", "max_memory_reserved": 21 * GIB},
+                        {"workload": "vit", "allocator": "native", "error": "killed"}]}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    bounds = cap_search.read_bounds(str(tmp_path / "summary.json"), TOTAL)
+    assert bounds == {("vit", "gmlake"): pytest.approx(0.15)}
+
+
+# ---- command lines ----------------------------------------------------------------------------------------------
+
+def one_line_exit_2(cmd: list[str]) -> str:
+    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, proc.stderr
+    return proc.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--resolution", "0"], "--resolution"), (["--resolution", "x"], "--resolution"),
+    (["--workloads", "gpt"], "invalid choice"), (["--allocators", "tcmalloc"], "invalid choice"),
+    (["--steps", "0"], "--steps"), (["--deadline", "-1"], "--deadline"),
+    (["--bounds-from", "/no/such/summary.json"], "no such file"), (["--bogus"], "unrecognized")])
+def test_cap_search_refuses_bad_input_in_one_line(args, says):
+    assert says in one_line_exit_2(["bench/cap_search.py", *args])
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.1", "nan", "abc", "inf"])
+def test_dynamic_refuses_a_memory_fraction_outside_0_1(value):
+    err = one_line_exit_2(["bench/workloads/dynamic.py", "--workload", "cnn", "--memory-fraction", value])
+    assert "--memory-fraction needs a number in (0, 1]" in err
+
+
+def test_dynamic_refuses_a_memory_fraction_on_the_cpu():
+    err = one_line_exit_2(["bench/workloads/dynamic.py", "--workload", "cnn", "--device", "cpu", "--size", "small",
+                           "--memory-fraction", "0.5"])
+    assert "needs --device cuda" in err
+
+
+def test_dynamic_knows_gmlakes_out_of_memory_error_and_torchs():
+    dynamic = pytest.importorskip("dynamic")
+    torch = pytest.importorskip("torch")
+    assert dynamic.parse_fraction(None) is None and dynamic.parse_fraction("1") == 1.0
+    assert dynamic.out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert dynamic.out_of_memory(RuntimeError("gmlake: CUDA out of memory on device 0: tried to allocate 2.00 MiB"))
+    assert not dynamic.out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not dynamic.out_of_memory(ValueError("out of memory"))
+
+
+def test_a_probe_is_a_fresh_dynamic_py_process_started_as_the_speed_suite_starts_it(tmp_path):
+    """The plumbing on the CPU (a fraction needs CUDA, so the capped probe is refused, which is an error, not an
+    out-of-memory answer): exit 0 and its JSON make a fit, any exit but 3 an error that stops the pair."""
+    settings = cap_search.parse_args(["--steps", "3", "--size", "small"])
+    settings.device = "cpu"
+    fit = cap_search.run_probe("cnn", "native", "reference", None, 120, settings=settings, out=tmp_path, index=0)
+    assert fit["fit"] and fit["returncode"] == 0 and fit["timed_s"] > 0 and "error" not in fit
+    assert (tmp_path / "probes" / "000-cnn-native-reference.json").exists()
+    capped = cap_search.run_probe("cnn", "native", "bisect", 0.5, 120, settings=settings, out=tmp_path, index=1)
+    assert not capped["fit"] and capped["returncode"] == 2 and "needs --device cuda" in capped["error"]
+    assert "oom" not in capped and capped["killed"] is False
+
+
+def test_main_writes_cap_json_after_every_probe_and_prints_the_table(tmp_path, monkeypatch, capsys):
+    device = FakeDevice({"expandable": 0.155, "gmlake": 0.152}, {"expandable": (0.15, 0.16), "gmlake": (0.15, 0.16)})
+    saved: list[int] = []
+
+    def fake_probe(workload, allocator, purpose, fraction, timeout_s, *, settings, out, index):
+        if (out / "cap.json").exists():
+            saved.append(len(json.loads((out / "cap.json").read_text())["probes"]))
+        return {**device(workload, allocator, purpose, fraction, timeout_s), "index": index}
+
+    monkeypatch.setattr(cap_search, "device_total_memory", lambda: TOTAL)
+    monkeypatch.setattr(cap_search, "run_probe", fake_probe)
+    cap_search.main(["--workloads", "vit", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "cap.json").read_text())
+    assert len(record["probes"]) == len(device.calls) and saved == list(range(1, len(device.calls)))
+    assert [p["status"] for p in record["pairs"]] == ["done", "done"] and record["device_total_memory"] == TOTAL
+    assert "torch" in record["environment"] and record["settings"]["resolution"] == 0.01
+    assert "smallest memory fraction" in capsys.readouterr().out
