@@ -15,8 +15,10 @@ from pathlib import Path
 
 from gmlake.replay import driver_seconds
 
-ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-8m")
-COLORS = {"native": "tab:red", "expandable": "tab:blue", "gmlake": "tab:green", "gmlake-8m": "tab:olive"}
+# "gmlake" and "gmlake-8m" in results of 2026-11-30 10:00 and before ran the paper's design (then the default).
+ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper", "gmlake-8m", "gmlake-paper-8m")
+COLORS = {"native": "tab:red", "expandable": "tab:blue", "gmlake": "tab:green", "gmlake-paper": "tab:olive",
+          "gmlake-8m": "tab:olive", "gmlake-paper-8m": "tab:brown"}
 GiB = 1 << 30
 
 

@@ -34,8 +34,10 @@ FSDP_WORKLOADS = {"opt1.3b-fsdp-lora-ckpt": ["--model", "opt-1.3b"]}      # LoRA
 ALLOCATORS = {
     "native": {},
     "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-    "gmlake": ["--chunk-size", str(2 << 20)],
-    "gmlake-8m": ["--chunk-size", str(8 << 20)],           # larger handles: fewer driver calls per stitch
+    "gmlake": [],                                          # the default policy (an expandable base that stitches)
+    # The paper's design, which was the default (and ran as "gmlake") in the results of 2026-11-30 10:00 and before
+    "gmlake-paper": ["--policy", "gmlake-paper"],
+    "gmlake-paper-8m": ["--policy", "gmlake-paper", "--chunk-size", str(8 << 20)],   # fewer, larger handles
 }
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake")
 

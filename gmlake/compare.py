@@ -37,9 +37,10 @@ def table(results: list[ReplayResult], traces: list[Trace]):
     if failed:
         caption = (f"[red]FAILED: {len(failed)} of {len(results)} replays ran out of the modelled device's memory "
                    f"(requests OOM); their peaks cover only the requests served[/red]")
-    t = Table(title="replay on the sim driver (peaks in GiB; driver time at H200 prices)", caption=caption)
+    t = Table(title="replay on the sim driver (peaks in GiB; driver time at H200 prices; time lost: driver time x "
+                    "the stall factor measured there)", caption=caption)
     for col in ("trace", "captured under", "real reserved", "policy", "OOMs", "allocated", "reserved",
-                "utilization", "frag@peak", "stitches", "driver calls", "driver s", "Mevents/s"):
+                "utilization", "frag@peak", "stitches", "driver calls", "driver s", "time lost s", "Mevents/s"):
         t.add_column(col, justify="left" if col in ("trace", "policy", "captured under") else "right")
     for r in results:
         meta = real.get(r.trace, {})
@@ -57,6 +58,7 @@ def table(results: list[ReplayResult], traces: list[Trace]):
             str(s["stitches"]),
             str(s["driver_calls"]),
             f"{r.driver_seconds:.3f}",
+            f"{r.step_time_lost:.3f}",
             f"{r.events / r.seconds / 1e6:.1f}" if r.seconds else "-",
         )
     return t

@@ -31,6 +31,14 @@ def driver_seconds(stats: dict, costs: dict | None = None) -> float:
     return us * 1e-6
 
 
+def step_time_lost(stats: dict, costs: dict | None = None) -> float:
+    """Training time the calls in `stats` would cost on that GPU: their priced driver time times the table's
+    stall factor. Note [the stall]: a driver call blocks the CPU thread that feeds the GPU, whose queue drains
+    meanwhile, so a run loses more than the calls' own time (measured 1.6-2.5x after warm-up on an H200)."""
+    costs = costs or driver_costs()
+    return driver_seconds(stats, costs) * costs["stall_factor"]
+
+
 @dataclass
 class ReplayResult:
     """What one policy did with one trace. Sizes in bytes."""
@@ -46,6 +54,7 @@ class ReplayResult:
     allocated_at_peak_reserved: int
     peak_event: int            # index, among the trace's requests, of the one that first took reserved to its peak
     driver_seconds: float
+    step_time_lost: float      # predicted training time lost to driver calls (see `step_time_lost()`)
     stats: dict
     timeline: dict = field(repr=False, default_factory=dict)
 
@@ -90,6 +99,7 @@ class ReplayResult:
             "sblock_reuses": self.stats["sblock_reuses"],
             "driver_calls": sum(self.stats["calls"].values()),
             "driver_seconds": round(self.driver_seconds, 6),
+            "step_time_lost_seconds": round(self.step_time_lost, 6),
         }
 
 
@@ -113,6 +123,7 @@ def replay(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | N
         allocated_at_peak_reserved=out["allocated_at_peak_reserved"],
         peak_event=out["peak_event"],
         driver_seconds=driver_seconds(stats),
+        step_time_lost=step_time_lost(stats),
         stats=stats,
         timeline=out["timeline"],
     )

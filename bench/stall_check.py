@@ -1,0 +1,101 @@
+"""The stall model against the GPU (issue 10): does priced driver time x the stall factor predict the training time
+an allocator loses to its driver calls?
+
+    python bench/stall_check.py RESULTS... [--tolerance 0.3] [--json OUT]
+
+RESULTS are speed-suite folders (bench/results/train/speed-*: summary.json with runs.tar.gz or runs/) and single
+run JSONs of bench/workloads/dynamic.py (e.g. bench/results/train/stall-2026-11-30/vit-paper.json). For every gmlake
+run: its driver calls after warm-up (counted on the GPU; replay reproduces them call for call, see
+tests/test_stall_model.py) priced with gmlake's cost table, the predicted loss (x the stall factor), and the measured
+loss: its time after warm-up minus the median of native's runs of that workload. A prediction is judged only where
+it exceeds native's own run-to-run spread (else the GPU cannot resolve it); exit status 1 if a judged one misses by
+more than the tolerance, 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tarfile
+from pathlib import Path
+
+from gmlake.replay import driver_costs, driver_seconds
+
+
+def load_runs(paths: list[Path]) -> list[dict]:
+    """Every run record in `paths` (speed-suite folders or single dynamic.py JSONs)."""
+    runs = []
+    for path in paths:
+        if path.is_dir():
+            if (path / "runs.tar.gz").exists():
+                with tarfile.open(path / "runs.tar.gz") as tar:
+                    runs += [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")]
+            runs += [json.loads(p.read_text()) for p in sorted((path / "runs").glob("*.json"))]
+        elif path.is_file():
+            run = json.loads(path.read_text())
+            run.setdefault("allocator", run.get("gmlake_policy") or "native")
+            if run.get("gmlake_policy") and run["allocator"] == "gmlake":
+                run["allocator"] = run["gmlake_policy"]
+            runs.append(run)
+        else:
+            raise FileNotFoundError(f"no such results: {path}")
+    return [r for r in runs if r.get("timed_s")]
+
+
+def check(runs: list[dict], tolerance: float, costs: dict | None = None) -> list[dict]:
+    """One row per gmlake run: predicted and measured loss against native's median, and whether it is judged."""
+    costs = costs or driver_costs()
+    rows = []
+    for run in runs:
+        after = run.get("gmlake_after_warmup")
+        if not after:
+            continue
+        native = [r["timed_s"] for r in runs if r["workload"] == run["workload"] and r["allocator"] == "native"]
+        if not native:
+            continue
+        median = statistics.median(native)
+        spread = (max(native) - min(native)) / median if len(native) > 1 else None
+        priced = driver_seconds(after, costs)
+        predicted = priced * costs["stall_factor"]
+        measured = run["timed_s"] - median
+        judged = spread is not None and predicted / median > spread
+        error = measured / predicted - 1.0 if predicted else None
+        rows.append({"workload": run["workload"], "allocator": run.get("gmlake_policy") or run["allocator"],
+                     "native_s": median, "native_spread": spread, "timed_s": run["timed_s"], "priced_s": priced,
+                     "predicted_s": predicted, "measured_s": measured, "ratio": measured / priced if judged else None,
+                     "judged": judged, "error": error,
+                     "ok": (abs(error) <= tolerance) if judged and error is not None else None})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", type=Path)
+    parser.add_argument("--tolerance", type=float, default=0.3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        rows = check(load_runs(args.results), args.tolerance)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"stall_check: {err}", file=sys.stderr)
+        return 2
+    factor = driver_costs()["stall_factor"]
+    print(f"stall factor {factor}; loss = time after warm-up - native's median; judged where the prediction exceeds "
+          f"native's spread")
+    print(f"{'workload':8} {'allocator':13} {'native s':>8} {'spread':>7} {'priced s':>8} {'predicted':>9} "
+          f"{'measured':>8} {'x priced':>8}  verdict")
+    for r in rows:
+        verdict = ("not resolvable" if not r["judged"] else
+                   f"{'ok' if r['ok'] else 'MISS'} ({r['error']:+.0%})")
+        spread = f"{r['native_spread']:.1%}" if r["native_spread"] is not None else "-"
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        print(f"{r['workload']:8} {r['allocator']:13} {r['native_s']:8.3f} {spread:>7} {r['priced_s']:8.4f} "
+              f"{r['predicted_s']:9.3f} {r['measured_s']:+8.3f} {ratio:>8}  {verdict}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 1 if any(r["ok"] is False for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
