@@ -1,7 +1,7 @@
 """The stall model against the GPU (issue 10): does priced driver time x the stall factor predict the training time
 an allocator loses to its driver calls?
 
-    python bench/stall_check.py RESULTS... [--tolerance 0.3] [--json OUT]
+    python bench/stall_check.py RESULTS... [--traces DIR] [--tolerance 0.3] [--json OUT]
 
 RESULTS are speed-suite folders (bench/results/train/speed-*: summary.json with runs.tar.gz or runs/) and single
 run JSONs of bench/workloads/dynamic.py (e.g. bench/results/train/stall-2026-11-30/vit-paper.json). For every gmlake
@@ -10,6 +10,11 @@ tests/test_stall_model.py) priced with gmlake's cost table, the predicted loss (
 loss: its time after warm-up minus the median of native's runs of that workload. A prediction is judged only where
 it exceeds native's own run-to-run spread (else the GPU cannot resolve it); exit status 1 if a judged one misses by
 more than the tolerance, 2 on bad input.
+
+With --traces DIR (as scripts/gpu-stall-data.sh writes it: WORKLOAD-native.pickle.gz, a trace captured under native,
+and WORKLOAD-capture.json, that run's summary with each step's `allocations_before`), the priced time comes from
+replaying the trace through the run's policy instead, from the first request of the first step after warm-up to
+the end: the prediction a researcher gets on a CPU.
 """
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from gmlake.replay import driver_costs, driver_seconds
+from gmlake.replay import driver_costs, driver_seconds, run_requests
+from gmlake.trace import ALLOC, load
 
 
 def load_runs(paths: list[Path]) -> list[dict]:
@@ -43,7 +49,28 @@ def load_runs(paths: list[Path]) -> list[dict]:
     return [r for r in runs if r.get("timed_s")]
 
 
-def check(runs: list[dict], tolerance: float, costs: dict | None = None) -> list[dict]:
+def replayed_after_warmup(traces: Path, workload: str, policy: str, warmup: int, costs: dict) -> float | None:
+    """Priced driver time of `policy` on the captured trace of `workload`, for the steps after `warmup` alone; None
+    where no trace with step markers is there."""
+    trace_path, capture = traces / f"{workload}-native.pickle.gz", traces / f"{workload}-capture.json"
+    if not trace_path.exists() or not capture.exists():
+        return None
+    steps = json.loads(capture.read_text())["per_step"]
+    allocations = steps[warmup].get("allocations_before") if warmup < len(steps) else None
+    if allocations is None:
+        return None
+    trace = load(trace_path)
+    alloc_positions = (trace.requests()["action"] == ALLOC).nonzero()[0]
+    if allocations > len(alloc_positions):
+        raise ValueError(f"{trace_path}: {len(alloc_positions)} allocations, but the run made {allocations} before "
+                         f"step {warmup} (a truncated trace?)")
+    upto = int(alloc_positions[allocations]) if allocations < len(alloc_positions) else len(trace.requests())
+    before, _ = run_requests(trace, policy, upto=upto)
+    everything, _ = run_requests(trace, policy)
+    return driver_seconds(everything.stats(), costs) - driver_seconds(before.stats(), costs)
+
+
+def check(runs: list[dict], tolerance: float, costs: dict | None = None, traces: Path | None = None) -> list[dict]:
     """One row per gmlake run: predicted and measured loss against native's median, and whether it is judged."""
     costs = costs or driver_costs()
     rows = []
@@ -56,12 +83,15 @@ def check(runs: list[dict], tolerance: float, costs: dict | None = None) -> list
             continue
         median = statistics.median(native)
         spread = (max(native) - min(native)) / median if len(native) > 1 else None
-        priced = driver_seconds(after, costs)
+        policy = run.get("gmlake_policy") or "gmlake"
+        replayed = traces and replayed_after_warmup(traces, run["workload"], policy, run["warmup_steps"], costs)
+        priced = replayed if replayed is not None else driver_seconds(after, costs)
         predicted = priced * costs["stall_factor"]
         measured = run["timed_s"] - median
         judged = spread is not None and predicted / median > spread
         error = measured / predicted - 1.0 if predicted else None
-        rows.append({"workload": run["workload"], "allocator": run.get("gmlake_policy") or run["allocator"],
+        rows.append({"workload": run["workload"], "allocator": policy,
+                     "priced_by": "GPU counts" if replayed is None else "replay",
                      "native_s": median, "native_spread": spread, "timed_s": run["timed_s"], "priced_s": priced,
                      "predicted_s": predicted, "measured_s": measured, "ratio": measured / priced if judged else None,
                      "judged": judged, "error": error,
@@ -72,25 +102,28 @@ def check(runs: list[dict], tolerance: float, costs: dict | None = None) -> list
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
+    parser.add_argument("--traces", type=Path, help="price by replaying the traces in this folder")
     parser.add_argument("--tolerance", type=float, default=0.3)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     try:
-        rows = check(load_runs(args.results), args.tolerance)
+        if args.traces is not None and not args.traces.is_dir():
+            raise FileNotFoundError(f"no such traces folder: {args.traces}")
+        rows = check(load_runs(args.results), args.tolerance, traces=args.traces)
     except (OSError, ValueError, KeyError) as err:
         print(f"stall_check: {err}", file=sys.stderr)
         return 2
     factor = driver_costs()["stall_factor"]
     print(f"stall factor {factor}; loss = time after warm-up - native's median; judged where the prediction exceeds "
           f"native's spread")
-    print(f"{'workload':8} {'allocator':13} {'native s':>8} {'spread':>7} {'priced s':>8} {'predicted':>9} "
+    print(f"{'workload':8} {'allocator':13} {'priced by':10} {'native s':>8} {'spread':>7} {'priced s':>8} {'predicted':>9} "
           f"{'measured':>8} {'x priced':>8}  verdict")
     for r in rows:
         verdict = ("not resolvable" if not r["judged"] else
                    f"{'ok' if r['ok'] else 'MISS'} ({r['error']:+.0%})")
         spread = f"{r['native_spread']:.1%}" if r["native_spread"] is not None else "-"
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-        print(f"{r['workload']:8} {r['allocator']:13} {r['native_s']:8.3f} {spread:>7} {r['priced_s']:8.4f} "
+        print(f"{r['workload']:8} {r['allocator']:13} {r['priced_by']:10} {r['native_s']:8.3f} {spread:>7} {r['priced_s']:8.4f} "
               f"{r['predicted_s']:9.3f} {r['measured_s']:+8.3f} {ratio:>8}  {verdict}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

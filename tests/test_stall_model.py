@@ -51,6 +51,16 @@ def test_replay_reports_the_predicted_time_lost():
     assert replay(load(STALL / "cnn-native.pickle.gz"), "gmlake").step_time_lost < 0.1
 
 
+def stall_check_module():
+    """bench/stall_check.py as a module (bench/ is not a package)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import stall_check as module
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return module
+
+
 def stall_check(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "bench" / "stall_check.py"), *args],
                           capture_output=True, text=True, cwd=ROOT)
@@ -67,11 +77,7 @@ def test_the_stall_factor_predicts_the_measured_loss_within_30_percent(tmp_path)
 
 def test_a_factor_far_off_fails_the_check(tmp_path, monkeypatch):
     """The check can fail: with the stall ignored (factor 1) the prediction misses the T5 run by more than 30 %."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import stall_check as module
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    module = stall_check_module()
     costs = {**driver_costs(), "stall_factor": 1.0}
     rows = module.check(module.load_runs([SPEED, STALL / "t5-paper.json"]), 0.3, costs)
     assert [r["ok"] for r in rows if r["judged"]] == [False]
@@ -81,3 +87,23 @@ def test_stall_check_bad_input_is_one_line_and_exit_2(tmp_path):
     proc = stall_check(str(tmp_path / "missing"))
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no such results" in proc.stderr
+
+
+def test_replay_prices_the_steps_after_warm_up_from_the_step_markers(tmp_path):
+    """With a capture's per-step request counts, stall_check replays only the steps after warm-up: all of the
+    trace's driver time when warm-up ends before the first request, none when it ends after the last."""
+    module = stall_check_module()
+    trace = tmp_path / "cnn-native.pickle.gz"
+    trace.write_bytes((STALL / "cnn-native.pickle.gz").read_bytes())
+    allocs = int((load(trace).requests()["action"] == 0).sum())
+    costs = driver_costs()
+    priced = {}
+    for marker in (0, allocs // 2, allocs):
+        (tmp_path / "cnn-capture.json").write_text(json.dumps({"per_step": [{"allocations_before": marker}]}))
+        priced[marker] = module.replayed_after_warmup(tmp_path, "cnn", "gmlake-paper", 0, costs)
+    assert priced[0] == pytest.approx(replay(load(trace), "gmlake-paper").driver_seconds)
+    assert priced[allocs] == 0
+    assert 0 < priced[allocs // 2] < priced[0]
+    (tmp_path / "cnn-capture.json").write_text(json.dumps({"per_step": [{"allocations_before": allocs + 1}]}))
+    with pytest.raises(ValueError, match="truncated"):
+        module.replayed_after_warmup(tmp_path, "cnn", "gmlake-paper", 0, costs)
