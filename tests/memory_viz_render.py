@@ -2,8 +2,9 @@
 
 torch's HTML loads the viewer, MemoryViz.js, from a CDN, and the viewer loads d3 5 from another. To render without a
 network, the HTML is rewritten to carry both inline: MemoryViz.js from a PyTorch source checkout
-($GMLAKE_MEMORY_VIZ_JS, torch/utils/viz/MemoryViz.js; the wheels do not ship it) and d3 from Debian's node-d3
-(/usr/share/nodejs/d3/dist/d3.min.js, or $GMLAKE_D3_JS). The viewer itself runs unchanged.
+($GMLAKE_MEMORY_VIZ_JS, torch/utils/viz/MemoryViz.js; the wheels do not ship it; scripts/memory-viz-deps.sh puts
+Debian's copy in .cache/memory_viz/, the default) and d3 from Debian's node-d3 (/usr/share/nodejs/d3/dist/d3.min.js,
+or $GMLAKE_D3_JS). The viewer itself runs unchanged.
 
     GMLAKE_MEMORY_VIZ_JS=.../MemoryViz.js python tests/memory_viz_render.py docs/memory_viz.png
 """
@@ -24,6 +25,7 @@ MiB = 1 << 20
 TIMELINE = "Active Memory Timeline"
 STATE_HISTORY = "Allocator State History"
 _D3_DEFAULT = "/usr/share/nodejs/d3/dist/d3.min.js"
+_VIZ_DEFAULT = Path(__file__).resolve().parents[1] / ".cache" / "memory_viz" / "MemoryViz.js"  # memory-viz-deps.sh
 
 
 def training_like_snapshot() -> tuple[dict, gmlake.Allocator]:
@@ -47,7 +49,7 @@ def training_like_snapshot() -> tuple[dict, gmlake.Allocator]:
 
 def viewer_sources() -> tuple[str, str] | None:
     """(MemoryViz.js, d3.min.js) sources, or None where either is missing."""
-    viz = os.environ.get("GMLAKE_MEMORY_VIZ_JS")
+    viz = os.environ.get("GMLAKE_MEMORY_VIZ_JS") or str(_VIZ_DEFAULT)
     d3 = os.environ.get("GMLAKE_D3_JS", _D3_DEFAULT)
     if not viz or not Path(viz).is_file() or not Path(d3).is_file():
         return None
