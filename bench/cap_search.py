@@ -38,89 +38,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Generator, NamedTuple, NoReturn, TypeVar
+from typing import Callable, Generator, NoReturn, TypeVar
 
+from gmlake.cap import FLOOR, WIDEN, Bisection, Search, bisect_fraction, drive, step_until  # noqa: F401
 from speed_suite import ALLOCATORS, GIB, WORKLOADS, command, expected_duration
 from train_suite import environment
 
 HERE = Path(__file__).resolve().parent
 OOM_EXIT = 3            # dynamic.py's exit status when a step runs out of memory under --memory-fraction
 TIMED_MARGIN = 1.05     # the timed run's cap, over the smallest fraction that fit
-WIDEN = 1.1             # a bound that turns out wrong moves by this factor per probe
-FLOOR = 1e-3            # the smallest fraction ever probed
+
+
 SLACK = 4096            # bytes over a peak, so that f * total never rounds below it
 
 T = TypeVar("T")
 Request = tuple[str, "float | None"]          # (purpose, fraction; None: uncapped)
-
-
-class Bisection(NamedTuple):
-    """A search's outcome: the smallest fraction shown to fit (or assumed to, as an upper bound given with hi_fits),
-    None when nothing up to the ceiling fit; the largest shown (or assumed) to fail, None when even the floor fit."""
-    smallest_fit: float | None
-    largest_fail: float | None
-
-
-Search = Generator[float, bool, T]   # yields the fractions to probe, is sent whether each fit, returns T
-
-
-def step_until(start: float, factor: float, limit: float, want: bool) -> Search[tuple[float | None, float | None]]:
-    """Probe start, start * factor, ... (never past `limit`) until one answers `want`. Returns (the fraction that
-    did, or None when `limit` did not either; the last fraction that answered otherwise, or None)."""
-    fraction, other = start, None
-    while True:
-        if (yield fraction) == want:
-            return fraction, other
-        other = fraction
-        if fraction == limit:
-            return None, other
-        fraction = min(fraction * factor, limit) if factor > 1 else max(fraction * factor, limit)
-
-
-def bisect_fraction(lo: float, hi: float, resolution: float, *, lo_fails: bool = True, hi_fits: bool = True,
-                    ceiling: float = 1.0, floor: float = FLOOR, widen: float = WIDEN) -> Search[Bisection]:
-    """The smallest fraction that fits, between `lo` and `hi`, to a relative `resolution`, as a coroutine (pure: no
-    processes, so tests drive it with a fake oracle). Bounds not known to hold are probed first and widened by
-    `widen` while wrong: an upper bound that fails moves up (to `ceiling` at most), a lower bound that fits moves
-    down (to `floor`). Then geometric bisection until hi / lo <= 1 + resolution, since the resolution is relative."""
-    if not hi_fits:
-        fit, failed = yield from step_until(min(hi, ceiling), widen, ceiling, True)
-        if fit is None:
-            return Bisection(None, failed)
-        hi = fit
-        if failed is not None:
-            lo, lo_fails = failed, True
-    if not lo_fails:
-        start = lo if lo < hi else hi / widen
-        failed, fit = yield from step_until(max(start, floor), 1 / widen, floor, False)
-        if failed is None:
-            return Bisection(fit, None)
-        lo = failed
-        hi = fit if fit is not None else hi
-    while hi > lo * (1 + resolution):
-        mid = math.sqrt(lo * hi)
-        if (yield mid):
-            hi = mid
-        else:
-            lo = mid
-    return Bisection(hi, lo)
-
-
-def drive(search: Search[T], fits: Callable[[float], bool]) -> tuple[T, list[float]]:
-    """Run a search against an oracle: its result and the fractions it probed, in order."""
-    probed: list[float] = []
-    try:
-        fraction = next(search)
-        while True:
-            probed.append(fraction)
-            fraction = search.send(fits(fraction))
-    except StopIteration as stop:
-        return stop.value, probed
 
 
 class ProbeError(Exception):

@@ -1,0 +1,99 @@
+"""The smallest cap a run fits under, found by bisection: the search itself (pure, so tests drive it with a fake
+oracle; bench/cap_search.py drives it with GPU processes) and replay's answer for a trace (`smallest_device`).
+
+Why a cap and not peak reserved: peak reserved is what an allocator keeps when nothing presses it. Under a cap it
+can release cached memory and retry, so what a job fits into is the smallest cap it completes under.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Generator, NamedTuple, TypeVar
+
+WIDEN = 1.1             # a bound that turns out wrong moves by this factor per probe
+FLOOR = 1e-3            # the smallest fraction ever probed
+
+T = TypeVar("T")
+
+
+class Bisection(NamedTuple):
+    """A search's outcome: the smallest fraction shown to fit (or assumed to, as an upper bound given with hi_fits),
+    None when nothing up to the ceiling fit; the largest shown (or assumed) to fail, None when even the floor fit."""
+    smallest_fit: float | None
+    largest_fail: float | None
+
+
+Search = Generator[float, bool, T]   # yields the fractions to probe, is sent whether each fit, returns T
+
+
+def step_until(start: float, factor: float, limit: float, want: bool) -> Search[tuple[float | None, float | None]]:
+    """Probe start, start * factor, ... (never past `limit`) until one answers `want`. Returns (the fraction that
+    did, or None when `limit` did not either; the last fraction that answered otherwise, or None)."""
+    fraction, other = start, None
+    while True:
+        if (yield fraction) == want:
+            return fraction, other
+        other = fraction
+        if fraction == limit:
+            return None, other
+        fraction = min(fraction * factor, limit) if factor > 1 else max(fraction * factor, limit)
+
+
+def bisect_fraction(lo: float, hi: float, resolution: float, *, lo_fails: bool = True, hi_fits: bool = True,
+                    ceiling: float = 1.0, floor: float = FLOOR, widen: float = WIDEN) -> Search[Bisection]:
+    """The smallest fraction that fits, between `lo` and `hi`, to a relative `resolution`, as a coroutine (pure: no
+    processes, so tests drive it with a fake oracle). Bounds not known to hold are probed first and widened by
+    `widen` while wrong: an upper bound that fails moves up (to `ceiling` at most), a lower bound that fits moves
+    down (to `floor`). Then geometric bisection until hi / lo <= 1 + resolution, since the resolution is relative."""
+    if not hi_fits:
+        fit, failed = yield from step_until(min(hi, ceiling), widen, ceiling, True)
+        if fit is None:
+            return Bisection(None, failed)
+        hi = fit
+        if failed is not None:
+            lo, lo_fails = failed, True
+    if not lo_fails:
+        start = lo if lo < hi else hi / widen
+        failed, fit = yield from step_until(max(start, floor), 1 / widen, floor, False)
+        if failed is None:
+            return Bisection(fit, None)
+        lo = failed
+        hi = fit if fit is not None else hi
+    while hi > lo * (1 + resolution):
+        mid = math.sqrt(lo * hi)
+        if (yield mid):
+            hi = mid
+        else:
+            lo = mid
+    return Bisection(hi, lo)
+
+
+def drive(search: Search[T], fits: Callable[[float], bool]) -> tuple[T, list[float]]:
+    """Run a search against an oracle: its result and the fractions it probed, in order."""
+    probed: list[float] = []
+    try:
+        fraction = next(search)
+        while True:
+            probed.append(fraction)
+            fraction = search.send(fits(fraction))
+    except StopIteration as stop:
+        return stop.value, probed
+
+
+
+
+def smallest_device(trace, policy, resolution: float = 0.002) -> tuple[int, int, list[int]]:
+    """The smallest simulated device on which replaying `trace` through `policy` serves every request, to a relative
+    `resolution`: (smallest size that fit, largest that failed, every size probed), in bytes. The bounds need no
+    probe: the policy's own uncapped peak reserved fits, and one byte below its peak allocated cannot."""
+    from gmlake.replay import replay
+
+    uncapped = replay(trace, policy, samples=0)
+    if uncapped.failed:
+        raise ValueError(f"{trace.name}: {uncapped.policy} runs out of memory even uncapped "
+                         f"({uncapped.ooms} requests), so no cap can fit it")
+    reserved = uncapped.peak_reserved
+    size = lambda fraction: math.ceil(fraction * reserved)                    # noqa: E731
+    fits = lambda fraction: replay(trace, policy, device_memory=size(fraction), samples=0).ooms == 0  # noqa: E731
+    floor = (uncapped.peak_allocated - 1) / reserved
+    result, probed = drive(bisect_fraction(floor, 1.0, resolution, floor=floor), fits)
+    return size(result.smallest_fit), size(result.largest_fail), [size(f) for f in probed]
