@@ -284,8 +284,7 @@ cdef class CudaDriver(Driver):
         self._leave(pushed)
         if rc == DRIVER_OK:
             va[0] = <uintptr_t>ptr
-            self.live_reservations += 1
-            self.live_reserved_va += size
+            self.count_reservation(size, 1)
         return rc
 
     cdef int free_va(self, uintptr_t va, size_t size) noexcept nogil:
@@ -293,8 +292,7 @@ cdef class CudaDriver(Driver):
         cdef int rc = _code(api.cuMemAddressFree(<CUdeviceptr>va, size), CALL_ADDRESS_FREE)
         self._leave(pushed)
         if rc == DRIVER_OK:
-            self.live_reservations -= 1
-            self.live_reserved_va -= size
+            self.count_reservation(size, -1)
         return rc
 
     cdef int map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:

@@ -36,6 +36,7 @@ cdef class Driver:
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil
     cdef int query_event(self, uint64_t event) noexcept nogil
     cdef int destroy_event(self, uint64_t event) noexcept nogil
+    cdef void count_reservation(self, size_t size, int sign) noexcept nogil
 
 
 from libcpp.unordered_map cimport unordered_map
@@ -81,6 +82,8 @@ cdef class ModelDriver(Driver):
     cdef int fault(self, int kind) noexcept nogil
     cdef int _ask_model(self, object method, tuple args) noexcept
     cdef int track_map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil
-    cdef int track_unmap(self, uintptr_t va, size_t size) noexcept nogil
-    cdef int track_release(self, uint64_t handle) noexcept nogil
-    cdef int track_free_va(self, uintptr_t va, size_t size) noexcept nogil
+    # Each call's entry checks, one funnel per call: its injected fault, then the hazard model (or the capacity).
+    cdef int enter_create(self, size_t size) noexcept nogil
+    cdef int enter_release(self, uint64_t handle) noexcept nogil
+    cdef int enter_free_va(self, uintptr_t va, size_t size) noexcept nogil
+    cdef int enter_unmap(self, uintptr_t va, size_t size) noexcept nogil

@@ -59,6 +59,11 @@ cdef class Driver:
     cdef int destroy_event(self, uint64_t event) noexcept nogil:
         return NOT_IMPLEMENTED
 
+    cdef void count_reservation(self, size_t size, int sign) noexcept nogil:
+        """Book an address range reserved (sign +1) or freed (-1), for stats() and the leak checks."""
+        self.live_reservations += sign
+        self.live_reserved_va += sign * <int64_t>size
+
     def describe_error(self, int code) -> str:
         """Text for a code returned by one of the driver calls."""
         if code == DRIVER_OOM:
@@ -444,23 +449,30 @@ cdef class ModelDriver(Driver):
         with gil:
             return self._ask_model(self.model.on_map, (va, size, handle))
 
-    cdef int track_unmap(self, uintptr_t va, size_t size) noexcept nogil:
-        if not self.tracking:
-            return DRIVER_OK
-        with gil:
-            return self._ask_model(self.model.on_unmap, (va, size))
+    cdef int enter_create(self, size_t size) noexcept nogil:
+        cdef int rc = self.fault(FAULT_CREATE)
+        return rc if rc != DRIVER_OK else self.take_capacity(size)
 
-    cdef int track_release(self, uint64_t handle) noexcept nogil:
-        if not self.tracking:
-            return DRIVER_OK
+    cdef int enter_release(self, uint64_t handle) noexcept nogil:
+        cdef int rc = self.fault(FAULT_RELEASE)
+        if rc != DRIVER_OK or not self.tracking:
+            return rc
         with gil:
             return self._ask_model(self.model.on_release, (handle,))
 
-    cdef int track_free_va(self, uintptr_t va, size_t size) noexcept nogil:
-        if not self.tracking:
-            return DRIVER_OK
+    cdef int enter_free_va(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef int rc = self.fault(FAULT_FREE_VA)
+        if rc != DRIVER_OK or not self.tracking:
+            return rc
         with gil:
             return self._ask_model(self.model.on_free_va, (va, size))
+
+    cdef int enter_unmap(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef int rc = self.fault(FAULT_UNMAP)
+        if rc != DRIVER_OK or not self.tracking:
+            return rc
+        with gil:
+            return self._ask_model(self.model.on_unmap, (va, size))
 
     def describe_error(self, int code) -> str:
         if code == -2:

@@ -10,8 +10,7 @@ import os
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libc.errno cimport errno, ENOMEM
 from gmlake._driver cimport ModelDriver, DRIVER_OK, DRIVER_OOM
-from gmlake._driver cimport (FAULT_CREATE, FAULT_RELEASE, FAULT_RESERVE, FAULT_FREE_VA, FAULT_MAP, FAULT_UNMAP,
-                             FAULT_SET_ACCESS)
+from gmlake._driver cimport FAULT_RESERVE, FAULT_MAP, FAULT_SET_ACCESS
 
 cdef extern from "<sys/mman.h>" nogil:
     void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset)
@@ -71,10 +70,7 @@ cdef class HostDriver(ModelDriver):
         _raise_fd_limit()
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
-        cdef int fault = self.fault(FAULT_CREATE)
-        if fault != DRIVER_OK:
-            return fault
-        cdef int rc = self.take_capacity(size)
+        cdef int rc = self.enter_create(size)
         if rc != DRIVER_OK:
             return rc
         cdef int fd = memfd_create(b"gmlake-chunk", MFD_CLOEXEC)
@@ -91,10 +87,7 @@ cdef class HostDriver(ModelDriver):
         return DRIVER_OK
 
     cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil:
-        cdef int fault = self.fault(FAULT_RELEASE)
-        if fault != DRIVER_OK:
-            return fault
-        fault = self.track_release(handle)
+        cdef int fault = self.enter_release(handle)
         if fault != DRIVER_OK:
             return fault
         if close(<int>handle) != 0:
@@ -121,21 +114,16 @@ cdef class HostDriver(ModelDriver):
         if end > aligned + size:
             munmap(<void*>(aligned + size), end - (aligned + size))
         va[0] = aligned
-        self.live_reservations += 1
-        self.live_reserved_va += size
+        self.count_reservation(size, 1)
         return DRIVER_OK
 
     cdef int free_va(self, uintptr_t va, size_t size) noexcept nogil:
-        cdef int fault = self.fault(FAULT_FREE_VA)
-        if fault != DRIVER_OK:
-            return fault
-        fault = self.track_free_va(va, size)
+        cdef int fault = self.enter_free_va(va, size)
         if fault != DRIVER_OK:
             return fault
         if munmap(<void*>va, size) != 0:
             return _errno_code()
-        self.live_reservations -= 1
-        self.live_reserved_va -= size
+        self.count_reservation(size, -1)
         return DRIVER_OK
 
     cdef int map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:
@@ -148,10 +136,7 @@ cdef class HostDriver(ModelDriver):
         return self.track_map(va, size, handle)
 
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil:
-        cdef int fault = self.fault(FAULT_UNMAP)
-        if fault != DRIVER_OK:
-            return fault
-        fault = self.track_unmap(va, size)
+        cdef int fault = self.enter_unmap(va, size)
         if fault != DRIVER_OK:
             return fault
         # Put the reservation back in place of the chunk mapping, so the range stays reserved.

@@ -2,8 +2,7 @@
 """The simulation driver: bookkeeping only, no memory behind it, so it can model a device of any size."""
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from gmlake._driver cimport ModelDriver, DRIVER_OK, DRIVER_OOM
-from gmlake._driver cimport (FAULT_CREATE, FAULT_RELEASE, FAULT_RESERVE, FAULT_FREE_VA, FAULT_MAP, FAULT_UNMAP,
-                             FAULT_SET_ACCESS)
+from gmlake._driver cimport FAULT_RESERVE, FAULT_MAP, FAULT_SET_ACCESS
 
 
 cdef class SimDriver(ModelDriver):
@@ -25,10 +24,7 @@ cdef class SimDriver(ModelDriver):
         self.next_handle = 1
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
-        cdef int fault = self.fault(FAULT_CREATE)
-        if fault != DRIVER_OK:
-            return fault
-        cdef int rc = self.take_capacity(size)
+        cdef int rc = self.enter_create(size)
         if rc != DRIVER_OK:
             return rc
         handle[0] = self.next_handle
@@ -36,10 +32,7 @@ cdef class SimDriver(ModelDriver):
         return DRIVER_OK
 
     cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil:
-        cdef int fault = self.fault(FAULT_RELEASE)
-        if fault != DRIVER_OK:
-            return fault
-        fault = self.track_release(handle)
+        cdef int fault = self.enter_release(handle)
         if fault != DRIVER_OK:
             return fault
         self.give_capacity(size)
@@ -54,19 +47,14 @@ cdef class SimDriver(ModelDriver):
         self.next_va = (self.next_va + alignment - 1) & ~(<uintptr_t>alignment - 1)
         va[0] = self.next_va
         self.next_va += size
-        self.live_reservations += 1
-        self.live_reserved_va += size
+        self.count_reservation(size, 1)
         return DRIVER_OK
 
     cdef int free_va(self, uintptr_t va, size_t size) noexcept nogil:
-        cdef int fault = self.fault(FAULT_FREE_VA)
+        cdef int fault = self.enter_free_va(va, size)
         if fault != DRIVER_OK:
             return fault
-        fault = self.track_free_va(va, size)
-        if fault != DRIVER_OK:
-            return fault
-        self.live_reservations -= 1
-        self.live_reserved_va -= size
+        self.count_reservation(size, -1)
         return DRIVER_OK
 
     cdef int map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:
@@ -76,16 +64,7 @@ cdef class SimDriver(ModelDriver):
         return self.track_map(va, size, handle)
 
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil:
-        cdef int fault = self.fault(FAULT_UNMAP)
-        if fault != DRIVER_OK:
-            return fault
-        fault = self.track_unmap(va, size)
-        if fault != DRIVER_OK:
-            return fault
-        return DRIVER_OK
+        return self.enter_unmap(va, size)
 
     cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil:
-        cdef int fault = self.fault(FAULT_SET_ACCESS)
-        if fault != DRIVER_OK:
-            return fault
-        return DRIVER_OK
+        return self.fault(FAULT_SET_ACCESS)
