@@ -12,7 +12,7 @@ import numpy as np
 from gmlake._allocator import Allocator
 from gmlake._replay import replay_events
 from gmlake._sim_driver import SimDriver
-from gmlake.policies import Policy, get
+from gmlake.policies import Policy, PolicyChoice, choice_of
 from gmlake.trace import MAX_DEVICE_MEMORY, Trace
 
 GRANULARITY = 2 << 20
@@ -33,10 +33,15 @@ def driver_seconds(stats: dict, costs: dict | None = None) -> float:
 
 @dataclass
 class ReplayResult:
-    """What one policy did with one trace. Sizes in bytes."""
+    """What one policy did with one trace. Sizes in bytes.
+
+    At the moment reserved memory first reached its peak, reserved = requested + internal fragmentation (what
+    rounding and unsplit remainders add inside live blocks) + external fragmentation (reserved bytes in no live
+    block): `requested_at_peak_reserved + internal_fragmentation + external_fragmentation == peak_reserved`.
+    """
 
     trace: str
-    policy: str
+    policy: str                # the policy's label: its name and non-default knobs
     events: int
     requests: int
     ooms: int
@@ -48,6 +53,11 @@ class ReplayResult:
     driver_seconds: float
     stats: dict
     timeline: dict = field(repr=False, default_factory=dict)
+    peak_requested: int = 0    # the most bytes live allocations asked for at once (before rounding)
+    requested_at_peak_reserved: int = 0
+    policy_spec: str = ""      # the policy as the user named it (built-in name, module:Class, file.py:Class[...])
+    policy_class: str = ""     # module.Class
+    knobs: dict = field(default_factory=dict)   # every knob of the policy, with its value
 
     @property
     def failed(self) -> bool:
@@ -71,16 +81,54 @@ class ReplayResult:
             return 0.0
         return 1.0 - self.allocated_at_peak_reserved / self.peak_reserved
 
+    @property
+    def requested_utilization(self) -> float:
+        """Peak requested over peak reserved: how much of the memory the policy reserved the program asked for.
+        Unlike `utilization` it charges the policy for rounding and unsplit blocks; NaN for a failed replay."""
+        if self.failed:
+            return math.nan
+        return self.peak_requested / self.peak_reserved if self.peak_reserved else 1.0
+
+    @property
+    def internal_fragmentation(self) -> int:
+        """Bytes inside live blocks that no allocation asked for (allocated - requested), when reserved peaked."""
+        return self.allocated_at_peak_reserved - self.requested_at_peak_reserved
+
+    @property
+    def external_fragmentation(self) -> int:
+        """Reserved bytes in no live block (reserved - allocated), when reserved peaked."""
+        return self.peak_reserved - self.allocated_at_peak_reserved
+
     def summary(self) -> dict:
-        """One flat, JSON-ready record. A failed replay has `failed` true and null utilization and fragmentation."""
+        """One flat, JSON-ready record. A failed replay has `failed` true and null ratios. The policy is recorded
+        by label (`policy`), spec as given, class and every knob; the fragmentation bytes are at the moment reserved
+        memory first peaked (`peak_event`), the `_share` ratios are of peak reserved."""
+        ok = not self.failed
+
+        def ratio(value: float) -> float | None:
+            return round(value, 6) if ok else None
+
+        reserved = self.peak_reserved or 1
         return {
             "trace": self.trace,
             "policy": self.policy,
+            "policy_spec": self.policy_spec,
+            "policy_class": self.policy_class,
+            "knobs": self.knobs,
             "failed": self.failed,
             "peak_allocated": self.peak_allocated,
+            "peak_requested": self.peak_requested,
             "peak_reserved": self.peak_reserved,
-            "utilization": None if self.failed else round(self.utilization, 6),
-            "fragmentation_at_peak": None if self.failed else round(self.fragmentation, 6),
+            "utilization": ratio(self.utilization),
+            "requested_utilization": ratio(self.requested_utilization),
+            "fragmentation_at_peak": ratio(self.fragmentation),
+            "peak_event": self.peak_event,
+            "requested_at_peak": self.requested_at_peak_reserved,
+            "allocated_at_peak": self.allocated_at_peak_reserved,
+            "internal_fragmentation_at_peak": self.internal_fragmentation,
+            "external_fragmentation_at_peak": self.external_fragmentation,
+            "internal_fragmentation_share": ratio(self.internal_fragmentation / reserved),
+            "external_fragmentation_share": ratio(self.external_fragmentation / reserved),
             "events": self.events,
             "requests": self.requests,
             "ooms": self.ooms,
@@ -93,17 +141,36 @@ class ReplayResult:
         }
 
 
-def replay(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | None = None,
+def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
            samples: int = 2000) -> ReplayResult:
-    """Run `trace`'s requests through `policy` on a simulated device of `device_memory` bytes (default: the
-    captured device's size where the trace records it, else MAX_DEVICE_MEMORY). A request the device cannot serve
-    counts as an out-of-memory (`ReplayResult.ooms`, `failed`)."""
-    policy = get(policy) if isinstance(policy, str) else policy
+    """Run `trace`'s requests through `policy` (a spec such as "gmlake" or "my.py:Mine[knob=1]", a Policy, or a
+    PolicyChoice) on a simulated device of `device_memory` bytes (default: the captured device's size where the
+    trace records it, else MAX_DEVICE_MEMORY). A request the device cannot serve counts as an out-of-memory
+    (`ReplayResult.ooms`, `failed`). The requests up to the peak are replayed a second time (a replay is
+    deterministic) to read what was requested at that moment."""
+    choice = choice_of(policy)
+    policy = choice.policy
     alloc, out = run_requests(trace, policy, device_memory, samples=samples)
     stats = alloc.stats()
+    requested_at_peak = 0
+    if out["peak_reserved"]:
+        at_peak, _ = run_requests(trace, policy, device_memory, upto=out["peak_event"] + 1, samples=1)
+        state = at_peak.stats()
+        if (state["reserved_bytes"], state["allocated_bytes"]) != (out["peak_reserved"],
+                                                                   out["allocated_at_peak_reserved"]):
+            raise RuntimeError(f"replay: the requests up to the peak reached {state['reserved_bytes']} reserved, "
+                               f"{state['allocated_bytes']} allocated, not the peak's {out['peak_reserved']}, "
+                               f"{out['allocated_at_peak_reserved']}")
+        requested_at_peak = state["requested_bytes"]
+    record = choice.record()
     return ReplayResult(
         trace=trace.name,
-        policy=policy.name,
+        policy=choice.label,
+        policy_spec=choice.spec,
+        policy_class=record["policy_class"],
+        knobs=record["knobs"],
+        peak_requested=stats["peak_requested_bytes"],
+        requested_at_peak_reserved=requested_at_peak,
         events=len(trace),
         requests=out["requests"],
         ooms=out["ooms"],
@@ -118,12 +185,11 @@ def replay(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | N
     )
 
 
-def run_requests(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | None = None,
+def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
                  upto: int | None = None, samples: int = 2000) -> tuple[Allocator, dict]:
     """Serve the trace's first `upto` requests (default: all) with a fresh allocator on the sim driver; return the
     allocator, in the state they left it, and replay_events' result."""
-    if isinstance(policy, str):
-        policy = get(policy)
+    policy = choice_of(policy).policy
     alloc = Allocator(SimDriver(capacity=modelled_device_memory(trace, device_memory), granularity=GRANULARITY),
                       policy)
     req = trace.requests()[:upto]
