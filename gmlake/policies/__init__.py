@@ -41,6 +41,7 @@ SPEC_HELP = ("a built-in name, an installed plugin's name, module:Class, or path
 
 # A spec's inline knobs: everything inside a final [...] (the base may itself hold brackets, as a path might).
 _INLINE = re.compile(r"(?P<base>.*?)\[(?P<knobs>[^\[\]]*)\]\s*", re.DOTALL)
+_FILE_MODULE_PREFIX = "gmlake_user_policy_"
 # Files already loaded, by resolved path: loading a file twice would make two unequal classes of one name.
 _loaded_files: dict[Path, object] = {}
 
@@ -71,7 +72,12 @@ class PolicyChoice:
     def record(self) -> dict[str, object]:
         """What a result records about its policy: label, spec as written, class (module.Class) and every knob."""
         cls = type(self.policy)
-        return {"policy": self.label, "policy_spec": self.spec, "policy_class": f"{cls.__module__}.{cls.__qualname__}",
+        module = sys.modules.get(cls.__module__)
+        if cls.__module__.startswith(_FILE_MODULE_PREFIX) and getattr(module, "__file__", None):
+            where = f"{module.__file__}:{cls.__qualname__}"     # a file's module name is ours, its path is not
+        else:
+            where = f"{cls.__module__}.{cls.__qualname__}"
+        return {"policy": self.label, "policy_spec": self.spec, "policy_class": where,
                 "knobs": self.policy.knob_values()}
 
 
@@ -107,7 +113,7 @@ def _load_file(path_text: str, spec: str) -> object:
     # A module name of its own per file, registered before it runs: dataclasses and typing look the module up.
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     stem = re.sub(r"\W", "_", path.stem)
-    name = f"gmlake_user_policy_{stem}_{digest}"
+    name = f"{_FILE_MODULE_PREFIX}{stem}_{digest}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
         raise ValueError(f"policy {spec!r}: cannot load {path_text!r} as Python")
@@ -175,8 +181,9 @@ def policy_class(base: str) -> type[Policy]:
     for part in attribute.split("."):
         if not hasattr(found, part):
             where = source if is_file else f"module {source}"
-            offered = sorted(n for n, v in vars(module).items()
-                             if isinstance(v, type) and issubclass(v, Policy) and v is not Policy)
+            offered = sorted(n for n, v in vars(module).items()   # those it defines, not those it imports
+                             if isinstance(v, type) and issubclass(v, Policy)
+                             and v.__module__ == getattr(module, "__name__", None))
             raise ValueError(f"policy {base!r}: {where} has no {attribute!r}"
                              + (f"; its policies: {', '.join(offered)}" if offered else ""))
         found = getattr(found, part)
