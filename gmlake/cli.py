@@ -131,7 +131,7 @@ def _output_dir(path: str, flag: str) -> Path:
 def _console():
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 180)
+    return Console(width=None if sys.stdout.isatty() else 240)   # piped: wide enough for compare's 15 columns
 
 
 def _write_atomically(files: dict[Path, Callable[[Path], object]]) -> None:

@@ -71,26 +71,33 @@ def table(results: list[ReplayResult], traces: list[Trace]):
                    f"(requests OOM); their peaks cover only the requests served[/red]")
     if caption is None:
         caption = ("alloc/res: peak allocated / peak reserved; req/res: peak requested / peak reserved; int frag: "
-                   "allocated - requested and ext frag: reserved - allocated, GiB, when reserved first peaked")
+                   "allocated - requested (MiB) and ext@peak: reserved - allocated, when reserved first peaked; ext@growth: "
+                   "reserved - allocated after the request that brought reserved within 1 % of its peak (the moment "
+                   "`gmlake explain` explains)")
     t = Table(title="replay on the sim driver (peaks in GiB; driver time at H200 prices)", caption=caption)
-    for col in ("trace", "captured under", "real reserved", "policy", "OOMs", "allocated", "reserved",
-                "alloc/res", "req/res", "int frag", "ext frag", "stitches", "driver calls", "driver s", "Mevents/s"):
-        t.add_column(col, justify="left" if col in ("trace", "policy", "captured under") else "right")
+    widest = {"trace": max((len(r.trace) for r in results), default=5),
+              "policy": max((len(r.policy) for r in results), default=6)}
+    for col in ("trace", "real reserved (under)", "policy", "OOMs", "allocated", "reserved", "alloc/res", "req/res",
+                "int frag MiB", "ext@peak", "ext@growth", "stitches", "driver calls", "driver s", "Mevents/s"):
+        # Names and labels (which carry knobs) fold onto more lines, up to a width, rather than get cut off.
+        t.add_column(col, justify="left" if col in widest else "right", overflow="fold" if col in widest else "ellipsis",
+                     min_width=min(widest.get(col, 0), 28) or None)
     for r in results:
         meta = real.get(r.trace, {})
         s = r.summary()
         t.add_row(
             Text(r.trace),
-            Text(str(meta.get("allocator", "-"))),
-            f"{meta['max_memory_reserved'] / GiB:.3f}" if meta.get("max_memory_reserved") else "-",
+            Text(f"{meta['max_memory_reserved'] / GiB:.3f} ({meta.get('allocator', '?')})"
+                 if meta.get("max_memory_reserved") else "-"),
             Text(r.policy),
             f"[red]{r.ooms}[/red]" if r.failed else "0",
             f"{r.peak_allocated / GiB:.3f}",
             f"{r.peak_reserved / GiB:.3f}",
             "[red]failed[/red]" if r.failed else f"{r.utilization:.4f}",
             "-" if r.failed else f"{r.requested_utilization:.4f}",
-            f"{r.internal_fragmentation / GiB:.3f}",
+            f"{r.internal_fragmentation / (1 << 20):.1f}",
             f"{r.external_fragmentation / GiB:.3f}",
+            f"{r.external_fragmentation_at_growth / GiB:.3f}",
             str(s["stitches"]),
             str(s["driver_calls"]),
             f"{r.driver_seconds:.3f}",

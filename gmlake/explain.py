@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gmlake.policies import Policy, PolicyChoice, choice_of
-from gmlake.replay import run_requests
+from gmlake.replay import PEAK_GROWTH_WITHIN, peak_growth_moment, run_requests
 from gmlake.trace import Trace
 
 MiB = 1 << 20
-WITHIN = 0.01      # the moment explained: the first request that brings reserved memory within 1 % of its peak
+WITHIN = PEAK_GROWTH_WITHIN   # the moment explained: the first request that brings reserved within 1 % of its peak
 FRAGMENT_CLASSES = ((2 * MiB, "< 2 MiB"), (20 * MiB, "2-20 MiB"), (None, ">= 20 MiB"))
 
 
@@ -111,13 +111,6 @@ def _free_bytes(segments: list[dict]) -> tuple[int, int, int, dict]:
 
 class NothingToExplain(ValueError):
     """The replay never reserved memory: the trace has no allocations, or none fit the modelled device."""
-
-
-def peak_growth_moment(reserved_after: np.ndarray, within: float = WITHIN) -> int:
-    """The index of the first request after which reserved memory (`reserved_after[i]`, bytes after request i) is
-    within `within` of its peak, i.e. at least (1 - within) * peak: the growth that took it to its peak."""
-    peak = int(reserved_after.max())
-    return int(np.argmax(reserved_after >= peak - int(within * peak)))
 
 
 def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,

@@ -38,6 +38,9 @@ class ReplayResult:
     At the moment reserved memory first reached its peak, reserved = requested + internal fragmentation (what
     rounding and unsplit remainders add inside live blocks) + external fragmentation (reserved bytes in no live
     block): `requested_at_peak_reserved + internal_fragmentation + external_fragmentation == peak_reserved`.
+    The same split is kept at the moment of peak growth (`peak_growth_event`, see `peak_growth_moment`): the exact
+    peak can come long after the growth that made it (a small-pool segment once the activations are freed), when
+    most reserved memory is free for reasons that have nothing to do with why it was reserved.
     """
 
     trace: str
@@ -55,6 +58,10 @@ class ReplayResult:
     timeline: dict = field(repr=False, default_factory=dict)
     peak_requested: int = 0    # the most bytes live allocations asked for at once (before rounding)
     requested_at_peak_reserved: int = 0
+    peak_growth_event: int = 0     # the moment of peak growth: the first request within PEAK_GROWTH_WITHIN of the peak
+    reserved_at_peak_growth: int = 0
+    allocated_at_peak_growth: int = 0
+    requested_at_peak_growth: int = 0
     policy_spec: str = ""      # the policy as the user named it (built-in name, module:Class, file.py:Class[...])
     policy_class: str = ""     # module.Class
     knobs: dict = field(default_factory=dict)   # every knob of the policy, with its value
@@ -99,6 +106,16 @@ class ReplayResult:
         """Reserved bytes in no live block (reserved - allocated), when reserved peaked."""
         return self.peak_reserved - self.allocated_at_peak_reserved
 
+    @property
+    def internal_fragmentation_at_growth(self) -> int:
+        """allocated - requested at the moment of peak growth."""
+        return self.allocated_at_peak_growth - self.requested_at_peak_growth
+
+    @property
+    def external_fragmentation_at_growth(self) -> int:
+        """reserved - allocated at the moment of peak growth: free memory the policy held yet grew past."""
+        return self.reserved_at_peak_growth - self.allocated_at_peak_growth
+
     def summary(self) -> dict:
         """One flat, JSON-ready record. A failed replay has `failed` true and null ratios. The policy is recorded
         by label (`policy`), spec as given, class and every knob; the fragmentation bytes are at the moment reserved
@@ -129,6 +146,12 @@ class ReplayResult:
             "external_fragmentation_at_peak": self.external_fragmentation,
             "internal_fragmentation_share": ratio(self.internal_fragmentation / reserved),
             "external_fragmentation_share": ratio(self.external_fragmentation / reserved),
+            "peak_growth_event": self.peak_growth_event,
+            "reserved_at_peak_growth": self.reserved_at_peak_growth,
+            "requested_at_peak_growth": self.requested_at_peak_growth,
+            "allocated_at_peak_growth": self.allocated_at_peak_growth,
+            "internal_fragmentation_at_peak_growth": self.internal_fragmentation_at_growth,
+            "external_fragmentation_at_peak_growth": self.external_fragmentation_at_growth,
             "events": self.events,
             "requests": self.requests,
             "ooms": self.ooms,
@@ -150,18 +173,24 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
     deterministic) to read what was requested at that moment."""
     choice = choice_of(policy)
     policy = choice.policy
-    alloc, out = run_requests(trace, policy, device_memory, samples=samples)
+    n = len(trace.requests())
+    # One sample per request (the reserved and allocated bytes right after it), to find the moment of peak growth;
+    # the timeline kept is then cut to `samples` windows exactly as the replay loop would have sampled it.
+    alloc, out = run_requests(trace, policy, device_memory, samples=max(1, n))
     stats = alloc.stats()
-    requested_at_peak = 0
-    if out["peak_reserved"]:
-        at_peak, _ = run_requests(trace, policy, device_memory, upto=out["peak_event"] + 1, samples=1)
-        state = at_peak.stats()
-        if (state["reserved_bytes"], state["allocated_bytes"]) != (out["peak_reserved"],
-                                                                   out["allocated_at_peak_reserved"]):
-            raise RuntimeError(f"replay: the requests up to the peak reached {state['reserved_bytes']} reserved, "
-                               f"{state['allocated_bytes']} allocated, not the peak's {out['peak_reserved']}, "
-                               f"{out['allocated_at_peak_reserved']}")
-        requested_at_peak = state["requested_bytes"]
+    per_request = out["timeline"]
+    out["timeline"] = _windows(per_request, n, samples)
+    growth_event = peak_growth_moment(per_request["reserved"][:n]) if out["peak_reserved"] else 0
+    at = {}
+    for moment in {out["peak_event"], growth_event} if out["peak_reserved"] else ():
+        state, _ = run_requests(trace, policy, device_memory, upto=moment + 1, samples=1)
+        at[moment] = state.stats()
+        if (at[moment]["reserved_bytes"], at[moment]["allocated_bytes"]) != (
+                per_request["reserved"][moment], per_request["allocated"][moment]):
+            raise RuntimeError(f"replay: replaying {moment + 1} requests did not reach the state the full replay "
+                               f"had after them")   # the replay is deterministic; this guards the bookkeeping
+    none = {"reserved_bytes": 0, "allocated_bytes": 0, "requested_bytes": 0}
+    peak_state, growth_state = at.get(out["peak_event"], none), at.get(growth_event, none)
     record = choice.record()
     return ReplayResult(
         trace=trace.name,
@@ -170,7 +199,11 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
         policy_class=record["policy_class"],
         knobs=record["knobs"],
         peak_requested=stats["peak_requested_bytes"],
-        requested_at_peak_reserved=requested_at_peak,
+        requested_at_peak_reserved=peak_state["requested_bytes"],
+        peak_growth_event=growth_event,
+        reserved_at_peak_growth=growth_state["reserved_bytes"],
+        allocated_at_peak_growth=growth_state["allocated_bytes"],
+        requested_at_peak_growth=growth_state["requested_bytes"],
         events=len(trace),
         requests=out["requests"],
         ooms=out["ooms"],
@@ -183,6 +216,32 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
         stats=stats,
         timeline=out["timeline"],
     )
+
+
+PEAK_GROWTH_WITHIN = 0.01
+
+
+def peak_growth_moment(reserved_after: np.ndarray, within: float = PEAK_GROWTH_WITHIN) -> int:
+    """The moment of peak growth: the index of the first request after which reserved memory
+    (`reserved_after[i]`, bytes right after request i) is at least (1 - within) * its peak. That request made the
+    growth that took reserved memory to (nearly) its peak; growth after it adds less than `within` of the peak."""
+    peak = int(reserved_after.max())
+    return int(np.argmax(reserved_after >= peak - int(within * peak)))
+
+
+def _windows(per_request: dict, n: int, samples: int) -> dict:
+    """A timeline of one sample per request cut to about `samples` samples as replay_events samples it: at every
+    `n // samples`-th request, the largest values since the previous sample, then the final state."""
+    every = max(1, n // max(1, samples))
+    at = np.arange(0, n, every)
+    if not len(at):
+        return per_request
+    starts = np.concatenate(([0], at[1:] - every + 1))
+    out = {"event": np.append(at, n)}
+    for key in ("reserved", "allocated"):
+        values = per_request[key]
+        out[key] = np.append(np.maximum.reduceat(values[:at[-1] + 1], starts), values[n])
+    return out
 
 
 def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,

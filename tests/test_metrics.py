@@ -92,7 +92,7 @@ def test_a_failed_replay_has_null_ratios():
 def test_compare_table_and_jsonl_carry_the_metrics(tmp_path, capsys):
     assert main(["compare", TINY, "--policy", "caching", "--out", str(tmp_path)]) == EXIT_OK
     out = capsys.readouterr().out
-    for column in ("alloc/res", "req/res", "int frag", "ext frag"):
+    for column in ("alloc/res", "req/res", "int frag MiB", "ext@peak", "ext@growth"):
         assert column in out, column
     (row,) = [json.loads(line) for line in (tmp_path / "compare.jsonl").read_text().splitlines()]
     direct = replay(tiny(), "caching").summary()
