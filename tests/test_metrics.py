@@ -150,3 +150,30 @@ def test_explain_cli_says_which_moment_and_why(capsys):
         row = json.loads(capsys.readouterr().out)
     assert (row["request_index"], row["peak_request_index"], row["later_growth"]) == (1, 4, 2 * MiB)
     assert row["why"].startswith("request #1") and row["knobs"]["segment_rule"] == "pytorch"
+
+
+def test_fragmentation_at_peak_growth_beside_the_exact_peak():
+    """The late-growth trace: at the exact peak (request 4) everything but 1000 B is free, 301 MiB of external
+    fragmentation; at the moment of peak growth (request 1) nothing is free."""
+    trace = synthetic((ALLOC, 100 * MiB, 0), (ALLOC, 200 * MiB, 1), (FREE, 200 * MiB, 1), (FREE, 100 * MiB, 0),
+                      (ALLOC, 1000, 2))
+    r = replay(trace, "caching")
+    assert (r.peak_event, r.peak_growth_event) == (4, 1)
+    assert r.external_fragmentation == 302 * MiB - 1024 and r.internal_fragmentation == 24
+    assert (r.reserved_at_peak_growth, r.requested_at_peak_growth) == (300 * MiB, 300 * MiB)
+    assert r.external_fragmentation_at_growth == 0 == r.internal_fragmentation_at_growth
+    s = r.summary()
+    assert (s["peak_growth_event"], s["external_fragmentation_at_peak_growth"]) == (1, 0)
+
+
+def test_the_timeline_is_sampled_as_the_replay_loop_samples_it():
+    """replay() replays with one sample per request (to find the peak growth) and cuts the timeline down itself:
+    it must match the loop's own sampling, window maxima included."""
+    from gmlake.replay import run_requests
+
+    trace = tiny()
+    for samples in (1, 7, 2000, 10 ** 7):
+        r = replay(trace, "gmlake", samples=samples)
+        _, own = run_requests(trace, "gmlake", samples=samples)
+        for key in ("event", "reserved", "allocated"):
+            assert np.array_equal(r.timeline[key], own["timeline"][key]), (samples, key)
