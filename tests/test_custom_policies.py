@@ -317,6 +317,15 @@ def test_bad_policies_get_one_line_and_exit_2(policy_file, tmp_path, capsys, spe
     assert not (tmp_path / "o").exists()
 
 
+def test_a_module_missing_a_dependency_is_told_apart_from_a_missing_module(tmp_path, monkeypatch, capsys):
+    name = f"gmlake_needs_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text("import gmlake_dependency_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["replay", TINY, "--policy", f"{name}:MaxPieces"]) == EXIT_BAD_INPUT
+    one_error_line(capsys, f"importing {name} failed: ModuleNotFoundError",
+                   "gmlake_dependency_that_is_not_installed")
+
+
 def test_bad_entry_points_get_one_line(plugin, capsys):
     name = plugin.removeprefix("maxpieces-")
     assert main(["replay", TINY, "--policy", f"broken-{name}"]) == EXIT_BAD_INPUT

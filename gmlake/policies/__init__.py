@@ -136,7 +136,7 @@ def _import_module(module_name: str, spec: str) -> object:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        if exc.name == module_name or module_name.startswith(f"{exc.name}."):   # the module itself, not an import in it
             raise ValueError(f"policy {spec!r}: no module named {exc.name!r} (not on sys.path nor in the current "
                              f"folder)") from None
         raise ValueError(f"policy {spec!r}: importing {module_name} failed: ModuleNotFoundError: {exc}") from None
