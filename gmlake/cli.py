@@ -1,7 +1,7 @@
 """The gmlake command: replay, explain, compare, traces, capture, convert, run.
 
-    gmlake replay TRACE [--policy NAME ...] [--set KNOB=VALUE ...] [--device-memory 80GiB] [--json]
-    gmlake explain TRACE [--policy NAME ...] [--set KNOB=VALUE ...] [--json]
+    gmlake replay TRACE [--policy POLICY ...] [--set [POLICY.]KNOB=VALUE ...] [--device-memory 80GiB] [--json]
+    gmlake explain TRACE [--policy POLICY ...] [--set [POLICY.]KNOB=VALUE ...] [--json]
     gmlake compare [TRACE ...] [--out DIR]
     gmlake traces                          (the bundled traces, usable by name as TRACE)
     gmlake capture -o run.pickle.gz -- python train.py ...
@@ -11,6 +11,10 @@
 Exit statuses: 0 success; 2 bad input (one line on stderr, nothing written); 3 a replay in which requests ran out of
 memory (results are still printed and written, marked as failed); 1 an internal error (a bug: one line on stderr,
 GMLAKE_TRACEBACK=1 shows the traceback); 130 interrupted. `run` and `capture` end with the program's own status.
+
+POLICY is a spec (gmlake.policies.resolve): a built-in name, a name an installed package declares in the
+`gmlake.policies` entry point group, `module:Class` or `path/to/file.py:Class`, optionally followed by its own knobs
+in brackets, `gmlake[min_saved_chunks=0,chunk_size=8MiB]`.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from gmlake import __version__, policies
-from gmlake.knobs import coerce_knobs, parse_size, policy_with_knobs, split_settings
+from gmlake.knobs import parse_size
 from gmlake.trace import MAX_DEVICE_MEMORY
 
 EXIT_OK = 0
@@ -34,6 +38,7 @@ EXIT_OUT_OF_MEMORY = 3
 EXIT_INTERRUPTED = 130
 
 _POLICY_NAMES = ", ".join(policies.names())
+_INSTALLED = ", ".join(sorted(policies.installed()))
 
 
 class UsageError(Exception):
@@ -89,18 +94,9 @@ def _count(text: str) -> int:
 # ---------------------------------------------------------------------------------------------- shared steps
 
 
-def _policy_names(names: list[str] | None) -> list[str]:
-    names = names or policies.names()
-    for name in names:
-        if name not in policies.names():
-            raise UsageError(f"unknown policy {name!r}; built-in policies: {_POLICY_NAMES}")
-    return names
-
-
-def _policy_objects(names: list[str] | None, settings: list[str] | None) -> list:
-    """The named policies (default: every built-in one) with the --set knobs applied and validated."""
-    knobs = split_settings(settings or [])
-    return [policy_with_knobs(name, knobs) for name in _policy_names(names)]
+def _policy_choices(specs: list[str] | None, settings: list[str] | None) -> list[policies.PolicyChoice]:
+    """The chosen policies (default: every built-in one), each with its --set knobs and inline knobs, validated."""
+    return policies.choose(specs or policies.names(), settings or [])
 
 
 def _load(specs: list[str], device: int | None):
@@ -135,7 +131,7 @@ def _output_dir(path: str, flag: str) -> Path:
 def _console():
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 180)
+    return Console(width=None if sys.stdout.isatty() else 240)   # piped: wide enough for compare's 15 columns
 
 
 def _write_atomically(files: dict[Path, Callable[[Path], object]]) -> None:
@@ -168,9 +164,9 @@ def cmd_replay(args) -> int:
     """`gmlake replay`: one trace through each policy; a table, or JSON lines. Exit 3 if requests ran out."""
     from gmlake.replay import replay
 
-    chosen = _policy_objects(args.policy, args.set)
+    chosen = _policy_choices(args.policy, args.set)
     (trace,) = _load([args.trace], args.device)
-    results = [replay(trace, policy, device_memory=args.device_memory) for policy in chosen]
+    results = [replay(trace, choice, device_memory=args.device_memory) for choice in chosen]
     if args.json:
         for r in results:
             print(json.dumps(r.summary()))
@@ -190,25 +186,28 @@ def cmd_explain(args) -> int:
 
     from gmlake.explain import explain
 
-    chosen = _policy_objects(args.policy, args.set)
+    chosen = _policy_choices(args.policy, args.set)
     (trace,) = _load([args.trace], args.device)
     found = [explain(trace, policy, device_memory=args.device_memory) for policy in chosen]
     status = EXIT_OUT_OF_MEMORY if any(b.ooms for b in found) else EXIT_OK
     if args.json:
         for b in found:
-            print(json.dumps(asdict(b)))
+            print(json.dumps({**asdict(b), "why": b.why}))
         return status
     caption = None
     if status:
         caption = "[red]FAILED: " + "; ".join(f"{b.policy}: {b.ooms} requests out of memory" for b in found
                                               if b.ooms) + " (the peak covers the requests served)[/red]"
-    table = Table(title=Text(f"{trace.name}: reserved memory at each policy's peak (GiB, % of reserved)"),
+    table = Table(title=Text(f"{trace.name}: reserved memory at each policy's peak growth (GiB, % of reserved)"),
                   caption=caption)
     table.add_column("")
     for b in found:
         table.add_column(Text(b.policy), justify="right")
-    table.add_row("request that reached the peak", *(f"#{b.request_index}, {b.request_size / 2**20:.2f} MiB"
-                                                     for b in found))
+    table.add_row("request explained", *(f"#{b.request_index}, {b.request_size / 2**20:.2f} MiB" for b in found))
+    table.add_row("it grew reserved by", *(f"{b.growth / 2**30:.3f}" for b in found))
+    table.add_row("later growth", *(f"{b.later_growth / 2**30:.3f}" for b in found))
+    table.add_row("peak reserved (request)", *(f"{b.peak_reserved / 2**30:.3f} (#{b.peak_request_index})"
+                                                for b in found))
     table.add_row("reserved", *(f"{b.reserved / 2**30:.3f}" for b in found), end_section=True)
     labels = [label for label, _ in found[0].rows()]
     for i, label in enumerate(labels):
@@ -217,7 +216,10 @@ def cmd_explain(args) -> int:
     for label in found[0].fragments:
         table.add_row(f"free large blocks {label}",
                       *(f"{b.fragments[label][0]} / {b.fragments[label][1] / 2**30:.3f}" for b in found))
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    for b in found:
+        console.print(Text(f"{b.policy}: {b.why}"))
     return status
 
 
@@ -226,7 +228,7 @@ def cmd_compare(args) -> int:
     from gmlake import compare
     from gmlake.replay import bundled_traces
 
-    chosen = _policy_objects(args.policy, args.set)
+    chosen = _policy_choices(args.policy, args.set)
     out = _output_dir(args.out, "--out")
     specs = args.traces or [str(p) for p in bundled_traces()]
     if not specs:
@@ -333,6 +335,26 @@ def cmd_convert(args) -> int:
     return EXIT_OK
 
 
+def _run_policy(args) -> tuple[policies.PolicyChoice, int]:
+    """The policy and per-device limit `gmlake run` installs: the GMLAKE_* environment, overridden by the flags
+    (--policy, --chunk-size, --limit, --max-cached-sblocks, --no-stitch), then --set; checked for any driver, so an
+    unknown policy or an unknown or ill-typed knob fails before the program runs."""
+    from gmlake import torch as gtorch
+
+    opts = gtorch.options_from_env()
+    spec = args.policy if args.policy is not None else opts.get("policy", "gmlake")
+    opts.pop("policy", None)
+    limit = args.limit if args.limit is not None else opts.pop("limit", 0)
+    opts.pop("limit", None)
+    for flag in ("chunk_size", "max_cached_sblocks"):
+        if getattr(args, flag) is not None:
+            opts[flag] = getattr(args, flag)
+    if args.no_stitch:
+        opts["stitch"] = False
+    (choice,) = policies.choose([spec], args.set or [], base_knobs=opts, granularity=1)
+    return choice, limit
+
+
 def cmd_run(args) -> int | Callable[[], int]:
     """`gmlake run`: check every setting, install gmlake as PyTorch's CUDA allocator, and return the program to run
     (main runs it outside gmlake's error handling: its errors are its own)."""
@@ -341,20 +363,7 @@ def cmd_run(args) -> int | Callable[[], int]:
     from gmlake import torch as gtorch
 
     program = _program(args, "gmlake run script.py args...  (or: gmlake run -m module args...)")
-    opts = gtorch.options_from_env()
-    opts.update(split_settings(args.set or []))
-    for flag in ("policy", "chunk_size", "limit", "max_cached_sblocks"):
-        if getattr(args, flag) is not None:
-            opts[flag] = getattr(args, flag)
-    if args.no_stitch:
-        opts["stitch"] = False
-    policy = opts.pop("policy", "gmlake")
-    limit = opts.pop("limit", 0)
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-        raise UsageError(f"the limit must be a number of bytes >= 0, got {limit!r}")
-    (name,) = _policy_names([policy])
-    knobs = coerce_knobs(type(policies.get(name)), opts)
-    policy_with_knobs(name, knobs, granularity=1)   # unknown or ill-typed knobs fail here, before the program runs
+    choice, limit = _run_policy(args)
     _check_script(program)
     try:
         import torch  # noqa: F401
@@ -363,7 +372,7 @@ def cmd_run(args) -> int | Callable[[], int]:
     problem = _torch_cuda_problem("run")
     if problem:
         raise UsageError(problem)
-    gtorch.enable(name, limit=limit, **knobs)
+    gtorch.enable(choice, limit=limit)
 
     def run_program() -> int:
         if program[0] == "-m":
@@ -383,8 +392,15 @@ def cmd_run(args) -> int | Callable[[], int]:
 
 _TRACE_HELP = ("a PyTorch snapshot pickle (.pickle, .pickle.gz), a .gmtrace file, or the name of a bundled trace "
                "(see `gmlake traces`)")
-_POLICY_HELP = f"policy: {_POLICY_NAMES} (repeatable; default: all)"
-_SET_HELP = "change a policy knob, e.g. stitch=false or chunk_size=8MiB (repeatable; knobs: gmlake/policies/base.py)"
+_SPEC_HELP = (f"a built-in policy ({_POLICY_NAMES}), an installed one"
+              + (f" ({_INSTALLED})" if _INSTALLED else "")
+              + ", module:Class, or path/to/file.py:Class (loading a module or file runs its code); add knobs for "
+                "this policy alone in brackets: 'gmlake[min_saved_chunks=0]' (quote it for the shell)")
+_POLICY_HELP = _SPEC_HELP + ". Repeatable, also with one policy twice under different knobs; default: all built-in"
+_SET_HELP = ("change a knob of every chosen policy, e.g. stitch=false or chunk_size=8MiB (each policy must have it), or "
+             "of one: POLICY.knob=value, POLICY as given to --policy or its position from 1 (gmlake.stitch=false, "
+             "my.py:MaxPieces.max_pieces=2, 2.min_saved_chunks=0). Repeatable; a policy's [knobs] win over "
+             "POLICY.knob, which wins over knob (knobs: gmlake/policies/base.py)")
 _DEVICE_HELP = "which device's trace, if the snapshot has several"
 _DEVICE_MEMORY_HELP = ("simulated device size: bytes or with a unit, e.g. 80GiB (default: the captured device's; "
                        f"at most {MAX_DEVICE_MEMORY >> 40} TiB)")
@@ -400,10 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, func, text in (("replay", cmd_replay, "replay one trace through policies on the sim driver"),
                              ("explain", cmd_explain,
-                              "where a policy's reserved memory is at its peak, replaying one trace")):
+                              "where a policy's reserved memory is at its moment of peak growth (the first request "
+                              "that brings reserved within 1 %% of its peak), replaying one trace")):
         p = sub.add_parser(name, help=text)
         p.add_argument("trace", help=_TRACE_HELP)
-        p.add_argument("--policy", action="append", help=_POLICY_HELP)
+        p.add_argument("--policy", action="append", metavar="POLICY", help=_POLICY_HELP)
         p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
         p.add_argument("--json", action="store_true", help=_JSON_HELP)
         p.add_argument("--device", type=int, help=_DEVICE_HELP)
@@ -412,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="replay traces (default: the bundled ones) under every policy; table + PNG")
     p.add_argument("traces", nargs="*", metavar="TRACE", help=_TRACE_HELP + "; default: every bundled trace")
-    p.add_argument("--policy", action="append", help=_POLICY_HELP)
+    p.add_argument("--policy", action="append", metavar="POLICY", help=_POLICY_HELP)
     p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
     p.add_argument("--device", type=int, help=_DEVICE_HELP)
     p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
@@ -434,7 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_capture)
 
     p = sub.add_parser("run", help="run a Python program with gmlake as PyTorch's CUDA allocator")
-    p.add_argument("--policy", help=f"policy: {_POLICY_NAMES} (env GMLAKE_POLICY; default gmlake)")
+    p.add_argument("--policy", metavar="POLICY", help=_SPEC_HELP + " (env GMLAKE_POLICY; default gmlake)")
     p.add_argument("--chunk-size", type=_byte_count, metavar="SIZE",
                    help="physical handle size, e.g. 2MiB (env GMLAKE_CHUNK_SIZE)")
     p.add_argument("--limit", type=_byte_count, metavar="SIZE",
@@ -443,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stitched blocks kept mapped after their free (env GMLAKE_MAX_CACHED_SBLOCKS)")
     p.add_argument("--no-stitch", action="store_true", help="never stitch (env GMLAKE_STITCH=0)")
     p.add_argument("--set", action="append", metavar="KNOB=VALUE",
-                   help="any policy knob, e.g. min_saved_chunks=0 (repeatable; env GMLAKE_KNOBS=k=v,k=v)")
+                   help="any policy knob, e.g. min_saved_chunks=0 (repeatable; env GMLAKE_KNOBS=k=v,k=v; "
+                        "POLICY.knob=value also works)")
     p.add_argument("program", nargs=argparse.REMAINDER, help="[--] script.py args...  or  -m module args...")
     p.set_defaults(func=cmd_run)
 

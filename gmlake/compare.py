@@ -3,26 +3,58 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gmlake.policies import Policy, PolicyChoice, choice_of
 from gmlake.replay import ReplayResult, replay
 from gmlake.trace import Trace
 
 GiB = float(1 << 30)
 
+# The built-in policies keep these colours in every plot; any other label (a custom policy, or a built-in one with
+# changed knobs) takes the next colour of OTHER_COLORMAPS that no built-in uses.
+BUILTIN_COLORS = {"gmlake": "tab:green", "caching": "tab:red", "expandable": "tab:blue", "gmlake-paper": "tab:olive"}
+OTHER_COLORMAPS = ("tab10", "Dark2", "Set1", "tab20")
 
-def run(traces: list[Trace], policies: list, progress: bool = True,
+
+def run(traces: list[Trace], policies: list[Policy | str | PolicyChoice], progress: bool = True,
         device_memory: int | None = None) -> list[ReplayResult]:
-    """Every trace under every policy (names or Policy objects), with a progress bar on the terminal."""
+    """Every trace under every policy (specs, Policy objects or PolicyChoices), with a progress bar on the
+    terminal."""
     from rich.progress import Progress
+    from rich.text import Text
 
+    chosen = [choice_of(p) for p in policies]
     results = []
     with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task("replaying", total=len(traces) * len(policies))
+        task = bar.add_task("replaying", total=len(traces) * len(chosen))
         for trace in traces:
-            for policy in policies:
-                bar.update(task, description=f"{trace.name} / {getattr(policy, 'name', policy)}")
-                results.append(replay(trace, policy, device_memory=device_memory))
+            for choice in chosen:
+                bar.update(task, description=Text(f"{trace.name} / {choice.label}"))
+                results.append(replay(trace, choice, device_memory=device_memory))
                 bar.advance(task)
     return results
+
+
+def policy_colors(labels: list[str]) -> dict[str, str]:
+    """A colour per policy label: built-ins their fixed colour, the others distinct colours from qualitative
+    colormaps (in order of first appearance), never one a built-in has."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    reserved = {to_hex(c) for c in BUILTIN_COLORS.values()}
+    pool: list[str] = []
+    for name in OTHER_COLORMAPS:
+        for rgba in colormaps[name].colors:
+            color = to_hex(rgba)
+            if color not in reserved and color not in pool:
+                pool.append(color)
+    out: dict[str, str] = {}
+    others = [label for label in dict.fromkeys(labels) if label not in BUILTIN_COLORS]
+    for label in dict.fromkeys(labels):
+        if label in BUILTIN_COLORS:
+            out[label] = to_hex(BUILTIN_COLORS[label])
+    for i, label in enumerate(others):
+        out[label] = pool[i % len(pool)]
+    return out
 
 
 def table(results: list[ReplayResult], traces: list[Trace]):
@@ -37,24 +69,37 @@ def table(results: list[ReplayResult], traces: list[Trace]):
     if failed:
         caption = (f"[red]FAILED: {len(failed)} of {len(results)} replays ran out of the modelled device's memory "
                    f"(requests OOM); their peaks cover only the requests served[/red]")
+    if caption is None:
+        caption = ("alloc/res: peak allocated / peak reserved; req/res: peak requested / peak reserved; int frag: "
+                   "allocated - requested (MiB) and ext@peak: reserved - allocated, when reserved first peaked; ext@growth: "
+                   "reserved - allocated after the request that brought reserved within 1 % of its peak (the moment "
+                   "`gmlake explain` explains)")
     t = Table(title="replay on the sim driver (peaks in GiB; driver time at H200 prices; time lost: driver time x "
                     "the stall factor measured there)", caption=caption)
-    for col in ("trace", "captured under", "real reserved", "policy", "OOMs", "allocated", "reserved",
-                "utilization", "frag@peak", "stitches", "driver calls", "driver s", "time lost s", "Mevents/s"):
-        t.add_column(col, justify="left" if col in ("trace", "policy", "captured under") else "right")
+    widest = {"trace": max((len(r.trace) for r in results), default=5),
+              "policy": max((len(r.policy) for r in results), default=6)}
+    for col in ("trace", "real reserved (under)", "policy", "OOMs", "allocated", "reserved", "alloc/res", "req/res",
+                "int frag MiB", "ext@peak", "ext@growth", "stitches", "driver calls", "driver s", "time lost s",
+                "Mevents/s"):
+        # Names and labels (which carry knobs) fold onto more lines, up to a width, rather than get cut off.
+        t.add_column(col, justify="left" if col in widest else "right", overflow="fold" if col in widest else "ellipsis",
+                     min_width=min(widest.get(col, 0), 28) or None)
     for r in results:
         meta = real.get(r.trace, {})
         s = r.summary()
         t.add_row(
             Text(r.trace),
-            Text(str(meta.get("allocator", "-"))),
-            f"{meta['max_memory_reserved'] / GiB:.3f}" if meta.get("max_memory_reserved") else "-",
+            Text(f"{meta['max_memory_reserved'] / GiB:.3f} ({meta.get('allocator', '?')})"
+                 if meta.get("max_memory_reserved") else "-"),
             Text(r.policy),
             f"[red]{r.ooms}[/red]" if r.failed else "0",
             f"{r.peak_allocated / GiB:.3f}",
             f"{r.peak_reserved / GiB:.3f}",
             "[red]failed[/red]" if r.failed else f"{r.utilization:.4f}",
-            "-" if r.failed else f"{r.fragmentation:.4f}",
+            "-" if r.failed else f"{r.requested_utilization:.4f}",
+            f"{r.internal_fragmentation / (1 << 20):.1f}",
+            f"{r.external_fragmentation / GiB:.3f}",
+            f"{r.external_fragmentation_at_growth / GiB:.3f}",
             str(s["stitches"]),
             str(s["driver_calls"]),
             f"{r.driver_seconds:.3f}",
@@ -77,15 +122,16 @@ def plot(results: list[ReplayResult], traces: list[Trace], out: Path, format: st
     cols = min(2, len(names))
     rows = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 3.6 * rows), squeeze=False)
-    colors = {"gmlake": "tab:green", "caching": "tab:red", "expandable": "tab:blue"}
+    colors = policy_colors([r.policy for r in results])
     for ax, trace in zip(axes.flat, traces):
         requests_at = None
         for r in results:
             if r.trace != trace.name:
                 continue
             tl = r.timeline
-            color = colors.get(r.policy)
-            ax.plot(tl["event"], tl["reserved"] / GiB, color=color, label=f"{r.policy} reserved")
+            color = colors[r.policy]
+            label = r.policy.replace("$", r"\$")   # a label, not matplotlib mathtext
+            ax.plot(tl["event"], tl["reserved"] / GiB, color=color, label=f"{label} reserved")
             ax.plot(tl["event"], tl["allocated"] / GiB, color=color, linestyle=":", linewidth=1)
             requests_at = tl["event"]
         curve = trace.real_reserved_curve()

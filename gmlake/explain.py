@@ -1,7 +1,15 @@
 """Where a policy's memory goes at its peak.
 
-Replay a trace to the request that first takes reserved memory to its peak, stop there, and account for every
-reserved byte: what live tensors asked for, what rounding added, and where the free bytes lie. Free bytes in the
+Replay a trace to the moment of peak growth, stop there, and account for every reserved byte. The moment of peak
+growth is the first request after which reserved memory is within `within` (1 %) of its peak: the growth that took
+reserved memory to (nearly) its peak, which is the one a policy should have avoided. It is not always the request
+that reached the peak exactly: on gpt2l-lora-ckpt-native under gmlake-paper, request #46937 (a 2994 MiB tensor)
+takes reserved memory to 99.98 % of its peak, and the exact peak comes 17,182 requests later (#64119), when a 0.08
+MiB request adds a 2 MiB small-pool segment; by then the activations are freed and 85.6 % of reserved memory is free
+whole chunks, which says nothing about why it was reserved. Growth after the chosen moment adds under `within` of
+the peak; the output says how much, and where the exact peak was.
+
+What the account holds: what live tensors asked for, what rounding added, and where the free bytes lie. Free bytes in the
 large pool are split by what stitching can still do with them: whole free chunks (any stitch can map them), and
 pieces of chunks that also hold live blocks (a handle maps only whole, so such a piece can be only the first or the
 last piece of a stitch, or serve a request on its own).
@@ -12,23 +20,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gmlake.policies import Policy, get
-from gmlake.replay import replay, run_requests
+import numpy as np
+
+from gmlake.policies import Policy, PolicyChoice, choice_of
+from gmlake.replay import PEAK_GROWTH_WITHIN, peak_growth_moment, run_requests
 from gmlake.trace import Trace
 
 MiB = 1 << 20
+WITHIN = PEAK_GROWTH_WITHIN   # the moment explained: the first request that brings reserved within 1 % of its peak
 FRAGMENT_CLASSES = ((2 * MiB, "< 2 MiB"), (20 * MiB, "2-20 MiB"), (None, ">= 20 MiB"))
 
 
 @dataclass
 class PeakBreakdown:
-    """The allocator's reserved bytes at the moment they first reached their peak, by use. Sizes in bytes."""
+    """The allocator's reserved bytes at the moment of peak growth (see the module docstring), by use. Sizes in
+    bytes."""
 
     trace: str
     policy: str
-    request_index: int          # among the trace's requests: the one that grew reserved to its peak
+    request_index: int          # among the trace's requests: the moment explained (the growth to the peak)
     request_size: int           # the size that request asked for
-    reserved: int
+    reserved: int               # reserved bytes right after that request
     requested: int              # what live allocations asked for
     rounding: int               # allocated - requested: rounding and unsplit remainders inside live blocks
     free_small: int             # free bytes in the small pool's segments
@@ -36,6 +48,25 @@ class PeakBreakdown:
     free_in_shared_chunks: int  # large pool: free bytes in chunks that also hold live blocks
     fragments: dict = field(default_factory=dict)  # free large blocks by size class: {class: (count, bytes)}
     ooms: int = 0               # requests of the whole replay that ran out of memory (the peak covers the rest)
+    peak_reserved: int = 0      # the most bytes the replay ever reserved
+    peak_request_index: int = 0  # the request that first reached peak_reserved
+    growth: int = 0             # reserved bytes the explained request added
+    later_growth: int = 0       # reserved bytes added by requests after it (together under `within` of the peak)
+    within: float = WITHIN
+    policy_spec: str = ""
+    knobs: dict = field(default_factory=dict)
+
+    @property
+    def why(self) -> str:
+        """Which moment this is and why, in a sentence."""
+        share = 100 * self.reserved / self.peak_reserved if self.peak_reserved else 100.0
+        text = (f"request #{self.request_index} ({self.request_size / MiB:.2f} MiB) grew reserved memory by "
+                f"{self.growth / MiB:.1f} MiB to {self.reserved / 2**30:.3f} GiB, {share:.2f} % of the peak: the first "
+                f"request within {100 * self.within:g} % of it")
+        if self.peak_request_index != self.request_index:
+            text += (f"; later growth adds {self.later_growth / MiB:.1f} MiB, the exact peak "
+                     f"{self.peak_reserved / 2**30:.3f} GiB is reached at request #{self.peak_request_index}")
+        return text
 
     @property
     def lost(self) -> int:
@@ -82,26 +113,42 @@ class NothingToExplain(ValueError):
     """The replay never reserved memory: the trace has no allocations, or none fit the modelled device."""
 
 
-def explain(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | None = None) -> PeakBreakdown:
-    """Account for `policy`'s reserved bytes at its peak on `trace` (replayed on the sim driver). Raises
-    NothingToExplain if the replay never reserved any memory."""
-    policy = get(policy) if isinstance(policy, str) else policy
-    full = replay(trace, policy, device_memory, samples=1)
-    if full.peak_reserved == 0:
+def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
+            within: float = WITHIN) -> PeakBreakdown:
+    """Account for `policy`'s reserved bytes at its moment of peak growth on `trace` (replayed on the sim driver):
+    the first request after which reserved memory is within `within` of its peak. Raises NothingToExplain if the
+    replay never reserved any memory."""
+    if not 0 <= within < 1:
+        raise ValueError(f"within must be in [0, 1), got {within!r}")
+    choice = choice_of(policy)
+    policy = choice.policy
+    n = len(trace.requests())
+    # One timeline sample per request: the replay samples each window's maximum, and a window of one request is
+    # the reserved bytes right after it.
+    _, full = run_requests(trace, policy, device_memory, samples=max(1, n))
+    if full["peak_reserved"] == 0:
         if not (trace.requests()["action"] == 0).any():
             raise NothingToExplain(f"{trace.name}: the trace has no allocations to explain")
-        raise NothingToExplain(f"{trace.name}: policy {policy.name} served no request ({full.ooms} out of memory "
+        raise NothingToExplain(f"{trace.name}: policy {choice.label} served no request ({full['ooms']} out of memory "
                                f"on the modelled device), so no memory was reserved to explain")
-    upto = full.peak_event + 1
-    alloc, _ = run_requests(trace, policy, device_memory, upto=upto, samples=1)
+    timeline = full["timeline"]
+    if len(timeline["event"]) != n + 1 or not np.array_equal(timeline["event"][:n], np.arange(n)):
+        raise RuntimeError("explain: the replay did not sample every request")
+    reserved_after = timeline["reserved"][:n]
+    moment = peak_growth_moment(reserved_after, within)
+    growths = np.diff(reserved_after, prepend=0)
+    alloc, _ = run_requests(trace, policy, device_memory, upto=moment + 1, samples=1)
     stats = alloc.stats()
-    if stats["reserved_bytes"] != full.peak_reserved:      # the replay is deterministic; this guards the bookkeeping
-        raise RuntimeError(f"explain: replaying {upto} requests reached {stats['reserved_bytes']} reserved bytes, "
-                           f"not the peak {full.peak_reserved}")
+    if stats["reserved_bytes"] != reserved_after[moment]:   # the replay is deterministic; this guards the bookkeeping
+        raise RuntimeError(f"explain: replaying {moment + 1} requests reached {stats['reserved_bytes']} reserved "
+                           f"bytes, not the {reserved_after[moment]} of the full replay")
     small, whole, shared, fragments = _free_bytes(alloc.segments_info())
-    request = trace.requests()[full.peak_event]
+    request = trace.requests()[moment]
     return PeakBreakdown(
-        trace=trace.name, policy=policy.name, request_index=full.peak_event, request_size=int(request["size"]),
+        trace=trace.name, policy=choice.label, request_index=moment, request_size=int(request["size"]),
         reserved=stats["reserved_bytes"], requested=stats["requested_bytes"],
         rounding=stats["allocated_bytes"] - stats["requested_bytes"], free_small=small, free_whole_chunks=whole,
-        free_in_shared_chunks=shared, fragments=fragments, ooms=full.ooms)
+        free_in_shared_chunks=shared, fragments=fragments, ooms=full["ooms"], peak_reserved=full["peak_reserved"],
+        peak_request_index=full["peak_event"], growth=int(growths[moment]),
+        later_growth=int(growths[moment + 1:].clip(min=0).sum()), within=within, policy_spec=choice.spec,
+        knobs=choice.policy.knob_values())

@@ -80,14 +80,16 @@ def knob_types(policy: type[Policy]) -> dict[str, type]:
     return {f.name: hints.get(f.name, str) for f in fields(policy)}
 
 
-def coerce_knobs(policy: type[Policy], settings: Mapping[str, object]) -> dict:
+def coerce_knobs(policy: type[Policy], settings: Mapping[str, object], who: str | None = None) -> dict:
     """`settings` as typed knobs of `policy`: text is parsed by the knob's type (sizes may carry units; booleans
-    are strict), values already typed are checked. Raises ValueError for an unknown knob or an ill-typed value."""
+    are strict), values already typed are checked. Raises ValueError for an unknown knob or an ill-typed value;
+    an unknown knob's message names the policy as `who` (default: the policy's name)."""
     types = knob_types(policy)
     out = {}
     for name, value in settings.items():
         if name not in types:
-            raise ValueError(f"policy {policy.name} has no knob {name!r}; its knobs: {', '.join(sorted(types))}")
+            raise ValueError(f"policy {who or policy.name} has no knob {name!r}; its knobs: "
+                             f"{', '.join(sorted(types))}")
         want = types[name]
         what = f"knob {name}"
         if want is bool:
@@ -114,12 +116,8 @@ def coerce_knobs(policy: type[Policy], settings: Mapping[str, object]) -> dict:
 
 
 def policy_with_knobs(name: str, settings: Mapping[str, object], granularity: int = 2 << 20) -> Policy:
-    """The built-in policy `name` with `settings` applied and validated for a driver of `granularity` bytes."""
+    """The policy spec `name` (see gmlake.policies.resolve) with `settings` applied and validated for a driver of
+    `granularity` bytes."""
     from gmlake import policies
 
-    if name not in policies.names():
-        raise ValueError(f"unknown policy {name!r}; built-in policies: {', '.join(policies.names())}")
-    cls = type(policies.get(name))
-    policy = cls(**coerce_knobs(cls, settings))
-    policy.validate(granularity)
-    return policy
+    return policies.resolve(name, settings, granularity).policy

@@ -12,7 +12,7 @@ import numpy as np
 from gmlake._allocator import Allocator
 from gmlake._replay import replay_events
 from gmlake._sim_driver import SimDriver
-from gmlake.policies import Policy, get
+from gmlake.policies import Policy, PolicyChoice, choice_of
 from gmlake.trace import MAX_DEVICE_MEMORY, Trace
 
 GRANULARITY = 2 << 20
@@ -41,10 +41,18 @@ def step_time_lost(stats: dict, costs: dict | None = None) -> float:
 
 @dataclass
 class ReplayResult:
-    """What one policy did with one trace. Sizes in bytes."""
+    """What one policy did with one trace. Sizes in bytes.
+
+    At the moment reserved memory first reached its peak, reserved = requested + internal fragmentation (what
+    rounding and unsplit remainders add inside live blocks) + external fragmentation (reserved bytes in no live
+    block): `requested_at_peak_reserved + internal_fragmentation + external_fragmentation == peak_reserved`.
+    The same split is kept at the moment of peak growth (`peak_growth_event`, see `peak_growth_moment`): the exact
+    peak can come long after the growth that made it (a small-pool segment once the activations are freed), when
+    most reserved memory is free for reasons that have nothing to do with why it was reserved.
+    """
 
     trace: str
-    policy: str
+    policy: str                # the policy's label: its name and non-default knobs
     events: int
     requests: int
     ooms: int
@@ -57,6 +65,15 @@ class ReplayResult:
     step_time_lost: float      # predicted training time lost to driver calls (see `step_time_lost()`)
     stats: dict
     timeline: dict = field(repr=False, default_factory=dict)
+    peak_requested: int = 0    # the most bytes live allocations asked for at once (before rounding)
+    requested_at_peak_reserved: int = 0
+    peak_growth_event: int = 0     # the moment of peak growth: the first request within PEAK_GROWTH_WITHIN of the peak
+    reserved_at_peak_growth: int = 0
+    allocated_at_peak_growth: int = 0
+    requested_at_peak_growth: int = 0
+    policy_spec: str = ""      # the policy as the user named it (built-in name, module:Class, file.py:Class[...])
+    policy_class: str = ""     # module.Class
+    knobs: dict = field(default_factory=dict)   # every knob of the policy, with its value
 
     @property
     def failed(self) -> bool:
@@ -80,16 +97,70 @@ class ReplayResult:
             return 0.0
         return 1.0 - self.allocated_at_peak_reserved / self.peak_reserved
 
+    @property
+    def requested_utilization(self) -> float:
+        """Peak requested over peak reserved: how much of the memory the policy reserved the program asked for.
+        Unlike `utilization` it charges the policy for rounding and unsplit blocks; NaN for a failed replay."""
+        if self.failed:
+            return math.nan
+        return self.peak_requested / self.peak_reserved if self.peak_reserved else 1.0
+
+    @property
+    def internal_fragmentation(self) -> int:
+        """Bytes inside live blocks that no allocation asked for (allocated - requested), when reserved peaked."""
+        return self.allocated_at_peak_reserved - self.requested_at_peak_reserved
+
+    @property
+    def external_fragmentation(self) -> int:
+        """Reserved bytes in no live block (reserved - allocated), when reserved peaked."""
+        return self.peak_reserved - self.allocated_at_peak_reserved
+
+    @property
+    def internal_fragmentation_at_growth(self) -> int:
+        """allocated - requested at the moment of peak growth."""
+        return self.allocated_at_peak_growth - self.requested_at_peak_growth
+
+    @property
+    def external_fragmentation_at_growth(self) -> int:
+        """reserved - allocated at the moment of peak growth: free memory the policy held yet grew past."""
+        return self.reserved_at_peak_growth - self.allocated_at_peak_growth
+
     def summary(self) -> dict:
-        """One flat, JSON-ready record. A failed replay has `failed` true and null utilization and fragmentation."""
+        """One flat, JSON-ready record. A failed replay has `failed` true and null ratios. The policy is recorded
+        by label (`policy`), spec as given, class and every knob; the fragmentation bytes are at the moment reserved
+        memory first peaked (`peak_event`), the `_share` ratios are of peak reserved."""
+        ok = not self.failed
+
+        def ratio(value: float) -> float | None:
+            return round(value, 6) if ok else None
+
+        reserved = self.peak_reserved or 1
         return {
             "trace": self.trace,
             "policy": self.policy,
+            "policy_spec": self.policy_spec,
+            "policy_class": self.policy_class,
+            "knobs": self.knobs,
             "failed": self.failed,
             "peak_allocated": self.peak_allocated,
+            "peak_requested": self.peak_requested,
             "peak_reserved": self.peak_reserved,
-            "utilization": None if self.failed else round(self.utilization, 6),
-            "fragmentation_at_peak": None if self.failed else round(self.fragmentation, 6),
+            "utilization": ratio(self.utilization),
+            "requested_utilization": ratio(self.requested_utilization),
+            "fragmentation_at_peak": ratio(self.fragmentation),
+            "peak_event": self.peak_event,
+            "requested_at_peak": self.requested_at_peak_reserved,
+            "allocated_at_peak": self.allocated_at_peak_reserved,
+            "internal_fragmentation_at_peak": self.internal_fragmentation,
+            "external_fragmentation_at_peak": self.external_fragmentation,
+            "internal_fragmentation_share": ratio(self.internal_fragmentation / reserved),
+            "external_fragmentation_share": ratio(self.external_fragmentation / reserved),
+            "peak_growth_event": self.peak_growth_event,
+            "reserved_at_peak_growth": self.reserved_at_peak_growth,
+            "requested_at_peak_growth": self.requested_at_peak_growth,
+            "allocated_at_peak_growth": self.allocated_at_peak_growth,
+            "internal_fragmentation_at_peak_growth": self.internal_fragmentation_at_growth,
+            "external_fragmentation_at_peak_growth": self.external_fragmentation_at_growth,
             "events": self.events,
             "requests": self.requests,
             "ooms": self.ooms,
@@ -103,17 +174,46 @@ class ReplayResult:
         }
 
 
-def replay(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | None = None,
+def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
            samples: int = 2000) -> ReplayResult:
-    """Run `trace`'s requests through `policy` on a simulated device of `device_memory` bytes (default: the
-    captured device's size where the trace records it, else MAX_DEVICE_MEMORY). A request the device cannot serve
-    counts as an out-of-memory (`ReplayResult.ooms`, `failed`)."""
-    policy = get(policy) if isinstance(policy, str) else policy
-    alloc, out = run_requests(trace, policy, device_memory, samples=samples)
+    """Run `trace`'s requests through `policy` (a spec such as "gmlake" or "my.py:Mine[knob=1]", a Policy, or a
+    PolicyChoice) on a simulated device of `device_memory` bytes (default: the captured device's size where the
+    trace records it, else MAX_DEVICE_MEMORY). A request the device cannot serve counts as an out-of-memory
+    (`ReplayResult.ooms`, `failed`). The requests up to the peak are replayed a second time (a replay is
+    deterministic) to read what was requested at that moment."""
+    choice = choice_of(policy)
+    policy = choice.policy
+    n = len(trace.requests())
+    # One sample per request (the reserved and allocated bytes right after it), to find the moment of peak growth;
+    # the timeline kept is then cut to `samples` windows exactly as the replay loop would have sampled it.
+    alloc, out = run_requests(trace, policy, device_memory, samples=max(1, n))
     stats = alloc.stats()
+    per_request = out["timeline"]
+    out["timeline"] = _windows(per_request, n, samples)
+    growth_event = peak_growth_moment(per_request["reserved"][:n]) if out["peak_reserved"] else 0
+    at = {}
+    for moment in {out["peak_event"], growth_event} if out["peak_reserved"] else ():
+        state, _ = run_requests(trace, policy, device_memory, upto=moment + 1, samples=1)
+        at[moment] = state.stats()
+        if (at[moment]["reserved_bytes"], at[moment]["allocated_bytes"]) != (
+                per_request["reserved"][moment], per_request["allocated"][moment]):
+            raise RuntimeError(f"replay: replaying {moment + 1} requests did not reach the state the full replay "
+                               f"had after them")   # the replay is deterministic; this guards the bookkeeping
+    none = {"reserved_bytes": 0, "allocated_bytes": 0, "requested_bytes": 0}
+    peak_state, growth_state = at.get(out["peak_event"], none), at.get(growth_event, none)
+    record = choice.record()
     return ReplayResult(
         trace=trace.name,
-        policy=policy.name,
+        policy=choice.label,
+        policy_spec=choice.spec,
+        policy_class=record["policy_class"],
+        knobs=record["knobs"],
+        peak_requested=stats["peak_requested_bytes"],
+        requested_at_peak_reserved=peak_state["requested_bytes"],
+        peak_growth_event=growth_event,
+        reserved_at_peak_growth=growth_state["reserved_bytes"],
+        allocated_at_peak_growth=growth_state["allocated_bytes"],
+        requested_at_peak_growth=growth_state["requested_bytes"],
         events=len(trace),
         requests=out["requests"],
         ooms=out["ooms"],
@@ -129,12 +229,37 @@ def replay(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | N
     )
 
 
-def run_requests(trace: Trace, policy: Policy | str = "gmlake", device_memory: int | None = None,
+PEAK_GROWTH_WITHIN = 0.01
+
+
+def peak_growth_moment(reserved_after: np.ndarray, within: float = PEAK_GROWTH_WITHIN) -> int:
+    """The moment of peak growth: the index of the first request after which reserved memory
+    (`reserved_after[i]`, bytes right after request i) is at least (1 - within) * its peak. That request made the
+    growth that took reserved memory to (nearly) its peak; growth after it adds less than `within` of the peak."""
+    peak = int(reserved_after.max())
+    return int(np.argmax(reserved_after >= peak - int(within * peak)))
+
+
+def _windows(per_request: dict, n: int, samples: int) -> dict:
+    """A timeline of one sample per request cut to about `samples` samples as replay_events samples it: at every
+    `n // samples`-th request, the largest values since the previous sample, then the final state."""
+    every = max(1, n // max(1, samples))
+    at = np.arange(0, n, every)
+    if not len(at):
+        return per_request
+    starts = np.concatenate(([0], at[1:] - every + 1))
+    out = {"event": np.append(at, n)}
+    for key in ("reserved", "allocated"):
+        values = per_request[key]
+        out[key] = np.append(np.maximum.reduceat(values[:at[-1] + 1], starts), values[n])
+    return out
+
+
+def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
                  upto: int | None = None, samples: int = 2000) -> tuple[Allocator, dict]:
     """Serve the trace's first `upto` requests (default: all) with a fresh allocator on the sim driver; return the
     allocator, in the state they left it, and replay_events' result."""
-    if isinstance(policy, str):
-        policy = get(policy)
+    policy = choice_of(policy).policy
     alloc = Allocator(SimDriver(capacity=modelled_device_memory(trace, device_memory), granularity=GRANULARITY),
                       policy)
     req = trace.requests()[:upto]

@@ -44,10 +44,12 @@ def _env_size(name: str) -> int | None:
 
 def options_from_env() -> dict:
     """Policy and limit settings from GMLAKE_* environment variables (see README), typed by the policy's knobs with
-    the same strict parsing as `gmlake run --set` (GMLAKE_STITCH=maybe is an error, not True)."""
+    the same strict parsing as `gmlake run --set` (GMLAKE_STITCH=maybe is an error, not True). GMLAKE_POLICY is any
+    policy spec (see gmlake.policies.resolve): a built-in or installed name, module:Class or file.py:Class (whose
+    file runs), optionally with inline knobs `NAME[knob=value]`."""
     opts: dict[str, Any] = {}
     name = os.environ.get("GMLAKE_POLICY", "").strip() or "gmlake"
-    if os.environ.get("GMLAKE_POLICY"):
+    if os.environ.get("GMLAKE_POLICY", "").strip():
         opts["policy"] = name
     settings: dict[str, object] = {}
     if os.environ.get("GMLAKE_KNOBS"):          # any knobs, "k=v,k=v"; the specific variables below win
@@ -59,26 +61,33 @@ def options_from_env() -> dict:
             settings[knob] = value
     if os.environ.get("GMLAKE_STITCH"):
         settings["stitch"] = parse_bool(os.environ["GMLAKE_STITCH"], what="GMLAKE_STITCH")
-    opts.update(coerce_knobs(type(policies.get(name)), settings))
+    opts.update(coerce_knobs(policies.policy_class(policies.split_spec(name)[0]), settings, who=name))
     limit = _env_size("GMLAKE_LIMIT")
     if limit is not None:
         opts["limit"] = limit
     return opts
 
 
+def policy_from_env(granularity: int | None = 1) -> tuple[policies.PolicyChoice, int]:
+    """The policy (with its knobs, validated for `granularity`) and the per-device limit the GMLAKE_* variables
+    choose: what `GMLAKE=1` and enable_from_env() install."""
+    opts = options_from_env()
+    spec = opts.pop("policy", "gmlake")
+    limit = opts.pop("limit", 0)
+    return policies.resolve(spec, opts, granularity), limit
+
+
 def enable_from_env() -> None:
     """enable() with the GMLAKE_* settings (GMLAKE_POLICY, GMLAKE_LIMIT, knobs), checked before anything runs."""
-    opts = options_from_env()
-    policy = opts.pop("policy", "gmlake")
-    limit = opts.pop("limit", 0)
-    policies.get(policy, **opts).validate(1)    # an unknown or ill-typed knob fails here, not at the first allocation
-    enable(policy, limit=limit, **opts)
+    choice, limit = policy_from_env()    # an unknown or ill-typed knob fails here, not at the first allocation
+    enable(choice, limit=limit)
 
 
-def enable(policy: str | policies.Policy = "gmlake", *, limit: int = 0, **knobs) -> None:
+def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, limit: int = 0, **knobs) -> None:
     """Install gmlake as PyTorch's CUDA allocator, one Allocator per device. Call before CUDA is initialised.
 
-    policy: a built-in policy name or a Policy object; knobs override its fields (e.g. chunk_size=8 << 20).
+    policy: a policy spec (a built-in or installed name, module:Class, file.py:Class, with optional inline
+      `[knob=value]`), a Policy object or a PolicyChoice; knobs override its fields (e.g. chunk_size=8 << 20).
     limit: a cap on each device's physical memory, in bytes (0: the device's own size).
     """
     import torch
@@ -91,11 +100,15 @@ def enable(policy: str | policies.Policy = "gmlake", *, limit: int = 0, **knobs)
         raise RuntimeError(
             "gmlake: CUDA is already initialised, so PyTorch's allocator can no longer be replaced. Call "
             "gmlake.torch.enable() before any CUDA work, or start the program with `gmlake run`.")
-    chosen = policies.get(policy, **knobs) if isinstance(policy, str) else policy
-    if not isinstance(chosen, policies.Policy):
-        raise TypeError(f"gmlake: policy must be a name or a gmlake.policies.Policy, got {type(policy).__name__}")
     if knobs and not isinstance(policy, str):
         raise TypeError("gmlake: pass knobs with a policy name, or set them on the Policy object")
+    if isinstance(policy, str):
+        choice = policies.resolve(policy, knobs, granularity=None)
+    elif isinstance(policy, (policies.Policy, policies.PolicyChoice)):
+        choice = policies.choice_of(policy)
+    else:
+        raise TypeError(f"gmlake: policy must be a name or a gmlake.policies.Policy, got {type(policy).__name__}")
+    chosen = choice.policy
 
     def factory(device: int) -> Allocator:
         from gmlake import cuda_driver
@@ -118,7 +131,7 @@ def enable(policy: str | policies.Policy = "gmlake", *, limit: int = 0, **knobs)
     torch.cuda.memory.change_current_allocator(pluggable)
     _guard_graph_capture(torch)
     install_memory_api(torch)
-    _enabled.update(policy=policy, knobs=knobs, limit=limit, pluggable=pluggable, chosen=chosen)
+    _enabled.update(policy=policy, knobs=knobs, limit=limit, pluggable=pluggable, chosen=chosen, choice=choice)
 
 
 def _guard_graph_capture(torch) -> None:
@@ -134,6 +147,11 @@ def _guard_graph_capture(torch) -> None:
 
     capture_begin.__wrapped__ = original
     torch.cuda.CUDAGraph.capture_begin = capture_begin
+
+
+def policy_info() -> dict[str, object] | None:
+    """The installed policy as results record it (label, spec, class, every knob), or None when not enabled."""
+    return _enabled["choice"].record() if _enabled else None
 
 
 def is_enabled() -> bool:
@@ -218,7 +236,7 @@ def memory_summary(device=None) -> str:
     mib = 1 << 20
     util = s["peak_allocated_bytes"] / s["peak_reserved_bytes"] if s["peak_reserved_bytes"] else 1.0
     lines = [
-        f"gmlake memory summary, device {d}, policy {_enabled['chosen'].name}",
+        f"gmlake memory summary, device {d}, policy {_enabled['choice'].label} ({_enabled['choice'].spec})",
         f"  allocated  {s['allocated_bytes'] / mib:12.1f} MiB   peak {s['peak_allocated_bytes'] / mib:12.1f} MiB",
         f"  reserved   {s['reserved_bytes'] / mib:12.1f} MiB   peak {s['peak_reserved_bytes'] / mib:12.1f} MiB",
         f"  active     {s['active_bytes'] / mib:12.1f} MiB   peak {s['peak_active_bytes'] / mib:12.1f} MiB",
@@ -244,11 +262,14 @@ _history_settings: dict[str, Any] = {}
 def snapshot() -> dict:
     """The allocator's state and history in torch's snapshot format (segments, device_traces), readable by
     `gmlake replay` and torch's memory_viz; what torch.cuda.memory._snapshot() returns under gmlake."""
-    return snapshot_of(_torch_bridge.allocators(), _enabled["chosen"].name if _enabled else None)
+    return snapshot_of(_torch_bridge.allocators(), _enabled["choice"].label if _enabled else None, policy_info())
 
 
-def snapshot_of(allocators: dict[int, Allocator], policy_name: str | None = None) -> dict:
-    """snapshot() for any {device: Allocator}, on any driver (a sim allocator's snapshot renders the same way)."""
+def snapshot_of(allocators: dict[int, Allocator], policy_name: str | None = None,
+                policy_record: dict | None = None) -> dict:
+    """snapshot() for any {device: Allocator}, on any driver (a sim allocator's snapshot renders the same way).
+    `policy_record` (PolicyChoice.record()) is kept under allocator_settings as gmlake_policy_spec, _class and
+    gmlake_knobs."""
     n = max(allocators, default=-1) + 1
     traces: list[list] = [[] for _ in range(n)]
     segments = []
@@ -260,7 +281,8 @@ def snapshot_of(allocators: dict[int, Allocator], policy_name: str | None = None
     return {
         "segments": segments,
         "device_traces": traces,
-        "allocator_settings": {"gmlake_policy": policy_name},
+        "allocator_settings": {"gmlake_policy": policy_name, **{
+            f"gmlake_{key}": value for key, value in (policy_record or {}).items() if key != "policy"}},
         "gmlake": {
             "allocator": "gmlake",
             "max_memory_reserved": max((s["peak_reserved_bytes"] for s in peak.values()), default=0),

@@ -55,7 +55,8 @@ def test_rows_sum_to_reserved_on_a_real_trace(policy):
     trace = load(str(bundled_traces()[0]))
     b = explain(trace, policy)
     assert sum(v for _, v in b.rows()) == b.reserved
-    assert b.reserved == replay(trace, policy).peak_reserved
+    assert b.peak_reserved == replay(trace, policy).peak_reserved
+    assert b.peak_reserved * 0.99 <= b.reserved <= b.peak_reserved
     assert b.requested <= b.reserved and b.rounding >= 0
 
 
@@ -78,7 +79,7 @@ def test_cli_explain_table_json_and_knobs(tmp_path, capsys):
     assert "free in chunks shared with live blocks" in out and "expandable" in out
     assert cli_main(["explain", TINY, "--policy", "gmlake", "--set", "min_saved_chunks=0", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(rows) == 1 and rows[0]["policy"] == "gmlake" and rows[0]["reserved"] > 0
+    assert len(rows) == 1 and rows[0]["policy"] == "gmlake(min_saved_chunks=0)" and rows[0]["reserved"] > 0
 
 
 @pytest.mark.parametrize("args, message", [

@@ -84,7 +84,7 @@ def test_python_policy_replays(tmp_path):
 
     trace = load(TINY)
     r = replay(trace, NoSmallStitches(threshold=1 << 40))
-    assert r.stats["stitches"] == 0 and r.policy == "no-small-stitches"
+    assert r.stats["stitches"] == 0 and r.policy == "no-small-stitches(threshold=1TiB)"
 
 
 def _write(path, obj, compress=True):

@@ -1,15 +1,31 @@
 """Placement policies: how a request is placed, how blocks split, which stitched blocks are evicted.
 
-`get(name)` returns a built-in policy by name: "gmlake" (an expandable base with virtual memory stitching, the
-default), "gmlake-paper" (the paper's 2 MiB-chunk stitching), "caching" (a model
-of PyTorch's native allocator) and "expandable" (a model of its expandable segments). Policies are frozen dataclasses
-of knobs read once by the Cython core, so the built-in fast path runs with no Python. Subclass one and change its
-fields, or override its hooks (`should_split`, `allow_stitch`), to try a variant: see `gmlake.policies.examples`.
+Built-in policies: "gmlake" (an expandable base with virtual memory stitching, the default), "gmlake-paper" (the
+paper's 2 MiB-chunk stitching), "caching" (a model of PyTorch's native allocator) and "expandable" (a model of its
+expandable segments). Policies are frozen dataclasses of knobs read once by the Cython core, so the built-in fast
+path runs with no Python. Subclass one and change its fields, or override its hooks (`should_split`,
+`allow_stitch`), to try a variant: see `gmlake.policies.examples`.
+
+Every command and `gmlake run` name a policy by a spec, resolved here by `resolve()`:
+
+    gmlake                            a built-in policy
+    NAME                              a policy an installed package declares (entry point group gmlake.policies)
+    package.module:Class              a Policy subclass importable from the current folder or sys.path
+    path/to/file.py:Class             a Policy subclass defined in that file (the file is executed: it is code)
+    SPEC[knob=value,knob=value]       any of the above with its own knobs (sizes take units: chunk_size=8MiB)
 """
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import Iterable
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
 
 from gmlake.policies.base import Policy
 from gmlake.policies.caching import CachingPolicy
@@ -19,6 +35,15 @@ from gmlake.policies.gmlake import GMLakePolicy, PaperPolicy
 _BUILTIN: dict[str, type[Policy]] = {
     cls.name: cls for cls in (GMLakePolicy, PaperPolicy, CachingPolicy, ExpandablePolicy)
 }
+ENTRY_POINT_GROUP = "gmlake.policies"
+SPEC_HELP = ("a built-in name, an installed plugin's name, module:Class, or path/to/file.py:Class (which runs that "
+             "file's code), optionally with knobs: 'NAME[knob=value,knob=value]'")
+
+# A spec's inline knobs: everything inside a final [...] (the base may itself hold brackets, as a path might).
+_INLINE = re.compile(r"(?P<base>.*?)\[(?P<knobs>[^\[\]]*)\]\s*", re.DOTALL)
+_FILE_MODULE_PREFIX = "gmlake_user_policy_"
+# Files already loaded, by resolved path: loading a file twice would make two unequal classes of one name.
+_loaded_files: dict[Path, object] = {}
 
 
 def names() -> list[str]:
@@ -26,18 +51,232 @@ def names() -> list[str]:
     return list(_BUILTIN)
 
 
-def get(name: str, **options) -> Policy:
-    """A built-in policy by name, with its knobs overridden by `options`."""
+def installed() -> dict[str, importlib.metadata.EntryPoint]:
+    """Policies that installed packages declare in the `gmlake.policies` entry point group, by name (built-in
+    names excluded: a plugin cannot replace a built-in policy)."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name not in _BUILTIN}
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """A policy as the user chose it: the spec they wrote and the Policy object it resolved to, with its knobs."""
+
+    spec: str
+    policy: Policy
+
+    @property
+    def label(self) -> str:
+        """The policy's short label: its name and non-default knobs."""
+        return self.policy.label()
+
+    def record(self) -> dict[str, object]:
+        """What a result records about its policy: label, spec as written, class (module.Class) and every knob."""
+        cls = type(self.policy)
+        module = sys.modules.get(cls.__module__)
+        if cls.__module__.startswith(_FILE_MODULE_PREFIX) and getattr(module, "__file__", None):
+            where = f"{module.__file__}:{cls.__qualname__}"     # a file's module name is ours, its path is not
+        else:
+            where = f"{cls.__module__}.{cls.__qualname__}"
+        return {"policy": self.label, "policy_spec": self.spec, "policy_class": where,
+                "knobs": self.policy.knob_values()}
+
+
+def split_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """A spec's base (name, module:Class or file.py:Class) and its inline knobs as {knob: text}."""
+    from gmlake.knobs import split_settings
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a policy spec is a name, module:Class or path/to/file.py:Class, got {spec!r}")
+    match = _INLINE.fullmatch(spec.strip())
+    if not match:
+        if "[" in spec or "]" in spec:
+            raise ValueError(f"policy {spec!r}: inline knobs are written NAME[knob=value,knob=value]")
+        return spec.strip(), {}
+    base = match.group("base").strip()
+    if not base:
+        raise ValueError(f"policy {spec!r}: knobs in brackets follow a policy name, e.g. gmlake[stitch=false]")
+    items = [item for item in match.group("knobs").split(",") if item.strip()]
     try:
-        cls = _BUILTIN[name]
-    except KeyError:
-        raise ValueError(f"gmlake: unknown policy {name!r}; built-in policies: {', '.join(names())}") from None
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ValueError(f"gmlake: policy {name} has no knob {', '.join(map(repr, unknown))}; "
-                         f"its knobs: {', '.join(sorted(known))}")
-    return cls(**options)
+        return base, split_settings(items)
+    except ValueError as exc:
+        raise ValueError(f"policy {spec!r}: {exc}") from None
+
+
+def _load_file(path_text: str, spec: str) -> object:
+    """The module a policy file defines, executed once per file."""
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise ValueError(f"policy {spec!r}: no such file {path_text!r}")
+    path = path.resolve()
+    if path in _loaded_files:
+        return _loaded_files[path]
+    # A module name of its own per file, registered before it runs: dataclasses and typing look the module up.
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    stem = re.sub(r"\W", "_", path.stem)
+    name = f"{_FILE_MODULE_PREFIX}{stem}_{digest}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ValueError(f"policy {spec!r}: cannot load {path_text!r} as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise ValueError(f"policy {spec!r}: running {path_text} failed: {type(exc).__name__}: {exc}") from None
+    _loaded_files[path] = module
+    return module
+
+
+def _import_module(module_name: str, spec: str) -> object:
+    """The named module, looked for on sys.path and then in the current folder (as `python -m` would)."""
+    added = os.getcwd() not in sys.path and "" not in sys.path
+    if added:
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name or module_name.startswith(f"{exc.name}."):   # the module itself, not an import in it
+            raise ValueError(f"policy {spec!r}: no module named {exc.name!r} (not on sys.path nor in the current "
+                             f"folder)") from None
+        raise ValueError(f"policy {spec!r}: importing {module_name} failed: ModuleNotFoundError: {exc}") from None
+    except Exception as exc:
+        raise ValueError(f"policy {spec!r}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        if added and os.getcwd() in sys.path:
+            sys.path.remove(os.getcwd())
+
+
+def _checked_class(found: object, spec: str) -> type[Policy]:
+    if not (isinstance(found, type) and issubclass(found, Policy)):
+        what = f"a {type(found).__name__}" if not isinstance(found, type) else f"class {found.__name__}"
+        raise ValueError(f"policy {spec!r}: {what} is not a subclass of gmlake.policies.Policy")
+    return found
+
+
+def policy_class(base: str) -> type[Policy]:
+    """The Policy subclass a spec's base names: a built-in name, an installed plugin's name, `module:Class` or
+    `path/to/file.py:Class`. Raises ValueError with one line for anything else."""
+    base = base.strip()
+    if base in _BUILTIN:
+        return _BUILTIN[base]
+    if ":" not in base:
+        plugins = installed()
+        if base in plugins:
+            try:
+                found = plugins[base].load()
+            except Exception as exc:
+                raise ValueError(f"policy {base!r}: loading entry point {plugins[base].value} failed: "
+                                 f"{type(exc).__name__}: {exc}") from None
+            return _checked_class(found, base)
+        known = ", ".join(names()) + (f"; installed: {', '.join(sorted(plugins))}" if plugins else "")
+        raise ValueError(f"unknown policy {base!r}; built-in policies: {known}; or give module:Class or "
+                         f"path/to/file.py:Class")
+    source, _, attribute = base.rpartition(":")
+    if not source or not attribute:
+        raise ValueError(f"policy {base!r}: write module:Class or path/to/file.py:Class")
+    is_file = source.endswith(".py") or "/" in source or os.sep in source
+    module = _load_file(source, base) if is_file else _import_module(source, base)
+    found: object = module
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            where = source if is_file else f"module {source}"
+            offered = sorted(n for n, v in vars(module).items()   # those it defines, not those it imports
+                             if isinstance(v, type) and issubclass(v, Policy)
+                             and v.__module__ == getattr(module, "__name__", None))
+            raise ValueError(f"policy {base!r}: {where} has no {attribute!r}"
+                             + (f"; its policies: {', '.join(offered)}" if offered else ""))
+        found = getattr(found, part)
+    return _checked_class(found, base)
+
+
+def resolve(spec: str, knobs: Mapping[str, object] | None = None,
+            granularity: int | None = 2 << 20) -> PolicyChoice:
+    """The policy `spec` names (see the module docstring), with `knobs` and then the spec's own inline knobs
+    applied (inline wins), constructed and validated for a driver of `granularity` bytes (None: not validated, the
+    Allocator validates it for its driver). Knob values may be text
+    (parsed by the knob's type: sizes take units) or typed. Every failure is a ValueError of one line that names
+    the spec."""
+    from gmlake.knobs import coerce_knobs
+
+    base, inline = split_spec(spec)
+    cls = policy_class(base)
+    settings = {**(knobs or {}), **inline}
+    try:
+        typed = coerce_knobs(cls, settings, who=spec.strip())
+    except ValueError as exc:
+        text = str(exc)
+        raise ValueError(text if text.startswith("policy ") else f"policy {spec.strip()}: {text}") from None
+    try:
+        policy = cls(**typed)
+    except Exception as exc:
+        raise ValueError(f"policy {spec!r}: constructing {cls.__name__} failed: {type(exc).__name__}: {exc}") \
+            from None
+    if granularity is not None:
+        try:
+            policy.validate(granularity)
+        except ValueError as exc:
+            raise ValueError(f"policy {spec.strip()}: {str(exc).removeprefix('gmlake: ')}") from None
+    return PolicyChoice(spec=spec.strip(), policy=policy)
+
+
+def split_targeted(settings: Iterable[str]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """`--set` items as (knobs for every policy, {target: knobs for that policy only}). `knob=value` applies to
+    every chosen policy; `TARGET.knob=value` only to the policy TARGET names: its spec as given (without inline
+    knobs) or its position among the chosen policies, from 1. Knob names hold no dot, so the last dot before `=`
+    separates TARGET from the knob, whatever dots or colons the spec holds."""
+    everywhere: dict[str, str] = {}
+    targeted: dict[str, dict[str, str]] = {}
+    for item in settings:
+        left, sep, text = item.partition("=")
+        target, dot, knob = left.strip().rpartition(".")
+        if not sep or not knob.strip() or (dot and not target.strip()):
+            raise ValueError(f"a knob setting is knob=value or POLICY.knob=value, got {item!r}")
+        if dot:
+            targeted.setdefault(target.strip(), {})[knob.strip()] = text.strip()
+        else:
+            everywhere[knob.strip()] = text.strip()
+    return everywhere, targeted
+
+
+def choose(specs: Iterable[str], settings: Iterable[str] = (), base_knobs: Mapping[str, object] | None = None,
+           granularity: int | None = 2 << 20) -> list[PolicyChoice]:
+    """The policies `specs` name, each with its knobs: `base_knobs` (typed or text), then `settings` for every
+    policy (`knob=value`), then those aimed at it (`SPEC.knob=value` or `N.knob=value`, N its position from 1),
+    then the spec's own inline knobs `SPEC[knob=value]`: the most specific wins. A knob one of the policies lacks,
+    or a target that names none of them, is a ValueError naming it."""
+    specs = list(specs)
+    everywhere, targeted = split_targeted(settings)
+    bases = [split_spec(spec)[0] for spec in specs]
+    for target in targeted:
+        if target not in specs and target not in bases and not (target.isdigit() and 1 <= int(target) <= len(specs)):
+            raise ValueError(f"--set {target}.{next(iter(targeted[target]))}: {target!r} is none of the chosen "
+                             f"policies ({', '.join(specs)}); name one as given to --policy, or by its position "
+                             f"1..{len(specs)}")
+    chosen = []
+    for position, (spec, base) in enumerate(zip(specs, bases), start=1):
+        knobs: dict[str, object] = {**(base_knobs or {}), **everywhere}
+        for target in (base, spec.strip(), str(position)):
+            knobs.update(targeted.get(target, {}))
+        chosen.append(resolve(spec, knobs, granularity))
+    return chosen
+
+
+def choice_of(policy: Policy | str | PolicyChoice) -> PolicyChoice:
+    """A PolicyChoice for any way of naming a policy: a spec, a Policy object (its spec is its label) or a choice."""
+    if isinstance(policy, PolicyChoice):
+        return policy
+    if isinstance(policy, str):
+        return resolve(policy)
+    if isinstance(policy, Policy):
+        return PolicyChoice(spec=policy.label(), policy=policy)
+    raise TypeError(f"gmlake: a policy is a spec string or a gmlake.policies.Policy, got {type(policy).__name__}")
+
+
+def get(name: str, **options) -> Policy:
+    """The policy a spec names (a built-in name, plugin name, module:Class or file.py:Class), with its knobs
+    overridden by `options`; not yet validated (the Allocator validates it for its driver's granularity)."""
+    return resolve(name, options, granularity=None).policy
 
 
 def parse_knobs(items: Iterable[str]) -> dict:
@@ -54,4 +293,6 @@ def parse_knobs(items: Iterable[str]) -> dict:
     return knobs
 
 
-__all__ = ["Policy", "GMLakePolicy", "PaperPolicy", "CachingPolicy", "ExpandablePolicy", "get", "names", "parse_knobs"]
+__all__ = ["Policy", "GMLakePolicy", "PaperPolicy", "CachingPolicy", "ExpandablePolicy", "PolicyChoice",
+           "ENTRY_POINT_GROUP", "choice_of", "choose", "get", "installed", "names", "parse_knobs", "policy_class", "resolve",
+           "split_spec", "split_targeted"]

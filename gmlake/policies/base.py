@@ -123,3 +123,33 @@ class Policy:
                     f"granularity {granularity}")
         if self.small_segment_size < self.small_size:
             raise ValueError(f"gmlake: policy {self.name}: small_segment_size must be at least small_size")
+
+    # ------------------------------------------------------------------ identity (results, labels)
+
+    def knob_values(self) -> dict[str, object]:
+        """Every knob of this policy (its dataclass fields) with its value: the full setting a result records."""
+        from dataclasses import fields
+
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def label(self) -> str:
+        """A short name for tables and plots: the class's own `name` (else its class name) and, in parentheses,
+        the knobs that differ from the class's defaults, e.g. `MaxPieces(max_pieces=2)`, sizes with a binary unit
+        (`chunk_size=8MiB`). Two policies of one class with different knobs get different labels."""
+        from dataclasses import MISSING, fields
+
+        def short(value: object) -> str:
+            if isinstance(value, bool):
+                return "true" if value else "false"
+            if isinstance(value, int) and value >= 1024:
+                for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+                    if value % scale == 0:
+                        return f"{value // scale}{unit}"
+            return str(value)
+
+        cls = type(self)
+        base = cls.__dict__.get("name") or cls.__name__    # an inherited `name` would hide the subclass
+        changed = [f"{f.name}={short(getattr(self, f.name))}" for f in fields(self)
+                   if f.default is MISSING or getattr(self, f.name) != f.default
+                   or type(getattr(self, f.name)) is not type(f.default)]
+        return f"{base}({', '.join(changed)})" if changed else base
