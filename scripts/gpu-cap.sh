@@ -9,23 +9,8 @@
 # cap/cap.json (environment, every probe, every pair's outcome) and cap/probes.tar.gz (dynamic.py's summary of
 # each probe, per-step times included).
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/gmlake-out}
-mkdir -p "$OUT"
-START=$SECONDS
-TOTAL=${TOTAL:-540}                     # seconds for the whole call, build included
-PACK_S=15                               # kept for packing the results after the search's deadline
-export GMLAKE_CUDA_INCLUDE=${GMLAKE_CUDA_INCLUDE:-/usr/local/cuda/include}
-export NCCL_NVLS_ENABLE=0               # nothing here uses NCCL, but leave NVLink multicast off all the same
-nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
-  | tee -a "$OUT/machine.txt"
-if [ "${SKIP_BUILD:-0}" != 1 ] && ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"; exit 1
-fi
-BUILT=$((SECONDS - START))
-DEADLINE=$((TOTAL - BUILT - PACK_S))
-echo "built in $BUILT s; search deadline $DEADLINE s"
+TOTAL=${TOTAL:-540}
+. "$(dirname "$0")/gpu-common.sh"
 # shellcheck disable=SC2086  # the word lists split on purpose
 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout $((DEADLINE + 10)) python3 bench/cap_search.py \
   --out "$OUT/cap" --deadline "$DEADLINE" --steps "${STEPS:-20}" --resolution "${RESOLUTION:-0.01}" \

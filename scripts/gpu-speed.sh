@@ -8,23 +8,8 @@
 # speed/summary.json (every run without per-step records, and the table's rows) and speed/runs.tar.gz (one JSON per
 # run, per-step times included).
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/gmlake-out}
-mkdir -p "$OUT"
-START=$SECONDS
-TOTAL=${TOTAL:-530}                     # seconds for the whole call, build included
-PACK_S=15                               # kept for packing the results after the suite's deadline
-export GMLAKE_CUDA_INCLUDE=${GMLAKE_CUDA_INCLUDE:-/usr/local/cuda/include}
-export NCCL_NVLS_ENABLE=0               # nothing here uses NCCL, but leave NVLink multicast off all the same
-nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
-  | tee -a "$OUT/machine.txt"
-if [ "${SKIP_BUILD:-0}" != 1 ] && ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"; exit 1
-fi
-BUILT=$((SECONDS - START))
-DEADLINE=$((TOTAL - BUILT - PACK_S))
-echo "built in $BUILT s; suite deadline $DEADLINE s"
+TOTAL=${TOTAL:-530}
+. "$(dirname "$0")/gpu-common.sh"
 # shellcheck disable=SC2086  # the word lists split on purpose
 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout $((DEADLINE + 10)) python3 bench/speed_suite.py \
   --out "$OUT/speed" --deadline "$DEADLINE" --rounds "${ROUNDS:-2}" --steps "${STEPS:-60}" \
