@@ -165,7 +165,11 @@ def cmd_replay(args) -> int:
     from gmlake.replay import replay
 
     chosen = _policy_choices(args.policy, args.set)
+    if args.smallest_device and args.device_memory is not None:
+        raise UsageError("--smallest-device searches for the device size itself; drop --device-memory")
     (trace,) = _load([args.trace], args.device)
+    if args.smallest_device:
+        return _smallest_devices(trace, chosen, args.json)
     results = [replay(trace, choice, device_memory=args.device_memory) for choice in chosen]
     if args.json:
         for r in results:
@@ -175,6 +179,42 @@ def cmd_replay(args) -> int:
 
         _console().print(table(results, [trace]))
     return EXIT_OUT_OF_MEMORY if any(r.failed for r in results) else EXIT_OK
+
+
+GiB = 1 << 30
+
+
+def _smallest_devices(trace, chosen: list, as_json: bool) -> int:
+    """`gmlake replay --smallest-device`: per policy, the smallest device the trace fits on (gmlake.cap)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from gmlake.cap import smallest_device
+    from gmlake.replay import replay
+
+    rows = []
+    for choice in chosen:
+        uncapped = replay(trace, choice, samples=0)
+        if uncapped.failed:
+            raise UsageError(f"{trace.name}: {uncapped.policy} runs out of memory on the modelled device even "
+                             f"uncapped; give a larger --device-memory to replay it")
+        fit, fail, probed = smallest_device(trace, choice)
+        rows.append({"trace": trace.name, "policy": uncapped.policy, "smallest_device": fit,
+                     "largest_failing_device": fail, "peak_allocated": uncapped.peak_allocated,
+                     "uncapped_peak_reserved": uncapped.peak_reserved, "replays": len(probed) + 1})
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return EXIT_OK
+    t = Table(title=f"{trace.name}: the smallest device per policy (GiB, by replay, to 0.2 %)")
+    for col in ("policy", "peak allocated", "smallest device", "largest that fails", "uncapped reserved", "replays"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for r in rows:
+        t.add_row(Text(r["policy"]), *(f"{r[k] / GiB:.3f}" for k in ("peak_allocated", "smallest_device",
+                                                                     "largest_failing_device",
+                                                                     "uncapped_peak_reserved")), str(r["replays"]))
+    _console().print(t)
+    return EXIT_OK
 
 
 def cmd_explain(args) -> int:
@@ -425,6 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help=_JSON_HELP)
         p.add_argument("--device", type=int, help=_DEVICE_HELP)
         p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
+        if name == "replay":
+            p.add_argument("--smallest-device", action="store_true",
+                           help="instead: bisect, by replay, for the smallest device each policy serves every "
+                                "request on (what a job fits into under a cap)")
         p.set_defaults(func=func)
 
     p = sub.add_parser("compare", help="replay traces (default: the bundled ones) under every policy; table + PNG")

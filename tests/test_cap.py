@@ -38,3 +38,25 @@ def test_a_policy_that_fails_uncapped_is_refused(gpt2l):
     tiny = Trace(gpt2l.events, {**gpt2l.meta, "device_total": 1 << 30})
     with pytest.raises(ValueError, match="even uncapped"):
         smallest_device(tiny, "gmlake")
+
+
+def gmlake_cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "gmlake", *args], capture_output=True, text=True)
+
+
+def test_replay_smallest_device_from_the_command_line():
+    import json
+
+    proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-device", "--json", "--policy", "gmlake")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert row["policy"] == "gmlake" and row["largest_failing_device"] < row["smallest_device"]
+    assert row["peak_allocated"] <= row["smallest_device"] <= row["uncapped_peak_reserved"]
+
+
+def test_replay_smallest_device_refuses_a_fixed_device_in_one_line():
+    proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-device", "--device-memory", "20GiB")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "drop --device-memory" in proc.stderr
