@@ -220,13 +220,28 @@ cdef struct Fence:
     uint64_t seq
 
 
+# Which seams a Seams subclass decides in Cython (its `overridden` bits).
+cdef enum SeamBit:
+    SEAM_PLACE = 1
+    SEAM_SPLIT = 2
+    SEAM_STITCH = 4
+    SEAM_ALLOW_STITCH = 8
+    SEAM_LAYOUT = 16
+    SEAM_EVICT = 32
+    SEAM_PRESSURE = 64
+
+
 cimport cython
+
+
+cdef class Seams
 
 
 @cython.final
 cdef class Allocator:
     cdef readonly Driver driver
     cdef readonly object policy
+    cdef readonly Seams seams                            # how an overridden seam is decided (Python or Cython)
     cdef Knobs k
     cdef std_mutex mutex
     cdef size_t limit_bytes
@@ -300,3 +315,23 @@ cdef class Allocator:
     cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc_under_pressure(self, int pool, size_t size, int64_t stream) noexcept nogil
     cdef void _retire(self, Block* b) noexcept nogil
+
+
+cdef class Seams:
+    """How the core asks a seam that the policy overrides (see docs/policies.md). This base asks the policy's Python
+    hook, with the GIL. A subclass compiled against this .pxd overrides any of these methods in Cython, nogil, and
+    sets the matching SeamBit in `overridden` (in its __cinit__): the core then calls it there, through the vtable,
+    without the GIL. Each method is called with the allocator's lock held; it receives the built-in answer and may
+    change it. Its arguments are the allocator's own structures: read them, never change them."""
+    cdef public int overridden
+
+    cdef void place(self, Allocator a, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept nogil
+    cdef bint split(self, Allocator a, Block* b, size_t size, bint default) noexcept nogil
+    cdef void stitch(self, Allocator a, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
+                     size_t* remaining) noexcept nogil
+    cdef bint allow_stitch(self, Allocator a, size_t size, int64_t stream, vector[Piece]& pieces,
+                           size_t remaining) noexcept nogil
+    cdef void layout(self, Allocator a, int pool, size_t size, int64_t stream, size_t* segment_size,
+                     size_t* handle_size) noexcept nogil
+    cdef SBlock* evict(self, Allocator a, SBlock* lru_victim, int reason) noexcept nogil
+    cdef int pressure(self, Allocator a, size_t size, int64_t stream, int pool, int attempt, int default) noexcept nogil

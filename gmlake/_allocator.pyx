@@ -63,6 +63,10 @@ from gmlake._clock cimport timespec, clock_gettime, CLOCK_REALTIME, monotonic_ns
 cdef int64_t ANY_STREAM = -1
 
 POOL_NAMES = ("small", "large")
+# Each Policy hook and the Seams method (SeamBit) that decides it in Cython.
+SEAM_HOOKS = {"choose_block": SEAM_PLACE, "should_split": SEAM_SPLIT, "choose_stitch": SEAM_STITCH,
+              "allow_stitch": SEAM_ALLOW_STITCH, "segment_layout": SEAM_LAYOUT, "evict_victim": SEAM_EVICT,
+              "relieve_pressure": SEAM_PRESSURE}
 EVICT_REASONS = ("all", "bound", "pressure")
 
 CALL_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
@@ -189,13 +193,28 @@ cdef class Allocator:
         self.k.page_large = round_up(policy.expandable_page_large, gran)
         reserve = policy.expandable_reserve or (driver.capacity + driver.capacity // 8 if driver.capacity else 1 << 40)
         self.k.expandable_reserve = reserve
-        self.k.hook_allow_stitch = policy.overrides("allow_stitch")
-        self.k.hook_split = policy.overrides("should_split")
-        self.k.hook_evict = policy.overrides("evict_victim")
-        self.k.hook_place = policy.overrides("choose_block")
-        self.k.hook_stitch = policy.overrides("choose_stitch")
-        self.k.hook_layout = policy.overrides("segment_layout")
-        self.k.hook_pressure = policy.overrides("relieve_pressure")
+        seams = policy.cython_seams()
+        if seams is None:
+            seams = Seams()
+        if not isinstance(seams, Seams):
+            raise TypeError(f"gmlake: policy {policy.name}: cython_seams() must return a gmlake._allocator.Seams "
+                            f"or None, got {type(seams).__name__}")
+        self.seams = seams
+        # A seam is asked only where the policy overrides it, in Python or in Cython (never both: which would win?).
+        flags = {}
+        for hook, bit in SEAM_HOOKS.items():
+            in_cython = bool(seams.overridden & bit)
+            if in_cython and policy.overrides(hook):
+                raise ValueError(f"gmlake: policy {policy.name} overrides {hook} both in Python and in its "
+                                 f"Cython seams ({type(seams).__name__})")
+            flags[hook] = in_cython or policy.overrides(hook)
+        self.k.hook_allow_stitch = flags["allow_stitch"]
+        self.k.hook_split = flags["should_split"]
+        self.k.hook_evict = flags["evict_victim"]
+        self.k.hook_place = flags["choose_block"]
+        self.k.hook_stitch = flags["choose_stitch"]
+        self.k.hook_layout = flags["segment_layout"]
+        self.k.hook_pressure = flags["relieve_pressure"]
         import threading
         self.hook_errors = threading.local()
         # The largest request worth trying: the device's memory, or 4 TiB (the largest device a replay models, as
@@ -264,8 +283,7 @@ cdef class Allocator:
         if b == NULL and _reclaim_streams(self, stream, False):
             b = _best_free(self, POOL_SMALL, size, stream)
         if self.k.hook_place and self.err == ERR_NONE:
-            with gil:
-                self._hook_place(POOL_SMALL, size, stream, &b, NULL)
+            self.seams.place(self, POOL_SMALL, size, stream, &b, NULL)
         if b != NULL:
             _erase_free(self, b)
             return _take(self, b, size, stream)
@@ -292,8 +310,7 @@ cdef class Allocator:
         if self.cached.size() and (b == NULL or self.k.sblock_first):
             sb = _best_cached(self, size, b.size if b != NULL else <size_t>-1, stream)
         if self.k.hook_place:       # placement seam: the policy may pick another block or sBlock, or none
-            with gil:
-                self._hook_place(POOL_LARGE, size, stream, &b, &sb)
+            self.seams.place(self, POOL_LARGE, size, stream, &b, &sb)
         if sb != NULL:
             self.st.sblock_reuses += 1
             return _claim(self, sb, size, stream)
@@ -350,8 +367,9 @@ cdef class Allocator:
             # The built-in stages, as _relieve carries them out.
             default = PRESSURE_GIVE_UP if attempt >= 2 else \
                 PRESSURE_RELEASE_OTHER if attempt == 0 and self.k.cross_stream else PRESSURE_RELEASE_ALL
-            with gil:
-                action = self._hook_pressure(size, stream, pool, attempt, default)
+            action = self.seams.pressure(self, size, stream, pool, attempt, default)
+            if action < PRESSURE_GIVE_UP or action > PRESSURE_RELEASE_ALL:
+                action = default            # a Cython seam's answer out of range: the built-in's
             if action == PRESSURE_GIVE_UP:
                 break
             if _relieve_action(self, pool, size, action):
@@ -1193,6 +1211,42 @@ cdef class Allocator:
                         "size": segs[i].size, "chunk_size": segs[i].chunk_size,
                         "mapped_chunks": segs[i].mapped_chunks, "blocks": blocks})
         return out
+
+
+cdef class Seams:
+    """The seams as the core asks them: this base asks the policy's Python hooks (see _allocator.pxd). Subclass it
+    in Cython to decide a seam at C speed; docs/policies.md has the recipe, gmlake/_seams_example.pyx an example."""
+
+    cdef void place(self, Allocator a, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept nogil:
+        with gil:
+            a._hook_place(pool, size, stream, b, sb)
+
+    cdef bint split(self, Allocator a, Block* b, size_t size, bint default) noexcept nogil:
+        with gil:
+            return a._hook_split(b.size, size, b.seg.pool, default)
+
+    cdef void stitch(self, Allocator a, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
+                     size_t* remaining) noexcept nogil:
+        with gil:
+            a._hook_stitch(size, stream, blocks, pieces, remaining)
+
+    cdef bint allow_stitch(self, Allocator a, size_t size, int64_t stream, vector[Piece]& pieces,
+                           size_t remaining) noexcept nogil:
+        with gil:
+            return a._hook_allow_stitch(size, stream, pieces, remaining)
+
+    cdef void layout(self, Allocator a, int pool, size_t size, int64_t stream, size_t* segment_size,
+                     size_t* handle_size) noexcept nogil:
+        with gil:
+            a._hook_layout(pool, size, stream, segment_size, handle_size)
+
+    cdef SBlock* evict(self, Allocator a, SBlock* lru_victim, int reason) noexcept nogil:
+        with gil:
+            return a._hook_evict(lru_victim, reason)
+
+    cdef int pressure(self, Allocator a, size_t size, int64_t stream, int pool, int attempt, int default) noexcept nogil:
+        with gil:
+            return a._hook_pressure(size, stream, pool, attempt, default)
 
 
 def bench_cache_hits(Allocator alloc, size_t size, size_t iterations, int64_t stream=0) -> float:

@@ -188,6 +188,5 @@ cdef Segment* _laid_out_segment(Allocator self, int pool, size_t size, size_t se
     """Growth seam: a new mapped segment for `size` bytes, `segment_size` bytes in handles of `handle_size` unless
     the policy's segment_layout lays it out otherwise."""
     if self.k.hook_layout:
-        with gil:
-            self._hook_layout(pool, size, stream, &segment_size, &handle_size)
+        self.seams.layout(self, pool, size, stream, &segment_size, &handle_size)
     return _new_segment(self, pool, segment_size, handle_size, stream, True)

@@ -107,8 +107,7 @@ cdef int _evict_lru(Allocator self, size_t keep, bint synced, int reason) noexce
             synced = True
         victim = deref(self.lru.begin()).second
         if self.k.hook_evict and reason != EVICT_ALL:
-            with gil:
-                victim = self._hook_evict(victim, reason)
+            victim = self.seams.evict(self, victim, reason)
             if victim == NULL:          # the policy declined: keep the rest
                 return DRIVER_OK
         rc = _evict(self, victim)
@@ -261,8 +260,7 @@ cdef void _choose_stitch(Allocator self, size_t size, int64_t stream, vector[Blo
         return
     if pieces.empty():
         remaining[0] = size
-    with gil:
-        self._hook_stitch(size, stream, blocks, pieces, remaining)
+    self.seams.stitch(self, size, stream, blocks, pieces, remaining)
 
 
 cdef bint _stitch_allowed(Allocator self, size_t size, int64_t stream, vector[Piece]& pieces,
@@ -272,8 +270,7 @@ cdef bint _stitch_allowed(Allocator self, size_t size, int64_t stream, vector[Pi
     if pieces.empty():
         return False
     if self.k.hook_allow_stitch:
-        with gil:
-            return self._hook_allow_stitch(size, stream, pieces, remaining)
+        return self.seams.allow_stitch(self, size, stream, pieces, remaining)
     return True
 
 

@@ -468,3 +468,117 @@ def test_a_thread_holding_the_gil_does_not_deadlock_against_a_hook():
         pytest.fail("deadlock: a thread holding the GIL waited for the allocator's lock while a hook waited for "
                     "the GIL")
     assert proc.returncode == 0 and "no deadlock" in proc.stdout, proc.stderr
+
+
+# ---------------------------------------------------------------- the Cython path
+
+
+def test_a_cython_seam_decides_as_its_python_twin(driver):
+    from gmlake.policies.examples import WorstFitInCython
+
+    addresses = []
+    for policy in (WorstFit(), WorstFitInCython()):
+        alloc = Allocator(type(driver)(), policy)
+        fragment(alloc, [8, 6, 4])
+        addresses.append(alloc.malloc(3 * MiB) - alloc.segments_info()[0]["va"])
+        alloc.check()
+    assert addresses == [0, 0]
+    assert Allocator(driver, WorstFitInCython()).seams.overridden == 1      # SEAM_PLACE
+
+
+def test_a_cython_seam_replays_as_its_python_twin():
+    from gmlake.policies.examples import WorstFitInCython
+
+    trace = load(TINY)
+    python, cython = replay(trace, WorstFit()), replay(trace, WorstFitInCython())
+    assert python.stats == cython.stats and python.peak_reserved == cython.peak_reserved
+    assert cython.seconds < python.seconds
+
+
+def test_a_cython_seam_is_called_through_the_vtable_on_replay():
+    from gmlake._seams_example import KeepDefaultPlacement
+
+    seams = KeepDefaultPlacement()
+
+    @dataclass(frozen=True)
+    class Keep(gmlake.policies.PaperPolicy):
+        def cython_seams(self):
+            return seams
+
+    trace = load(TINY)
+    builtin, kept = replay(trace, gmlake.policies.PaperPolicy()), replay(trace, Keep())
+    assert seams.calls > 0 and builtin.stats == kept.stats
+
+
+def test_cython_seams_are_checked():
+    from gmlake._seams_example import WorstFitSeams
+
+    @dataclass(frozen=True)
+    class Both(WorstFit):
+        def cython_seams(self):
+            return WorstFitSeams()
+
+    @dataclass(frozen=True)
+    class NotSeams(gmlake.policies.PaperPolicy):
+        def cython_seams(self):
+            return object()
+
+    with pytest.raises(ValueError, match="choose_block both in Python and in its Cython seams"):
+        Allocator(gmlake.SimDriver(), Both())
+    with pytest.raises(TypeError, match="cython_seams"):
+        Allocator(gmlake.SimDriver(), NotSeams())
+
+
+EXTERNAL_SEAMS = textwrap.dedent("""
+    # cython: language_level=3
+    from libc.stdint cimport int64_t
+    from gmlake._allocator cimport Allocator, Seams, Block, SEAM_SPLIT, POOL_SMALL
+
+    cdef class NeverSplitLarge(Seams):
+        cdef readonly size_t calls
+
+        def __cinit__(self):
+            self.overridden = SEAM_SPLIT
+
+        cdef bint split(self, Allocator a, Block* b, size_t size, bint default) noexcept nogil:
+            self.calls += 1
+            return default if b.seg.pool == POOL_SMALL else False
+""")
+
+EXTERNAL_BUILD = textwrap.dedent("""
+    import sys
+    from Cython.Build import cythonize
+    from setuptools import Extension, setup
+    package = sys.argv[1]        # where gmlake is installed: its .pxd files and _structs.h ship with it
+    setup(script_args=["build_ext", "--inplace", "-q"], ext_modules=cythonize(
+        [Extension("my_seams", ["my_seams.pyx"], language="c++", extra_compile_args=["-std=c++17", "-O1"],
+                   include_dirs=[package])],
+        include_path=[str(__import__("pathlib").Path(package).parent)], quiet=True))
+""")
+
+
+def test_a_seam_subclassed_in_an_outside_pyx_is_called_nogil(tmp_path):
+    """The researcher's path: a .pyx outside gmlake, built against the .pxd files installed with it."""
+    (tmp_path / "my_seams.pyx").write_text(EXTERNAL_SEAMS)
+    (tmp_path / "build.py").write_text(EXTERNAL_BUILD)
+    package = Path(gmlake.__file__).parent
+    proc = subprocess.run([sys.executable, "build.py", str(package)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import my_seams
+    finally:
+        sys.path.remove(str(tmp_path))
+    seams = my_seams.NeverSplitLarge()
+
+    @dataclass(frozen=True)
+    class Policy(gmlake.policies.PaperPolicy):
+        def cython_seams(self):
+            return seams
+
+    alloc = Allocator(gmlake.SimDriver(), Policy())
+    alloc.free(alloc.malloc(30 * MiB))
+    b = alloc.malloc(10 * MiB)
+    assert alloc.block_size(b) == 30 * MiB and seams.calls > 0
+    alloc.check()

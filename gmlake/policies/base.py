@@ -147,6 +147,12 @@ class Policy:
         "release_all" twice; then None."""
         return default
 
+    def cython_seams(self) -> object | None:
+        """Seams decided in Cython: a `gmlake._allocator.Seams` subclass instance, compiled against gmlake's .pxd
+        files, whose nogil methods decide the seams its `overridden` bits name, at C speed (docs/policies.md, "The
+        Cython path"). None (the default): overridden seams are asked through the Python hooks above."""
+        return None
+
     def overrides(self, hook: str) -> bool:
         """Whether this policy's class overrides `hook` (the core calls Python only then)."""
         return getattr(type(self), hook) is not getattr(Policy, hook)

@@ -31,6 +31,17 @@ class WorstFit(PaperPolicy):
 
 
 @dataclass(frozen=True)
+class WorstFitInCython(PaperPolicy):
+    """Placement: `WorstFit`'s choices, made in Cython without the GIL (gmlake/_seams_example.pyx)."""
+
+    name: ClassVar[str] = "worst-fit-cython"
+
+    def cython_seams(self) -> object:
+        from gmlake._seams_example import WorstFitSeams
+        return WorstFitSeams()
+
+
+@dataclass(frozen=True)
 class KeepLargeBlocksWhole(PaperPolicy):
     """Splitting: never split a large-pool block when less than `min_remainder` bytes would be left over (the
     sliver would only fragment the pool); round the request up into the whole block instead."""
@@ -115,5 +126,5 @@ class SyncBeforeReleasing(PaperPolicy):
         return ("sync", "release_all")[attempt] if attempt < 2 else None
 
 
-EXAMPLES = (WorstFit, KeepLargeBlocksWhole, SmallestPiecesFirst, NoSmallStitches, LargeSegments, EvictOnlyWhatFrees,
+EXAMPLES = (WorstFit, WorstFitInCython, KeepLargeBlocksWhole, SmallestPiecesFirst, NoSmallStitches, LargeSegments, EvictOnlyWhatFrees,
             SyncBeforeReleasing)
