@@ -334,4 +334,5 @@ cdef class Seams:
     cdef void layout(self, Allocator a, int pool, size_t size, int64_t stream, size_t* segment_size,
                      size_t* handle_size) noexcept nogil
     cdef SBlock* evict(self, Allocator a, SBlock* lru_victim, int reason) noexcept nogil
-    cdef int pressure(self, Allocator a, size_t size, int64_t stream, int pool, int attempt, int default) noexcept nogil
+    cdef int pressure(self, Allocator a, size_t size, int64_t stream, int pool, int attempt,
+                      int default) noexcept nogil

@@ -626,7 +626,7 @@ cdef class Allocator:
             return bool(self.policy.should_split(block_size, size, "small" if pool == POOL_SMALL else "large",
                                                  default))
         except BaseException as exc:
-            self._hook_raised(exc)
+            self._hook_raised(exc, "should_split")
             return default
 
     cdef bint _hook_allow_stitch(self, size_t size, int64_t stream, vector[Piece]& pieces,
@@ -636,7 +636,7 @@ cdef class Allocator:
             sizes = [pieces[i].size for i in range(pieces.size())]
             return bool(self.policy.allow_stitch(size, stream, sizes, remaining))
         except BaseException as exc:
-            self._hook_raised(exc)
+            self._hook_raised(exc, "allow_stitch")
             return True
 
     cdef SBlock* _hook_evict(self, SBlock* lru_victim, int reason) noexcept:
@@ -657,7 +657,7 @@ cdef class Allocator:
                                  f"sBlocks")
             return order[index]
         except BaseException as exc:
-            self._hook_raised(exc)
+            self._hook_raised(exc, "evict_victim")
             return lru_victim
 
     cdef void _hook_place(self, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept:
@@ -702,7 +702,7 @@ cdef class Allocator:
             else:
                 sb[0] = sblocks[answer - blocks.size()]
         except BaseException as exc:
-            self._hook_raised(exc)
+            self._hook_raised(exc, "choose_block")
 
     cdef void _hook_stitch(self, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
                            size_t* remaining) noexcept:
@@ -732,7 +732,7 @@ cdef class Allocator:
             if pieces.empty():
                 remaining[0] = size
         except BaseException as exc:
-            self._hook_raised(exc)
+            self._hook_raised(exc, "choose_stitch")
 
     cdef void _hook_layout(self, int pool, size_t size, int64_t stream, size_t* segment_size,
                            size_t* handle_size) noexcept:
@@ -752,13 +752,13 @@ cdef class Allocator:
             segment_size[0] = seg_bytes
             handle_size[0] = handle_bytes
         except BaseException as exc:
-            self._hook_raised(exc)
+            self._hook_raised(exc, "segment_layout")
 
     cdef int _hook_pressure(self, size_t size, int64_t stream, int pool, int attempt, int default) noexcept:
         """Release-under-pressure seam: the policy names the next action (PRESSURE_ACTIONS), or None to give up."""
         try:
-            answer = self.policy.relieve_pressure(size, stream, POOL_NAMES[pool], attempt,
-                                                  None if default == PRESSURE_GIVE_UP else PRESSURE_ACTIONS[default - 1],
+            builtin = None if default == PRESSURE_GIVE_UP else PRESSURE_ACTIONS[default - 1]
+            answer = self.policy.relieve_pressure(size, stream, POOL_NAMES[pool], attempt, builtin,
                                                   self._state(stream))
             if answer is None:
                 return PRESSURE_GIVE_UP
@@ -767,7 +767,7 @@ cdef class Allocator:
                                  f"{', '.join(PRESSURE_ACTIONS)}")
             return PRESSURE_ACTIONS.index(answer) + 1
         except BaseException as exc:
-            self._hook_raised(exc)
+            self._hook_raised(exc, "relieve_pressure")
             return default
 
     cdef list _free_blocks(self, int pool, size_t at_least, int64_t stream, vector[Block*]* out):
@@ -804,11 +804,13 @@ cdef class Allocator:
                               tuple(self._free_blocks(POOL_SMALL, 0, stream, NULL)
                                     + self._free_blocks(POOL_LARGE, 0, stream, NULL)))
 
-    def _hook_raised(self, exc: BaseException) -> None:
-        """Note a hook's exception for this thread's call (the first one wins); the call then fails with it."""
+    def _hook_raised(self, exc: BaseException, hook: str) -> None:
+        """Note the exception `hook` raised (or its bad answer) for this thread's call (the first one wins); the
+        call then fails with it."""
         self.hook_failed = True
         if getattr(self.hook_errors, "exc", None) is None:
             self.hook_errors.exc = exc
+            self.hook_errors.hook = hook
 
     # ------------------------------------------------------------------ Python API
 
@@ -994,8 +996,9 @@ cdef class Allocator:
         thread), DriverError naming the driver call, or OutOfMemoryError with the figures at the failure."""
         if why.err == ERR_POLICY:
             exc = getattr(self.hook_errors, "exc", None)
+            hook = getattr(self.hook_errors, "hook", "a hook")
             self.hook_errors.exc = None
-            error = PolicyError(f"gmlake: policy {self.policy.name!r} raised {type(exc).__name__}: {exc}")
+            error = PolicyError(f"gmlake: policy {self.policy.name!r} raised {type(exc).__name__} in {hook}: {exc}")
             error.__cause__ = exc
             return error
         if why.err == ERR_DRIVER:
@@ -1244,7 +1247,8 @@ cdef class Seams:
         with gil:
             return a._hook_evict(lru_victim, reason)
 
-    cdef int pressure(self, Allocator a, size_t size, int64_t stream, int pool, int attempt, int default) noexcept nogil:
+    cdef int pressure(self, Allocator a, size_t size, int64_t stream, int pool, int attempt,
+                      int default) noexcept nogil:
         with gil:
             return a._hook_pressure(size, stream, pool, attempt, default)
 

@@ -582,3 +582,16 @@ def test_a_seam_subclassed_in_an_outside_pyx_is_called_nogil(tmp_path):
     b = alloc.malloc(10 * MiB)
     assert alloc.block_size(b) == 30 * MiB and seams.calls > 0
     alloc.check()
+
+
+def test_a_raising_hook_is_named_in_the_error(driver):
+    @dataclass(frozen=True)
+    class Raises(gmlake.policies.PaperPolicy):
+        def segment_layout(self, size, stream, pool, default, state):
+            raise LookupError("no layout for you")
+
+    alloc = Allocator(driver, Raises())
+    with pytest.raises(PolicyError, match="raised LookupError in segment_layout: no layout for you"):
+        alloc.malloc(4 * MiB)
+    assert alloc.stats()["allocated_bytes"] == 0
+    alloc.check()

@@ -126,5 +126,5 @@ class SyncBeforeReleasing(PaperPolicy):
         return ("sync", "release_all")[attempt] if attempt < 2 else None
 
 
-EXAMPLES = (WorstFit, WorstFitInCython, KeepLargeBlocksWhole, SmallestPiecesFirst, NoSmallStitches, LargeSegments, EvictOnlyWhatFrees,
-            SyncBeforeReleasing)
+EXAMPLES = (WorstFit, WorstFitInCython, KeepLargeBlocksWhole, SmallestPiecesFirst, NoSmallStitches, LargeSegments,
+            EvictOnlyWhatFrees, SyncBeforeReleasing)
