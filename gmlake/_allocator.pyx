@@ -738,6 +738,7 @@ cdef class Allocator:
                            size_t* handle_size) noexcept:
         """Growth seam: the policy lays out a new segment for `size` bytes as (segment bytes, handle bytes)."""
         cdef size_t gran = self.driver.granularity
+        cdef size_t bound = max(self.max_request, segment_size[0])     # an expandable range may exceed the device
         try:
             answer = self.policy.segment_layout(size, stream, POOL_NAMES[pool], (segment_size[0], handle_size[0]),
                                                 self._state(stream))
@@ -746,9 +747,9 @@ cdef class Allocator:
                 raise TypeError(f"segment_layout returned {answer!r}, not a tuple (segment bytes, handle bytes)")
             seg_bytes, handle_bytes = answer
             if handle_bytes <= 0 or handle_bytes % gran or seg_bytes < size or seg_bytes % handle_bytes \
-                    or seg_bytes > self.max_request:
+                    or seg_bytes > bound:
                 raise ValueError(f"segment_layout returned {answer!r} for {size} bytes: the segment must hold them "
-                                 f"(at most {self.max_request}), in whole handles of a multiple of {gran} bytes")
+                                 f"(at most {bound}), in whole handles of a multiple of {gran} bytes")
             segment_size[0] = seg_bytes
             handle_size[0] = handle_bytes
         except BaseException as exc:

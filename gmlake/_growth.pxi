@@ -76,6 +76,8 @@ cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stre
         inc(it)
     cdef size_t page = self.k.page_small if pool == POOL_SMALL else self.k.page_large
     cdef size_t reserve = round_up(self.k.expandable_reserve, page)
+    if self.k.hook_layout:          # growth seam: the new range's size and page
+        self.seams.layout(self, pool, size, stream, &reserve, &page)
     if reserve < size:
         self.err = ERR_OOM
         return NULL

@@ -204,6 +204,24 @@ def test_segment_layout_changes_handle_size_under_the_pytorch_rule(driver):
     alloc.check()
 
 
+def test_segment_layout_sets_an_expandable_ranges_pages(driver):
+    @dataclass(frozen=True)
+    class LargerPages(gmlake.policies.GMLakePolicy):
+        def segment_layout(self, size, stream, pool, default, state):
+            reserve, page = default
+            return (reserve, page) if pool == "small" else (reserve // (2 * page) * 2 * page, 2 * page)
+
+    plain, larger = Allocator(driver, gmlake.policies.GMLakePolicy()), Allocator(type(driver)(), LargerPages())
+    for alloc in (plain, larger):
+        alloc.malloc(4 * MiB)
+    assert plain.stats()["reserved_bytes"] == 20 * MiB and larger.stats()["reserved_bytes"] == 40 * MiB
+    (seg,) = larger.segments_info()
+    assert seg["chunk_size"] == 40 * MiB
+    larger.free(larger.malloc(60 * MiB))                 # grows the range by one more of its pages
+    assert larger.stats()["reserved_bytes"] == 80 * MiB
+    larger.check()
+
+
 # ---------------------------------------------------------------- eviction
 
 

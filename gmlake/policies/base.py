@@ -122,9 +122,9 @@ class Policy:
         """Growth: how a new segment for `size` bytes (a request, or a stitch's shortfall) is laid out, as
         (segment bytes, bytes per physical handle). `default` is the built-in layout: under "chunks" the size in
         whole `chunk_size` handles, under "pytorch" one handle of PyTorch's segment size, for the small pool one
-        `small_segment_size` handle. The segment must hold `size` bytes and be whole handles, each a multiple of
-        the driver's granularity. Not asked under the "expandable" rule, whose ranges grow by
-        `expandable_page_small` / `expandable_page_large` pages."""
+        `small_segment_size` handle; under "expandable", where a new range is reserved for a stream and pool and
+        then grows page by page, (the range's bytes, its page bytes). The segment must hold `size` bytes and be
+        whole handles, each a multiple of the driver's granularity."""
         return default
 
     def evict_victim(self, cached: list, reason: str, state: AllocatorState) -> int | None:
