@@ -28,6 +28,8 @@ extensions = [
     Extension("gmlake._allocator", ["gmlake/_allocator.pyx"], define_macros=debug_macros, **common),
     Extension("gmlake._bench", ["gmlake/_bench.pyx"], **common),
     Extension("gmlake._replay", ["gmlake/_replay.pyx"], **common),
+    # Policy seams decided in Cython, built against the .pxd files as a research policy's own module would be.
+    Extension("gmlake._seams_example", ["gmlake/_seams_example.pyx"], **common),
     # torch loads these symbols by name: C linkage for `cdef public` (Cython emits C++ linkage otherwise).
     Extension(
         "gmlake._torch_bridge",

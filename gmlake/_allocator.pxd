@@ -10,6 +10,7 @@ cdef extern from "<mutex>" namespace "std" nogil:
     # Declared without except+: lock() only throws on misuse, and we call it from noexcept nogil code.
     cppclass std_mutex "std::mutex":
         void lock()
+        bint try_lock()
         void unlock()
 
 cdef extern from "_structs.h" namespace "gmlake" nogil:
@@ -57,6 +58,7 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         size_t offset
         size_t capacity
         uint64_t last_use
+        int64_t stream
         vector[Piece] pieces
         vector[ChunkRef] chunks
         Block* alloc
@@ -186,22 +188,60 @@ cdef struct Knobs:
     size_t page_small
     size_t page_large
     size_t expandable_reserve
+    # Which seams the policy overrides in Python (read once, at construction): the core calls Python only there.
     bint hook_allow_stitch
     bint hook_split
     bint hook_evict
+    bint hook_place
+    bint hook_stitch
+    bint hook_layout
+    bint hook_pressure
+
+# Why cached sBlocks are being evicted: the policy's evict_victim is asked for the bound and pressure, not for
+# empty_cache (which evicts all).
+cdef enum EvictReason:
+    EVICT_ALL = 0
+    EVICT_BOUND
+    EVICT_PRESSURE
+
+# What relieves memory pressure (Policy.relieve_pressure answers with one, by name: PRESSURE_ACTIONS).
+cdef enum PressureAction:
+    PRESSURE_GIVE_UP = 0
+    PRESSURE_SYNC
+    PRESSURE_RELEASE_OTHER
+    PRESSURE_RELEASE_ALL
+
+# At most this many pressure actions per request, so a policy cannot loop a request forever.
+cdef enum:
+    MAX_PRESSURE_ATTEMPTS = 4
 
 cdef struct Fence:
     uint64_t event
     uint64_t seq
 
 
+# Which seams a Seams subclass decides in Cython (its `overridden` bits).
+cdef enum SeamBit:
+    SEAM_PLACE = 1
+    SEAM_SPLIT = 2
+    SEAM_STITCH = 4
+    SEAM_ALLOW_STITCH = 8
+    SEAM_LAYOUT = 16
+    SEAM_EVICT = 32
+    SEAM_PRESSURE = 64
+
+
 cimport cython
+
+
+cdef class Seams
 
 
 @cython.final
 cdef class Allocator:
     cdef readonly Driver driver
     cdef readonly object policy
+    cdef readonly Seams seams                            # how an overridden seam is decided (Python or Cython)
     cdef Knobs k
     cdef std_mutex mutex
     cdef size_t limit_bytes
@@ -240,6 +280,7 @@ cdef class Allocator:
     cdef int err_code
     cdef int err_call
 
+    cdef void _lock(self) noexcept nogil
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
     cdef int empty_cache_nogil(self, Failure* why) noexcept nogil
@@ -255,7 +296,16 @@ cdef class Allocator:
     cdef bint _hook_split(self, size_t block_size, size_t size, int pool, bint default) noexcept
     cdef bint _hook_allow_stitch(self, size_t size, int64_t stream, vector[Piece]& pieces,
                                  size_t remaining) noexcept
-    cdef SBlock* _hook_evict(self, SBlock* lru_victim) noexcept
+    cdef SBlock* _hook_evict(self, SBlock* lru_victim, int reason) noexcept
+    cdef void _hook_place(self, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept
+    cdef void _hook_stitch(self, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
+                           size_t* remaining) noexcept
+    cdef void _hook_layout(self, int pool, size_t size, int64_t stream, size_t* segment_size,
+                           size_t* handle_size) noexcept
+    cdef int _hook_pressure(self, size_t size, int64_t stream, int pool, int attempt, int default) noexcept
+    cdef object _state(self, int64_t stream)
+    cdef list _free_blocks(self, int pool, size_t at_least, int64_t stream, vector[Block*]* out)
+    cdef object _cached_view(self, SBlock* sb)
 
     # internals, in the order _allocator.pyx defines them
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil
@@ -263,4 +313,26 @@ cdef class Allocator:
     cdef Block* _alloc_large(self, size_t size, int64_t stream) noexcept nogil
     cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _alloc_under_pressure(self, int pool, size_t size, int64_t stream) noexcept nogil
     cdef void _retire(self, Block* b) noexcept nogil
+
+
+cdef class Seams:
+    """How the core asks a seam that the policy overrides (see docs/policies.md). This base asks the policy's Python
+    hook, with the GIL. A subclass compiled against this .pxd overrides any of these methods in Cython, nogil, and
+    sets the matching SeamBit in `overridden` (in its __cinit__): the core then calls it there, through the vtable,
+    without the GIL. Each method is called with the allocator's lock held; it receives the built-in answer and may
+    change it. Its arguments are the allocator's own structures: read them, never change them."""
+    cdef public int overridden
+
+    cdef void place(self, Allocator a, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept nogil
+    cdef bint split(self, Allocator a, Block* b, size_t size, bint default) noexcept nogil
+    cdef void stitch(self, Allocator a, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
+                     size_t* remaining) noexcept nogil
+    cdef bint allow_stitch(self, Allocator a, size_t size, int64_t stream, vector[Piece]& pieces,
+                           size_t remaining) noexcept nogil
+    cdef void layout(self, Allocator a, int pool, size_t size, int64_t stream, size_t* segment_size,
+                     size_t* handle_size) noexcept nogil
+    cdef SBlock* evict(self, Allocator a, SBlock* lru_victim, int reason) noexcept nogil
+    cdef int pressure(self, Allocator a, size_t size, int64_t stream, int pool, int attempt,
+                      int default) noexcept nogil

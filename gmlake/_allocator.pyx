@@ -48,11 +48,26 @@ from cython.operator cimport dereference as deref, preincrement as inc, predecre
 from gmlake._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
 
 from gmlake.errors import OutOfMemoryError, DriverError, InvalidPointerError, PolicyError
+from gmlake.policies.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock
+
+cdef extern from "Python.h" nogil:
+    ctypedef struct PyThreadState:
+        pass
+    int PyGILState_Check()
+    PyThreadState* PyEval_SaveThread()
+    void PyEval_RestoreThread(PyThreadState*)
 
 from gmlake._clock cimport timespec, clock_gettime, CLOCK_REALTIME, monotonic_ns
 
 # No stream: a free block whose stream's work has completed, usable by any stream.
 cdef int64_t ANY_STREAM = -1
+
+POOL_NAMES = ("small", "large")
+# Each Policy hook and the Seams method (SeamBit) that decides it in Cython.
+SEAM_HOOKS = {"choose_block": SEAM_PLACE, "should_split": SEAM_SPLIT, "choose_stitch": SEAM_STITCH,
+              "allow_stitch": SEAM_ALLOW_STITCH, "segment_layout": SEAM_LAYOUT, "evict_victim": SEAM_EVICT,
+              "relieve_pressure": SEAM_PRESSURE}
+EVICT_REASONS = ("all", "bound", "pressure")
 
 CALL_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
               "event_record", "event_query", "event_destroy")
@@ -178,9 +193,28 @@ cdef class Allocator:
         self.k.page_large = round_up(policy.expandable_page_large, gran)
         reserve = policy.expandable_reserve or (driver.capacity + driver.capacity // 8 if driver.capacity else 1 << 40)
         self.k.expandable_reserve = reserve
-        self.k.hook_allow_stitch = policy.overrides("allow_stitch")
-        self.k.hook_split = policy.overrides("should_split")
-        self.k.hook_evict = policy.overrides("evict_victim")
+        seams = policy.cython_seams()
+        if seams is None:
+            seams = Seams()
+        if not isinstance(seams, Seams):
+            raise TypeError(f"gmlake: policy {policy.name}: cython_seams() must return a gmlake._allocator.Seams "
+                            f"or None, got {type(seams).__name__}")
+        self.seams = seams
+        # A seam is asked only where the policy overrides it, in Python or in Cython (never both: which would win?).
+        flags = {}
+        for hook, bit in SEAM_HOOKS.items():
+            in_cython = bool(seams.overridden & bit)
+            if in_cython and policy.overrides(hook):
+                raise ValueError(f"gmlake: policy {policy.name} overrides {hook} both in Python and in its "
+                                 f"Cython seams ({type(seams).__name__})")
+            flags[hook] = in_cython or policy.overrides(hook)
+        self.k.hook_allow_stitch = flags["allow_stitch"]
+        self.k.hook_split = flags["should_split"]
+        self.k.hook_evict = flags["evict_victim"]
+        self.k.hook_place = flags["choose_block"]
+        self.k.hook_stitch = flags["choose_stitch"]
+        self.k.hook_layout = flags["segment_layout"]
+        self.k.hook_pressure = flags["relieve_pressure"]
         import threading
         self.hook_errors = threading.local()
         # The largest request worth trying: the device's memory, or 4 TiB (the largest device a replay models, as
@@ -248,6 +282,8 @@ cdef class Allocator:
         cdef Segment* seg
         if b == NULL and _reclaim_streams(self, stream, False):
             b = _best_free(self, POOL_SMALL, size, stream)
+        if self.k.hook_place and self.err == ERR_NONE:
+            self.seams.place(self, POOL_SMALL, size, stream, &b, NULL)
         if b != NULL:
             _erase_free(self, b)
             return _take(self, b, size, stream)
@@ -255,7 +291,7 @@ cdef class Allocator:
             return NULL
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
             return _alloc_expandable(self, POOL_SMALL, size, stream)
-        seg = _new_segment(self, POOL_SMALL, self.k.small_segment_size, self.k.small_segment_size, stream, True)
+        seg = _laid_out_segment(self, POOL_SMALL, size, self.k.small_segment_size, self.k.small_segment_size, stream)
         if seg == NULL:
             return NULL
         return _take(self, seg.first, size, stream)
@@ -263,7 +299,7 @@ cdef class Allocator:
     cdef Block* _alloc_large(self, size_t size, int64_t stream) noexcept nogil:
         # Steps 1-2: best fit among free pBlocks and cached sBlocks, then split.
         cdef Block* b = _best_free(self, POOL_LARGE, size, stream)
-        cdef SBlock* sb
+        cdef SBlock* sb = NULL
         if b == NULL and _reclaim_streams(self, stream, False):
             b = _best_free(self, POOL_LARGE, size, stream)
         if self.err != ERR_NONE:
@@ -273,16 +309,18 @@ cdef class Allocator:
         # expandable range's long free tail would otherwise send every request through that search.
         if self.cached.size() and (b == NULL or self.k.sblock_first):
             sb = _best_cached(self, size, b.size if b != NULL else <size_t>-1, stream)
-            if sb != NULL:
-                self.st.sblock_reuses += 1
-                return _claim(self, sb, size, stream)
+        if self.k.hook_place:       # placement seam: the policy may pick another block or sBlock, or none
+            self.seams.place(self, POOL_LARGE, size, stream, &b, &sb)
+        if sb != NULL:
+            self.st.sblock_reuses += 1
+            return _claim(self, sb, size, stream)
         if b != NULL:
             _erase_free(self, b)
             return _take(self, b, size, stream)
         cdef size_t alloc_size
         cdef Segment* seg
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
-            if self.k.stitch and size >= self.k.min_stitch_size:
+            if self.k.hook_stitch or (self.k.stitch and size >= self.k.min_stitch_size):
                 b = _stitch_expandable(self, size, stream)
                 if b != NULL or self.err != ERR_NONE:
                     return b
@@ -290,7 +328,7 @@ cdef class Allocator:
         if self.k.segment_rule == SEGMENTS_PYTORCH:
             # One handle per segment, sized as PyTorch's get_allocation_size does.
             alloc_size = self.k.large_segment_size if size < self.k.min_large_alloc else round_up(size, self.k.round_large)
-            seg = _new_segment(self, POOL_LARGE, alloc_size, alloc_size, stream, True)
+            seg = _laid_out_segment(self, POOL_LARGE, size, alloc_size, alloc_size, stream)
             if seg == NULL:
                 return NULL
             return _take(self, seg.first, size, stream)
@@ -307,6 +345,8 @@ cdef class Allocator:
         cdef int stage
         if b != NULL or self.err != ERR_OOM:
             return b
+        if self.k.hook_pressure:
+            return self._alloc_under_pressure(pool, size, stream)
         # Step 5: relieve memory pressure in two stages, retrying after each that changed something.
         for stage in range(2):
             if _relieve(self, pool, size, stage):
@@ -318,11 +358,49 @@ cdef class Allocator:
         self.err = ERR_OOM
         return NULL
 
+    cdef Block* _alloc_under_pressure(self, int pool, size_t size, int64_t stream) noexcept nogil:
+        """Step 5 as the policy's relieve_pressure decides: an action per attempt, the request retried after each
+        that changed something, until it is served, the policy gives up, or MAX_PRESSURE_ATTEMPTS are spent."""
+        cdef Block* b
+        cdef int attempt, action, default
+        for attempt in range(MAX_PRESSURE_ATTEMPTS):
+            # The built-in stages, as _relieve carries them out.
+            default = PRESSURE_GIVE_UP if attempt >= 2 else \
+                PRESSURE_RELEASE_OTHER if attempt == 0 and self.k.cross_stream else PRESSURE_RELEASE_ALL
+            action = self.seams.pressure(self, size, stream, pool, attempt, default)
+            if action < PRESSURE_GIVE_UP or action > PRESSURE_RELEASE_ALL:
+                action = default            # a Cython seam's answer out of range: the built-in's
+            if action == PRESSURE_GIVE_UP:
+                break
+            if _relieve_action(self, pool, size, action):
+                b = self._try_alloc(pool, size, stream)
+                if b != NULL or self.err != ERR_OOM:
+                    return b
+            elif self.err != ERR_NONE:
+                return NULL
+        self.err = ERR_OOM
+        return NULL
+
+    cdef void _lock(self) noexcept nogil:
+        """Take the allocator's lock. Note [Waiting for the lock without the GIL]: policy hooks run under this lock
+        and take the GIL. A thread that holds the GIL and calls in (torch allocates from Python with the GIL held)
+        must not wait for the lock while holding it, or a hook in the lock's holder waits for the GIL forever: such
+        a thread lets the GIL go while it waits. Only the contended path pays for the check."""
+        cdef PyThreadState* saved
+        if self.mutex.try_lock():
+            return
+        if PyGILState_Check():
+            saved = PyEval_SaveThread()
+            self.mutex.lock()
+            PyEval_RestoreThread(saved)
+        else:
+            self.mutex.lock()
+
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil:
         """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `why` is given, says why there."""
         cdef size_t rounded
         cdef Block* b = NULL
-        self.mutex.lock()
+        self._lock()
         self.err = ERR_NONE
         self.hook_failed = False
         if self.pending.size():
@@ -387,7 +465,7 @@ cdef class Allocator:
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil:
         """Free an allocation; ERR_INVALID_FREE (state untouched) if ptr is not live. If other streams used it
         (record_stream), its memory returns only once events recorded on them now have completed."""
-        self.mutex.lock()
+        self._lock()
         cdef int rc = self._free_locked(ptr)
         self._debug_check()
         self.mutex.unlock()
@@ -494,7 +572,7 @@ cdef class Allocator:
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
         """Bytes held by the live allocation at ptr; 0 if ptr is not one."""
         cdef size_t n = 0
-        self.mutex.lock()
+        self._lock()
         it = self.live.find(ptr)
         if it != self.live.end():
             n = deref(it).second.size
@@ -504,7 +582,7 @@ cdef class Allocator:
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil:
         """Note that `stream` uses the live allocation at ptr: its free will wait for that stream's work."""
         cdef size_t i
-        self.mutex.lock()
+        self._lock()
         it = self.live.find(ptr)
         if it == self.live.end():
             self.mutex.unlock()
@@ -521,14 +599,14 @@ cdef class Allocator:
 
     cdef int empty_cache_nogil(self, Failure* why) noexcept nogil:
         """Return every cached sBlock range and every fully free chunk to the driver."""
-        self.mutex.lock()
+        self._lock()
         self.err = ERR_NONE
         # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
         _reclaim_streams(self, ANY_STREAM, True)
         _retry_orphans(self)
         if self.err == ERR_NONE:
-            _release_pool(self, POOL_SMALL, 0)
-            _release_pool(self, POOL_LARGE, 0)
+            _release_pool(self, POOL_SMALL, 0, EVICT_ALL)
+            _release_pool(self, POOL_LARGE, 0, EVICT_ALL)
         cdef int err = self.err
         self._fill_failure(why)
         self._debug_check()
@@ -537,7 +615,7 @@ cdef class Allocator:
 
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil:
         """Cap the physical memory held (0: none), under the lock: torch's memory-fraction hook calls it."""
-        self.mutex.lock()
+        self._lock()
         self.limit_bytes = limit
         self.mutex.unlock()
 
@@ -548,7 +626,7 @@ cdef class Allocator:
             return bool(self.policy.should_split(block_size, size, "small" if pool == POOL_SMALL else "large",
                                                  default))
         except BaseException as exc:
-            self._hook_raised(exc)
+            self._hook_raised(exc, "should_split")
             return default
 
     cdef bint _hook_allow_stitch(self, size_t size, int64_t stream, vector[Piece]& pieces,
@@ -558,33 +636,182 @@ cdef class Allocator:
             sizes = [pieces[i].size for i in range(pieces.size())]
             return bool(self.policy.allow_stitch(size, stream, sizes, remaining))
         except BaseException as exc:
-            self._hook_raised(exc)
+            self._hook_raised(exc, "allow_stitch")
             return True
 
-    cdef SBlock* _hook_evict(self, SBlock* lru_victim) noexcept:
-        """Ask the policy which cached sBlock to evict; it sees them oldest first and returns an index."""
+    cdef SBlock* _hook_evict(self, SBlock* lru_victim, int reason) noexcept:
+        """Eviction seam: ask the policy which cached sBlock to evict (they are listed oldest first); NULL: it
+        declined."""
         cdef vector[SBlock*] order
         cdef pair[uint64_t, SBlock*] entry
         cdef size_t i
         for entry in self.lru:
             order.push_back(entry.second)
         try:
-            cached = [{"capacity": order[i].capacity, "va_bytes": order[i].va_size, "handles": order[i].chunks.size(),
-                       "pieces": order[i].pieces.size(), "age": self.tick - order[i].last_use}
-                      for i in range(order.size())]
-            index = int(self.policy.evict_victim(cached))
-            if not 0 <= index < len(cached):
-                raise IndexError(f"evict_victim returned {index}, not an index into {len(cached)} cached sBlocks")
+            cached = [self._cached_view(order[i]) for i in range(order.size())]
+            index = self.policy.evict_victim(cached, EVICT_REASONS[reason], self._state(lru_victim.stream))
+            if index is None:
+                return NULL
+            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cached):
+                raise ValueError(f"evict_victim returned {index!r}, not None or an index into {len(cached)} cached "
+                                 f"sBlocks")
             return order[index]
         except BaseException as exc:
-            self._hook_raised(exc)
+            self._hook_raised(exc, "evict_victim")
             return lru_victim
 
-    def _hook_raised(self, exc: BaseException) -> None:
-        """Note a hook's exception for this thread's call (the first one wins); the call then fails with it."""
+    cdef void _hook_place(self, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept:
+        """Placement seam: the policy picks among the free blocks and cached sBlocks that fit (or none); `b` and
+        `sb` hold the built-in choice on entry and the policy's on return (unchanged if the hook fails)."""
+        cdef vector[Block*] blocks
+        cdef vector[SBlock*] sblocks
+        cdef cmap[SBlockKey, SBlock*].iterator it
+        cdef SBlockKey key
+        cdef size_t i
+        try:
+            candidates = self._free_blocks(pool, size, stream, &blocks)
+            if sb != NULL:
+                key.capacity = size
+                key.serial = 0
+                it = self.cached.lower_bound(key)
+                while it != self.cached.end():
+                    if _sblock_fits(self, deref(it).second, size, stream):
+                        sblocks.push_back(deref(it).second)
+                        candidates.append(self._cached_view(deref(it).second))
+                    inc(it)
+            default = None
+            for i in range(blocks.size()):
+                if b[0] == blocks[i]:
+                    default = i
+            for i in range(sblocks.size()):
+                if sb != NULL and sb[0] == sblocks[i]:
+                    default = blocks.size() + i
+            answer = self.policy.choose_block(size, stream, POOL_NAMES[pool], candidates, default,
+                                              self._state(stream))
+            if answer is not None and (not isinstance(answer, int) or isinstance(answer, bool)
+                                       or not 0 <= answer < len(candidates)):
+                raise ValueError(f"choose_block returned {answer!r}, not None or an index into {len(candidates)} "
+                                 f"candidates")
+            b[0] = NULL
+            if sb != NULL:
+                sb[0] = NULL
+            if answer is None:
+                return
+            if answer < <Py_ssize_t>blocks.size():
+                b[0] = blocks[answer]
+            else:
+                sb[0] = sblocks[answer - blocks.size()]
+        except BaseException as exc:
+            self._hook_raised(exc, "choose_block")
+
+    cdef void _hook_stitch(self, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
+                           size_t* remaining) noexcept:
+        """Stitching seam: the policy picks which of `blocks` to stitch, in order; pieces are cut from them as the
+        built-in cuts its own (see _cut_pieces). `pieces` and `remaining` hold the built-in choice on entry."""
+        cdef vector[Block*] chosen
+        cdef size_t i, j
+        try:
+            free = [FreeBlock(blocks[i].addr, blocks[i].size, blocks[i].stream, blocks[i].seg.serial,
+                              blocks[i].addr - blocks[i].seg.va) for i in range(blocks.size())]
+            default = []
+            for i in range(pieces.size()):
+                for j in range(blocks.size()):
+                    if blocks[j].addr <= pieces[i].addr < blocks[j].addr + blocks[j].size:
+                        default.append(j)
+                        break
+            answer = self.policy.choose_stitch(size, stream, free, default, self._state(stream))
+            if not isinstance(answer, (list, tuple)):
+                raise TypeError(f"choose_stitch returned {answer!r}, not a list of indices into {len(free)} blocks")
+            if len(set(answer)) != len(answer) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < len(free) for x in answer):
+                raise ValueError(f"choose_stitch returned {answer!r}, not distinct indices into {len(free)} blocks")
+            for x in answer:
+                chosen.push_back(blocks[<size_t>x])
+            pieces.clear()
+            remaining[0] = _cut_pieces(self, chosen, size, pieces)
+            if pieces.empty():
+                remaining[0] = size
+        except BaseException as exc:
+            self._hook_raised(exc, "choose_stitch")
+
+    cdef void _hook_layout(self, int pool, size_t size, int64_t stream, size_t* segment_size,
+                           size_t* handle_size) noexcept:
+        """Growth seam: the policy lays out a new segment for `size` bytes as (segment bytes, handle bytes)."""
+        cdef size_t gran = self.driver.granularity
+        cdef size_t bound = max(self.max_request, segment_size[0])     # an expandable range may exceed the device
+        try:
+            answer = self.policy.segment_layout(size, stream, POOL_NAMES[pool], (segment_size[0], handle_size[0]),
+                                                self._state(stream))
+            if not isinstance(answer, tuple) or len(answer) != 2 or not all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in answer):
+                raise TypeError(f"segment_layout returned {answer!r}, not a tuple (segment bytes, handle bytes)")
+            seg_bytes, handle_bytes = answer
+            if handle_bytes <= 0 or handle_bytes % gran or seg_bytes < size or seg_bytes % handle_bytes \
+                    or seg_bytes > bound:
+                raise ValueError(f"segment_layout returned {answer!r} for {size} bytes: the segment must hold them "
+                                 f"(at most {bound}), in whole handles of a multiple of {gran} bytes")
+            segment_size[0] = seg_bytes
+            handle_size[0] = handle_bytes
+        except BaseException as exc:
+            self._hook_raised(exc, "segment_layout")
+
+    cdef int _hook_pressure(self, size_t size, int64_t stream, int pool, int attempt, int default) noexcept:
+        """Release-under-pressure seam: the policy names the next action (PRESSURE_ACTIONS), or None to give up."""
+        try:
+            builtin = None if default == PRESSURE_GIVE_UP else PRESSURE_ACTIONS[default - 1]
+            answer = self.policy.relieve_pressure(size, stream, POOL_NAMES[pool], attempt, builtin,
+                                                  self._state(stream))
+            if answer is None:
+                return PRESSURE_GIVE_UP
+            if answer not in PRESSURE_ACTIONS:
+                raise ValueError(f"relieve_pressure returned {answer!r}, not None or one of "
+                                 f"{', '.join(PRESSURE_ACTIONS)}")
+            return PRESSURE_ACTIONS.index(answer) + 1
+        except BaseException as exc:
+            self._hook_raised(exc, "relieve_pressure")
+            return default
+
+    cdef list _free_blocks(self, int pool, size_t at_least, int64_t stream, vector[Block*]* out):
+        """Free blocks of `pool` of at least `at_least` bytes that `stream` may use (its own, then those of no
+        stream, each in best-fit order), as FreeBlocks; their pointers go to `out` where given."""
+        cdef FreeIndex* index = _index(self, pool)
+        cdef FreeIndex.iterator it
+        cdef Block* b
+        cdef int64_t s
+        found = []
+        for s in (stream, ANY_STREAM):
+            if s == ANY_STREAM and stream == ANY_STREAM and found:
+                break
+            it = index.lower_bound(make_key(s, at_least))
+            while it != index.end() and deref(it).first.stream == s:
+                b = deref(it).second
+                found.append(FreeBlock(b.addr, b.size, b.stream, b.seg.serial, b.addr - b.seg.va))
+                if out != NULL:
+                    out.push_back(b)
+                inc(it)
+        return found
+
+    cdef object _cached_view(self, SBlock* sb):
+        cdef size_t i
+        return CachedSBlock(sb.serial, sb.va, sb.va_size, sb.capacity,
+                            tuple([(sb.pieces[i].addr, sb.pieces[i].size) for i in range(sb.pieces.size())]),
+                            sb.chunks.size(), sb.stream, self.tick - sb.last_use if sb.alloc == NULL else 0,
+                            _sblock_all_free(self, sb))
+
+    cdef object _state(self, int64_t stream):
+        """The read-only view a hook receives (built only when a hook is called; the caller holds the lock)."""
+        return AllocatorState(self.st.reserved, self.st.allocated, self.st.active, self.limit_bytes,
+                              self.driver.capacity, self.cached.size(), stream,
+                              tuple(self._free_blocks(POOL_SMALL, 0, stream, NULL)
+                                    + self._free_blocks(POOL_LARGE, 0, stream, NULL)))
+
+    def _hook_raised(self, exc: BaseException, hook: str) -> None:
+        """Note the exception `hook` raised (or its bad answer) for this thread's call (the first one wins); the
+        call then fails with it."""
         self.hook_failed = True
         if getattr(self.hook_errors, "exc", None) is None:
             self.hook_errors.exc = exc
+            self.hook_errors.hook = hook
 
     # ------------------------------------------------------------------ Python API
 
@@ -643,7 +870,7 @@ cdef class Allocator:
         if max_entries <= 0:
             raise ValueError("max_entries must be positive")
         with nogil:
-            self.mutex.lock()
+            self._lock()
         self.tracing = enabled
         if enabled:
             self.trace_max = max_entries
@@ -657,7 +884,7 @@ cdef class Allocator:
         cdef vector[TraceEntry] copy
         cdef size_t start, i, n
         with nogil:
-            self.mutex.lock()
+            self._lock()
             copy = self.trace
             start = self.trace_next if self.trace.size() == self.trace_max else 0
             self.mutex.unlock()
@@ -692,6 +919,15 @@ cdef class Allocator:
         if rc == ERR_DRIVER:
             raise self.failure(0, &why)
 
+    def _malloc_holding_gil(self, size: int, stream: int = 0) -> int:
+        """malloc as torch's allocator calls it from a Python thread: the GIL stays held. For tests of Note [Waiting
+        for the lock without the GIL]."""
+        cdef Failure why
+        cdef uintptr_t ptr = self.malloc_nogil(size, stream, &why)
+        if ptr == 0:
+            raise self.failure(size, &why)
+        return ptr
+
     def block_size(self, ptr: int) -> int:
         """Bytes held by the live allocation at ptr (its request rounded up)."""
         cdef uintptr_t p = ptr
@@ -705,7 +941,7 @@ cdef class Allocator:
     def reset_peak_stats(self) -> None:
         """Reset every peak to the current value."""
         with nogil:
-            self.mutex.lock()
+            self._lock()
             self.st.peak_allocated = self.st.allocated
             self.st.peak_requested = self.st.requested
             self.st.peak_reserved = self.st.reserved
@@ -718,7 +954,7 @@ cdef class Allocator:
         cdef Stats s
         cdef size_t cached, pending, orphans, orphan_bytes = 0, i
         with nogil:
-            self.mutex.lock()
+            self._lock()
             s = self.st
             cached = self.cached.size()
             pending = self.pending.size()
@@ -761,8 +997,9 @@ cdef class Allocator:
         thread), DriverError naming the driver call, or OutOfMemoryError with the figures at the failure."""
         if why.err == ERR_POLICY:
             exc = getattr(self.hook_errors, "exc", None)
+            hook = getattr(self.hook_errors, "hook", "a hook")
             self.hook_errors.exc = None
-            error = PolicyError(f"gmlake: policy {self.policy.name!r} raised {type(exc).__name__}: {exc}")
+            error = PolicyError(f"gmlake: policy {self.policy.name!r} raised {type(exc).__name__} in {hook}: {exc}")
             error.__cause__ = exc
             return error
         if why.err == ERR_DRIVER:
@@ -946,7 +1183,7 @@ cdef class Allocator:
         cdef Block* b
         cdef size_t i, j
         with nogil:
-            self.mutex.lock()
+            self._lock()
             for sp in self.segments:
                 seg_row.serial = sp.second.serial
                 seg_row.va = sp.second.va
@@ -978,6 +1215,43 @@ cdef class Allocator:
                         "size": segs[i].size, "chunk_size": segs[i].chunk_size,
                         "mapped_chunks": segs[i].mapped_chunks, "blocks": blocks})
         return out
+
+
+cdef class Seams:
+    """The seams as the core asks them: this base asks the policy's Python hooks (see _allocator.pxd). Subclass it
+    in Cython to decide a seam at C speed; docs/policies.md has the recipe, gmlake/_seams_example.pyx an example."""
+
+    cdef void place(self, Allocator a, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept nogil:
+        with gil:
+            a._hook_place(pool, size, stream, b, sb)
+
+    cdef bint split(self, Allocator a, Block* b, size_t size, bint default) noexcept nogil:
+        with gil:
+            return a._hook_split(b.size, size, b.seg.pool, default)
+
+    cdef void stitch(self, Allocator a, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
+                     size_t* remaining) noexcept nogil:
+        with gil:
+            a._hook_stitch(size, stream, blocks, pieces, remaining)
+
+    cdef bint allow_stitch(self, Allocator a, size_t size, int64_t stream, vector[Piece]& pieces,
+                           size_t remaining) noexcept nogil:
+        with gil:
+            return a._hook_allow_stitch(size, stream, pieces, remaining)
+
+    cdef void layout(self, Allocator a, int pool, size_t size, int64_t stream, size_t* segment_size,
+                     size_t* handle_size) noexcept nogil:
+        with gil:
+            a._hook_layout(pool, size, stream, segment_size, handle_size)
+
+    cdef SBlock* evict(self, Allocator a, SBlock* lru_victim, int reason) noexcept nogil:
+        with gil:
+            return a._hook_evict(lru_victim, reason)
+
+    cdef int pressure(self, Allocator a, size_t size, int64_t stream, int pool, int attempt,
+                      int default) noexcept nogil:
+        with gil:
+            return a._hook_pressure(size, stream, pool, attempt, default)
 
 
 def bench_cache_hits(Allocator alloc, size_t size, size_t iterations, int64_t stream=0) -> float:

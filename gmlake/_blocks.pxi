@@ -141,8 +141,7 @@ cdef bint _should_split(Allocator self, Block* b, size_t size) noexcept nogil:
     else:
         split = remaining > self.k.large_split_min and (self.k.max_split_size == 0 or size < self.k.max_split_size)
     if self.k.hook_split:
-        with gil:
-            split = self._hook_split(b.size, size, b.seg.pool, split)
+        split = self.seams.split(self, b, size, split)
     return split
 
 

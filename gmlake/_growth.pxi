@@ -76,6 +76,8 @@ cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stre
         inc(it)
     cdef size_t page = self.k.page_small if pool == POOL_SMALL else self.k.page_large
     cdef size_t reserve = round_up(self.k.expandable_reserve, page)
+    if self.k.hook_layout:          # growth seam: the new range's size and page
+        self.seams.layout(self, pool, size, stream, &reserve, &page)
     if reserve < size:
         self.err = ERR_OOM
         return NULL
@@ -138,15 +140,24 @@ cdef Block* _stitch_expandable(Allocator self, size_t size, int64_t stream) noex
     when that maps at least `min_saved_chunks` fewer new pages than growing the range would. NULL with no
     error: growing is as good, the caller grows."""
     cdef vector[Piece] pieces
+    cdef vector[Block*] blocks
     cdef Piece piece
     cdef size_t page = self.k.page_large
-    cdef size_t remaining = _collect_pieces(self, size, stream, pieces)
+    cdef size_t remaining = _collect_pieces(self, size, stream, blocks, pieces)
     cdef size_t grow = _growth_bytes(self, POOL_LARGE, size, stream)
     cdef size_t fresh = round_up(remaining, page)
     cdef Block* hole
     cdef Segment* seg
-    if pieces.empty() or fresh + self.k.min_saved_chunks * page > grow:
-        return NULL
+    if pieces.empty() or fresh + self.k.min_saved_chunks * page > grow or \
+            not (self.k.stitch and size >= self.k.min_stitch_size):
+        if not self.k.hook_stitch:
+            return NULL
+        pieces.clear()              # the built-in would grow; the policy's choose_stitch may still stitch
+    if self.k.hook_stitch:
+        _choose_stitch(self, size, stream, blocks, pieces, &remaining)
+        if pieces.empty():
+            return NULL
+        fresh = round_up(remaining, page)
     if not _stitch_allowed(self, size, stream, pieces, remaining):
         return NULL
     if remaining:
@@ -171,4 +182,13 @@ cdef Block* _stitch_expandable(Allocator self, size_t size, int64_t stream) noex
 
 cdef Segment* _grow(Allocator self, size_t size, int64_t stream) noexcept nogil:
     """A new segment of whole chunks for `size` bytes (the "chunks" segment rule)."""
-    return _new_segment(self, POOL_LARGE, round_up(size, self.k.chunk_size), self.k.chunk_size, stream, True)
+    return _laid_out_segment(self, POOL_LARGE, size, round_up(size, self.k.chunk_size), self.k.chunk_size, stream)
+
+
+cdef Segment* _laid_out_segment(Allocator self, int pool, size_t size, size_t segment_size, size_t handle_size,
+                                int64_t stream) noexcept nogil:
+    """Growth seam: a new mapped segment for `size` bytes, `segment_size` bytes in handles of `handle_size` unless
+    the policy's segment_layout lays it out otherwise."""
+    if self.k.hook_layout:
+        self.seams.layout(self, pool, size, stream, &segment_size, &handle_size)
+    return _new_segment(self, pool, segment_size, handle_size, stream, True)

@@ -92,10 +92,11 @@ cdef int _evict(Allocator self, SBlock* sb) noexcept nogil:
     return DRIVER_OK
 
 
-cdef int _evict_lru(Allocator self, size_t keep, bint synced) noexcept nogil:
-    """Evict cached sBlocks until at most `keep` remain: the least recently used first, or the policy's choice
-    (its evict_victim hook). Synchronizes first unless the caller has (queued kernels may still use a freed
-    sBlock's range)."""
+cdef int _evict_lru(Allocator self, size_t keep, bint synced, int reason) noexcept nogil:
+    """Evict cached sBlocks until at most `keep` remain: the least recently used first, or the policy's choice (its
+    evict_victim hook, asked over the bound and under pressure, one victim at a time; it may decline, which stops
+    the eviction here). Synchronizes first unless the caller has (queued kernels may still use a freed sBlock's
+    range)."""
     cdef int rc
     cdef SBlock* victim
     while self.lru.size() > keep:
@@ -105,13 +106,25 @@ cdef int _evict_lru(Allocator self, size_t keep, bint synced) noexcept nogil:
                 return rc
             synced = True
         victim = deref(self.lru.begin()).second
-        if self.k.hook_evict and keep > 0:     # when all go, the order does not matter
-            with gil:
-                victim = self._hook_evict(victim)
+        if self.k.hook_evict and reason != EVICT_ALL:
+            victim = self.seams.evict(self, victim, reason)
+            if victim == NULL:          # the policy declined: keep the rest
+                return DRIVER_OK
         rc = _evict(self, victim)
         if rc != DRIVER_OK:
             return rc
     return DRIVER_OK
+
+
+cdef bint _sblock_all_free(Allocator self, SBlock* sb) noexcept nogil:
+    """Do all of a cached sBlock's pieces lie in free blocks (of any stream)?"""
+    cdef size_t i
+    cdef Block* b
+    for i in range(sb.pieces.size()):
+        b = _containing(self, sb.pieces[i].addr)
+        if b == NULL or b.state != BLOCK_FREE or b.addr + b.size < sb.pieces[i].addr + sb.pieces[i].size:
+            return False
+    return True
 
 
 cdef Block* _stitch(Allocator self, vector[Piece]& pieces, size_t size, int64_t stream) noexcept nogil:
@@ -125,7 +138,7 @@ cdef Block* _stitch(Allocator self, vector[Piece]& pieces, size_t size, int64_t 
     cdef uintptr_t va = 0, at
     cdef int rc
     if self.k.max_cached_sblocks and self.lru.size() >= self.k.max_cached_sblocks:
-        if _evict_lru(self, self.k.max_cached_sblocks - 1, False) != DRIVER_OK:
+        if _evict_lru(self, self.k.max_cached_sblocks - 1, False, EVICT_BOUND) != DRIVER_OK:
             return NULL
     for i in range(pieces.size()):
         b = _containing(self, pieces[i].addr)
@@ -166,6 +179,7 @@ cdef Block* _stitch(Allocator self, vector[Piece]& pieces, size_t size, int64_t 
     sb.va_size = va_size
     seg = chunks[0].seg
     sb.offset = (pieces[0].addr - seg.va) % seg.chunk_size
+    sb.stream = stream
     sb.capacity = capacity
     sb.pieces = pieces
     sb.chunks = chunks
@@ -179,28 +193,37 @@ cdef Block* _stitch(Allocator self, vector[Piece]& pieces, size_t size, int64_t 
     return _claim(self, sb, size, stream)
 
 
-cdef size_t _collect_pieces(Allocator self, size_t size, int64_t stream, vector[Piece]& pieces) noexcept nogil:
-    """Free large pBlocks whose mapped chunks could carry `size` bytes when stitched, largest first (so the
-    fewest pieces, and handles to map, cover the request). Returns the bytes still missing."""
-    cdef Piece piece
+cdef void _stitch_candidates(Allocator self, int64_t stream, vector[Block*]& out) noexcept nogil:
+    """Free large pBlocks `stream` may stitch (its own and those of no stream), largest first."""
     cdef vector[Block*] own
     cdef vector[Block*] anyb
-    cdef size_t remaining = size, C, usable, i = 0, j = 0
+    cdef size_t i = 0, j = 0
+    _descending(self, stream, own)
+    _descending(self, ANY_STREAM, anyb)
+    while i < own.size() or j < anyb.size():
+        if j >= anyb.size() or (i < own.size() and own[i].size >= anyb[j].size):
+            out.push_back(own[i])
+            i += 1
+        else:
+            out.push_back(anyb[j])
+            j += 1
+
+
+cdef size_t _cut_pieces(Allocator self, vector[Block*]& blocks, size_t size, vector[Piece]& pieces) noexcept nogil:
+    """Cut pieces for a `size`-byte stitch from `blocks`, in order, until the request is covered. Only the first
+    piece may start inside a chunk; every piece but the last ends on a chunk boundary (chunks map whole). Returns
+    the bytes still missing."""
+    cdef Piece piece
+    cdef size_t remaining = size, C, usable, i
     cdef uintptr_t start, aligned_end
     cdef Block* b
     cdef Segment* seg
-    _descending(self, stream, own)
-    _descending(self, ANY_STREAM, anyb)
-    while remaining and (i < own.size() or j < anyb.size()):
-        if j >= anyb.size() or (i < own.size() and own[i].size >= anyb[j].size):
-            b = own[i]
-            i += 1
-        else:
-            b = anyb[j]
-            j += 1
+    for i in range(blocks.size()):
+        if remaining == 0:
+            break
+        b = blocks[i]
         seg = b.seg
         C = seg.chunk_size
-        # Only the first piece may start inside a chunk; every piece but the last ends on a chunk boundary.
         start = b.addr if pieces.empty() else seg.va + round_up(b.addr - seg.va, C)
         if b.addr + b.size <= start:
             continue
@@ -220,6 +243,26 @@ cdef size_t _collect_pieces(Allocator self, size_t size, int64_t stream, vector[
     return remaining
 
 
+cdef size_t _collect_pieces(Allocator self, size_t size, int64_t stream, vector[Block*]& blocks,
+                            vector[Piece]& pieces) noexcept nogil:
+    """The built-in choice of pieces: free large pBlocks whose mapped chunks could carry `size` bytes when stitched,
+    largest first (so the fewest pieces, and handles to map, cover the request). Fills `blocks` with every
+    candidate (for the policy's choose_stitch). Returns the bytes still missing."""
+    _stitch_candidates(self, stream, blocks)
+    return _cut_pieces(self, blocks, size, pieces)
+
+
+cdef void _choose_stitch(Allocator self, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
+                         size_t* remaining) noexcept nogil:
+    """Stitching seam: the policy's choose_stitch, where it has one, replaces the built-in pieces (an empty
+    choice: grow instead)."""
+    if not self.k.hook_stitch:
+        return
+    if pieces.empty():
+        remaining[0] = size
+    self.seams.stitch(self, size, stream, blocks, pieces, remaining)
+
+
 cdef bint _stitch_allowed(Allocator self, size_t size, int64_t stream, vector[Piece]& pieces,
                           size_t remaining) noexcept nogil:
     """A stitch of `pieces` (plus `remaining` new bytes) may go ahead: there are pieces, and the policy's
@@ -227,24 +270,27 @@ cdef bint _stitch_allowed(Allocator self, size_t size, int64_t stream, vector[Pi
     if pieces.empty():
         return False
     if self.k.hook_allow_stitch:
-        with gil:
-            return self._hook_allow_stitch(size, stream, pieces, remaining)
+        return self.seams.allow_stitch(self, size, stream, pieces, remaining)
     return True
 
 
 cdef Block* _stitch_or_grow(Allocator self, size_t size, int64_t stream) noexcept nogil:
     cdef vector[Piece] pieces
+    cdef vector[Block*] blocks
     cdef Piece piece
     cdef size_t remaining = size
     cdef Block* b
     cdef Segment* seg = NULL
-    if self.k.stitch and size >= self.k.min_stitch_size:
-        remaining = _collect_pieces(self, size, stream, pieces)
+    if self.k.hook_stitch or (self.k.stitch and size >= self.k.min_stitch_size):
+        remaining = _collect_pieces(self, size, stream, blocks, pieces)
+        if not (self.k.stitch and size >= self.k.min_stitch_size):
+            pieces.clear()          # the knobs say grow; the policy's choose_stitch may still stitch
     # A stitch that needs new chunks anyway must save `min_saved_chunks` of them, or it only costs driver calls
     # (with 0 it also packs the new chunks after a free chunk tail, as one contiguous range would).
     if remaining and round_up(remaining, self.k.chunk_size) + self.k.min_saved_chunks * self.k.chunk_size \
             > round_up(size, self.k.chunk_size):
         pieces.clear()
+    _choose_stitch(self, size, stream, blocks, pieces, &remaining)
     if not _stitch_allowed(self, size, stream, pieces, remaining):
         seg = _grow(self, size, stream)
         if seg == NULL:

@@ -144,13 +144,14 @@ cdef void _drop_segment(Allocator self, Segment* seg) noexcept nogil:
     del seg
 
 
-cdef size_t _release_pool(Allocator self, int pool, size_t wanted) noexcept nogil:
-    """Release fully free chunks of `pool` (large: evicting cached sBlocks first). The caller has synchronized."""
+cdef size_t _release_pool(Allocator self, int pool, size_t wanted, int reason) noexcept nogil:
+    """Release fully free chunks of `pool` (large: evicting cached sBlocks first, for `reason`, an EvictReason).
+    The caller has synchronized."""
     cdef vector[Segment*] segs
     cdef pair[uint64_t, Segment*] entry
     cdef size_t released = 0, i
     if pool == POOL_LARGE and self.lru.size():
-        if _evict_lru(self, 0, True) != DRIVER_OK:
+        if _evict_lru(self, 0, True, reason) != DRIVER_OK:
             return 0
     for entry in self.segments:
         if entry.second.pool == pool:
@@ -172,14 +173,32 @@ cdef bint _relieve(Allocator self, int pool, size_t size, int stage) noexcept no
         changed = _reclaim_streams(self, ANY_STREAM, True)
         if self.err != ERR_NONE:
             return False
-        changed += _release_pool(self, POOL_SMALL, 0) + _release_pool(self, POOL_LARGE, 0)
+        changed += _release_pool(self, POOL_SMALL, 0, EVICT_PRESSURE) + \
+            _release_pool(self, POOL_LARGE, 0, EVICT_PRESSURE)
     elif stage == 0:
         changed = _reclaim_streams(self, ANY_STREAM, True)
         if self.err != ERR_NONE:
             return False
-        changed += _release_pool(self, POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size)
+        changed += _release_pool(self, POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size, EVICT_PRESSURE)
     else:
         if _sync(self) != DRIVER_OK:
             return False
-        changed = _release_pool(self, POOL_SMALL, 0) + _release_pool(self, POOL_LARGE, 0)
+        changed = _release_pool(self, POOL_SMALL, 0, EVICT_PRESSURE) + \
+            _release_pool(self, POOL_LARGE, 0, EVICT_PRESSURE)
+    return changed > 0 and self.err == ERR_NONE
+
+
+cdef bint _relieve_action(Allocator self, int pool, size_t size, int action) noexcept nogil:
+    """Release-under-pressure seam: carry out what the policy's relieve_pressure chose (a PressureAction). Each
+    action first waits for every stream. True if anything changed."""
+    cdef size_t changed
+    self.err = ERR_NONE
+    changed = _reclaim_streams(self, ANY_STREAM, True)
+    if self.err != ERR_NONE:
+        return False
+    if action == PRESSURE_RELEASE_OTHER:
+        changed += _release_pool(self, POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size, EVICT_PRESSURE)
+    elif action == PRESSURE_RELEASE_ALL:
+        changed += _release_pool(self, POOL_SMALL, 0, EVICT_PRESSURE) + \
+            _release_pool(self, POOL_LARGE, 0, EVICT_PRESSURE)
     return changed > 0 and self.err == ERR_NONE

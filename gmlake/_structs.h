@@ -58,6 +58,7 @@ struct SBlock {
     size_t offset = 0;             // where the first piece starts inside the first chunk
     size_t capacity = 0;           // sum of the pieces
     uint64_t last_use = 0;         // LRU tick while cached
+    int64_t stream = 0;            // the stream of its last allocation (what an eviction policy sees)
     std::vector<Piece> pieces;
     std::vector<ChunkRef> chunks;
     Block* alloc = nullptr;        // the live allocation through it, or nullptr while cached

@@ -28,7 +28,7 @@ class RaisingStitch(gmlake.policies.PaperPolicy):
 class OutOfRangeVictim(gmlake.policies.PaperPolicy):
     max_cached_sblocks: int = 2
 
-    def evict_victim(self, cached):
+    def evict_victim(self, cached, reason, state):
         return len(cached)          # one past the end
 
 

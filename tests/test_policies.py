@@ -208,9 +208,9 @@ def test_bad_policy_fields_are_refused(driver):
 
 def test_python_eviction_hook_chooses_the_victim(driver):
     class EvictLargest(gmlake.policies.PaperPolicy):
-        def evict_victim(self, cached):
-            self.seen.append([c["capacity"] for c in cached])
-            return max(range(len(cached)), key=lambda i: cached[i]["capacity"])
+        def evict_victim(self, cached, reason, state):
+            self.seen.append([c.size for c in cached])
+            return max(range(len(cached)), key=lambda i: cached[i].size)
 
     policy = EvictLargest(max_cached_sblocks=2)
     object.__setattr__(policy, "seen", [])

@@ -9,7 +9,9 @@ A memory cap makes the pressure paths run. Every policy runs under it.
 """
 from __future__ import annotations
 
+import collections
 import random
+from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, given, settings
@@ -89,6 +91,61 @@ class HostAllocatorMachine(RuleBasedStateMachine):
         self.h.close()
 
 
+def seam_policy(base: type) -> type:
+    """`base` with every seam overridden by a seeded random but valid answer, so the machine checks that any choice
+    a policy may make keeps memory safe (no hazard, no shared bytes) and the invariants whole."""
+
+    @dataclass(frozen=True)
+    class RandomSeams(base):
+        rng: random.Random = field(default_factory=lambda: random.Random(13), compare=False)
+        calls: collections.Counter = field(default_factory=collections.Counter, compare=False)
+
+        def choose_block(self, size, stream, pool, candidates, default, state):
+            self.calls["choose_block"] += 1
+            return self.rng.choice([default, None] + list(range(len(candidates))))
+
+        def should_split(self, block_size, size, pool, default):
+            self.calls["should_split"] += 1
+            return default if self.rng.random() < 0.7 else not default
+
+        def choose_stitch(self, size, stream, blocks, default, state):
+            self.calls["choose_stitch"] += 1
+            picked = self.rng.sample(range(len(blocks)), self.rng.randint(0, len(blocks)))
+            return self.rng.choice([default, picked, []])
+
+        def segment_layout(self, size, stream, pool, default, state):
+            self.calls["segment_layout"] += 1
+            segment, handle = default
+            return self.rng.choice([default, (segment + handle, handle)])
+
+        def evict_victim(self, cached, reason, state):
+            self.calls["evict_victim"] += 1
+            return self.rng.choice([None, 0, len(cached) - 1, self.rng.randrange(len(cached))])
+
+        def relieve_pressure(self, size, stream, pool, attempt, default, state):
+            self.calls["relieve_pressure"] += 1
+            return self.rng.choice([default, None, *gmlake.policies.base.PRESSURE_ACTIONS])
+
+    RandomSeams.name = f"{base.name}-random-seams"
+    return RandomSeams
+
+
+class SeamsPaperMachine(HostAllocatorMachine):
+    """The paper's policy (chunks, stitching, cross-stream reuse) with every decision made at random."""
+
+    def __init__(self) -> None:
+        self.policy = seam_policy(gmlake.policies.PaperPolicy)(max_cached_sblocks=3)
+        super().__init__()
+
+
+class SeamsGMLakeMachine(HostAllocatorMachine):
+    """The default (expandable base, stitching, per-stream blocks) with every decision made at random."""
+
+    def __init__(self) -> None:
+        self.policy = seam_policy(gmlake.policies.GMLakePolicy)(max_cached_sblocks=3, min_saved_chunks=0)
+        super().__init__()
+
+
 class CachingMachine(HostAllocatorMachine):
     policy = gmlake.policies.get("caching")
 
@@ -103,9 +160,34 @@ _settings = settings(max_examples=60, stateful_step_count=60, deadline=None, der
 HostAllocatorMachine.TestCase.settings = _settings
 CachingMachine.TestCase.settings = _settings
 ExpandableMachine.TestCase.settings = _settings
+SeamsPaperMachine.TestCase.settings = _settings
+SeamsGMLakeMachine.TestCase.settings = _settings
 TestHostAllocator = HostAllocatorMachine.TestCase
 TestHostCaching = CachingMachine.TestCase
 TestHostExpandable = ExpandableMachine.TestCase
+TestHostPaperSeams = SeamsPaperMachine.TestCase
+TestHostGMLakeSeams = SeamsGMLakeMachine.TestCase
+
+
+def test_the_random_seam_policies_reach_every_seam():
+    """The seam machines above are worth running only if their policies' hooks are asked."""
+    for base, knobs in ((gmlake.policies.PaperPolicy, {"cross_stream": False}), (gmlake.policies.GMLakePolicy, {})):
+        policy = seam_policy(base)(max_cached_sblocks=1, min_saved_chunks=0, **knobs)
+        h = StreamHarness(HostDriver(), policy, limit=48 * MiB)
+        rng = random.Random(5)
+        for step in range(300):
+            live = list(h.live)
+            if live and rng.random() < 0.45:
+                h.free(rng.choice(live))
+            else:
+                h.malloc(rng.choice([4 * KiB, 3 * MiB, 5 * MiB, 9 * MiB, 17 * MiB]), rng.randrange(2))
+            if step % 40 == 39:
+                h.complete_random(rng)
+        h.verify()
+        missing = {"choose_block", "should_split", "choose_stitch", "segment_layout", "evict_victim",
+                   "relieve_pressure"} - set(policy.calls)
+        assert not missing, f"{base.name}: never asked {sorted(missing)}"
+        h.close()
 
 
 # The same operation lists on sim and host give identical statistics: the drivers differ only in what backs memory.

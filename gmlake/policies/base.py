@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from gmlake.policies.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock
+
 MiB = 1 << 20
 SEGMENT_RULES = ("chunks", "pytorch", "expandable")
 
@@ -42,8 +44,11 @@ class Policy:
         paper's order). Off, cached sBlocks serve only requests no free block fits: each check costs a lookup per
         piece, so this keeps the search off the common path.
 
-    Hooks: override `should_split`, `allow_stitch` or `evict_victim` in a subclass to decide from Python. They run
-    with the GIL and only where the decision is made, so the built-in policies keep the nogil path.
+    Hooks (seams): every decision is a method a subclass may override to decide from Python: `choose_block`
+    (placement), `should_split`, `choose_stitch` and `allow_stitch` (stitching), `segment_layout` (growth),
+    `evict_victim` (eviction) and `relieve_pressure` (release under memory pressure). An override runs with the
+    GIL, only where its decision is made; a seam no policy overrides costs nothing (the built-ins keep the nogil
+    path). See docs/policies.md.
     """
 
     name: ClassVar[str] = "base"
@@ -70,22 +75,83 @@ class Policy:
     sblock_search_depth: int = 8
     sblock_first: bool = True
 
-    # ------------------------------------------------------------------ hooks
+    # ------------------------------------------------------------------ hooks (seams)
+    # Every decision the core makes is a seam: the built-in answer is computed in C, and a subclass that overrides the
+    # seam's method is asked from Python (with the GIL) at that decision only; the core checks `overrides` once, when
+    # the Allocator is built. Hooks run while the allocator's lock is held: they must not call the allocator.
+    # An answer of the wrong type or out of range fails the request with a PolicyError naming the hook; the
+    # allocator stays usable. See docs/policies.md for a worked example of each.
+
+    def choose_block(self, size: int, stream: int, pool: str, candidates: list, default: int | None,
+                     state: AllocatorState) -> int | None:
+        """Placement: which free block or cached sBlock serves a `size`-byte request (already rounded) on `stream`.
+
+        `candidates` are every free block (`FreeBlock`) of `pool` ("small" or "large") big enough, the stream's own
+        then those of no stream, each smallest first, then (large pool only) every cached sBlock (`CachedSBlock`)
+        big enough whose pieces are free for the stream, smallest first. `default` is the index of the built-in
+        choice (best fit, see `sblock_first`), or None where it found none. Return an index into `candidates`, or
+        None to serve the request from new memory or a stitch instead."""
+        return default
 
     def should_split(self, block_size: int, size: int, pool: str, default: bool) -> bool:
-        """Split a free block of `block_size` bytes to serve `size` bytes? `default` is the built-in answer."""
+        """Splitting: split a free block of `block_size` bytes to serve `size` bytes? `default` is the built-in
+        answer."""
+        return default
+
+    def choose_stitch(self, size: int, stream: int, blocks: list, default: list[int],
+                      state: AllocatorState) -> list[int]:
+        """Stitching: which free blocks to stitch for a `size`-byte request no free block fits, and in what order.
+
+        Asked under the "chunks" and "expandable" segment rules, whatever `stitch`, `min_stitch_size` and
+        `min_saved_chunks` say (they shape `default` only). `blocks` are the free large-pool blocks (`FreeBlock`)
+        the stream may use, largest first; `default` the indices the built-in would stitch, in order ([]: it
+        would grow instead). Return indices in stitch order, or [] to grow. The core cuts a piece from each in
+        turn until the request is covered: the first piece starts at its block's address, later ones at their
+        block's first chunk boundary, and every piece but the last ends on a chunk boundary (a block with no whole
+        chunk adds nothing); a shortfall is allocated as new memory and stitched last. `allow_stitch` may still
+        veto the result."""
         return default
 
     def allow_stitch(self, size: int, stream: int, pieces: list[int], new_bytes: int) -> bool:
-        """Stitch `pieces` (free bytes, largest first) plus `new_bytes` of new memory for a `size`-byte request?
+        """Stitch `pieces` (free bytes, in stitch order) plus `new_bytes` of new memory for a `size`-byte request?
         False allocates the whole request as new memory instead."""
         return True
 
-    def evict_victim(self, cached: list[dict]) -> int:
-        """Which cached sBlock to evict when the cache is over `max_cached_sblocks` or memory is short: an index into
-        `cached`, oldest first, each a dict of capacity, va_bytes, handles, pieces and age (in frees since last use).
-        The default evicts the least recently used."""
+    def segment_layout(self, size: int, stream: int, pool: str, default: tuple[int, int],
+                       state: AllocatorState) -> tuple[int, int]:
+        """Growth: how a new segment for `size` bytes (a request, or a stitch's shortfall) is laid out, as
+        (segment bytes, bytes per physical handle). `default` is the built-in layout: under "chunks" the size in
+        whole `chunk_size` handles, under "pytorch" one handle of PyTorch's segment size, for the small pool one
+        `small_segment_size` handle; under "expandable", where a new range is reserved for a stream and pool and
+        then grows page by page, (the range's bytes, its page bytes). The segment must hold `size` bytes and be
+        whole handles, each a multiple of the driver's granularity."""
+        return default
+
+    def evict_victim(self, cached: list, reason: str, state: AllocatorState) -> int | None:
+        """Eviction: which cached sBlock (`CachedSBlock`, least recently used first) to unmap now.
+
+        Asked when a new stitch would take the cache past `max_cached_sblocks` (`reason` "bound") and, one victim
+        at a time, when memory is short and the cache is being emptied to release chunks (`reason` "pressure";
+        not when empty_cache() is called, which evicts all). The default evicts the least recently used (index
+        0). Return an index into `cached`, or None to evict nothing more now: over the bound the cache then grows
+        past it; under pressure the chunks that the kept sBlocks map stay reserved."""
         return 0
+
+    def relieve_pressure(self, size: int, stream: int, pool: str, attempt: int, default: str | None,
+                         state: AllocatorState) -> str | None:
+        """Release under pressure: what to do when a `size`-byte request found no memory, before it fails with
+        out-of-memory. Asked for `attempt` 0, 1, ... (at most 4), each time the request still fails; after each
+        action the request is retried. Return one of `PRESSURE_ACTIONS` ("sync", "release_other_pool",
+        "release_all"), or None to give up (the request fails with OutOfMemoryError). `default` is the built-in
+        answer: with `cross_stream`, "release_other_pool" then "release_all"; without (PyTorch's rule),
+        "release_all" twice; then None."""
+        return default
+
+    def cython_seams(self) -> object | None:
+        """Seams decided in Cython: a `gmlake._allocator.Seams` subclass instance, compiled against gmlake's .pxd
+        files, whose nogil methods decide the seams its `overridden` bits name, at C speed (docs/policies.md, "The
+        Cython path"). None (the default): overridden seams are asked through the Python hooks above."""
+        return None
 
     def overrides(self, hook: str) -> bool:
         """Whether this policy's class overrides `hook` (the core calls Python only then)."""
@@ -153,3 +219,6 @@ class Policy:
                    if f.default is MISSING or getattr(self, f.name) != f.default
                    or type(getattr(self, f.name)) is not type(f.default)]
         return f"{base}({', '.join(changed)})" if changed else base
+
+
+__all__ = ["Policy", "AllocatorState", "FreeBlock", "CachedSBlock", "PRESSURE_ACTIONS", "SEGMENT_RULES", "MiB"]

@@ -1,0 +1,62 @@
+# cython: language_level=3
+"""Seams decided in Cython: examples of the Cython path (docs/policies.md, "The Cython path").
+
+A research policy subclasses `Seams` in its own .pyx, built against gmlake's installed .pxd files exactly as this
+module is, overrides the nogil methods of the seams it decides and sets their bits in `overridden`; its policy's
+`cython_seams()` returns an instance. The core then calls those methods through the vtable, without the GIL.
+"""
+from libc.stdint cimport int64_t
+from cython.operator cimport dereference as deref, predecrement as dec
+from gmlake._allocator cimport (Allocator, Seams, Block, SBlock, FreeIndex, FreeKey, SEAM_PLACE, POOL_SMALL)
+
+
+cdef inline FreeKey key(int64_t stream, size_t size) noexcept nogil:
+    cdef FreeKey k
+    k.stream = stream
+    k.size = size
+    k.serial = 0
+    k.offset = 0
+    return k
+
+
+cdef Block* largest(FreeIndex* index, int64_t stream, size_t size) noexcept nogil:
+    """The largest free block of `stream` of at least `size` bytes (of those as large, the first in address order
+    of segments), or NULL."""
+    cdef FreeIndex.iterator it = index.lower_bound(key(stream + 1, 0))
+    if it == index.begin():
+        return NULL
+    dec(it)
+    if deref(it).first.stream != stream or deref(it).first.size < size:
+        return NULL
+    return deref(index.lower_bound(key(stream, deref(it).first.size))).second
+
+
+cdef class WorstFitSeams(Seams):
+    """Placement by worst fit, as gmlake.policies.examples.WorstFit decides it in Python (same choices, tested),
+    without the GIL: the largest free block of the request's stream, or of no stream if that one is larger; a
+    cached sBlock where the built-in chose one."""
+
+    def __cinit__(self):
+        self.overridden = SEAM_PLACE
+
+    cdef void place(self, Allocator a, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept nogil:
+        cdef FreeIndex* index = &a.free_small if pool == POOL_SMALL else &a.free_large
+        cdef Block* own
+        cdef Block* anyb
+        if sb != NULL and sb[0] != NULL:
+            return
+        own = largest(index, stream, size)
+        anyb = largest(index, -1, size)
+        b[0] = anyb if own == NULL or (anyb != NULL and anyb.size > own.size) else own
+
+
+cdef class KeepDefaultPlacement(Seams):
+    """Placement that keeps the built-in's choice: measures what calling a Cython seam costs (bench/micro.py)."""
+
+    cdef readonly size_t calls
+
+    def __cinit__(self):
+        self.overridden = SEAM_PLACE
+
+    cdef void place(self, Allocator a, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept nogil:
+        self.calls += 1

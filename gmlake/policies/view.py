@@ -1,0 +1,73 @@
+"""What a policy hook sees: plain, read-only copies of the allocator's state, built only when a hook is called.
+
+The core fills these in while it holds its lock, so they describe the moment of the decision; keeping one after the
+hook returns is safe (they are copies), but it no longer describes the allocator.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+#: What `Policy.relieve_pressure` may ask for, from the least disruptive to the most. Each first waits for every
+#: stream (so blocks freed on any stream serve any stream), then:
+#:   "sync": releases nothing more;
+#:   "release_other_pool": returns free memory of the pool the request does not use (up to the request's size);
+#:   "release_all": returns every free chunk of both pools, evicting cached sBlocks (asking `evict_victim`).
+PRESSURE_ACTIONS = ("sync", "release_other_pool", "release_all")
+
+
+class FreeBlock(NamedTuple):
+    """A free primitive block: `size` bytes at `addr`, freed on `stream` (-1: usable by any stream), at `offset`
+    bytes into segment `segment` (segments are numbered in creation order, the same on every driver)."""
+
+    addr: int
+    size: int
+    stream: int
+    segment: int
+    offset: int
+
+
+class CachedSBlock(NamedTuple):
+    """A stitched block kept mapped after its allocation was freed.
+
+    id: its serial number (stable while it lives); va / va_bytes: its virtual range; size: the bytes its pieces
+    carry (its capacity); pieces: (home address, bytes) of each piece, in order; handles: physical handles it maps
+    (what evicting it unmaps); stream: the stream its last allocation ran on; age: frees since its last use;
+    free: whether all its pieces are free right now (False: some are in use by other allocations, so it can only
+    serve a request after they are freed).
+    """
+
+    id: int
+    va: int
+    va_bytes: int
+    size: int
+    pieces: tuple
+    handles: int
+    stream: int
+    age: int
+    free: bool
+
+
+class AllocatorState(NamedTuple):
+    """The allocator at the moment a hook is asked. Bytes throughout.
+
+    reserved: physical memory held; allocated: bytes held by live allocations; active: allocated plus frees still
+    waiting for other streams; limit: the cap set by set_limit (0: none); capacity: the device's memory (0: the
+    driver models no bound); cached_sblocks: stitched blocks kept mapped; stream: the stream of the request being
+    decided; free_blocks: the free blocks that stream may use (its own and those of no stream), both pools, in the
+    core's best-fit order.
+    """
+
+    reserved: int
+    allocated: int
+    active: int
+    limit: int
+    capacity: int
+    cached_sblocks: int
+    stream: int
+    free_blocks: tuple
+
+    @property
+    def headroom(self) -> int:
+        """Bytes the allocator may still reserve before the cap or the device's memory (None of either: -1)."""
+        bound = self.limit or self.capacity
+        return bound - self.reserved if bound else -1
