@@ -97,5 +97,11 @@ def test_threads_and_autograd_allocate_at_once():
     assert "ok:" in run("threads.py")
 
 
+def test_a_custom_policy_from_a_file_has_its_seams_called_on_the_torch_path():
+    """Issue 13: `gmlake run --policy FILE.py:Class`, the seams asked through the torch bridge."""
+    out = run("policy_seams.py", env={"GMLAKE_POLICY": f"{SCRIPTS / 'counting_policy.py'}:CountingSeams"})
+    assert "ok seams called on the GPU" in out
+
+
 def test_a_raising_policy_hook_fails_the_torch_allocation_with_its_message():
     assert "ok policy error reached torch" in run("policy_error.py", gmlake=False)
