@@ -24,6 +24,7 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         POOL_LARGE
     cppclass Segment
     cppclass SBlock
+    cppclass PrivatePool
     cppclass Block:
         uintptr_t addr
         size_t size
@@ -45,6 +46,7 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         vector[int] sblock_maps
         size_t mapped_chunks
         Block* first
+        PrivatePool* owner
     cppclass Piece:
         uintptr_t addr
         size_t size
@@ -99,6 +101,17 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
     cppclass SBlockKey:
         size_t capacity
         uint64_t serial
+    cppclass PrivatePool:
+        uint64_t id
+        int64_t use_count
+        bint active
+        bint capturing
+        bint all_streams
+        vector[int64_t] streams
+        size_t segments
+        size_t reserved
+        cmap[FreeKey, Block*] free_small
+        cmap[FreeKey, Block*] free_large
 
 ctypedef cmap[FreeKey, Block*] FreeIndex
 ctypedef pair[FreeKey, Block*] FreeEntry
@@ -124,6 +137,7 @@ cdef enum Err:
     ERR_DRIVER
     ERR_INVALID_FREE
     ERR_POLICY          # a Python policy hook raised; the exception waits in the calling thread's hook_errors
+    ERR_CAPTURE         # what the call needed (a synchronize or an event) is forbidden while a graph is captured
 
 # Why one call failed, filled in under the allocator's lock and handed to the caller, so an error travels with the
 # call that raised it (another thread's call cannot overwrite it). The byte counts are the moment of failure.
@@ -272,6 +286,14 @@ cdef class Allocator:
     cdef size_t trace_max
     cdef size_t trace_next                               # ring buffer position once full
     cdef vector[TraceEntry] trace
+    # Private pools (_pools.pxi): by id, the active ones in the order they began, and the one serving the request in
+    # progress (under the lock; NULL: the default pool). While `capturing` > 0 the core calls no event or
+    # synchronize function (Note [Pools and graph capture]); frees that would need one wait in deferred_frees.
+    cdef cmap[uint64_t, PrivatePool*] pools
+    cdef vector[PrivatePool*] active_pools
+    cdef readonly size_t capturing
+    cdef PrivatePool* target
+    cdef vector[PendingFree] deferred_frees
     cdef uint64_t next_serial
     cdef uint64_t tick
     cdef uint64_t free_seq

@@ -1,12 +1,14 @@
 // Plain data of the allocator core. All logic lives in _allocator.pyx; these are records and orderings only.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace gmlake {
 
 struct Segment;
 struct SBlock;
+struct PrivatePool;
 
 enum BlockState : int { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_CLAIMED = 2, BLOCK_UNMAPPED = 3 };
 enum Pool : int { POOL_SMALL = 0, POOL_LARGE = 1 };
@@ -37,6 +39,7 @@ struct Segment {
     std::vector<int> sblock_maps;    // how many sBlocks map each chunk: it can be released only at zero
     size_t mapped_chunks = 0;
     Block* first = nullptr;
+    PrivatePool* owner = nullptr;    // the private pool it belongs to (graph capture), or nullptr: the default pool
 };
 
 // A piece of physical memory an sBlock covers: a byte range at a primitive (home) address.
@@ -110,6 +113,23 @@ struct FreeKey {
         if (serial != o.serial) return serial < o.serial;
         return offset < o.offset;
     }
+};
+
+struct PrivatePool;
+
+// A private memory pool, as PyTorch's CUDA graphs use one: its segments serve only the streams routed to it while
+// it is active, and its free blocks are indexed here, apart from the default pool's (see _pools.pxi).
+struct PrivatePool {
+    uint64_t id = 0;
+    int64_t use_count = 1;        // begins minus releases (PyTorch's use_count): its memory returns only at zero
+    bool active = false;          // between begin_allocate_to_pool and end_allocate_to_pool
+    bool capturing = false;       // active for streams under graph capture: no event or synchronize calls
+    bool all_streams = false;     // active for every stream, not only `streams`
+    std::vector<int64_t> streams;
+    size_t segments = 0;          // segments it owns
+    size_t reserved = 0;          // their mapped bytes
+    std::map<FreeKey, Block*> free_small;
+    std::map<FreeKey, Block*> free_large;
 };
 
 // Best-fit order of cached sBlocks: capacity, then age.
