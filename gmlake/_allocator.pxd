@@ -25,6 +25,7 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
     cppclass Segment
     cppclass SBlock
     cppclass PrivatePool
+    cppclass FreeKey
     cppclass Block:
         uintptr_t addr
         size_t size
@@ -42,11 +43,12 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         size_t size
         size_t chunk_size
         int pool
+        PrivatePool* owner
+        cmap[FreeKey, Block*]* free_index
         vector[uint64_t] handles
         vector[int] sblock_maps
         size_t mapped_chunks
         Block* first
-        PrivatePool* owner
     cppclass Piece:
         uintptr_t addr
         size_t size
@@ -286,6 +288,13 @@ cdef class Allocator:
     cdef size_t trace_max
     cdef size_t trace_next                               # ring buffer position once full
     cdef vector[TraceEntry] trace
+    cdef uint64_t next_serial
+    cdef uint64_t tick
+    cdef uint64_t free_seq
+    # Why the call in progress is failing; valid only under the lock (callers get a copy in their Failure).
+    cdef int err
+    cdef int err_code
+    cdef int err_call
     # Private pools (_pools.pxi): by id, the active ones in the order they began, and the one serving the request in
     # progress (under the lock; NULL: the default pool). While `capturing` > 0 the core calls no event or
     # synchronize function (Note [Pools and graph capture]); frees that would need one wait in deferred_frees.
@@ -294,13 +303,6 @@ cdef class Allocator:
     cdef readonly size_t capturing
     cdef PrivatePool* target
     cdef vector[PendingFree] deferred_frees
-    cdef uint64_t next_serial
-    cdef uint64_t tick
-    cdef uint64_t free_seq
-    # Why the call in progress is failing; valid only under the lock (callers get a copy in their Failure).
-    cdef int err
-    cdef int err_code
-    cdef int err_call
 
     cdef void _lock(self) noexcept nogil
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil

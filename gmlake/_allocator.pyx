@@ -420,8 +420,7 @@ cdef class Allocator:
         self._lock()
         self.err = ERR_NONE
         self.hook_failed = False
-        self.target = NULL
-        if self.active_pools.size():
+        if self.active_pools.size():       # else target is NULL (reset when the last pool ends)
             self.target = _pool_for(self, stream)
         if self.pending.size() and self.capturing == 0:
             _process_pending(self)
@@ -612,6 +611,7 @@ cdef class Allocator:
         """Return every cached sBlock range and every fully free chunk to the driver."""
         self._lock()
         self.err = ERR_NONE
+        self.target = NULL                  # no request in progress: hooks asked here see the default pool
         if self.capturing:
             self.err = ERR_CAPTURE          # it synchronizes: Note [Pools and graph capture]
             self._fill_failure(why)
@@ -1230,8 +1230,12 @@ cdef class Allocator:
         for sp in self.segments:
             seg = sp.second
             if seg.owner == NULL:
+                if seg.free_index != _index(self, seg.pool):
+                    raise InvariantError(f"segment {seg.serial} of the default pool indexes its free blocks elsewhere")
                 continue
             p = seg.owner
+            if seg.free_index != (&p.free_small if seg.pool == POOL_SMALL else &p.free_large):
+                raise InvariantError(f"segment {seg.serial} of private pool {p.id} indexes its free blocks elsewhere")
             if self.pools.count(p.id) == 0 or self.pools[p.id] != p:
                 raise InvariantError(f"segment {seg.serial} belongs to a private pool that is not known")
             n, r = counts.get(p.id, (0, 0))

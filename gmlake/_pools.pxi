@@ -44,11 +44,9 @@ cdef enum PoolErr:
 
 
 cdef inline FreeIndex* _index_of(Allocator self, Block* b) noexcept nogil:
-    """The free index that holds b while it is free: its private pool's, or the default pool's."""
-    cdef PrivatePool* owner = b.seg.owner
-    if owner != NULL:
-        return &owner.free_small if b.seg.pool == POOL_SMALL else &owner.free_large
-    return _index(self, b.seg.pool)
+    """The free index that holds b while it is free: its private pool's, or the default pool's (the segment keeps
+    a pointer to it, so a free pays no branch for pools)."""
+    return b.seg.free_index
 
 
 cdef PrivatePool* _pool_for(Allocator self, int64_t stream) noexcept nogil:
@@ -88,6 +86,7 @@ cdef Block* _alloc_in_pool(Allocator self, int kind, size_t size, int64_t stream
     if seg == NULL:
         return NULL
     seg.owner = p
+    seg.free_index = &p.free_small if kind == POOL_SMALL else &p.free_large
     p.segments += 1
     p.reserved += seg.size
     return _take(self, seg.first, size, stream)
@@ -165,6 +164,8 @@ cdef int _end_pool(Allocator self, uint64_t pool_id) noexcept nogil:
             break
     p.active = False
     p.streams.clear()
+    if self.active_pools.empty():
+        self.target = NULL
     if p.capturing:
         p.capturing = False
         self.capturing -= 1

@@ -28,6 +28,20 @@ struct Block {
     SBlock* sblock = nullptr; // stitched allocation: its sBlock; claimed primitive block: the sBlock claiming it
 };
 
+// Best-fit order of free primitive blocks: stream, then size, then a driver-independent address order.
+struct FreeKey {
+    int64_t stream;
+    size_t size;
+    uint64_t serial;
+    uintptr_t offset;
+    bool operator<(const FreeKey& o) const {
+        if (stream != o.stream) return stream < o.stream;
+        if (size != o.size) return size < o.size;
+        if (serial != o.serial) return serial < o.serial;
+        return offset < o.offset;
+    }
+};
+
 // A VA reservation over chunks (physical handles) of chunk_size bytes each, mapped in order.
 struct Segment {
     uint64_t serial = 0;      // creation order: orders free blocks the same way on every driver
@@ -35,11 +49,12 @@ struct Segment {
     size_t size = 0;
     size_t chunk_size = 0;
     int pool = POOL_LARGE;
+    PrivatePool* owner = nullptr;    // the private pool it belongs to (graph capture), or nullptr: the default pool
+    std::map<FreeKey, Block*>* free_index = nullptr;   // where its free blocks are indexed: its pool's, by kind
     std::vector<uint64_t> handles;   // 0: chunk released (an unmapped hole)
     std::vector<int> sblock_maps;    // how many sBlocks map each chunk: it can be released only at zero
     size_t mapped_chunks = 0;
     Block* first = nullptr;
-    PrivatePool* owner = nullptr;    // the private pool it belongs to (graph capture), or nullptr: the default pool
 };
 
 // A piece of physical memory an sBlock covers: a byte range at a primitive (home) address.
@@ -99,20 +114,6 @@ struct TraceEntry {
     size_t size;
     int64_t stream;
     int64_t time_us;
-};
-
-// Best-fit order of free primitive blocks: stream, then size, then a driver-independent address order.
-struct FreeKey {
-    int64_t stream;
-    size_t size;
-    uint64_t serial;
-    uintptr_t offset;
-    bool operator<(const FreeKey& o) const {
-        if (stream != o.stream) return stream < o.stream;
-        if (size != o.size) return size < o.size;
-        if (serial != o.serial) return serial < o.serial;
-        return offset < o.offset;
-    }
 };
 
 struct PrivatePool;
