@@ -191,6 +191,14 @@ class PoolMachine(HostAllocatorMachine):
             assert pools == {want} or (not pools and want == 0), (hex(ptr), pools, want)
         return ptr
 
+    @rule(ptr=consumes(HostAllocatorMachine.blocks), other=streams)
+    def free_after_use_elsewhere(self, ptr, other):
+        """A free that must wait for another stream: polled by later mallocs, deferred during a capture."""
+        if ptr is not None and ptr in self.h.live:
+            if other != self.h.live[ptr].stream:
+                self.h.use_on(ptr, other)
+            self.h.free(ptr)
+
     @rule(pid=st.integers(1, 2), chosen=st.sets(streams, min_size=1), capturing=st.booleans())
     def begin_pool(self, pid, chosen, capturing):
         released_with_memory = any(p["id"] == pid and p["use_count"] == 0 for p in self.h.alloc.pools_info())
