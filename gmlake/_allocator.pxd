@@ -140,6 +140,7 @@ cdef enum Err:
     ERR_INVALID_FREE
     ERR_POLICY          # a Python policy hook raised; the exception waits in the calling thread's hook_errors
     ERR_CAPTURE         # what the call needed (a synchronize or an event) is forbidden while a graph is captured
+    ERR_NO_POOL         # malloc_in_pool_nogil: the pool named is not active
 
 # Why one call failed, filled in under the allocator's lock and handed to the caller, so an error travels with the
 # call that raised it (another thread's call cannot overwrite it). The byte counts are the moment of failure.
@@ -306,6 +307,8 @@ cdef class Allocator:
 
     cdef void _lock(self) noexcept nogil
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil
+    cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
+                                        Failure* why) noexcept nogil
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
     cdef int empty_cache_nogil(self, Failure* why) noexcept nogil
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil

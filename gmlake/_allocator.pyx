@@ -415,59 +415,26 @@ cdef class Allocator:
 
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil:
         """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `why` is given, says why there."""
-        cdef size_t rounded
-        cdef Block* b = NULL
         self._lock()
-        self.err = ERR_NONE
-        self.hook_failed = False
         if self.active_pools.size():       # else target is NULL (reset when the last pool ends)
             self.target = _pool_for(self, stream)
-        if self.pending.size() and self.capturing == 0:
-            _process_pending(self)
-            self.err = ERR_NONE
-        # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
-        # chunks, no vector that large, no memory released for nothing.
-        if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
-            self.err = ERR_OOM
-            self._fill_failure(why)
-            self.mutex.unlock()
-            return 0
-        rounded = round_up(size, self.k.round_to)
-        b = self._alloc(rounded, stream)
-        if b == NULL:
-            if self.hook_failed:
-                self.err = ERR_POLICY
-            elif self.err == ERR_NONE:
-                self.err = ERR_OOM
-            if self.err == ERR_OOM or self.err == ERR_CAPTURE:
-                self.st.ooms += 1
-                self._record(TRACE_OOM, 0, size, stream)
-            self._fill_failure(why)
-            self._debug_check()
-            self.mutex.unlock()
-            return 0
-        b.requested = size
-        self._record(TRACE_ALLOC, b.addr, size, stream)
-        self.live[b.addr] = b
-        self.st.allocs += 1
-        self.st.live_blocks += 1
-        self.st.allocated += b.size
-        self.st.requested += size
-        self.st.active += b.size
-        peak_update(&self.st.peak_allocated, self.st.allocated)
-        peak_update(&self.st.peak_requested, self.st.requested)
-        peak_update(&self.st.peak_active, self.st.active)
-        if self.hook_failed:
-            # A hook raised: the allocation completed with the built-in answer; undo it and fail the request.
-            self._free_locked(b.addr)
-            self.err = ERR_POLICY
-            self._fill_failure(why)
-            self._debug_check()
-            self.mutex.unlock()
-            return 0
-        self._debug_check()
-        self.mutex.unlock()
-        return b.addr
+        return _serve(self, size, stream, why)
+
+    cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
+                                        Failure* why) noexcept nogil:
+        """Allocate from active private pool `pool_id` whatever the stream (0: the default pool), for a caller that
+        routes requests itself, as the torch bridge does with PyTorch's stream filters."""
+        self._lock()
+        self.target = NULL
+        if pool_id != 0:
+            it = self.pools.find(pool_id)
+            if it == self.pools.end() or not deref(it).second.active:
+                self.err = ERR_NO_POOL
+                self._fill_failure(why)
+                self.mutex.unlock()
+                return 0
+            self.target = deref(it).second
+        return _serve(self, size, stream, why)
 
     cdef void _fill_failure(self, Failure* why) noexcept nogil:
         if why == NULL:
@@ -845,10 +812,12 @@ cdef class Allocator:
         """The cap on physical memory held, in bytes (0: none)."""
         return self.limit_bytes
 
-    def malloc(self, size: int, stream: int = 0) -> int:
-        """Allocate `size` bytes for use on `stream`; returns the address.
+    def malloc(self, size: int, stream: int = 0, *, pool: int | None = None) -> int:
+        """Allocate `size` bytes for use on `stream`; returns the address. `pool` (an active private pool's id, or
+        0 for the default pool) overrides the routing of begin_allocate_to_pool's streams.
 
-        Raises ValueError for a size <= 0 and OutOfMemoryError when the memory cannot be found.
+        Raises ValueError for a size <= 0 or a pool that is not active, and OutOfMemoryError when the memory cannot
+        be found.
         """
         if not isinstance(size, int) or isinstance(size, bool):
             raise TypeError(f"size must be an int, got {type(size).__name__}")
@@ -862,8 +831,16 @@ cdef class Allocator:
         cdef int64_t s = stream
         cdef uintptr_t ptr
         cdef Failure why
-        with nogil:
-            ptr = self.malloc_nogil(n, s, &why)
+        cdef uint64_t pid
+        if pool is None:
+            with nogil:
+                ptr = self.malloc_nogil(n, s, &why)
+        else:
+            pid = 0 if pool == 0 else self._pool_id(pool)
+            with nogil:
+                ptr = self.malloc_in_pool_nogil(n, s, pid, &why)
+            if ptr == 0 and why.err == ERR_NO_POOL:
+                raise ValueError(f"gmlake: malloc: private pool {pool} is not active")
         self._raise_invariant_error()
         if ptr == 0:
             raise self.failure(n, &why)
@@ -1275,8 +1252,8 @@ cdef class Allocator:
 
     def begin_allocate_to_pool(self, pool_id: int, streams: Iterable[int] | None = None, *,
                                capturing: bool = False) -> None:
-        """Serve the requests of `streams` (None: every stream) from private pool `pool_id` until
-        end_allocate_to_pool, as PyTorch's beginAllocateToPool does for a CUDA graph. The first begin creates the
+        """Serve the requests of `streams` (None: every stream; empty: only malloc(..., pool=pool_id)) from private
+        pool `pool_id` until end_allocate_to_pool, as PyTorch's beginAllocateToPool does for a CUDA graph. The first begin creates the
         pool; a later begin of a pool still in use shares it (one more use to release). With `capturing`, the
         streams are under graph capture: until the pool ends, the allocator calls no event or synchronize function
         (Note [Pools and graph capture]). Raises ValueError for a pool already active or released but still
@@ -1289,8 +1266,6 @@ cdef class Allocator:
                 if not isinstance(s, int) or isinstance(s, bool) or s < 0:
                     raise ValueError(f"gmlake: begin_allocate_to_pool: streams must be ints >= 0, got {s!r}")
                 chosen.push_back(s)
-            if chosen.empty():
-                raise ValueError("gmlake: begin_allocate_to_pool: no streams given (None means every stream)")
         cdef uint64_t p = pid
         cdef bint cap = bool(capturing)
         cdef int rc
@@ -1436,6 +1411,60 @@ cdef class Allocator:
                         "mapped_chunks": segs[i].mapped_chunks, "private_pool": segs[i].private_pool,
                         "blocks": blocks})
         return out
+
+
+cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failure* why) noexcept nogil:
+    """malloc once the lock is held and self.target chosen; releases the lock."""
+    cdef size_t rounded
+    cdef Block* b = NULL
+    self.err = ERR_NONE
+    self.hook_failed = False
+    if self.pending.size() and self.capturing == 0:
+        _process_pending(self)
+        self.err = ERR_NONE
+    # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
+    # chunks, no vector that large, no memory released for nothing.
+    if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
+        self.err = ERR_OOM
+        self._fill_failure(why)
+        self.mutex.unlock()
+        return 0
+    rounded = round_up(size, self.k.round_to)
+    b = self._alloc(rounded, stream)
+    if b == NULL:
+        if self.hook_failed:
+            self.err = ERR_POLICY
+        elif self.err == ERR_NONE:
+            self.err = ERR_OOM
+        if self.err == ERR_OOM or self.err == ERR_CAPTURE:
+            self.st.ooms += 1
+            self._record(TRACE_OOM, 0, size, stream)
+        self._fill_failure(why)
+        self._debug_check()
+        self.mutex.unlock()
+        return 0
+    b.requested = size
+    self._record(TRACE_ALLOC, b.addr, size, stream)
+    self.live[b.addr] = b
+    self.st.allocs += 1
+    self.st.live_blocks += 1
+    self.st.allocated += b.size
+    self.st.requested += size
+    self.st.active += b.size
+    peak_update(&self.st.peak_allocated, self.st.allocated)
+    peak_update(&self.st.peak_requested, self.st.requested)
+    peak_update(&self.st.peak_active, self.st.active)
+    if self.hook_failed:
+        # A hook raised: the allocation completed with the built-in answer; undo it and fail the request.
+        self._free_locked(b.addr)
+        self.err = ERR_POLICY
+        self._fill_failure(why)
+        self._debug_check()
+        self.mutex.unlock()
+        return 0
+    self._debug_check()
+    self.mutex.unlock()
+    return b.addr
 
 
 cdef class Seams:

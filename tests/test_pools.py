@@ -186,8 +186,8 @@ def test_api_errors_are_clear(alloc):
         alloc.begin_allocate_to_pool(5, [1])
     with pytest.raises(ValueError, match="is active"):
         alloc.release_pool(5)
-    with pytest.raises(ValueError, match="no streams"):
-        alloc.begin_allocate_to_pool(6, [])
+    with pytest.raises(ValueError, match="pool 6 is not active"):
+        alloc.malloc(MiB, 0, pool=6)
     alloc.end_allocate_to_pool(5)
     alloc.release_pool(5)
     with pytest.raises(RuntimeError, match="private pools \\[7\\]"):
@@ -324,3 +324,27 @@ def test_sim_and_host_agree_on_pools():
         alloc.close()
         return out
     assert run(SimDriver(capacity=1 << 40)) == run(HostDriver(capacity=1 << 40))
+
+
+def test_the_torch_snapshot_names_each_segments_pool():
+    import gmlake.torch as gt
+    alloc = Allocator(SimDriver(), gmlake.policies.get("gmlake"))
+    alloc.malloc(MiB, 0)
+    alloc.begin_allocate_to_pool(6, [0])
+    alloc.malloc(MiB, 0)
+    assert sorted(seg["segment_pool_id"] for seg in gt._segments(0, alloc)) == [(0, 0), (0, 6)]
+
+
+def test_a_caller_may_route_requests_itself(alloc):
+    """As the torch bridge will, with PyTorch's stream filters: a pool begun for no stream serves only the requests
+    that name it."""
+    alloc.begin_allocate_to_pool(3, [])
+    routed = alloc.malloc(MiB, 4, pool=3)
+    plain = alloc.malloc(MiB, 4)
+    assert (_pool_of(alloc, routed), _pool_of(alloc, plain)) == (3, 0)
+    alloc.begin_allocate_to_pool(5, [4])
+    assert _pool_of(alloc, alloc.malloc(MiB, 4, pool=0)) == 0     # 0: the default pool, whatever the routing
+    assert _pool_of(alloc, alloc.malloc(MiB, 4)) == 5
+    alloc.end_allocate_to_pool(3)
+    with pytest.raises(ValueError, match="pool 3 is not active"):
+        alloc.malloc(MiB, 4, pool=3)
