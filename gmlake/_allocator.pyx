@@ -43,6 +43,8 @@ cdef extern from *:
     # Set at build time (GMLAKE_DEBUG=1 python setup.py build_ext): every allocator checks its invariants after
     # every operation and aborts on the first one broken.
     bint GMLAKE_DEBUG
+    # Cython's own branch hint (__builtin_expect): the pool checks on the cache-hit path are cold.
+    bint unlikely(bint) noexcept nogil
 from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
@@ -348,7 +350,7 @@ cdef class Allocator:
 
     cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil:
         self.err = ERR_NONE
-        if self.target != NULL:
+        if unlikely(self.target != NULL):
             return _alloc_in_pool(self, pool, size, stream)
         return self._alloc_small(size, stream) if pool == POOL_SMALL else self._alloc_large(size, stream)
 
@@ -416,7 +418,7 @@ cdef class Allocator:
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil:
         """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `why` is given, says why there."""
         self._lock()
-        if self.active_pools.size():       # else target is NULL (reset when the last pool ends)
+        if unlikely(self.active_pools.size() != 0):    # else target is NULL (reset when the last pool ends)
             self.target = _pool_for(self, stream)
         return _serve(self, size, stream, why)
 
