@@ -4,8 +4,8 @@
 #
 # Note [Private pools]: a graph replays the addresses it was captured with, so the memory it used must stay its own
 # for the graph's life. While a pool is active for a stream, that stream's requests are served from the pool's own
-# free index and segments, and a pool block's free returns it to that index (_index_of picks it by the segment's
-# owner). The default pool never sees a pool's blocks: they are in no default index, so best fit, stitching,
+# free index and segments, and a pool block's free returns it to that index (each segment points at its pool's
+# index). The default pool never sees a pool's blocks: they are in no default index, so best fit, stitching,
 # migration and the sBlock cache cannot find them, and _release_pool skips pool segments while the pool has users.
 #   - No stitching inside a pool: an sBlock is cached and evicted (unmapped) under the default pool's rules, and a
 #     graph keeps its addresses for its whole life; a pool grows by whole segments instead, as PyTorch's do. Its
