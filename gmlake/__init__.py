@@ -13,7 +13,8 @@ from gmlake._allocator import CALL_NAMES, Allocator, bench_cache_hits
 from gmlake._driver import Driver
 from gmlake._host_driver import HostDriver
 from gmlake._sim_driver import SimDriver
-from gmlake.errors import DriverError, GmlakeError, InvalidPointerError, OutOfMemoryError, PolicyError
+from gmlake.errors import (CaptureOutOfMemoryError, DriverError, GmlakeError, GraphCaptureError, InvalidPointerError,
+                           OutOfMemoryError, PolicyError)
 from gmlake.policies import CachingPolicy, ExpandablePolicy, GMLakePolicy, Policy
 
 __version__ = "0.1.0"
@@ -37,5 +38,5 @@ def cuda_available() -> bool:
 
 __all__ = [
     "Allocator", "Driver", "SimDriver", "HostDriver", "cuda_driver", "cuda_available", "Policy", "GMLakePolicy",
-    "CachingPolicy", "ExpandablePolicy", "PolicyError", "OutOfMemoryError", "DriverError", "InvalidPointerError", "GmlakeError", "CALL_NAMES", "bench_cache_hits",
+    "CachingPolicy", "ExpandablePolicy", "PolicyError", "OutOfMemoryError", "CaptureOutOfMemoryError", "GraphCaptureError", "DriverError", "InvalidPointerError", "GmlakeError", "CALL_NAMES", "bench_cache_hits",
 ]

@@ -24,6 +24,8 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         POOL_LARGE
     cppclass Segment
     cppclass SBlock
+    cppclass PrivatePool
+    cppclass FreeKey
     cppclass Block:
         uintptr_t addr
         size_t size
@@ -41,6 +43,8 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         size_t size
         size_t chunk_size
         int pool
+        PrivatePool* owner
+        cmap[FreeKey, Block*]* free_index
         vector[uint64_t] handles
         vector[int] sblock_maps
         size_t mapped_chunks
@@ -99,6 +103,17 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
     cppclass SBlockKey:
         size_t capacity
         uint64_t serial
+    cppclass PrivatePool:
+        uint64_t id
+        int64_t use_count
+        bint active
+        bint capturing
+        bint all_streams
+        vector[int64_t] streams
+        size_t segments
+        size_t reserved
+        cmap[FreeKey, Block*] free_small
+        cmap[FreeKey, Block*] free_large
 
 ctypedef cmap[FreeKey, Block*] FreeIndex
 ctypedef pair[FreeKey, Block*] FreeEntry
@@ -124,6 +139,8 @@ cdef enum Err:
     ERR_DRIVER
     ERR_INVALID_FREE
     ERR_POLICY          # a Python policy hook raised; the exception waits in the calling thread's hook_errors
+    ERR_CAPTURE         # what the call needed (a synchronize or an event) is forbidden while a graph is captured
+    ERR_NO_POOL         # malloc_in_pool_nogil: the pool named is not active
 
 # Why one call failed, filled in under the allocator's lock and handed to the caller, so an error travels with the
 # call that raised it (another thread's call cannot overwrite it). The byte counts are the moment of failure.
@@ -279,9 +296,19 @@ cdef class Allocator:
     cdef int err
     cdef int err_code
     cdef int err_call
+    # Private pools (_pools.pxi): by id, the active ones in the order they began, and the one serving the request in
+    # progress (under the lock; NULL: the default pool). While `capturing` > 0 the core calls no event or
+    # synchronize function (Note [Pools and graph capture]); frees that would need one wait in deferred_frees.
+    cdef cmap[uint64_t, PrivatePool*] pools
+    cdef vector[PrivatePool*] active_pools
+    cdef readonly size_t capturing
+    cdef PrivatePool* target
+    cdef vector[PendingFree] deferred_frees
 
     cdef void _lock(self) noexcept nogil
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil
+    cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
+                                        Failure* why) noexcept nogil
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
     cdef int empty_cache_nogil(self, Failure* why) noexcept nogil
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil

@@ -23,6 +23,7 @@ Rooms, one file each, included below as module-level nogil functions over the Al
   _vmm.pxi       driver calls, counted, and orphans retried     _blocks.pxi    free index, holes, split and merge
   _segments.pxi  segments and handles, pressure                 _growth.pxi    expandable growth and its stitch
   _sblocks.pxi   stitching and the sBlock cache                 _streams.pxi   fences and deferred frees
+  _pools.pxi     private pools (CUDA graphs) and capture rules
 This file keeps the lock, malloc/free/empty_cache, the policy hooks, statistics and the Python API.
 
 Every decision orders blocks by (stream, size, segment serial, offset), never by address, so the sim, host and cuda
@@ -42,12 +43,16 @@ cdef extern from *:
     # Set at build time (GMLAKE_DEBUG=1 python setup.py build_ext): every allocator checks its invariants after
     # every operation and aborts on the first one broken.
     bint GMLAKE_DEBUG
+    # Cython's own branch hint (__builtin_expect): the pool checks on the cache-hit path are cold.
+    bint unlikely(bint) noexcept nogil
 from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
 from gmlake._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
 
-from gmlake.errors import OutOfMemoryError, DriverError, InvalidPointerError, PolicyError
+from gmlake.errors import (OutOfMemoryError, DriverError, InvalidPointerError, PolicyError, GraphCaptureError,
+                           CaptureOutOfMemoryError)
+from typing import Iterable
 from gmlake.policies.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock
 
 cdef extern from "Python.h" nogil:
@@ -124,6 +129,7 @@ cdef inline SBlockKey sblock_key(SBlock* sb) noexcept nogil:
 # segments_info's rows, copied under the lock.
 cdef struct SegmentRow:
     uint64_t serial
+    uint64_t private_pool
     uintptr_t va
     int pool
     size_t size
@@ -147,6 +153,7 @@ include "_segments.pxi"
 include "_growth.pxi"
 include "_sblocks.pxi"
 include "_streams.pxi"
+include "_pools.pxi"
 
 
 cdef class Allocator:
@@ -236,9 +243,15 @@ cdef class Allocator:
         for lp in self.live:
             if lp.second.seg == NULL:
                 del lp.second
+        cdef pair[uint64_t, PrivatePool*] pp
         for i in range(self.pending.size()):
             if self.pending[i].block.seg == NULL:
                 del self.pending[i].block
+        for i in range(self.deferred_frees.size()):
+            if self.deferred_frees[i].block.seg == NULL:
+                del self.deferred_frees[i].block
+        for pp in self.pools:
+            del pp.second
         for bp in self.sblocks:
             del bp.second
         for sp in self.segments:
@@ -280,7 +293,7 @@ cdef class Allocator:
     cdef Block* _alloc_small(self, size_t size, int64_t stream) noexcept nogil:
         cdef Block* b = _best_free(self, POOL_SMALL, size, stream)
         cdef Segment* seg
-        if b == NULL and _reclaim_streams(self, stream, False):
+        if b == NULL and self.capturing == 0 and _reclaim_streams(self, stream, False):
             b = _best_free(self, POOL_SMALL, size, stream)
         if self.k.hook_place and self.err == ERR_NONE:
             self.seams.place(self, POOL_SMALL, size, stream, &b, NULL)
@@ -300,7 +313,7 @@ cdef class Allocator:
         # Steps 1-2: best fit among free pBlocks and cached sBlocks, then split.
         cdef Block* b = _best_free(self, POOL_LARGE, size, stream)
         cdef SBlock* sb = NULL
-        if b == NULL and _reclaim_streams(self, stream, False):
+        if b == NULL and self.capturing == 0 and _reclaim_streams(self, stream, False):
             b = _best_free(self, POOL_LARGE, size, stream)
         if self.err != ERR_NONE:
             return NULL
@@ -337,6 +350,8 @@ cdef class Allocator:
 
     cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil:
         self.err = ERR_NONE
+        if unlikely(self.target != NULL):
+            return _alloc_in_pool(self, pool, size, stream)
         return self._alloc_small(size, stream) if pool == POOL_SMALL else self._alloc_large(size, stream)
 
     cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil:
@@ -345,6 +360,10 @@ cdef class Allocator:
         cdef int stage
         if b != NULL or self.err != ERR_OOM:
             return b
+        if self.capturing:
+            # Every stage of relief synchronizes: Note [Pools and graph capture].
+            self.err = ERR_CAPTURE
+            return NULL
         if self.k.hook_pressure:
             return self._alloc_under_pressure(pool, size, stream)
         # Step 5: relieve memory pressure in two stages, retrying after each that changed something.
@@ -398,57 +417,26 @@ cdef class Allocator:
 
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil:
         """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `why` is given, says why there."""
-        cdef size_t rounded
-        cdef Block* b = NULL
         self._lock()
-        self.err = ERR_NONE
-        self.hook_failed = False
-        if self.pending.size():
-            _process_pending(self)
-            self.err = ERR_NONE
-        # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
-        # chunks, no vector that large, no memory released for nothing.
-        if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
-            self.err = ERR_OOM
-            self._fill_failure(why)
-            self.mutex.unlock()
-            return 0
-        rounded = round_up(size, self.k.round_to)
-        b = self._alloc(rounded, stream)
-        if b == NULL:
-            if self.hook_failed:
-                self.err = ERR_POLICY
-            elif self.err == ERR_NONE:
-                self.err = ERR_OOM
-            if self.err == ERR_OOM:
-                self.st.ooms += 1
-                self._record(TRACE_OOM, 0, size, stream)
-            self._fill_failure(why)
-            self._debug_check()
-            self.mutex.unlock()
-            return 0
-        b.requested = size
-        self._record(TRACE_ALLOC, b.addr, size, stream)
-        self.live[b.addr] = b
-        self.st.allocs += 1
-        self.st.live_blocks += 1
-        self.st.allocated += b.size
-        self.st.requested += size
-        self.st.active += b.size
-        peak_update(&self.st.peak_allocated, self.st.allocated)
-        peak_update(&self.st.peak_requested, self.st.requested)
-        peak_update(&self.st.peak_active, self.st.active)
-        if self.hook_failed:
-            # A hook raised: the allocation completed with the built-in answer; undo it and fail the request.
-            self._free_locked(b.addr)
-            self.err = ERR_POLICY
-            self._fill_failure(why)
-            self._debug_check()
-            self.mutex.unlock()
-            return 0
-        self._debug_check()
-        self.mutex.unlock()
-        return b.addr
+        if unlikely(self.active_pools.size() != 0):    # else target is NULL (reset when the last pool ends)
+            self.target = _pool_for(self, stream)
+        return _serve(self, size, stream, why)
+
+    cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
+                                        Failure* why) noexcept nogil:
+        """Allocate from active private pool `pool_id` whatever the stream (0: the default pool), for a caller that
+        routes requests itself, as the torch bridge does with PyTorch's stream filters."""
+        self._lock()
+        self.target = NULL
+        if pool_id != 0:
+            it = self.pools.find(pool_id)
+            if it == self.pools.end() or not deref(it).second.active:
+                self.err = ERR_NO_POOL
+                self._fill_failure(why)
+                self.mutex.unlock()
+                return 0
+            self.target = deref(it).second
+        return _serve(self, size, stream, why)
 
     cdef void _fill_failure(self, Failure* why) noexcept nogil:
         if why == NULL:
@@ -518,9 +506,6 @@ cdef class Allocator:
         return self.checks_run
 
     cdef int _free_locked(self, uintptr_t ptr) noexcept nogil:
-        cdef PendingFree pend
-        cdef size_t i
-        cdef uint64_t event = 0
         it = self.live.find(ptr)
         if it == self.live.end():
             return ERR_INVALID_FREE
@@ -533,17 +518,11 @@ cdef class Allocator:
         self.st.requested -= b.requested
         uses = self.stream_uses.find(ptr)
         if uses != self.stream_uses.end():
-            pend.block = b
-            for i in range(deref(uses).second.size()):
-                if _call(self, CALL_EVENT_RECORD, self.driver.record_event(deref(uses).second[i], &event), 0) \
-                        == DRIVER_OK:
-                    pend.events.push_back(event)
-                    pend.streams.push_back(deref(uses).second[i])
-                else:
-                    # No event: the only safe course is to wait for the device.
-                    _sync(self)
+            if self.capturing:
+                _defer_uses(self, b, deref(uses).second)
+            else:
+                _await_uses(self, b, deref(uses).second)
             self.stream_uses.erase(uses)
-            self.pending.push_back(pend)
             return ERR_NONE
         self._retire(b)
         return ERR_NONE
@@ -601,6 +580,12 @@ cdef class Allocator:
         """Return every cached sBlock range and every fully free chunk to the driver."""
         self._lock()
         self.err = ERR_NONE
+        self.target = NULL                  # no request in progress: hooks asked here see the default pool
+        if self.capturing:
+            self.err = ERR_CAPTURE          # it synchronizes: Note [Pools and graph capture]
+            self._fill_failure(why)
+            self.mutex.unlock()
+            return ERR_CAPTURE
         # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
         _reclaim_streams(self, ANY_STREAM, True)
         _retry_orphans(self)
@@ -803,7 +788,8 @@ cdef class Allocator:
         return AllocatorState(self.st.reserved, self.st.allocated, self.st.active, self.limit_bytes,
                               self.driver.capacity, self.cached.size(), stream,
                               tuple(self._free_blocks(POOL_SMALL, 0, stream, NULL)
-                                    + self._free_blocks(POOL_LARGE, 0, stream, NULL)))
+                                    + self._free_blocks(POOL_LARGE, 0, stream, NULL)),
+                              self.target.id if self.target != NULL else 0)
 
     def _hook_raised(self, exc: BaseException, hook: str) -> None:
         """Note the exception `hook` raised (or its bad answer) for this thread's call (the first one wins); the
@@ -828,10 +814,12 @@ cdef class Allocator:
         """The cap on physical memory held, in bytes (0: none)."""
         return self.limit_bytes
 
-    def malloc(self, size: int, stream: int = 0) -> int:
-        """Allocate `size` bytes for use on `stream`; returns the address.
+    def malloc(self, size: int, stream: int = 0, *, pool: int | None = None) -> int:
+        """Allocate `size` bytes for use on `stream`; returns the address. `pool` (an active private pool's id, or
+        0 for the default pool) overrides the routing of begin_allocate_to_pool's streams.
 
-        Raises ValueError for a size <= 0 and OutOfMemoryError when the memory cannot be found.
+        Raises ValueError for a size <= 0 or a pool that is not active, and OutOfMemoryError when the memory cannot
+        be found.
         """
         if not isinstance(size, int) or isinstance(size, bool):
             raise TypeError(f"size must be an int, got {type(size).__name__}")
@@ -845,8 +833,16 @@ cdef class Allocator:
         cdef int64_t s = stream
         cdef uintptr_t ptr
         cdef Failure why
-        with nogil:
-            ptr = self.malloc_nogil(n, s, &why)
+        cdef uint64_t pid
+        if pool is None:
+            with nogil:
+                ptr = self.malloc_nogil(n, s, &why)
+        else:
+            pid = 0 if pool == 0 else self._pool_id(pool)
+            with nogil:
+                ptr = self.malloc_in_pool_nogil(n, s, pid, &why)
+            if ptr == 0 and why.err == ERR_NO_POOL:
+                raise ValueError(f"gmlake: malloc: private pool {pool} is not active")
         self._raise_invariant_error()
         if ptr == 0:
             raise self.failure(n, &why)
@@ -916,7 +912,7 @@ cdef class Allocator:
         with nogil:
             rc = self.empty_cache_nogil(&why)
         self._raise_invariant_error()
-        if rc == ERR_DRIVER:
+        if rc == ERR_DRIVER or rc == ERR_CAPTURE:
             raise self.failure(0, &why)
 
     def _malloc_holding_gil(self, size: int, stream: int = 0) -> int:
@@ -1004,6 +1000,13 @@ cdef class Allocator:
             return error
         if why.err == ERR_DRIVER:
             return DriverError(CALL_NAMES[why.call], why.code, self.driver.describe_error(why.code))
+        if why.err == ERR_CAPTURE and size == 0:
+            return GraphCaptureError("gmlake: empty_cache during CUDA graph capture: it must synchronize the device, "
+                                     "which stream capture forbids; call it after end_allocate_to_pool")
+        if why.err == ERR_CAPTURE:
+            return CaptureOutOfMemoryError(
+                requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
+                limit=why.limit, capacity=self.driver.capacity)
         return OutOfMemoryError(
             requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
             limit=why.limit, capacity=self.driver.capacity)
@@ -1013,6 +1016,9 @@ cdef class Allocator:
         if self.live.size():
             raise RuntimeError(f"gmlake: cannot close: {self.live.size()} allocations are still live")
         self.empty_cache()
+        if self.pools.size():
+            raise RuntimeError(f"gmlake: cannot close: private pools {sorted(self.pools_ids())} still hold memory "
+                               f"(release_pool each, ending any still active)")
         if self.segments.size():
             raise RuntimeError(f"gmlake: {self.segments.size()} segments could not be released")
         orphans = self.stats()["orphans"]
@@ -1035,10 +1041,19 @@ cdef class Allocator:
         cdef FreeKey key
         cdef uintptr_t at
         cdef vector[int] maps
+        cdef pair[uint64_t, PrivatePool*] pp
+        cdef PrivatePool* owner
+        cdef size_t index_count = self.free_small.size() + self.free_large.size()
         pending_blocks = set()
         for i in range(self.pending.size()):
             pending_blocks.add(<uintptr_t>self.pending[i].block)
             active += self.pending[i].block.size
+        for i in range(self.deferred_frees.size()):
+            if not self.capturing or self.deferred_frees[i].block.state == BLOCK_FREE:
+                raise InvariantError("a free waits for a capture to end, but none is running, or its block is free")
+            pending_blocks.add(<uintptr_t>self.deferred_frees[i].block)
+            active += self.deferred_frees[i].block.size
+        self._check_pools()
         for lp in self.live:
             if lp.second.addr != lp.first or lp.second.state != BLOCK_ALLOCATED:
                 raise InvariantError(f"live pointer 0x{lp.first:x} maps to a block that is not its allocation")
@@ -1072,7 +1087,7 @@ cdef class Allocator:
                     raise InvariantError(f"block links broken at 0x{b.addr:x}")
                 if b.state == BLOCK_FREE:
                     free_count += 1
-                    if _index(self, seg.pool).count(key_of(b)) == 0:
+                    if _index_of(self, b).count(key_of(b)) == 0:
                         raise InvariantError(f"free block at 0x{b.addr:x} is not indexed")
                     if b.next != NULL and b.next.state == BLOCK_FREE and b.next.stream == b.stream:
                         raise InvariantError(f"free neighbours of stream {b.stream} at 0x{b.addr:x} are not merged")
@@ -1102,13 +1117,23 @@ cdef class Allocator:
                 b = b.next
             if at != seg.va + seg.size:
                 raise InvariantError(f"blocks do not cover segment {seg.serial}")
-        if self.free_small.size() + self.free_large.size() != free_count:
+        for pp in self.pools:
+            index_count += pp.second.free_small.size() + pp.second.free_large.size()
+        if index_count != free_count:
             raise InvariantError("free index holds blocks that are not free")
         if self.unmapped_small.size() + self.unmapped_large.size() != hole_count:
             raise InvariantError("hole index does not hold exactly the holes")
         for fp in self.free_large:
             if fp.second.seg.pool != POOL_LARGE or fp.second.state != BLOCK_FREE:
                 raise InvariantError("large free index holds a block that is not a free large-pool block")
+        for fp in self.free_small:
+            if fp.second.seg.owner != NULL:
+                raise InvariantError(f"the default free index holds block 0x{fp.second.addr:x} of private pool "
+                                     f"{fp.second.seg.owner.id}")
+        for fp in self.free_large:
+            if fp.second.seg.owner != NULL:
+                raise InvariantError(f"the default free index holds block 0x{fp.second.addr:x} of private pool "
+                                     f"{fp.second.seg.owner.id}")
         for sp in self.segments:
             maps.assign(sp.second.sblock_maps.size(), 0)
             for bp in self.sblocks:
@@ -1170,8 +1195,179 @@ cdef class Allocator:
             raise InvariantError(f"requested {self.st.requested} <= allocated {self.st.allocated} <= active "
                                  f"{self.st.active} <= reserved {self.st.reserved} does not hold")
 
+    def _check_pools(self) -> None:
+        """check()'s part for private pools: Note [Private pools] as invariants."""
+        from gmlake.errors import InvariantError
+        cdef pair[uint64_t, PrivatePool*] pp
+        cdef pair[uint64_t, Segment*] sp
+        cdef pair[FreeKey, Block*] fp
+        cdef PrivatePool* p
+        cdef Segment* seg
+        cdef Block* b
+        cdef size_t i, capturing = 0, active = 0
+        counts = {}
+        for sp in self.segments:
+            seg = sp.second
+            if seg.owner == NULL:
+                if seg.free_index != _index(self, seg.pool):
+                    raise InvariantError(f"segment {seg.serial} of the default pool indexes its free blocks elsewhere")
+                continue
+            p = seg.owner
+            if seg.free_index != (&p.free_small if seg.pool == POOL_SMALL else &p.free_large):
+                raise InvariantError(f"segment {seg.serial} of private pool {p.id} indexes its free blocks elsewhere")
+            if self.pools.count(p.id) == 0 or self.pools[p.id] != p:
+                raise InvariantError(f"segment {seg.serial} belongs to a private pool that is not known")
+            n, r = counts.get(p.id, (0, 0))
+            counts[p.id] = (n + 1, r + seg.size)
+            if seg.mapped_chunks * seg.chunk_size != seg.size:
+                raise InvariantError(f"segment {seg.serial} of private pool {p.id} is unmapped in part")
+            for i in range(seg.sblock_maps.size()):
+                if seg.sblock_maps[i]:
+                    raise InvariantError(f"segment {seg.serial} of private pool {p.id} is stitched into an sBlock")
+        for pp in self.pools:
+            p = pp.second
+            if p.id != pp.first or p.use_count < 0:
+                raise InvariantError(f"private pool {pp.first}: id {p.id}, use count {p.use_count}")
+            if (p.segments, p.reserved) != counts.get(p.id, (0, 0)):
+                raise InvariantError(f"private pool {p.id} counts {p.segments} segments of {p.reserved} bytes; it "
+                                     f"owns {counts.get(p.id, (0, 0))}")
+            if p.use_count == 0 and (p.segments == 0 or p.active):
+                raise InvariantError(f"released private pool {p.id} is still kept (no segments, or active)")
+            if p.capturing and not p.active:
+                raise InvariantError(f"private pool {p.id} is capturing but not active")
+            active += p.active
+            capturing += p.capturing
+            for fp in p.free_small:
+                if fp.second.seg.owner != p or fp.second.seg.pool != POOL_SMALL or fp.second.state != BLOCK_FREE:
+                    raise InvariantError(f"private pool {p.id}'s small free index holds a block not its own free one")
+            for fp in p.free_large:
+                if fp.second.seg.owner != p or fp.second.seg.pool != POOL_LARGE or fp.second.state != BLOCK_FREE:
+                    raise InvariantError(f"private pool {p.id}'s large free index holds a block not its own free one")
+        if active != self.active_pools.size() or capturing != self.capturing:
+            raise InvariantError(f"{self.active_pools.size()} pools listed active, {active} marked; {self.capturing} "
+                                 f"capturing counted, {capturing} marked")
+        for i in range(self.active_pools.size()):
+            if not self.active_pools[i].active:
+                raise InvariantError(f"private pool {self.active_pools[i].id} is listed active but is not")
+
+    # ------------------------------------------------------------------ private pools (Note [Private pools])
+
+    def begin_allocate_to_pool(self, pool_id: int, streams: Iterable[int] | None = None, *,
+                               capturing: bool = False) -> None:
+        """Serve the requests of `streams` (None: every stream; empty: only malloc(..., pool=pool_id)) from private
+        pool `pool_id` until end_allocate_to_pool, as PyTorch's beginAllocateToPool does for a CUDA graph. The first begin creates the
+        pool; a later begin of a pool still in use shares it (one more use to release). With `capturing`, the
+        streams are under graph capture: until the pool ends, the allocator calls no event or synchronize function
+        (Note [Pools and graph capture]). Raises ValueError for a pool already active or released but still
+        holding memory."""
+        pid = self._pool_id(pool_id)
+        cdef vector[int64_t] chosen
+        cdef bint every = streams is None
+        if not every:
+            for s in streams:
+                if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+                    raise ValueError(f"gmlake: begin_allocate_to_pool: streams must be ints >= 0, got {s!r}")
+                chosen.push_back(s)
+        cdef uint64_t p = pid
+        cdef bint cap = bool(capturing)
+        cdef int rc
+        with nogil:
+            self._lock()
+            rc = _begin_pool(self, p, chosen, every, cap)
+            self._debug_check()
+            self.mutex.unlock()
+        self._raise_invariant_error()
+        if rc == POOL_ALREADY_ACTIVE:
+            raise ValueError(f"gmlake: private pool {pid} is already active; end_allocate_to_pool({pid}) first")
+        if rc == POOL_RELEASED:
+            raise ValueError(f"gmlake: private pool {pid} was released and still holds memory of live blocks; "
+                             f"it cannot be begun again until they are freed and empty_cache returns it")
+
+    def end_allocate_to_pool(self, pool_id: int) -> None:
+        """Stop routing requests to private pool `pool_id` (PyTorch's endAllocateToPool); the pool keeps its memory
+        and its use. Ending the last capturing pool lets the frees deferred during capture record their events."""
+        pid = self._pool_id(pool_id)
+        cdef uint64_t p = pid
+        cdef int rc
+        with nogil:
+            self._lock()
+            rc = _end_pool(self, p)
+            self._debug_check()
+            self.mutex.unlock()
+        self._raise_invariant_error()
+        if rc == POOL_NOT_ACTIVE:
+            raise ValueError(f"gmlake: end_allocate_to_pool: private pool {pid} is not active")
+
+    def release_pool(self, pool_id: int) -> int:
+        """Drop one use of private pool `pool_id` (PyTorch's releasePool). The last use returns the pool's wholly
+        free segments to the driver now (after a synchronize), unless a capture is running; blocks still allocated
+        stay valid, and their segments return at the next empty_cache or memory pressure once wholly free.
+        Returns the bytes returned now."""
+        pid = self._pool_id(pool_id)
+        cdef uint64_t p = pid
+        cdef size_t released = 0
+        cdef int rc
+        cdef Failure why
+        with nogil:
+            self._lock()
+            rc = _release_private_pool(self, p, &released)
+            self._fill_failure(&why)
+            self._debug_check()
+            self.mutex.unlock()
+        self._raise_invariant_error()
+        if rc == POOL_UNKNOWN:
+            raise ValueError(f"gmlake: release_pool: private pool {pid} has no use to release (never begun, or "
+                             f"already released)")
+        if rc == POOL_STILL_ACTIVE:
+            raise ValueError(f"gmlake: release_pool: private pool {pid} is active; end_allocate_to_pool({pid}) "
+                             f"first")
+        if rc == POOL_SYNC_FAILED:
+            raise self.failure(0, &why)
+        return released
+
+    def pools_info(self) -> list:
+        """One dict per private pool: id, use_count, active, capturing, streams (None: every stream), segments,
+        reserved_bytes, allocated_bytes (its blocks in use)."""
+        cdef pair[uint64_t, PrivatePool*] pp
+        cdef pair[uint64_t, Segment*] sp
+        cdef PrivatePool* p
+        cdef Block* b
+        out = []
+        used = {}
+        with nogil:
+            self._lock()
+        try:
+            for sp in self.segments:
+                if sp.second.owner != NULL:
+                    b = sp.second.first
+                    while b != NULL:
+                        if b.state != BLOCK_FREE:
+                            used[sp.second.owner.id] = used.get(sp.second.owner.id, 0) + b.size
+                        b = b.next
+            for pp in self.pools:
+                p = pp.second
+                out.append({"id": p.id, "use_count": p.use_count, "active": p.active, "capturing": p.capturing,
+                            "streams": None if p.all_streams or not p.active else list(p.streams),
+                            "segments": p.segments, "reserved_bytes": p.reserved,
+                            "allocated_bytes": used.get(p.id, 0)})
+        finally:
+            self.mutex.unlock()
+        return out
+
+    def pools_ids(self) -> list:
+        """The ids of the private pools that exist (in use, or released but still holding memory)."""
+        cdef pair[uint64_t, PrivatePool*] pp
+        return [pp.first for pp in self.pools]
+
+    @staticmethod
+    def _pool_id(pool_id) -> int:
+        if not isinstance(pool_id, int) or isinstance(pool_id, bool) or not 0 < pool_id < (1 << 64):
+            raise ValueError(f"gmlake: a private pool id is an int >= 1 (0 is the default pool), got {pool_id!r}")
+        return pool_id
+
     def segments_info(self) -> list:
-        """One dict per segment: serial, pool, size, chunk size, mapped chunks, and its blocks' states.
+        """One dict per segment: serial, pool, size, chunk size, mapped chunks, private pool id (0: the default
+        pool), and its blocks' states.
 
         The walk is copied into plain rows under the lock, without the GIL, and turned into Python objects after:
         holding the lock while taking the GIL could deadlock against a thread that allocates with the GIL held."""
@@ -1186,6 +1382,7 @@ cdef class Allocator:
             self._lock()
             for sp in self.segments:
                 seg_row.serial = sp.second.serial
+                seg_row.private_pool = sp.second.owner.id if sp.second.owner != NULL else 0
                 seg_row.va = sp.second.va
                 seg_row.pool = sp.second.pool
                 seg_row.size = sp.second.size
@@ -1213,8 +1410,63 @@ cdef class Allocator:
             out.append({"serial": segs[i].serial, "va": segs[i].va,
                         "pool": "small" if segs[i].pool == POOL_SMALL else "large",
                         "size": segs[i].size, "chunk_size": segs[i].chunk_size,
-                        "mapped_chunks": segs[i].mapped_chunks, "blocks": blocks})
+                        "mapped_chunks": segs[i].mapped_chunks, "private_pool": segs[i].private_pool,
+                        "blocks": blocks})
         return out
+
+
+cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failure* why) noexcept nogil:
+    """malloc once the lock is held and self.target chosen; releases the lock."""
+    cdef size_t rounded
+    cdef Block* b = NULL
+    self.err = ERR_NONE
+    self.hook_failed = False
+    if self.pending.size() and self.capturing == 0:
+        _process_pending(self)
+        self.err = ERR_NONE
+    # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
+    # chunks, no vector that large, no memory released for nothing.
+    if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
+        self.err = ERR_OOM
+        self._fill_failure(why)
+        self.mutex.unlock()
+        return 0
+    rounded = round_up(size, self.k.round_to)
+    b = self._alloc(rounded, stream)
+    if b == NULL:
+        if self.hook_failed:
+            self.err = ERR_POLICY
+        elif self.err == ERR_NONE:
+            self.err = ERR_OOM
+        if self.err == ERR_OOM or self.err == ERR_CAPTURE:
+            self.st.ooms += 1
+            self._record(TRACE_OOM, 0, size, stream)
+        self._fill_failure(why)
+        self._debug_check()
+        self.mutex.unlock()
+        return 0
+    b.requested = size
+    self._record(TRACE_ALLOC, b.addr, size, stream)
+    self.live[b.addr] = b
+    self.st.allocs += 1
+    self.st.live_blocks += 1
+    self.st.allocated += b.size
+    self.st.requested += size
+    self.st.active += b.size
+    peak_update(&self.st.peak_allocated, self.st.allocated)
+    peak_update(&self.st.peak_requested, self.st.requested)
+    peak_update(&self.st.peak_active, self.st.active)
+    if self.hook_failed:
+        # A hook raised: the allocation completed with the built-in answer; undo it and fail the request.
+        self._free_locked(b.addr)
+        self.err = ERR_POLICY
+        self._fill_failure(why)
+        self._debug_check()
+        self.mutex.unlock()
+        return 0
+    self._debug_check()
+    self.mutex.unlock()
+    return b.addr
 
 
 cdef class Seams:

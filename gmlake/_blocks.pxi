@@ -8,11 +8,11 @@ cdef FreeIndex* _index(Allocator self, int pool) noexcept nogil:
 
 
 cdef void _insert_free(Allocator self, Block* b) noexcept nogil:
-    _index(self, b.seg.pool).insert(FreeEntry(key_of(b), b))
+    _index_of(self, b).insert(FreeEntry(key_of(b), b))
 
 
 cdef void _erase_free(Allocator self, Block* b) noexcept nogil:
-    _index(self, b.seg.pool).erase(key_of(b))
+    _index_of(self, b).erase(key_of(b))
 
 
 cdef FreeIndex* _holes(Allocator self, int pool) noexcept nogil:

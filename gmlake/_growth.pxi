@@ -64,6 +64,9 @@ cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stre
     cdef Segment* seg
     while it != holes.end() and deref(it).first.stream == stream:
         c = deref(it).second
+        if c.seg.owner != NULL:         # a released pool's segment, part unmapped: never the default pool's
+            inc(it)
+            continue
         if c.prev != NULL and free_for(c.prev, stream):
             c = c.prev
         room = 0

@@ -46,6 +46,7 @@ cdef Segment* _new_segment(Allocator self, int pool, size_t size, size_t chunk_s
     seg.size = size
     seg.chunk_size = chunk_size
     seg.pool = pool
+    seg.free_index = _index(self, pool)
     if mapped:
         seg.handles = handles
     else:
@@ -141,6 +142,12 @@ cdef void _drop_segment(Allocator self, Segment* seg) noexcept nogil:
         b = nxt
     _discard_range(self, seg.va, seg.size, 0, 0, True)
     self.segments.erase(seg.serial)
+    cdef PrivatePool* owner = seg.owner
+    if owner != NULL:
+        owner.segments -= 1
+        owner.reserved -= seg.size
+        if owner.use_count == 0 and owner.segments == 0:
+            _forget_pool(self, owner)      # released, and its last segment is gone
     del seg
 
 
@@ -154,9 +161,11 @@ cdef size_t _release_pool(Allocator self, int pool, size_t wanted, int reason) n
         if _evict_lru(self, 0, True, reason) != DRIVER_OK:
             return 0
     for entry in self.segments:
-        if entry.second.pool == pool:
+        if entry.second.pool == pool and _releasable(entry.second):
             segs.push_back(entry.second)
     for i in range(segs.size()):
+        if segs[i].owner != NULL:
+            _merge_whole(self, segs[i])
         released += _release_chunks(self, segs[i], 0 if wanted == 0 else wanted - released)
         if wanted and released >= wanted:
             break

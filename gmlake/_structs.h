@@ -1,12 +1,14 @@
 // Plain data of the allocator core. All logic lives in _allocator.pyx; these are records and orderings only.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace gmlake {
 
 struct Segment;
 struct SBlock;
+struct PrivatePool;
 
 enum BlockState : int { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_CLAIMED = 2, BLOCK_UNMAPPED = 3 };
 enum Pool : int { POOL_SMALL = 0, POOL_LARGE = 1 };
@@ -26,6 +28,20 @@ struct Block {
     SBlock* sblock = nullptr; // stitched allocation: its sBlock; claimed primitive block: the sBlock claiming it
 };
 
+// Best-fit order of free primitive blocks: stream, then size, then a driver-independent address order.
+struct FreeKey {
+    int64_t stream;
+    size_t size;
+    uint64_t serial;
+    uintptr_t offset;
+    bool operator<(const FreeKey& o) const {
+        if (stream != o.stream) return stream < o.stream;
+        if (size != o.size) return size < o.size;
+        if (serial != o.serial) return serial < o.serial;
+        return offset < o.offset;
+    }
+};
+
 // A VA reservation over chunks (physical handles) of chunk_size bytes each, mapped in order.
 struct Segment {
     uint64_t serial = 0;      // creation order: orders free blocks the same way on every driver
@@ -33,6 +49,8 @@ struct Segment {
     size_t size = 0;
     size_t chunk_size = 0;
     int pool = POOL_LARGE;
+    PrivatePool* owner = nullptr;    // the private pool it belongs to (graph capture), or nullptr: the default pool
+    std::map<FreeKey, Block*>* free_index = nullptr;   // where its free blocks are indexed: its pool's, by kind
     std::vector<uint64_t> handles;   // 0: chunk released (an unmapped hole)
     std::vector<int> sblock_maps;    // how many sBlocks map each chunk: it can be released only at zero
     size_t mapped_chunks = 0;
@@ -98,18 +116,21 @@ struct TraceEntry {
     int64_t time_us;
 };
 
-// Best-fit order of free primitive blocks: stream, then size, then a driver-independent address order.
-struct FreeKey {
-    int64_t stream;
-    size_t size;
-    uint64_t serial;
-    uintptr_t offset;
-    bool operator<(const FreeKey& o) const {
-        if (stream != o.stream) return stream < o.stream;
-        if (size != o.size) return size < o.size;
-        if (serial != o.serial) return serial < o.serial;
-        return offset < o.offset;
-    }
+struct PrivatePool;
+
+// A private memory pool, as PyTorch's CUDA graphs use one: its segments serve only the streams routed to it while
+// it is active, and its free blocks are indexed here, apart from the default pool's (see _pools.pxi).
+struct PrivatePool {
+    uint64_t id = 0;
+    int64_t use_count = 1;        // begins minus releases (PyTorch's use_count): its memory returns only at zero
+    bool active = false;          // between begin_allocate_to_pool and end_allocate_to_pool
+    bool capturing = false;       // active for streams under graph capture: no event or synchronize calls
+    bool all_streams = false;     // active for every stream, not only `streams`
+    std::vector<int64_t> streams;
+    size_t segments = 0;          // segments it owns
+    size_t reserved = 0;          // their mapped bytes
+    std::map<FreeKey, Block*> free_small;
+    std::map<FreeKey, Block*> free_large;
 };
 
 // Best-fit order of cached sBlocks: capacity, then age.

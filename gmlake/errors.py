@@ -36,6 +36,21 @@ class OutOfMemoryError(GmlakeError, MemoryError):
         )
 
 
+class CaptureOutOfMemoryError(OutOfMemoryError):
+    """A request during CUDA graph capture found no memory without relieving memory pressure, which synchronizes the
+    device, and stream capture forbids that. The allocator is unchanged: end the capture, free memory, or reserve
+    more before capturing."""
+
+    def __init__(self, **figures) -> None:
+        super().__init__(**figures)
+        self.args = (self.args[0] + "; during CUDA graph capture, where freeing cached memory is not possible (it "
+                     "must synchronize the device, which stream capture forbids)",)
+
+
+class GraphCaptureError(GmlakeError, RuntimeError):
+    """An operation that must synchronize the device or query events was called while a graph is being captured."""
+
+
 class DriverError(GmlakeError, RuntimeError):
     """A driver call failed for a reason other than memory exhaustion."""
 

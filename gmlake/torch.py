@@ -309,7 +309,8 @@ def _segments(device: int, a: Allocator) -> list[dict]:
             if current is None:
                 current = {"device": device, "address": seg["va"] + offset, "total_size": 0, "allocated_size": 0,
                            "active_size": 0, "requested_size": 0, "stream": stream,
-                           "segment_type": seg["pool"], "segment_pool_id": (0, 0), "is_expandable": False,
+                           "segment_type": seg["pool"], "segment_pool_id": (0, seg["private_pool"]),
+                           "is_expandable": False,
                            "frames": [], "blocks": []}
                 out.append(current)
             if state == "claimed":

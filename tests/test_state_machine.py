@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
@@ -154,6 +155,124 @@ class ExpandableMachine(HostAllocatorMachine):
     policy = gmlake.policies.get("expandable")
 
 
+class PoolMachine(HostAllocatorMachine):
+    """The machine with private pools (CUDA graphs) begun, ended and released at random, some capturing: each
+    allocation lands in the pool its stream is routed to (or the default pool), and while a capture runs the
+    allocator calls no synchronize and records or queries no event (Note [Pools and graph capture])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uses = {}              # pool id -> use count (the model)
+        self.active = {}            # pool id -> (streams, capturing)
+        self.frozen = None          # (synchronize, event_record, event_query) when the capture began
+
+    def _calls(self):
+        calls = self.h.alloc.stats()["calls"]
+        return calls["synchronize"], calls["event_record"], calls["event_query"]
+
+    def _capturing(self) -> bool:
+        return any(cap for _, cap in self.active.values())
+
+    def _route(self, stream):
+        for pid, (chosen, _) in self.active.items():      # dicts keep the order pools began in
+            if stream in chosen:
+                return pid
+        return 0
+
+    @precondition(lambda self: len(self.h.live) < 200)
+    @rule(target=HostAllocatorMachine.blocks, size=sizes, stream=streams)
+    def malloc(self, size, stream):
+        ptr = self.h.malloc(size, stream)
+        if ptr is not None:
+            want = self._route(stream)
+            pools = {seg["private_pool"] for seg in self.h.alloc.segments_info()
+                     if seg["va"] <= ptr < seg["va"] + seg["size"]}
+            # A stitched block lies in no segment: only the default pool stitches.
+            assert pools == {want} or (not pools and want == 0), (hex(ptr), pools, want)
+        return ptr
+
+    @rule(ptr=consumes(HostAllocatorMachine.blocks), other=streams)
+    def free_after_use_elsewhere(self, ptr, other):
+        """A free that must wait for another stream: polled by later mallocs, deferred during a capture."""
+        if ptr is not None and ptr in self.h.live:
+            if other != self.h.live[ptr].stream:
+                self.h.use_on(ptr, other)
+            self.h.free(ptr)
+
+    @rule(pid=st.integers(1, 2), chosen=st.sets(streams, min_size=1), capturing=st.booleans())
+    def begin_pool(self, pid, chosen, capturing):
+        released_with_memory = any(p["id"] == pid and p["use_count"] == 0 for p in self.h.alloc.pools_info())
+        if pid in self.active or released_with_memory:
+            with pytest.raises(ValueError):
+                self.h.alloc.begin_allocate_to_pool(pid, sorted(chosen), capturing=capturing)
+            return
+        if capturing and not self._capturing():
+            self.frozen = self._calls()
+        self.h.alloc.begin_allocate_to_pool(pid, sorted(chosen), capturing=capturing)
+        self.uses[pid] = self.uses.get(pid, 0) + 1
+        self.active[pid] = (chosen, capturing)
+
+    @rule(pid=st.integers(1, 2))
+    def end_pool(self, pid):
+        if pid not in self.active:
+            with pytest.raises(ValueError):
+                self.h.alloc.end_allocate_to_pool(pid)
+            return
+        self.h.alloc.end_allocate_to_pool(pid)
+        del self.active[pid]
+        if not self._capturing():
+            self.frozen = None
+
+    @rule(pid=st.integers(1, 2))
+    def release_pool(self, pid):
+        if not self.uses.get(pid) or pid in self.active:
+            with pytest.raises(ValueError):
+                self.h.alloc.release_pool(pid)
+            return
+        self.h.alloc.release_pool(pid)
+        self.uses[pid] -= 1
+
+    @rule()
+    def empty_cache(self):
+        if self._capturing():
+            with pytest.raises(gmlake.GraphCaptureError):
+                self.h.alloc.empty_cache()
+        else:
+            super().empty_cache()
+
+    @invariant()
+    def pools_as_modelled(self):
+        info = {p["id"]: p for p in self.h.alloc.pools_info()}
+        for pid, uses in self.uses.items():
+            if uses:
+                assert info[pid]["use_count"] == uses and info[pid]["active"] == (pid in self.active)
+            else:
+                assert pid not in info or info[pid]["use_count"] == 0
+        assert self.h.alloc.capturing == sum(cap for _, cap in self.active.values())
+        if self.frozen is not None:
+            assert self._calls() == self.frozen, "an event or synchronize call while a graph was being captured"
+
+    def teardown(self):
+        if self.h.broken:
+            return
+        for pid in list(self.active):
+            self.h.alloc.end_allocate_to_pool(pid)
+        for pid, uses in self.uses.items():
+            for _ in range(uses):
+                self.h.alloc.release_pool(pid)
+        self.h.close()
+
+
+class PoolPaperMachine(PoolMachine):
+    """Pools beside the paper's policy: chunks, stitching and cross-stream fences in the default pool."""
+
+    policy = gmlake.policies.get("gmlake-paper", max_cached_sblocks=3, min_saved_chunks=0)
+
+
+class PoolCachingMachine(PoolMachine):
+    policy = gmlake.policies.get("caching")
+
+
 # derandomize: the same examples on every run, so a bug this finds fails every run, not one in a few.
 _settings = settings(max_examples=60, stateful_step_count=60, deadline=None, derandomize=True,
                      suppress_health_check=[HealthCheck.too_slow])
@@ -167,6 +286,11 @@ TestHostCaching = CachingMachine.TestCase
 TestHostExpandable = ExpandableMachine.TestCase
 TestHostPaperSeams = SeamsPaperMachine.TestCase
 TestHostGMLakeSeams = SeamsGMLakeMachine.TestCase
+for _machine in (PoolMachine, PoolPaperMachine, PoolCachingMachine):
+    _machine.TestCase.settings = _settings
+TestHostPools = PoolMachine.TestCase
+TestHostPoolsPaper = PoolPaperMachine.TestCase
+TestHostPoolsCaching = PoolCachingMachine.TestCase
 
 
 def test_the_random_seam_policies_reach_every_seam():

@@ -54,7 +54,9 @@ class AllocatorState(NamedTuple):
     waiting for other streams; limit: the cap set by set_limit (0: none); capacity: the device's memory (0: the
     driver models no bound); cached_sblocks: stitched blocks kept mapped; stream: the stream of the request being
     decided; free_blocks: the free blocks that stream may use (its own and those of no stream), both pools, in the
-    core's best-fit order.
+    core's best-fit order (the default pool's); private_pool: the private pool (graph capture, see docs/graphs.md)
+    serving the request, 0 for the default pool. A pool's request asks only should_split, segment_layout and
+    relieve_pressure (never choose_block or the stitch hooks: a pool neither searches the default pool nor stitches).
     """
 
     reserved: int
@@ -65,6 +67,7 @@ class AllocatorState(NamedTuple):
     cached_sblocks: int
     stream: int
     free_blocks: tuple
+    private_pool: int = 0
 
     @property
     def headroom(self) -> int:
