@@ -320,20 +320,6 @@ cdef class Allocator:
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil
 
-    cdef bint _hook_split(self, size_t block_size, size_t size, int pool, bint default) noexcept
-    cdef bint _hook_allow_stitch(self, size_t size, int64_t stream, vector[Piece]& pieces,
-                                 size_t remaining) noexcept
-    cdef SBlock* _hook_evict(self, SBlock* lru_victim, int reason) noexcept
-    cdef void _hook_place(self, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept
-    cdef void _hook_stitch(self, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
-                           size_t* remaining) noexcept
-    cdef void _hook_layout(self, int pool, size_t size, int64_t stream, size_t* segment_size,
-                           size_t* handle_size) noexcept
-    cdef int _hook_pressure(self, size_t size, int64_t stream, int pool, int attempt, int default) noexcept
-    cdef object _state(self, int64_t stream)
-    cdef list _free_blocks(self, int pool, size_t at_least, int64_t stream, vector[Block*]* out)
-    cdef object _cached_view(self, SBlock* sb)
-
     # internals, in the order _allocator.pyx defines them
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc_small(self, size_t size, int64_t stream) noexcept nogil
