@@ -358,41 +358,37 @@ cdef class Allocator:
     cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil:
         cdef int pool = POOL_SMALL if size <= self.k.small_size else POOL_LARGE
         cdef Block* b = self._try_alloc(pool, size, stream)
-        cdef int stage
         if b != NULL or self.err != ERR_OOM:
             return b
         if self.capturing:
             # Every stage of relief synchronizes: Note [Pools and graph capture].
             self.err = ERR_CAPTURE
             return NULL
-        if self.k.hook_pressure:
-            return self._alloc_under_pressure(pool, size, stream)
-        # Step 5: relieve memory pressure in two stages, retrying after each that changed something.
-        for stage in range(2):
-            if _relieve(self, pool, size, stage):
-                b = self._try_alloc(pool, size, stream)
-                if b != NULL or self.err != ERR_OOM:
-                    return b
-            elif self.err != ERR_NONE:
-                return NULL
-        self.err = ERR_OOM
-        return NULL
+        return self._alloc_under_pressure(pool, size, stream)
 
     cdef Block* _alloc_under_pressure(self, int pool, size_t size, int64_t stream) noexcept nogil:
-        """Step 5 as the policy's relieve_pressure decides: an action per attempt, the request retried after each
-        that changed something, until it is served, the policy gives up, or MAX_PRESSURE_ATTEMPTS are spent."""
+        """Step 5: relieve memory pressure, retrying the request after each attempt that changed something, until
+        it is served or relief runs out. The built-in relief has two stages (_relieve); a policy that overrides
+        relieve_pressure chooses an action per attempt instead (_relieve_action), up to MAX_PRESSURE_ATTEMPTS."""
         cdef Block* b
         cdef int attempt, action, default
+        cdef bint changed
         for attempt in range(MAX_PRESSURE_ATTEMPTS):
-            # The built-in stages, as _relieve carries them out.
-            default = PRESSURE_GIVE_UP if attempt >= 2 else \
-                PRESSURE_RELEASE_OTHER if attempt == 0 and self.k.cross_stream else PRESSURE_RELEASE_ALL
-            action = self.seams.pressure(self, size, stream, pool, attempt, default)
-            if action < PRESSURE_GIVE_UP or action > PRESSURE_RELEASE_ALL:
-                action = default            # a Cython seam's answer out of range: the built-in's
-            if action == PRESSURE_GIVE_UP:
+            if self.k.hook_pressure:
+                # The built-in stages, as _relieve carries them out, offered as the default answer.
+                default = PRESSURE_GIVE_UP if attempt >= 2 else \
+                    PRESSURE_RELEASE_OTHER if attempt == 0 and self.k.cross_stream else PRESSURE_RELEASE_ALL
+                action = self.seams.pressure(self, size, stream, pool, attempt, default)
+                if action < PRESSURE_GIVE_UP or action > PRESSURE_RELEASE_ALL:
+                    action = default            # a Cython seam's answer out of range: the built-in's
+                if action == PRESSURE_GIVE_UP:
+                    break
+                changed = _relieve_action(self, pool, size, action)
+            elif attempt >= 2:
                 break
-            if _relieve_action(self, pool, size, action):
+            else:
+                changed = _relieve(self, pool, size, attempt)
+            if changed:
                 b = self._try_alloc(pool, size, stream)
                 if b != NULL or self.err != ERR_OOM:
                     return b
