@@ -506,6 +506,20 @@ def _set_checkpoint_pool_state(device, state, stale_storages=(), live_storages=(
         "compile with mode='max-autotune-no-cudagraphs'.")
 
 
+def _check_pool_live_allocations(device: int, pool, expected_live) -> bool:
+    """torch._C._cuda_checkPoolLiveAllocations: are the blocks allocated in the private pool exactly the data
+    pointers cudagraph trees expect to be alive? (A block freed but still waiting on other streams is not live, as
+    in PyTorch's allocator.)"""
+    a = _torch_bridge.allocators().get(_device(device))
+    key = (int(pool[0]) << 32) | int(pool[1])
+    live = set()
+    if a is not None:
+        for seg in a.segments_info():
+            if seg["private_pool"] == key:
+                live.update(seg["va"] + offset for offset, _size, state, *_ in seg["blocks"] if state == "allocated")
+    return live == set(expected_live)
+
+
 def _entry_points() -> dict[str, Any]:
     """torch._C name -> gmlake's replacement. The _accelerator_* ones serve torch.accelerator.memory_*."""
     return {
@@ -523,6 +537,7 @@ def _entry_points() -> dict[str, Any]:
         # cudagraph trees (torch.compile(mode="reduce-overhead")) checkpoint the allocator after each recording.
         "_cuda_getCheckpointState": _get_checkpoint_state,
         "_cuda_setCheckpointPoolState": _set_checkpoint_pool_state,
+        "_cuda_checkPoolLiveAllocations": _check_pool_live_allocations,
     }
 
 

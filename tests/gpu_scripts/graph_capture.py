@@ -19,6 +19,12 @@ def pools():
 # 1. capture + replay with inputs copied in, outputs checked against eager
 static_x = torch.zeros(4096, 1024, device=dev)
 w = torch.randn(1024, 1024, device=dev)
+# Warm up on a side stream first, as PyTorch's docs ask: cuBLAS creates its handle and workspace on first use, which
+# capture forbids (the same holds under PyTorch's own allocator).
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    torch.relu(static_x @ w) + 1
+torch.cuda.current_stream().wait_stream(side)
 g1 = torch.cuda.CUDAGraph()
 with torch.cuda.graph(g1):
     static_y = torch.relu(static_x @ w) + 1
