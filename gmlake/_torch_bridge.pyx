@@ -84,15 +84,17 @@ cdef inline double _mib(size_t n) noexcept nogil:
 
 cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nogil:
     """Raise torch's error for a failed allocation: gmlake's OOM message, or the policy's / driver's error."""
-    cdef char message[768]
+    cdef char message[1024]
     if why.err == ERR_OOM:
         snprintf(message, sizeof(message),
                  "gmlake: CUDA out of memory on device %d: tried to allocate %.2f MiB (%zu bytes); "
                  "%.2f MiB reserved, %.2f MiB allocated, %.2f MiB cached and free; cap %.2f MiB "
                  "(set_per_process_memory_fraction or GMLAKE_LIMIT; 0 = none), device capacity %.2f MiB. "
-                 "The allocator is still usable: free tensors or use a smaller batch and retry.",
+                 "The allocator is still usable: free tensors or use a smaller batch and retry.%s",
                  device, _mib(size), size, _mib(why.reserved), _mib(why.allocated),
-                 _mib(why.reserved - why.allocated), _mib(why.limit), _mib(a.driver.capacity))
+                 _mib(why.reserved - why.allocated), _mib(why.limit), _mib(a.driver.capacity),
+                 " (This request came during CUDA graph capture, when the allocator can neither wait for memory "
+                 "nor release any: reserve it before capturing.)" if a.capturing else "")
     else:
         with gil:
             text = f"gmlake: allocating {size} bytes on device {device} failed: {a.failure(size, why)}"

@@ -59,6 +59,12 @@ def test_cuda_graphs_capture_replay_share_release_and_fail_clearly():
     assert "all ok" in out, out
 
 
+def test_make_graphed_callables_trains_with_native_losses():
+    native = json.loads(run("graphed_train.py", gmlake=False).strip().splitlines()[-1])
+    ours = json.loads(run("graphed_train.py").strip().splitlines()[-1])
+    assert ours == pytest.approx(native, rel=1e-6) and ours[-1] < ours[0]
+
+
 def test_reduce_overhead_trains_with_native_losses_and_replays_graphs():
     native = json.loads(run("reduce_overhead.py", gmlake=False, timeout=600).strip().splitlines()[-1])
     ours = json.loads(run("reduce_overhead.py", timeout=600).strip().splitlines()[-1])
