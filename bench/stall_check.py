@@ -7,9 +7,12 @@ RESULTS are speed-suite folders (bench/results/train/speed-*: summary.json with 
 run JSONs of bench/workloads/dynamic.py (e.g. bench/results/train/stall-2026-11-30/vit-paper.json). For every gmlake
 run: its driver calls after warm-up (counted on the GPU; replay reproduces them call for call, see
 tests/test_stall_model.py) priced with gmlake's cost table, the predicted loss (x the stall factor), and the measured
-loss: its time after warm-up minus the median of native's runs of that workload. A prediction is judged only where
-it exceeds native's own run-to-run spread (else the GPU cannot resolve it); exit status 1 if a judged one misses by
-more than the tolerance, 2 on bad input.
+loss: its time after warm-up minus the median of native's runs of that workload. Native's runs come from the run's
+own source, the speed-suite folder it was timed in (same machine, same device call), so that runs are never
+compared with another machine's native; only a single run JSON, which carries no native run, is compared with the
+natives of every source given (the baseline column says which). A suite run whose folder has no native run of its
+workload gets no verdict. A prediction is judged only where it exceeds its baseline's own run-to-run spread (else
+the GPU cannot resolve it); exit status 1 if a judged one misses by more than the tolerance, 2 on bad input.
 
 With --traces DIR (as scripts/gpu-stall-data.sh writes it: WORKLOAD-native.pickle.gz, a trace captured under native,
 and WORKLOAD-capture.json, that run's summary with each step's `allocations_before`), the priced time comes from
@@ -30,23 +33,37 @@ from gmlake.trace import ALLOC, load
 
 
 def load_runs(paths: list[Path]) -> list[dict]:
-    """Every run record in `paths` (speed-suite folders or single dynamic.py JSONs)."""
+    """Every run record in `paths` (speed-suite folders or single dynamic.py JSONs), each tagged with its `source`
+    (the path it came from) and `source_kind` ("suite" for a folder, "run" for a single run JSON)."""
     runs = []
     for path in paths:
         if path.is_dir():
+            found = []
             if (path / "runs.tar.gz").exists():
                 with tarfile.open(path / "runs.tar.gz") as tar:
-                    runs += [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")]
-            runs += [json.loads(p.read_text()) for p in sorted((path / "runs").glob("*.json"))]
+                    found += [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")]
+            found += [json.loads(p.read_text()) for p in sorted((path / "runs").glob("*.json"))]
+            runs += [{**run, "source": str(path), "source_kind": "suite"} for run in found]
         elif path.is_file():
             run = json.loads(path.read_text())
             run.setdefault("allocator", run.get("gmlake_policy") or "native")
             if run.get("gmlake_policy") and run["allocator"] == "gmlake":
                 run["allocator"] = run["gmlake_policy"]
-            runs.append(run)
+            runs.append({**run, "source": str(path), "source_kind": "run"})
         else:
             raise FileNotFoundError(f"no such results: {path}")
     return [r for r in runs if r.get("timed_s")]
+
+
+def baseline(run: dict, runs: list[dict]) -> tuple[list[float], str]:
+    """Native's timed seconds to compare `run` with, and which they are: native's runs of the workload from the run's
+    own source ("same source"); for a single run JSON without any, those of every source ("all sources"). An empty
+    list where a suite folder has no native run of the workload."""
+    natives = [r for r in runs if r["workload"] == run["workload"] and r["allocator"] == "native"]
+    same = [r["timed_s"] for r in natives if r.get("source") == run.get("source")]
+    if same or run.get("source_kind") != "run":
+        return same, "same source"
+    return [r["timed_s"] for r in natives], "all sources"
 
 
 def replayed_after_warmup(traces: Path, workload: str, policy: str, warmup: int, costs: dict) -> float | None:
@@ -71,26 +88,30 @@ def replayed_after_warmup(traces: Path, workload: str, policy: str, warmup: int,
 
 
 def check(runs: list[dict], tolerance: float, costs: dict | None = None, traces: Path | None = None) -> list[dict]:
-    """One row per gmlake run: predicted and measured loss against native's median, and whether it is judged."""
+    """One row per gmlake run: predicted and measured loss against native's median (see `baseline()`), and whether
+    it is judged. A run without a baseline gets a row with `baseline` None and no numbers but its own."""
     costs = costs or driver_costs()
     rows = []
     for run in runs:
         after = run.get("gmlake_after_warmup")
         if not after:
             continue
-        native = [r["timed_s"] for r in runs if r["workload"] == run["workload"] and r["allocator"] == "native"]
+        policy = run.get("gmlake_policy") or "gmlake"
+        native, used = baseline(run, runs)
         if not native:
+            rows.append({"workload": run["workload"], "allocator": policy, "source": run.get("source"),
+                         "baseline": None, "native_runs": 0, "timed_s": run["timed_s"], "judged": False, "ok": None})
             continue
         median = statistics.median(native)
         spread = (max(native) - min(native)) / median if len(native) > 1 else None
-        policy = run.get("gmlake_policy") or "gmlake"
         replayed = traces and replayed_after_warmup(traces, run["workload"], policy, run["warmup_steps"], costs)
         priced = replayed if replayed is not None else driver_seconds(after, costs)
         predicted = priced * costs["stall_factor"]
         measured = run["timed_s"] - median
         judged = spread is not None and predicted / median > spread
         error = measured / predicted - 1.0 if predicted else None
-        rows.append({"workload": run["workload"], "allocator": policy,
+        rows.append({"workload": run["workload"], "allocator": policy, "source": run.get("source"),
+                     "baseline": used, "native_runs": len(native),
                      "priced_by": "GPU counts" if replayed is None else "replay",
                      "native_s": median, "native_spread": spread, "timed_s": run["timed_s"], "priced_s": priced,
                      "predicted_s": predicted, "measured_s": measured, "ratio": measured / priced if judged else None,
@@ -114,17 +135,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stall_check: {err}", file=sys.stderr)
         return 2
     factor = driver_costs()["stall_factor"]
-    print(f"stall factor {factor}; loss = time after warm-up - native's median; judged where the prediction exceeds "
-          f"native's spread")
-    print(f"{'workload':8} {'allocator':13} {'priced by':10} {'native s':>8} {'spread':>7} {'priced s':>8} {'predicted':>9} "
-          f"{'measured':>8} {'x priced':>8}  verdict")
+    print(f"stall factor {factor}; loss = time after warm-up - the median of native's runs in the same source (a "
+          f"single run JSON: of every source); judged where the prediction exceeds that baseline's spread")
+    print(f"{'workload':8} {'allocator':13} {'source':20} {'baseline':15} {'priced by':10} {'native s':>8} "
+          f"{'spread':>7} {'priced s':>8} {'predicted':>9} {'measured':>8} {'x priced':>8}  verdict")
     for r in rows:
+        source = Path(r["source"]).name if r["source"] else "-"
+        if r["baseline"] is None:
+            print(f"{r['workload']:8} {r['allocator']:13} {source:20} {'none':15} {'-':10} {'-':>8} {'-':>7} {'-':>8} "
+                  f"{'-':>9} {'-':>8} {'-':>8}  no native run in its source")
+            continue
         verdict = ("not resolvable" if not r["judged"] else
                    f"{'ok' if r['ok'] else 'MISS'} ({r['error']:+.0%})")
         spread = f"{r['native_spread']:.1%}" if r["native_spread"] is not None else "-"
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-        print(f"{r['workload']:8} {r['allocator']:13} {r['priced_by']:10} {r['native_s']:8.3f} {spread:>7} {r['priced_s']:8.4f} "
-              f"{r['predicted_s']:9.3f} {r['measured_s']:+8.3f} {ratio:>8}  {verdict}")
+        used = f"{r['baseline']} ({r['native_runs']})"
+        print(f"{r['workload']:8} {r['allocator']:13} {source:20} {used:15} {r['priced_by']:10} {r['native_s']:8.3f} "
+              f"{spread:>7} {r['priced_s']:8.4f} {r['predicted_s']:9.3f} {r['measured_s']:+8.3f} {ratio:>8}  {verdict}")
+    judged = [r for r in rows if r["judged"]]
+    print(f"{sum(bool(r['ok']) for r in judged)} of {len(judged)} judged predictions within {args.tolerance:.0%}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 1 if any(r["ok"] is False for r in rows) else 0

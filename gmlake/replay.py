@@ -34,7 +34,9 @@ def driver_seconds(stats: dict, costs: dict | None = None) -> float:
 def step_time_lost(stats: dict, costs: dict | None = None) -> float:
     """Training time the calls in `stats` would cost on that GPU: their priced driver time times the table's
     stall factor. Note [the stall]: a driver call blocks the CPU thread that feeds the GPU, whose queue drains
-    meanwhile, so a run loses more than the calls' own time (measured 1.6-2.5x after warm-up on an H200)."""
+    meanwhile, so a run can lose more than the calls' own time. Measured after warm-up on an H200, the loss per
+    priced second ranged 0.85-2.5x over six runs of the paper policy (by workload and run); the factor is their
+    geometric mean, and predicts 4 of the 6 within +-30 % (docs/training.md, "The stall model")."""
     costs = costs or driver_costs()
     return driver_seconds(stats, costs) * costs["stall_factor"]
 

@@ -1,11 +1,14 @@
 """The stall model (issue 10): replay prices a policy's driver calls and predicts the training time they cost.
 
 Checked against the H200 runs of 2026-11-30 in bench/results/train: replay reproduces the GPU run's driver calls
-call for call (so its priced time is the GPU run's), and priced time x the stall factor lands within 30 % of the
-measured loss where the GPU can resolve it."""
+call for call (so its priced time is the GPU run's). The stall factor is the geometric mean of the measured loss per
+priced second over every judged run of the paper policy, and it predicts only some of them within 30 % (the goal is
+missed; docs/training.md's goal table says how many, and a test here holds the doc to the data)."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
 import tarfile
@@ -20,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "train"
 STALL = RESULTS / "stall-2026-11-30"
 SPEED = RESULTS / "speed-2026-11-30c"
+# Every GPU run the stall model is judged on: the speed suites of sessions 4 and 5 (native and gmlake runs timed in
+# the same device call) and the paper policy's single runs from the stall data (native: session 4's suite).
+BUNDLED = [SPEED, RESULTS / "speed-2026-11-30d", STALL / "vit-paper.json", STALL / "t5-paper.json"]
 
 
 def gpu_run(workload: str, allocator: str) -> dict:
@@ -62,17 +68,76 @@ def stall_check_module():
 
 
 def stall_check(*args: str) -> subprocess.CompletedProcess:
+    """bench/stall_check.py run as a program, importing the gmlake these tests import (this checkout's)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     return subprocess.run([sys.executable, str(ROOT / "bench" / "stall_check.py"), *args],
-                          capture_output=True, text=True, cwd=ROOT)
+                          check=False, capture_output=True, text=True, cwd=ROOT, env=env)
 
 
-def test_the_stall_factor_predicts_the_measured_loss_within_30_percent(tmp_path):
+def judged_rows(tmp_path) -> tuple[subprocess.CompletedProcess, list[dict]]:
     out = tmp_path / "rows.json"
-    proc = stall_check(str(SPEED), str(STALL / "vit-paper.json"), str(STALL / "t5-paper.json"), "--json", str(out))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    judged = [r for r in json.loads(out.read_text()) if r["judged"]]
-    assert {r["workload"] for r in judged} == {"vit", "t5"}          # the paper policy's runs; the default's loss
-    assert all(abs(r["error"]) <= 0.3 for r in judged)                 # is below what native's spread resolves
+    proc = stall_check(*map(str, BUNDLED), "--json", str(out))
+    return proc, json.loads(out.read_text())
+
+
+def test_the_stall_factor_is_fitted_to_every_judged_paper_run():
+    """The factor in the cost table is the geometric mean of measured loss / priced time over all judged runs of the
+    paper policy in the bundled results: it is fitted to the data, not picked."""
+    module = stall_check_module()
+    rows = module.check(module.load_runs(BUNDLED), 0.3)
+    ratios = [r["measured_s"] / r["priced_s"] for r in rows if r["judged"] and r["allocator"] == "gmlake-paper"]
+    assert len(ratios) == 6                                    # ViT, T5, BERT x2, ResNet x2
+    assert driver_costs()["stall_factor"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / len(ratios)),
+                                                           abs=0.05)
+
+
+def test_the_documented_hit_count_is_what_the_check_reports(tmp_path):
+    """stall_check on the bundled results hits as many runs within 30 % as docs/training.md's goal table says (and
+    exits 1, since the others miss): if the data or the model change, the doc has to change with them."""
+    proc, rows = judged_rows(tmp_path)
+    judged = [r for r in rows if r["judged"]]
+    hits = sum(bool(r["ok"]) for r in judged)
+    assert (hits, len(judged)) == (4, 6), proc.stdout
+    assert proc.returncode == 1 and f"{hits} of {len(judged)} judged predictions within 30%" in proc.stdout
+    goal_row = next(line for line in (ROOT / "docs" / "training.md").read_text().splitlines()
+                    if line.startswith("| replay predicts the GPU's extra time"))
+    assert f"{hits} of {len(judged)}" in goal_row and "missed" in goal_row
+    assert all(r["allocator"] == "gmlake-paper" for r in judged)   # the default's loss is below what native's
+    assert all(not r["judged"] for r in rows if r["allocator"] == "gmlake")   # spread resolves
+
+
+def test_runs_are_compared_with_native_from_their_own_source():
+    """A suite run is compared with native's runs in its own folder (another device call, maybe another machine,
+    has other timings); only a single run JSON, which has no native of its own, falls back to every source's."""
+    module = stall_check_module()
+    costs = {"per_call": {"reserve": 1e6}, "per_handle": {}, "stall_factor": 1.0}     # one reserve: 1 s priced
+    after = {"calls": {"reserve": 1}, "handles": {}}
+
+    def run(source, kind, allocator, timed_s, workload="w"):
+        extra = {"gmlake_after_warmup": after, "gmlake_policy": allocator} if allocator != "native" else {}
+        return {"workload": workload, "allocator": allocator, "timed_s": timed_s, "warmup_steps": 1,
+                "source": source, "source_kind": kind, **extra}
+
+    runs = [run("a", "suite", "native", 10.0), run("a", "suite", "native", 10.1), run("a", "suite", "paper", 11.0),
+            run("b", "suite", "native", 20.0), run("b", "suite", "native", 20.2), run("b", "suite", "paper", 21.0),
+            run("c.json", "run", "paper", 16.05),
+            run("b", "suite", "paper", 30.0, workload="other")]       # a suite without a native of its workload
+    rows = {(r["source"], r["workload"]): r for r in module.check(runs, 0.3, costs)}
+    a, b, c, lone = rows["a", "w"], rows["b", "w"], rows["c.json", "w"], rows["b", "other"]
+    assert (a["baseline"], a["native_runs"], a["native_s"]) == ("same source", 2, pytest.approx(10.05))
+    assert a["measured_s"] == pytest.approx(0.95) and a["native_spread"] == pytest.approx(0.1 / 10.05)
+    assert (b["baseline"], b["native_s"], b["measured_s"]) == ("same source", pytest.approx(20.1), pytest.approx(0.9))
+    assert a["judged"] and b["judged"] and a["ok"] and b["ok"]   # pooled, native's spread (100 %) would hide both
+    assert (c["baseline"], c["native_runs"], c["native_s"]) == ("all sources", 4, pytest.approx(15.05))
+    assert not c["judged"]                                        # the pooled spread is wide, as it should be
+    assert lone["baseline"] is None and not lone["judged"] and lone["ok"] is None
+
+
+def test_load_runs_tags_each_run_with_its_source():
+    module = stall_check_module()
+    runs = module.load_runs([RESULTS / "speed-2026-11-30d", STALL / "vit-paper.json"])
+    assert {(r["source"], r["source_kind"]) for r in runs} == {
+        (str(RESULTS / "speed-2026-11-30d"), "suite"), (str(STALL / "vit-paper.json"), "run")}
 
 
 def test_a_factor_far_off_fails_the_check(tmp_path, monkeypatch):
