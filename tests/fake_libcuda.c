@@ -196,6 +196,25 @@ static CUresult fake_cuEventDestroy(void *event) {
     return SUCCESS;
 }
 
+/* FAKE_CUDA_CAPTURING=1: every stream is under a capture the allocator was not told of. */
+static CUresult fake_cuStreamIsCapturing(void *stream, int *status) {
+    (void)stream;
+    ENTER("cuStreamIsCapturing");
+    const char *capturing = getenv("FAKE_CUDA_CAPTURING");
+    *status = capturing && *capturing == '1';
+    return SUCCESS;
+}
+
+static __thread int capture_mode;                   /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+static CUresult fake_cuThreadExchangeStreamCaptureMode(int *mode) {
+    ENTER("cuThreadExchangeStreamCaptureMode");
+    if (*mode < 0 || *mode > 2) return INVALID_VALUE;
+    int previous = capture_mode;
+    capture_mode = *mode;
+    *mode = previous;
+    return SUCCESS;
+}
+
 static const char *error_name(CUresult error, int description) {
     switch (error) {
     case SUCCESS: return description ? "no error" : "CUDA_SUCCESS";
@@ -237,6 +256,8 @@ static const struct { const char *name; void *function; } entry_points[] = {
     {"cuEventRecord", fake_cuEventRecord},
     {"cuEventQuery", fake_cuEventQuery},
     {"cuEventDestroy", fake_cuEventDestroy},
+    {"cuStreamIsCapturing", fake_cuStreamIsCapturing},
+    {"cuThreadExchangeStreamCaptureMode", fake_cuThreadExchangeStreamCaptureMode},
     {"cuGetErrorName", fake_cuGetErrorName},
     {"cuGetErrorString", fake_cuGetErrorString},
 };

@@ -172,13 +172,28 @@ def test_the_driver_runs_on_cuda_12_and_13_drivers(fake_libcuda, driver_version,
     assert got["stitches"] == 1 and set(got["leaks"].values()) == {0}
     log = got["log"].splitlines()
     resolved = [line for line in log if line.startswith("resolve ")]
-    assert len(resolved) == 23 and all(line.endswith(f" {requested} flags=1") for line in resolved), resolved
+    assert len(resolved) == 25 and all(line.endswith(f" {requested} flags=1") for line in resolved), resolved
     # The synchronize variant must be the one the requested version defines (the fake rejects a wrong context).
     wanted, unwanted = ("cuCtxSynchronize(ctx)", "cuCtxSynchronize(void)")[:: 1 if requested >= 13000 else -1]
     assert wanted in log and unwanted not in log
     for call in ("cuInit", "cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
                  "cuMemRelease", "cuMemAddressFree", "cuEventCreate", "cuEventRecord", "cuEventDestroy"):
         assert call in log, f"{call} was never called"
+
+
+def test_an_unannounced_capture_is_refused_before_any_vmm_call(fake_libcuda):
+    """Note [Unannounced capture] through the CUDA driver: cuStreamIsCapturing says the stream captures, and the
+    request that needs new memory fails with GraphCaptureError before cuMemAddressReserve or cuMemCreate."""
+    got = run_gmlake("""
+        a = Allocator(gmlake.cuda_driver(0))
+        error = error_of(lambda: a.malloc(64 << 20, 0))
+        print(json.dumps({"error": error, "log": fake_log(), "reserved": a.stats()["reserved_bytes"]}))
+    """, GMLAKE_LIBCUDA=fake_libcuda, FAKE_CUDA_CAPTURING="1")
+    assert got["error"].startswith("GraphCaptureError: gmlake: cannot allocate 67108864 bytes: the stream is being "
+                                   "captured into a CUDA graph that the allocator was not told of"), got["error"]
+    calls = "\n".join(line for line in got["log"].splitlines() if not line.startswith("resolve "))
+    assert "cuStreamIsCapturing" in calls and "cuMemCreate" not in calls and "cuMemAddressReserve" not in calls, calls
+    assert got["reserved"] == 0
 
 
 def test_too_old_a_driver_is_refused_clearly(fake_libcuda):
