@@ -141,6 +141,13 @@ cdef enum Err:
     ERR_POLICY          # a Python policy hook raised; the exception waits in the calling thread's hook_errors
     ERR_CAPTURE         # what the call needed (a synchronize or an event) is forbidden while a graph is captured
     ERR_NO_POOL         # malloc_in_pool_nogil: the pool named is not active
+    ERR_RAW_CAPTURE     # the request's stream is under a graph capture the allocator was not told of
+
+# Whether the request in progress was checked for a capture nobody announced (Note [Unannounced capture]).
+cdef enum CaptureCheck:
+    CAPTURE_UNCHECKED = 0
+    CAPTURE_CLEAR
+    CAPTURE_FOUND
 
 # Why one call failed, filled in under the allocator's lock and handed to the caller, so an error travels with the
 # call that raised it (another thread's call cannot overwrite it). The byte counts are the moment of failure.
@@ -304,6 +311,9 @@ cdef class Allocator:
     cdef readonly size_t capturing
     cdef PrivatePool* target
     cdef vector[PendingFree] deferred_frees
+    # The request in progress (under the lock): its stream and whether that stream was checked for a capture.
+    cdef int64_t request_stream
+    cdef int capture_check
 
     cdef void _lock(self) noexcept nogil
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil

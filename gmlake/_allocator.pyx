@@ -294,7 +294,7 @@ cdef class Allocator:
     cdef Block* _alloc_small(self, size_t size, int64_t stream) noexcept nogil:
         cdef Block* b = _best_free(self, POOL_SMALL, size, stream)
         cdef Segment* seg
-        if b == NULL and self.capturing == 0 and _reclaim_streams(self, stream, False):
+        if b == NULL and _may_reclaim(self) and _reclaim_streams(self, stream, False):
             b = _best_free(self, POOL_SMALL, size, stream)
         if self.k.hook_place and self.err == ERR_NONE:
             self.seams.place(self, POOL_SMALL, size, stream, &b, NULL)
@@ -314,7 +314,7 @@ cdef class Allocator:
         # Steps 1-2: best fit among free pBlocks and cached sBlocks, then split.
         cdef Block* b = _best_free(self, POOL_LARGE, size, stream)
         cdef SBlock* sb = NULL
-        if b == NULL and self.capturing == 0 and _reclaim_streams(self, stream, False):
+        if b == NULL and _may_reclaim(self) and _reclaim_streams(self, stream, False):
             b = _best_free(self, POOL_LARGE, size, stream)
         if self.err != ERR_NONE:
             return NULL
@@ -363,6 +363,8 @@ cdef class Allocator:
         if self.capturing:
             # Every stage of relief synchronizes: Note [Pools and graph capture].
             self.err = ERR_CAPTURE
+            return NULL
+        if _refuse_unannounced_capture(self):
             return NULL
         return self._alloc_under_pressure(pool, size, stream)
 
@@ -810,6 +812,13 @@ cdef class Allocator:
             return error
         if why.err == ERR_DRIVER:
             return DriverError(CALL_NAMES[why.call], why.code, self.driver.describe_error(why.code))
+        if why.err == ERR_RAW_CAPTURE:
+            return GraphCaptureError(
+                f"gmlake: cannot allocate {size} bytes: the stream is being captured into a CUDA graph that the "
+                f"allocator was not told of (cudaStreamBeginCapture called outside torch.cuda.graph / "
+                f"begin_allocate_to_pool), and the request needs new memory from the driver, which would break the "
+                f"capture or hand the graph's memory out again. Capture with torch.cuda.graph (or call "
+                f"begin_allocate_to_pool first), or allocate this memory before capturing.")
         if why.err == ERR_CAPTURE and size == 0:
             return GraphCaptureError("gmlake: empty_cache during CUDA graph capture: it must synchronize the device, "
                                      "which stream capture forbids; call it after end_allocate_to_pool")
@@ -1093,6 +1102,20 @@ cdef class Allocator:
             raise ValueError(f"gmlake: private pool {pid} was released and still holds memory of live blocks; "
                              f"it cannot be begun again until they are freed and empty_cache returns it")
 
+    def retain_pool(self, pool_id: int) -> None:
+        """One more use of active private pool `pool_id`, as a second beginAllocateToPool of a pool already routing
+        requests is in PyTorch (cudagraph trees capture into the pool their warm-up allocates from): each use is
+        released by its own release_pool. The torch bridge routes nested begins through this."""
+        pid = self._pool_id(pool_id)
+        cdef uint64_t p = pid
+        cdef int rc
+        with nogil:
+            self._lock()
+            rc = _retain_pool(self, p)
+            self.mutex.unlock()
+        if rc == POOL_NOT_ACTIVE:
+            raise ValueError(f"gmlake: retain_pool: private pool {pid} is not active")
+
     def end_allocate_to_pool(self, pool_id: int) -> None:
         """Stop routing requests to private pool `pool_id` (PyTorch's endAllocateToPool); the pool keeps its memory
         and its use. Ending the last capturing pool lets the frees deferred during capture record their events."""
@@ -1231,9 +1254,11 @@ cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failur
     cdef Block* b = NULL
     self.err = ERR_NONE
     self.hook_failed = False
-    if self.pending.size() and self.capturing == 0:
+    self.request_stream = stream
+    self.capture_check = CAPTURE_UNCHECKED
+    if self.pending.size() and self.capturing == 0 and not _unannounced_capture(self):
         _process_pending(self)
-        self.err = ERR_NONE
+    self.err = ERR_NONE
     # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
     # chunks, no vector that large, no memory released for nothing.
     if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):

@@ -25,6 +25,7 @@ cdef enum:
     CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
     CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
     CU_EVENT_DISABLE_TIMING = 2
+    CU_STREAM_CAPTURE_STATUS_NONE = 0
     # cuGetProcAddress flags: the legacy default stream, so stream 0 means what it means to torch and to cuda.h.
     CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1
     # cuGetProcAddress symbolStatus
@@ -88,5 +89,7 @@ cdef struct CudaApi:
     CUresult (*cuEventRecord)(CUevent event, CUstream stream) noexcept nogil
     CUresult (*cuEventQuery)(CUevent event) noexcept nogil
     CUresult (*cuEventDestroy)(CUevent event) noexcept nogil
+    CUresult (*cuStreamIsCapturing)(CUstream stream, int* status) noexcept nogil      # CUstreamCaptureStatus
+    CUresult (*cuThreadExchangeStreamCaptureMode)(int* mode) noexcept nogil           # CUstreamCaptureMode
     CUresult (*cuGetErrorName)(CUresult error, const char** text) noexcept nogil
     CUresult (*cuGetErrorString)(CUresult error, const char** text) noexcept nogil

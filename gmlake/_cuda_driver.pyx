@@ -48,11 +48,14 @@ cdef enum CudaCall:
     CALL_EVENT_RECORD
     CALL_EVENT_QUERY
     CALL_EVENT_DESTROY
+    CALL_STREAM_IS_CAPTURING
+    CALL_EXCHANGE_CAPTURE_MODE
 
 _CALL_NAMES = (
     "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuMemGetAllocationGranularity", "cuMemGetInfo",
     "cuMemCreate", "cuMemRelease", "cuMemAddressReserve", "cuMemAddressFree", "cuMemMap", "cuMemUnmap",
     "cuMemSetAccess", "cuCtxSynchronize", "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventDestroy",
+    "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode",
 )
 
 
@@ -185,6 +188,9 @@ cdef int _load_api() except -1:
         _resolve(get_proc, "cuEventRecord", <void**>&resolved.cuEventRecord, requested)
         _resolve(get_proc, "cuEventQuery", <void**>&resolved.cuEventQuery, requested)
         _resolve(get_proc, "cuEventDestroy", <void**>&resolved.cuEventDestroy, requested)
+        _resolve(get_proc, "cuStreamIsCapturing", <void**>&resolved.cuStreamIsCapturing, requested)
+        _resolve(get_proc, "cuThreadExchangeStreamCaptureMode", <void**>&resolved.cuThreadExchangeStreamCaptureMode,
+                 requested)
         _resolve(get_proc, "cuGetErrorName", <void**>&resolved.cuGetErrorName, requested)
         _resolve(get_proc, "cuGetErrorString", <void**>&resolved.cuGetErrorString, requested)
     except BaseException:
@@ -323,6 +329,15 @@ cdef class CudaDriver(Driver):
             result = api.cuCtxSynchronize_v2000()
         self._leave(pushed)
         return _code(result, CALL_CTX_SYNCHRONIZE)
+
+    cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil:
+        cdef int status = CU_STREAM_CAPTURE_STATUS_NONE
+        cdef int rc = _code(api.cuStreamIsCapturing(<CUstream><uintptr_t>stream, &status), CALL_STREAM_IS_CAPTURING)
+        capturing[0] = status != CU_STREAM_CAPTURE_STATUS_NONE      # active, or invalidated: either way a capture
+        return rc
+
+    cdef int exchange_capture_mode(self, int* mode) noexcept nogil:
+        return _code(api.cuThreadExchangeStreamCaptureMode(mode), CALL_EXCHANGE_CAPTURE_MODE)
 
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil:
         cdef CUevent ev = NULL

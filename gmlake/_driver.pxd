@@ -36,6 +36,11 @@ cdef class Driver:
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil
     cdef int query_event(self, uint64_t event) noexcept nogil
     cdef int destroy_event(self, uint64_t event) noexcept nogil
+    # Graph capture (Note [Pools and graph capture]): is `stream` being captured; and the calling thread's capture
+    # mode, swapped (CUstreamCaptureMode: 0 global, 1 thread-local, 2 relaxed). The models capture nothing unless a
+    # test says so (ModelDriver.raw_captures) and have no mode.
+    cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil
+    cdef int exchange_capture_mode(self, int* mode) noexcept nogil
     cdef void count_reservation(self, size_t size, int sign) noexcept nogil
 
 
@@ -77,6 +82,8 @@ cdef class ModelDriver(Driver):
     # judges every map, unmap, release and address free; while off, each of those calls costs one branch.
     cdef bint tracking
     cdef object model
+    # Streams a test has put under a capture the allocator was not told of (begin_raw_capture).
+    cdef unordered_map[int64_t, bint] raw_captures
     cdef int take_capacity(self, size_t size) noexcept nogil
     cdef void give_capacity(self, size_t size) noexcept nogil
     cdef int fault(self, int kind) noexcept nogil

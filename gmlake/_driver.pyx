@@ -59,6 +59,13 @@ cdef class Driver:
     cdef int destroy_event(self, uint64_t event) noexcept nogil:
         return NOT_IMPLEMENTED
 
+    cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil:
+        capturing[0] = False
+        return DRIVER_OK
+
+    cdef int exchange_capture_mode(self, int* mode) noexcept nogil:
+        return DRIVER_OK
+
     cdef void count_reservation(self, size_t size, int sign) noexcept nogil:
         """Book an address range reserved (sign +1) or freed (-1), for stats() and the leak checks."""
         self.live_reservations += sign
@@ -330,6 +337,18 @@ cdef class ModelDriver(Driver):
         if self.events.erase(event) == 0:
             return -2
         self.live_events -= 1
+        return DRIVER_OK
+
+    def begin_raw_capture(self, stream: int) -> None:
+        """Put `stream` under a graph capture the allocator is not told of, as an extension calling
+        cudaStreamBeginCapture itself would (tests of the allocator's refusal to serve it)."""
+        self.raw_captures[<int64_t>stream] = True
+
+    def end_raw_capture(self, stream: int) -> None:
+        self.raw_captures.erase(<int64_t>stream)
+
+    cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil:
+        capturing[0] = self.raw_captures.count(stream) != 0
         return DRIVER_OK
 
     def complete_stream(self, stream: int, upto: int | None = None) -> None:

@@ -17,6 +17,8 @@ cdef Block* _map_pages(Allocator self, Block* hole, size_t size) noexcept nogil:
     if self.limit_bytes and self.st.reserved + n * C > self.limit_bytes:
         self.err = ERR_OOM
         return NULL
+    if _refuse_unannounced_capture(self):
+        return NULL
     for i in range(n):
         rc = _call(self, CALL_CREATE, self.driver.create_chunk(C, &handle), 1)
         if rc == DRIVER_OK:

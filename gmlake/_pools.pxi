@@ -152,6 +152,14 @@ cdef int _begin_pool(Allocator self, uint64_t pool_id, vector[int64_t]& streams,
     return POOL_OK
 
 
+cdef int _retain_pool(Allocator self, uint64_t pool_id) noexcept nogil:
+    it = self.pools.find(pool_id)
+    if it == self.pools.end() or not deref(it).second.active:
+        return POOL_NOT_ACTIVE
+    deref(it).second.use_count += 1
+    return POOL_OK
+
+
 cdef int _end_pool(Allocator self, uint64_t pool_id) noexcept nogil:
     cdef size_t i
     it = self.pools.find(pool_id)

@@ -137,6 +137,8 @@ cdef Block* _stitch(Allocator self, vector[Piece]& pieces, size_t size, int64_t 
     cdef size_t i, c, c_end, va_size = 0, mapped = 0, capacity = 0
     cdef uintptr_t va = 0, at
     cdef int rc
+    if _refuse_unannounced_capture(self):
+        return NULL
     # Trimming the cache synchronizes, which graph capture forbids: the cache may exceed its bound until it ends.
     if self.k.max_cached_sblocks and self.lru.size() >= self.k.max_cached_sblocks and self.capturing == 0:
         if _evict_lru(self, self.k.max_cached_sblocks - 1, False, EVICT_BOUND) != DRIVER_OK:

@@ -16,6 +16,8 @@ cdef Segment* _new_segment(Allocator self, int pool, size_t size, size_t chunk_s
     if mapped and self.limit_bytes and self.st.reserved + size > self.limit_bytes:
         self.err = ERR_OOM
         return NULL
+    if _refuse_unannounced_capture(self):
+        return NULL
     rc = _call(self, CALL_RESERVE, self.driver.reserve(size, self.driver.granularity, &va), 0)
     if rc != DRIVER_OK:
         if rc == DRIVER_OOM:

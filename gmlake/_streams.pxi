@@ -35,6 +35,11 @@ cdef size_t _migrate(Allocator self, int64_t stream, uint64_t upto) noexcept nog
     return moving.size()
 
 
+cdef inline bint _may_reclaim(Allocator self) noexcept nogil:
+    """May a request fence other streams' frees now? Not under a capture, announced or not: it records events."""
+    return self.capturing == 0 and not _unannounced_capture(self)
+
+
 cdef size_t _reclaim_streams(Allocator self, int64_t stream, bint wait) noexcept nogil:
     """Make blocks other streams freed usable by `stream` once their work is done. With wait, synchronize
     and make every free block usable by any stream. Returns how many blocks moved."""

@@ -3,14 +3,22 @@
 
 Compiled with CYTHON_EXTERN_C defined as extern "C", so the `cdef public` functions below keep their plain names
 (gmlake_alloc, gmlake_free, ...) for ctypes and torch. Their paths are nogil; only the first call on a device, which
-creates its allocator, takes the GIL.
+creates its allocator, and the graph pool hooks (rare, and their errors become Python text) take the GIL.
 """
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libc.stdio cimport snprintf
+from libcpp.atomic cimport atomic
+from libcpp.mutex cimport mutex
+from libcpp.utility cimport pair
+from libcpp.vector cimport vector
 from gmlake._allocator cimport Allocator, Failure, ERR_OOM, ERR_NONE
 
 cdef extern from "_bridge.h" namespace "gmlake" nogil:
     void throw_error(const char* message)
+    cppclass StreamFilter:
+        pass
+    bint filter_accepts(const StreamFilter& filter, void* stream)
+
 
 cdef enum:
     MAX_DEVICES = 64
@@ -96,11 +104,15 @@ cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nog
 cdef public void* gmlake_alloc(size_t size, int device, void* stream) noexcept nogil:
     cdef void* handle = _get(device)
     cdef Failure why
+    cdef uintptr_t ptr
     if handle == NULL:
         throw_error(_create_error)
     if size == 0:
         size = 1    # torch may ask for 0 bytes; hand out a distinct, valid pointer
-    cdef uintptr_t ptr = (<Allocator>handle).malloc_nogil(size, <int64_t><uintptr_t>stream, &why)
+    if _routed_count.load() == 0:
+        ptr = (<Allocator>handle).malloc_nogil(size, <int64_t><uintptr_t>stream, &why)
+    else:
+        ptr = _alloc_routed(<Allocator>handle, size, device, stream, &why)
     if ptr == 0:
         _fail(<Allocator>handle, size, device, &why)
     return <void*>ptr
@@ -151,3 +163,163 @@ cdef public void gmlake_record_stream(void* ptr, void* stream) noexcept nogil:
         if _allocators[d] != NULL and \
                 (<Allocator>_allocators[d]).record_stream_nogil(<uintptr_t>ptr, <int64_t><uintptr_t>stream) == ERR_NONE:
             return
+
+
+# ---------------------------------------------------------------- CUDA graphs: PyTorch's private pool hooks
+#
+# Note [Graph pools through the bridge]: PyTorch announces a pool with beginAllocateToPool(device, pool id, filter),
+# where the filter says which requests the pool serves: those of a stream capturing under one capture id
+# (torch.cuda.graph), or those of one thread (cudagraph trees, MemPool's use_mem_pool). A filter is C++ and may ask
+# the CUDA runtime, so the core knows nothing of it: the bridge keeps the active pools' filters and routes each
+# request itself (Allocator.malloc_in_pool_nogil), the core serving it from that pool (Note [Private pools]).
+#   - Every pool PyTorch begins is treated as capturing (no event, no synchronize while it is active): the begin
+#     hook cannot tell a capture from a MemPool context, and a capture starts only after its begin.
+#   - While any pool is routed, requests run with the thread in relaxed capture mode, as PyTorch's own allocator
+#     does around cudaMalloc: growing memory (cuMemCreate, cuMemMap, cuMemSetAccess) during a global-mode capture
+#     must not invalidate it.
+#   - PyTorch may begin a pool that is already routing (cudagraph trees capture into the pool their warm-up
+#     allocates from): such a begin adds a use of the pool (Allocator.retain_pool) and a route; the pool stops
+#     routing when its last route ends. Each begin's use is dropped by its own releasePool.
+# With no pool routed, a request pays one atomic load for all this.
+
+cdef mutex _routing_lock                  # guards the three vectors below
+cdef vector[int] _routed_devices          # one entry per active begin: its device, pool key and filter
+cdef vector[uint64_t] _routed_pools
+cdef vector[StreamFilter] _routed_filters
+cdef atomic[int] _routed_count            # how many entries: 0 keeps gmlake_alloc on its plain path
+
+cdef enum:
+    RELAXED_CAPTURE_MODE = 2              # CU_STREAM_CAPTURE_MODE_RELAXED
+
+
+cdef uint64_t _pool_key(pair[unsigned long long, unsigned long long] pool) noexcept nogil:
+    """The core's pool id for PyTorch's (first, second) pair: one of them is a counter and the other 0; 0 if either
+    does not fit in 32 bits (never seen: they count pools made in this process)."""
+    if (pool.first >> 32) or (pool.second >> 32):
+        return 0
+    return (pool.first << 32) | pool.second
+
+
+cdef uintptr_t _alloc_routed(Allocator a, size_t size, int device, void* stream, Failure* why) noexcept nogil:
+    """A request while PyTorch has pools active: the first active pool whose filter accepts the stream serves it,
+    else the default pool, with the thread in relaxed capture mode."""
+    cdef uint64_t pool = 0
+    cdef size_t i
+    cdef int mode = RELAXED_CAPTURE_MODE
+    cdef uintptr_t ptr
+    _routing_lock.lock()
+    for i in range(_routed_pools.size()):
+        if _routed_devices[i] == device and filter_accepts(_routed_filters[i], stream):
+            pool = _routed_pools[i]
+            break
+    _routing_lock.unlock()
+    cdef bint relaxed = a.driver.exchange_capture_mode(&mode) == 0
+    ptr = a.malloc_in_pool_nogil(size, <int64_t><uintptr_t>stream, pool, why)
+    if relaxed:
+        a.driver.exchange_capture_mode(&mode)
+    return ptr
+
+
+cdef char _pool_error[512]
+
+
+cdef enum PoolMethod:
+    POOL_BEGIN
+    POOL_RETAIN
+    POOL_END
+    POOL_RELEASE
+
+
+cdef bint _pool_call(int device, PoolMethod which, uint64_t pool) noexcept with gil:
+    """Call Allocator.<method>(pool) on `device`'s allocator; False with the message in _pool_error if it raised."""
+    method = ("begin_allocate_to_pool", "retain_pool", "end_allocate_to_pool", "release_pool")[which]
+    try:
+        a = allocator(device)
+        if which == POOL_BEGIN:
+            a.begin_allocate_to_pool(pool, [], capturing=True)
+        else:
+            getattr(a, method)(pool)
+        return True
+    except BaseException as exc:
+        msg = f"gmlake: {method} of CUDA graph pool {pool >> 32}:{pool & 0xffffffff} on device {device}: {exc}"
+        encoded = msg.encode()[:500]
+        snprintf(_pool_error, sizeof(_pool_error), "%s", <const char*>encoded)
+        return False
+
+
+cdef void _warn_pool_error() noexcept with gil:
+    import warnings
+    warnings.warn((<bytes>_pool_error).decode(errors="replace"), RuntimeWarning, stacklevel=2)
+
+
+cdef bint _is_routed(int device, uint64_t pool) noexcept nogil:
+    cdef size_t i
+    for i in range(_routed_pools.size()):
+        if _routed_devices[i] == device and _routed_pools[i] == pool:
+            return True
+    return False
+
+
+cdef public void gmlake_begin_allocate_to_pool(int device, pair[unsigned long long, unsigned long long] pool_id, StreamFilter filter) noexcept nogil:
+    cdef uint64_t pool = _pool_key(pool_id)
+    cdef bint nested
+    if _get(device) == NULL:
+        throw_error(_create_error)
+    if pool == 0:
+        throw_error("gmlake: beginAllocateToPool: a CUDA graph pool id out of range")
+    _routing_lock.lock()
+    nested = _is_routed(device, pool)
+    _routing_lock.unlock()
+    if not _pool_call(device, POOL_RETAIN if nested else POOL_BEGIN, pool):
+        throw_error(_pool_error)
+    _routing_lock.lock()
+    _routed_devices.push_back(device)
+    _routed_pools.push_back(pool)
+    _routed_filters.push_back(filter)
+    _routed_count.store(<int>_routed_pools.size())
+    _routing_lock.unlock()
+
+
+cdef public void gmlake_end_allocate_to_pool(int device, pair[unsigned long long, unsigned long long] pool_id) noexcept nogil:
+    """Drop the pool's latest route; the pool stops routing with its last. Called at the end of a capture, which
+    must not throw: an unknown pool is ignored."""
+    cdef uint64_t pool = _pool_key(pool_id)
+    cdef size_t i
+    cdef bint found = False, last = False
+    _routing_lock.lock()
+    i = _routed_pools.size()
+    while i > 0:
+        i -= 1
+        if _routed_devices[i] == device and _routed_pools[i] == pool:
+            _routed_devices.erase(_routed_devices.begin() + i)
+            _routed_pools.erase(_routed_pools.begin() + i)
+            _routed_filters.erase(_routed_filters.begin() + i)
+            found = True
+            break
+    last = found and not _is_routed(device, pool)
+    _routed_count.store(<int>_routed_pools.size())
+    _routing_lock.unlock()
+    if last and not _pool_call(device, POOL_END, pool):
+        throw_error(_pool_error)
+
+
+cdef public void gmlake_release_pool(int device, pair[unsigned long long, unsigned long long] pool_id) noexcept nogil:
+    """Drop one use of the pool (a graph's reset, a MemPool's end); its last use returns its free memory. Called
+    from CUDAGraph's destructor, so a failure is a warning, never an exception."""
+    cdef uint64_t pool = _pool_key(pool_id)
+    if device < 0 or device >= MAX_DEVICES or _allocators[device] == NULL:
+        return
+    if pool != 0 and not _pool_call(device, POOL_RELEASE, pool):
+        _warn_pool_error()
+
+
+def routed_pools() -> list:
+    """(device, pool key) of every active begin PyTorch made, in order (for tests and debugging)."""
+    cdef size_t i
+    out = []
+    with nogil:
+        _routing_lock.lock()
+    for i in range(_routed_pools.size()):
+        out.append((_routed_devices[i], _routed_pools[i]))
+    _routing_lock.unlock()
+    return out

@@ -13,6 +13,38 @@ cdef int _call(Allocator self, int kind, int rc, uint64_t handles) noexcept nogi
     return rc
 
 
+cdef bint _unannounced_capture(Allocator self) noexcept nogil:
+    """Is the request's stream under a graph capture nobody told the allocator of? Asked before the request's first
+    driver call, once per request; True means the request must make none (a caller that then fails sets
+    ERR_RAW_CAPTURE).
+
+    Note [Unannounced capture]: an extension may call cudaStreamBeginCapture itself, without beginAllocateToPool.
+    A synchronize or an event on a capturing stream would break that capture, and memory mapped or stitched for it
+    would be handed out again while the graph still uses it, so a request that needs the driver fails with
+    ERR_RAW_CAPTURE, naming the cause, before any driver call. A request served from memory already mapped makes no
+    driver call and is not checked: asking the driver on every cache hit would double its cost (PyTorch's own
+    allocator does not check either). An announced capture (`capturing` > 0) has its own rules."""
+    cdef bint capturing = False
+    if self.capturing:
+        return False
+    if self.capture_check == CAPTURE_UNCHECKED:
+        # A failed query is taken as a capture: cuStreamIsCapturing itself fails on the legacy default stream while
+        # another stream captures in global mode.
+        if self.driver.stream_capturing(self.request_stream, &capturing) != DRIVER_OK or capturing:
+            self.capture_check = CAPTURE_FOUND
+        else:
+            self.capture_check = CAPTURE_CLEAR
+    return self.capture_check == CAPTURE_FOUND
+
+
+cdef bint _refuse_unannounced_capture(Allocator self) noexcept nogil:
+    """_unannounced_capture for a step that cannot go on without the driver: it fails with ERR_RAW_CAPTURE."""
+    if _unannounced_capture(self):
+        self.err = ERR_RAW_CAPTURE
+        return True
+    return False
+
+
 cdef int _sync(Allocator self) noexcept nogil:
     return _call(self, CALL_SYNC, self.driver.synchronize(), 0)
 

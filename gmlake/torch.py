@@ -31,6 +31,10 @@ _HOOKS = {
     "set_memory_fraction_fn": "gmlake_memory_fraction",
     "set_base_alloc_fn": "gmlake_base_alloc",
     "set_record_stream_fn": "gmlake_record_stream",
+    # CUDA graphs' private pools (PyTorch 2.3+): Note [Graph pools through the bridge] in _torch_bridge.pyx.
+    "set_begin_allocate_to_pool": "gmlake_begin_allocate_to_pool",
+    "set_end_allocate_to_pool_fn": "gmlake_end_allocate_to_pool",
+    "set_release_pool": "gmlake_release_pool",
 }
 
 
@@ -129,24 +133,8 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
             raise RuntimeError(f"gmlake: this PyTorch ({torch.__version__}) lacks CUDAPluggableAllocator.{setter}")
         hook(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
     torch.cuda.memory.change_current_allocator(pluggable)
-    _guard_graph_capture(torch)
     install_memory_api(torch)
     _enabled.update(policy=policy, knobs=knobs, limit=limit, pluggable=pluggable, chosen=chosen, choice=choice)
-
-
-def _guard_graph_capture(torch) -> None:
-    """CUDA graph capture would bake gmlake's addresses into a graph while the allocator reuses them: refuse it
-    with a clear error instead of corrupting memory silently."""
-    original = torch.cuda.CUDAGraph.capture_begin
-
-    def capture_begin(self, *args, **kwargs):
-        raise RuntimeError(
-            "gmlake: CUDA graph capture is not supported under gmlake's allocator yet (captured graphs need a private "
-            "memory pool). Run this program without gmlake, or without CUDA graphs (e.g. torch.compile's default "
-            "mode rather than mode='reduce-overhead').")
-
-    capture_begin.__wrapped__ = original
-    torch.cuda.CUDAGraph.capture_begin = capture_begin
 
 
 def policy_info() -> dict[str, object] | None:
@@ -309,7 +297,7 @@ def _segments(device: int, a: Allocator) -> list[dict]:
             if current is None:
                 current = {"device": device, "address": seg["va"] + offset, "total_size": 0, "allocated_size": 0,
                            "active_size": 0, "requested_size": 0, "stream": stream,
-                           "segment_type": seg["pool"], "segment_pool_id": (0, seg["private_pool"]),
+                           "segment_type": seg["pool"], "segment_pool_id": (seg["private_pool"] >> 32, seg["private_pool"] & 0xFFFFFFFF),
                            "is_expandable": False,
                            "frames": [], "blocks": []}
                 out.append(current)
@@ -484,6 +472,40 @@ def _torch_record_history_legacy(enabled: bool, record_context=True, trace_alloc
     record_memory_history(bool(enabled), max(1, int(trace_alloc_max_entries)))
 
 
+class CheckpointState:
+    """What torch._C._cuda_getCheckpointState answers under gmlake: the private pool and the blocks it had allocated
+    when cudagraph trees recorded a graph (torch's own AllocatorState is opaque to Python too)."""
+
+    def __init__(self, device: int, pool: tuple[int, int]):
+        self.device = device
+        self.pool = tuple(pool)
+        key = (self.pool[0] << 32) | self.pool[1]
+        a = _torch_bridge.allocators().get(device)
+        info = [p for p in a.pools_info() if p["id"] == key] if a is not None else []
+        self.allocated_bytes = info[0]["allocated_bytes"] if info else 0
+
+    def __repr__(self) -> str:
+        return f"gmlake CheckpointState(device={self.device}, pool={self.pool}, allocated={self.allocated_bytes})"
+
+
+def _get_checkpoint_state(device: int, pool) -> CheckpointState:
+    """torch._C._cuda_getCheckpointState: cudagraph trees take one after recording each graph."""
+    return CheckpointState(device, pool)
+
+
+def _set_checkpoint_pool_state(device, state, stale_storages=(), live_storages=()) -> None:
+    """torch._C._cuda_setCheckpointPoolState: cudagraph trees call it to record a new graph while outputs of graphs
+    already replayed are alive (a new input shape, or a new path, after replays began). Restoring the pool to a
+    checkpoint makes those outputs own their memory again through torch's C++ storage internals, which a pluggable
+    allocator cannot reach from Python: refuse with the way out rather than corrupt the pool."""
+    raise RuntimeError(
+        "gmlake: torch.compile(mode='reduce-overhead') needed to record a new CUDA graph while outputs of replayed "
+        "graphs were still alive (cudagraph trees' checkpoint of the allocator, which PyTorch keeps only for its "
+        "own allocator). Keep input shapes static under reduce-overhead, call "
+        "torch.compiler.cudagraph_mark_step_begin() each step and let last step's outputs die before the next, or "
+        "compile with mode='max-autotune-no-cudagraphs'.")
+
+
 def _entry_points() -> dict[str, Any]:
     """torch._C name -> gmlake's replacement. The _accelerator_* ones serve torch.accelerator.memory_*."""
     return {
@@ -498,6 +520,9 @@ def _entry_points() -> dict[str, Any]:
         "_accelerator_resetAccumulatedStats": _reset_accumulated,
         # torch.accelerator.memory_stats() answers {} unless the allocator reports itself initialised.
         "_accelerator_isAllocatorInitialized": _allocator_initialized,
+        # cudagraph trees (torch.compile(mode="reduce-overhead")) checkpoint the allocator after each recording.
+        "_cuda_getCheckpointState": _get_checkpoint_state,
+        "_cuda_setCheckpointPoolState": _set_checkpoint_pool_state,
     }
 
 

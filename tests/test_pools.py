@@ -348,3 +348,61 @@ def test_a_caller_may_route_requests_itself(alloc):
     alloc.end_allocate_to_pool(3)
     with pytest.raises(ValueError, match="pool 3 is not active"):
         alloc.malloc(MiB, 4, pool=3)
+
+
+def _driver_calls(alloc: Allocator) -> int:
+    return sum(alloc.stats()["calls"].values())
+
+
+def test_an_unannounced_capture_refuses_requests_that_need_the_driver_before_calling_it(alloc, driver):
+    """Note [Unannounced capture]: an extension's own cudaStreamBeginCapture; a request that would grow, stitch,
+    fence or synchronize fails naming the cause, with no driver call; one served from mapped memory goes on."""
+    cached = alloc.malloc(3 * MiB, 5)
+    alloc.free(cached)
+    driver.begin_raw_capture(5)
+    calls = _driver_calls(alloc)
+    with pytest.raises(GraphCaptureError, match="not told of"):
+        alloc.malloc(300 * MiB, 5)
+    assert _driver_calls(alloc) == calls
+    reused = alloc.malloc(3 * MiB, 5)               # mapped memory of the same stream: no driver call, served
+    assert _driver_calls(alloc) == calls
+    alloc.free(reused)
+    other = alloc.malloc(64 * MiB, 6)               # a stream not capturing is served as ever
+    driver.end_raw_capture(5)
+    grown = alloc.malloc(300 * MiB, 5)              # the capture ended: the same request grows memory
+    alloc.free(grown)
+    alloc.free(other)
+
+
+def test_an_unannounced_capture_leaves_pending_frees_unpolled(driver):
+    driver.auto_complete = False
+    alloc = Allocator(driver, gmlake.policies.get("gmlake"))
+    alloc.free(alloc.malloc(1 * KiB, 1))            # a small segment mapped for stream 1
+    block = alloc.malloc(4 * MiB, 1)
+    alloc.record_stream(block, 2)
+    alloc.free(block)                               # pending: stream 2's event is recorded
+    driver.begin_raw_capture(1)
+    queries = alloc.stats()["calls"]["event_query"]
+    alloc.free(alloc.malloc(1 * KiB, 1))            # served from mapped memory, without polling the event
+    assert alloc.stats()["calls"]["event_query"] == queries
+    assert alloc.stats()["pending_frees"] == 1
+    driver.end_raw_capture(1)
+    driver.complete_all()
+    alloc.free(alloc.malloc(1 * KiB, 1))            # the capture ended: the pending free is polled and retired
+    assert alloc.stats()["pending_frees"] == 0
+
+
+def test_retain_pool_adds_a_use_each_release_drops(alloc):
+    alloc.begin_allocate_to_pool(7, [], capturing=True)
+    alloc.retain_pool(7)
+    ptr = alloc.malloc(2 * MiB, 0, pool=7)
+    assert _pool_of(alloc, ptr) == 7
+    alloc.end_allocate_to_pool(7)
+    alloc.free(ptr)
+    assert alloc.pools_info()[0]["use_count"] == 2
+    alloc.release_pool(7)
+    assert alloc.pools_info()[0]["use_count"] == 1
+    alloc.release_pool(7)
+    assert not alloc.pools_info()
+    with pytest.raises(ValueError, match="not active"):
+        alloc.retain_pool(7)

@@ -1,13 +1,163 @@
-"""CUDA graph capture under gmlake fails with a clear error rather than corrupting memory."""
+"""CUDA graphs under gmlake (issue 11): capture and replay through PyTorch's private pool hooks.
+
+Run under `gmlake run`; each scenario prints "ok: NAME" and the script ends with "all ok".
+"""
+import gc
+
 import torch
 
-x = torch.ones(1024, device="cuda")
-g = torch.cuda.CUDAGraph()
+import gmlake.torch as gt
+
+dev = torch.device("cuda")
+side = torch.cuda.Stream()
+
+
+def pools():
+    return gt.allocator(0).pools_info()
+
+
+# 1. capture + replay with inputs copied in, outputs checked against eager
+static_x = torch.zeros(4096, 1024, device=dev)
+w = torch.randn(1024, 1024, device=dev)
+g1 = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g1):
+    static_y = torch.relu(static_x @ w) + 1
+assert any(p["use_count"] >= 1 for p in pools()), pools()
+for _ in range(3):
+    x = torch.randn(4096, 1024, device=dev)
+    static_x.copy_(x)
+    g1.replay()
+    torch.testing.assert_close(static_y, torch.relu(x @ w) + 1)
+print("ok: capture and replay match eager")
+
+# 2. a second graph sharing the first one's pool
+g2 = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g2, pool=g1.pool()):
+    static_z = static_y * 2
+shared = [p for p in pools() if p["use_count"] >= 2]
+assert shared, f"no pool with two uses: {pools()}"
+x = torch.randn(4096, 1024, device=dev)
+static_x.copy_(x)
+g1.replay()
+g2.replay()
+torch.testing.assert_close(static_z, (torch.relu(x @ w) + 1) * 2)
+print("ok: two graphs share one pool", shared[0]["id"], "uses", shared[0]["use_count"])
+
+# 3. graphs deleted, pool released: the memory goes back to the driver
+torch.cuda.synchronize()
+free_before, _ = torch.cuda.mem_get_info()
+pool_bytes = sum(p["reserved_bytes"] for p in pools())
+del g1, g2, static_y, static_z
+gc.collect()
+torch.cuda.synchronize()
+free_after, _ = torch.cuda.mem_get_info()
+assert not pools(), f"pools left after release: {pools()}"
+assert free_after - free_before >= pool_bytes * 0.99, (free_before, free_after, pool_bytes)
+print(f"ok: released pool returned {(free_after - free_before) / 2**20:.0f} MiB (pool held {pool_bytes / 2**20:.0f})")
+
+# 4. make_graphed_callables on a module, trained
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to(dev)
+eager = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).to(dev)
+eager.load_state_dict(model.state_dict())
+sample = torch.randn(64, 256, device=dev, requires_grad=True)
+graphed = torch.cuda.make_graphed_callables(model, (sample,))
+opt_g = torch.optim.SGD(model.parameters(), lr=0.05)
+opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+losses_g, losses_e = [], []
+for step in range(20):
+    x = torch.randn(64, 256, device=dev, generator=torch.Generator(device=dev).manual_seed(step))
+    for net, opt, out in ((graphed, opt_g, losses_g), (eager, opt_e, losses_e)):
+        loss = net(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        out.append(loss.item())
+torch.testing.assert_close(torch.tensor(losses_g), torch.tensor(losses_e), rtol=1e-4, atol=1e-5)
+assert losses_g[-1] < losses_g[0], losses_g
+print(f"ok: make_graphed_callables trained, loss {losses_g[0]:.4f} -> {losses_g[-1]:.4f} as eager")
+
+# 5. a capture while another stream allocates outside the pool
+static_a = torch.randn(1 << 20, device=dev)
+g5 = torch.cuda.CUDAGraph()
+capture_stream = torch.cuda.Stream()
+with torch.cuda.stream(capture_stream):
+    torch.cuda.current_stream().wait_stream(torch.cuda.default_stream())
+with torch.cuda.graph(g5, stream=capture_stream):
+    out5 = static_a * 3
+    with torch.cuda.stream(side):
+        outside = torch.full((1 << 20,), 7.0, device=dev)    # not captured: side stream, outside the pool
+segs = gt.allocator(0).segments_info()
+owner = [s["private_pool"] for s in segs
+         if any(s["va"] + off == outside.data_ptr() for off, _size, state, *_ in s["blocks"] if state == "allocated")]
+assert owner == [0], f"the side stream's tensor is in pools {owner}, not only the default pool (0)"
+side.synchronize()
+assert outside.sum().item() == 7.0 * (1 << 20)
+g5.replay()
+torch.testing.assert_close(out5, static_a * 3)
+print("ok: side-stream allocation during capture served from the default pool")
+del g5, out5
+gc.collect()
+
+# 6. a capture that needs memory it cannot get: the clear error, and the allocator usable after
+torch.cuda.synchronize()
+reserved = gt.allocator(0).stats()["reserved_bytes"]
+total = torch.cuda.get_device_properties(0).total_memory
+torch.cuda.set_per_process_memory_fraction((reserved + (64 << 20)) / total)
+g6 = torch.cuda.CUDAGraph()
 try:
-    with torch.cuda.graph(g):
-        y = x * 2
-except RuntimeError as exc:
-    assert "gmlake: CUDA graph capture is not supported" in str(exc), exc
-    print("ok: refused with:", str(exc)[:120])
+    with torch.cuda.graph(g6):
+        big = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+        big.fill_(1)
+except Exception as exc:    # torch.OutOfMemoryError or RuntimeError, as torch wraps it
+    text = str(exc)
+    assert "capture" in text, text
+    print("ok: capture without memory fails clearly:", text.splitlines()[0][:160])
 else:
-    raise SystemExit("graph capture was not refused")
+    raise SystemExit("a capture beyond the cap did not fail")
+del g6
+gc.collect()
+torch.cuda.set_per_process_memory_fraction(1.0)
+after = torch.randn(1 << 20, device=dev) + 1
+assert after.shape[0] == 1 << 20
+print("ok: allocator usable after the failed capture")
+
+# 7. raw capture nobody announced (cudaStreamBeginCapture from an extension): refused before any driver call
+try:
+    from cuda.bindings import driver as cu
+except ImportError:
+    print("skip: raw capture (cuda-bindings not installed)")
+else:
+    raw = torch.cuda.Stream()
+    with torch.cuda.stream(raw):
+        err, = cu.cuStreamBeginCapture(raw.cuda_stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+        assert err == cu.CUresult.CUDA_SUCCESS, err
+        try:
+            torch.empty(3 << 30, dtype=torch.uint8, device=dev)     # needs new memory: the driver would be called
+        except Exception as exc:
+            text = str(exc)
+            assert "not told of" in text, text
+            print("ok: unannounced capture refused:", text.splitlines()[0][:140])
+        else:
+            raise SystemExit("an allocation needing the driver during an unannounced capture was served")
+        finally:
+            err, graph = cu.cuStreamEndCapture(raw.cuda_stream)
+            if graph is not None:
+                cu.cuGraphDestroy(graph)
+    x = torch.randn(1 << 20, device=dev)
+    print("ok: allocator usable after the unannounced capture")
+
+# 8. MemPool / use_mem_pool, where this torch lets a pluggable allocator have them
+try:
+    pool = torch.cuda.MemPool()
+except Exception as exc:
+    print("skip: torch.cuda.MemPool under a pluggable allocator:", str(exc).splitlines()[0][:120])
+else:
+    with torch.cuda.use_mem_pool(pool):
+        inside = torch.randn(1 << 20, device=dev)
+    assert any(p["use_count"] >= 1 for p in pools()), pools()
+    del inside
+    print("ok: use_mem_pool allocates from a private pool")
+
+gt.allocator(0).check()
+print("all ok")
