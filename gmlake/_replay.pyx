@@ -10,17 +10,20 @@ from gmlake._clock cimport monotonic_ns
 
 
 def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64_t[:] stream,
-                  const uint64_t[:] size, const uint32_t[:] ident, size_t samples=2000) -> dict:
+                  const uint64_t[:] size, const uint32_t[:] ident, size_t samples=2000,
+                  const uint64_t[:] pool=None) -> dict:
     """Serve each alloc (action 0) and free (action 1) in order; other actions are skipped. The timeline samples
-    (about `samples` of them) hold the largest reserved and allocated values since the previous sample.
+    (about `samples` of them) hold the largest reserved and allocated values since the previous sample. `pool`, if
+    given, names per event the private pool (already begun) an alloc is served from, 0 for the default pool.
 
     A request the allocator cannot serve is counted as an OOM and its free skipped, as a training run that caught
     the error would go on. A driver error stops the replay. Allocation ids must be below the number of events
     (gmlake.replay numbers them densely). Returns peaks, counts and a sampled timeline.
     """
     cdef size_t n = action.shape[0]
-    if stream.shape[0] != n or size.shape[0] != n or ident.shape[0] != n:
+    if stream.shape[0] != n or size.shape[0] != n or ident.shape[0] != n or (pool is not None and pool.shape[0] != n):
         raise ValueError("replay_events: arrays differ in length")
+    cdef bint pooled = pool is not None
     cdef uint32_t max_id = 0
     cdef size_t i
     for i in range(n):
@@ -49,7 +52,10 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
         t0 = monotonic_ns()
         for i in range(n):
             if action[i] == 0:
-                p = alloc.malloc_nogil(size[i], stream[i], &why)
+                if pooled and pool[i] != 0:
+                    p = alloc.malloc_in_pool_nogil(size[i], stream[i], pool[i], &why)
+                else:
+                    p = alloc.malloc_nogil(size[i], stream[i], &why)
                 if p == 0:
                     if why.err != ERR_OOM:     # a driver error or a policy hook that raised stops the replay
                         failed = 1

@@ -267,6 +267,12 @@ def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", d
     req = trace.requests()[:upto]
     # Dense allocation ids (0..k-1), so the replay's id table is as long as the trace, whatever ids it carries.
     _, dense_ids = np.unique(req["id"], return_inverse=True)
+    pools = trace.pool_of_requests()
+    if pools is not None:
+        pools = np.ascontiguousarray(pools[:upto])
+        # Note [Pools in traces]: each graph pool routes only the requests that name it, for the whole replay.
+        for key in np.unique(pools[pools != 0]).tolist():
+            alloc.begin_allocate_to_pool(key, [])
     out = replay_events(
         alloc,
         np.ascontiguousarray(req["action"]),
@@ -274,6 +280,7 @@ def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", d
         np.ascontiguousarray(req["size"]),
         np.ascontiguousarray(dense_ids.reshape(-1), dtype=np.uint32),
         samples,
+        pools,
     )
     return alloc, out
 

@@ -10,6 +10,7 @@ really reached) and one packed record per event.
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import io
 import json
@@ -68,6 +69,18 @@ class Trace:
     def requests(self) -> np.ndarray:
         """Only the alloc and free events, which the replay serves."""
         return self.events[self.events["action"] <= FREE]
+
+    def pool_of_requests(self) -> np.ndarray | None:
+        """Per request (as requests() orders them), the private pool (a CUDA graph's) an alloc was served from, 0 for
+        the default pool and for every free; None where the trace records no pool (Note [Pools in traces])."""
+        pools = self.meta.get("pools")
+        if not pools:
+            return None
+        req = self.requests()
+        out = np.zeros(len(req), dtype=np.uint64)
+        for key, ids in pools.items():
+            out[(req["action"] == ALLOC) & np.isin(req["id"], np.asarray(ids, dtype=np.uint32))] = int(key)
+        return out
 
     def real_reserved_curve(self) -> np.ndarray | None:
         """Bytes the captured run held after each event, from its segment events (None without any)."""
@@ -153,7 +166,37 @@ def load_snapshot(path: str | Path, device: int | None = None) -> Trace:
         raise TraceError(f"{path}: no trace events for device {device}")
     meta = _clean_meta(snapshot.get("gmlake"), path)
     meta = {**meta, "name": meta.get("name", path.name.split(".")[0]), "device": device, "source": "snapshot"}
-    return Trace(_convert(traces[device], path), meta)
+    events, pools = _convert(traces[device], path, _pool_segments(snapshot.get("segments"), device))
+    if pools:
+        meta["pools"] = pools
+    return Trace(events, meta)
+
+
+# Note [Pools in traces]: PyTorch's trace records no pool begin or end, and its events carry no pool; only the
+# snapshot's segment list does (`segment_pool_id`, a pair, (0, 0) for the default pool). An allocation made inside
+# a private pool segment that the snapshot still lists, after the segment_alloc event that made that segment, was
+# served from that pool: the trace keeps {pool: [allocation ids]} in its metadata, and the replay serves those
+# requests from the same pool (Allocator.malloc(..., pool=)), never from or into the default pool's memory. A pool
+# whose segments were freed before the snapshot is not seen (its requests replay in the default pool), and a pool
+# is never released during the replay: graphs usually live to the end of the run.
+
+def _pool_segments(segments, device: int) -> list[tuple[int, int, int]]:
+    """(address, size, pool key) of the snapshot's private-pool segments on `device`; the key packs PyTorch's pair
+    as gmlake's bridge does (first << 32 | second)."""
+    out = []
+    for seg in segments if isinstance(segments, list) else []:
+        if not isinstance(seg, dict) or seg.get("device", device) != device:
+            continue
+        pool = seg.get("segment_pool_id")
+        try:
+            first, second = (int(pool[0]), int(pool[1])) if pool is not None else (0, 0)
+            addr, size = _as_int(seg["address"]), _as_int(seg["total_size"])
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError):
+            continue
+        if (first or second) and 0 <= first < 1 << 32 and 0 <= second < 1 << 32 and size > 0:
+            out.append((addr, size, first << 32 | second))
+    return out
+
 
 
 _META_INTS = ("max_memory_reserved", "max_memory_allocated", "device_total", "device", "events")
@@ -168,6 +211,13 @@ def _clean_meta(raw, path: Path) -> dict:
     meta = {k: raw[k] for k in _META_INTS if isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool)
             and raw[k] >= 0}
     meta.update({k: raw[k][:200] for k in _META_STRS if isinstance(raw.get(k), str)})
+    pools = raw.get("pools")
+    if isinstance(pools, dict) and all(isinstance(k, str) and k.isdigit() and 0 < int(k) < 1 << 64
+                                       and isinstance(v, list) and all(type(i) is int and 0 <= i < 1 << 32 for i in v)
+                                       for k, v in pools.items()):
+        meta["pools"] = pools
+    elif pools is not None:
+        raise TraceError(f"{path}: malformed pool metadata (want {{pool id: [allocation ids]}})")
     if meta.get("device_total", 0) > MAX_DEVICE_MEMORY:
         raise TraceError(f"{path}: records a device of {meta['device_total']} bytes, more than any device holds "
                          f"(at most {format_size(MAX_DEVICE_MEMORY)})")
@@ -182,11 +232,18 @@ def _check_sizes(sizes: np.ndarray, path: Path) -> None:
                          f"(at most {format_size(MAX_DEVICE_MEMORY)}); refusing the trace")
 
 
-def _convert(entries: list, path: Path) -> np.ndarray:
+def _convert(entries: list, path: Path, pool_segments: list | None = None) -> tuple[np.ndarray, dict]:
+    """The compact events of a snapshot's trace, and {pool key (str): [allocation ids]} of the allocations served
+    from the private-pool segments in `pool_segments` (Note [Pools in traces])."""
     events = np.empty(len(entries), dtype=EVENT_DTYPE)
     live: dict[int, int] = {}       # address -> allocation id
     next_id = 0
     n = 0
+    # A pool segment counts from the last segment_alloc at its address (before it, that memory was something else).
+    segs = sorted(pool_segments or [])
+    starts = [addr for addr, _, _ in segs]
+    born = [0] * len(segs)
+    parsed = []
     for entry in entries:
         if not isinstance(entry, dict):
             raise TraceError(f"{path}: malformed trace entry {_short(entry)}")
@@ -202,12 +259,22 @@ def _convert(entries: list, path: Path) -> np.ndarray:
             raise TraceError(f"{path}: malformed trace entry {_short(entry)}") from None
         if not (0 <= size < 1 << 63 and 0 <= stream < 1 << 63 and 0 <= addr < 1 << 64):
             raise TraceError(f"{path}: out-of-range address, size or stream in {_short(entry)}")
+        if action == SEGMENT_ALLOC and segs:
+            k = bisect.bisect_right(starts, addr) - 1
+            if k >= 0 and segs[k][0] == addr:
+                born[k] = len(parsed)
+        parsed.append((action, addr, size, stream))
+    pools: dict[str, list[int]] = {}
+    for position, (action, addr, size, stream) in enumerate(parsed):
         ident = 0
         if action == ALLOC:
             if size == 0:
                 continue
             ident = live[addr] = next_id
             next_id += 1
+            k = bisect.bisect_right(starts, addr) - 1 if segs else -1
+            if k >= 0 and addr < segs[k][0] + segs[k][1] and position >= born[k]:
+                pools.setdefault(str(segs[k][2]), []).append(ident)
         elif action == FREE:
             if addr not in live:
                 continue   # allocated before recording began: the replay never saw it
@@ -215,7 +282,7 @@ def _convert(entries: list, path: Path) -> np.ndarray:
         events[n] = (action, stream, size, ident)
         n += 1
     _check_sizes(events["size"][:n], path)
-    return events[:n]
+    return events[:n], pools
 
 
 def _as_int(value) -> int:
