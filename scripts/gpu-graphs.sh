@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CUDA graphs under gmlake (issue 11), in one device-tool call: build, the graph scenarios
-# (tests/gpu_scripts/graph_capture.py), then a small transformer under torch.compile with and without
+# (tests/gpu_scripts/graph_capture.py), a graph program's trace captured under native and replayed, then a small transformer under torch.compile with and without
 # mode="reduce-overhead", native and gmlake, interleaved (A B C D D C B A while time lasts): losses, graph replays,
-# peak reserved and step time. Results in $OUT: graphs.log, compile-*.json (one JSON line per run).
+# peak reserved and step time. Results in $OUT: graphs.log, compile-*.json (one JSON line per run), the trace and
+# replay-graphs.jsonl.
 set -uo pipefail
 TOTAL=${TOTAL:-560}
 . "$(dirname "$0")/gpu-common.sh"
@@ -10,6 +11,26 @@ S=tests/gpu_scripts
 timeout 150 python3 -m gmlake run $S/graph_capture.py >"$OUT/graphs.log" 2>&1
 echo "graph scenarios: exit $? at $((SECONDS - START)) s"; grep -E "^(ok|skip|all ok)" "$OUT/graphs.log" | cut -c1-200
 tail -5 "$OUT/graphs.log" | grep -v "^ok\|^all ok" | cut -c1-400
+# A trace of the reduce-overhead program under PyTorch's own allocator, replayed: does the caching model, with the
+# graph pool recognised from the snapshot (Note [Pools in traces]), land within 1 % of the real peak reserved?
+timeout 150 python3 -m gmlake capture -o "$OUT/reduce-overhead-native.pickle.gz" -- python3 $S/reduce_overhead.py \
+  --steps 20 >>"$OUT/graphs.log" 2>&1
+echo "capture: exit $? at $((SECONDS - START)) s"
+timeout 120 python3 -m gmlake replay "$OUT/reduce-overhead-native.pickle.gz" --json >"$OUT/replay-graphs.jsonl" 2>>"$OUT/graphs.log"
+python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+from gmlake.trace import load
+out = Path(sys.argv[1])
+trace = load(out / "reduce-overhead-native.pickle.gz")
+real = trace.meta.get("max_memory_reserved", 0)
+pools = {k: len(v) for k, v in trace.meta.get("pools", {}).items()}
+print(f"graph trace: {len(trace)} events, pools {pools}, real peak reserved {real / 2**30:.3f} GiB")
+for line in (out / "replay-graphs.jsonl").read_text().splitlines():
+    r = json.loads(line)
+    print(f"  {r['policy']:14} replayed peak reserved {r['peak_reserved'] / 2**30:.3f} GiB "
+          f"({r['peak_reserved'] / real - 1:+.2%} against the real run)" if real else r)
+PY
 ORDER="native:reduce-overhead gmlake:reduce-overhead gmlake:default native:default"
 ORDER="$ORDER $(echo $ORDER | tr ' ' '\n' | tac | tr '\n' ' ')"
 for run in $ORDER; do
