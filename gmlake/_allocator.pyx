@@ -53,7 +53,7 @@ from gmlake._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PEN
 from gmlake.errors import (OutOfMemoryError, DriverError, InvalidPointerError, PolicyError, GraphCaptureError,
                            CaptureOutOfMemoryError)
 from typing import Iterable
-from gmlake.policies.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock
+from gmlake.policies.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock, FreeBlocks
 
 cdef extern from "Python.h" nogil:
     ctypedef struct PyThreadState:

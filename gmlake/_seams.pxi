@@ -34,7 +34,7 @@ cdef SBlock* _hook_evict(Allocator self, SBlock* lru_victim, int reason) noexcep
         order.push_back(entry.second)
     try:
         cached = [_cached_view(self, order[i]) for i in range(order.size())]
-        index = self.policy.evict_victim(cached, EVICT_REASONS[reason], _state(self, lru_victim.stream))
+        index = _with_state(self, lru_victim.stream, self.policy.evict_victim, (cached, EVICT_REASONS[reason]))
         if index is None:
             return NULL
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cached):
@@ -72,8 +72,8 @@ cdef void _hook_place(Allocator self, int pool, size_t size, int64_t stream, Blo
         for i in range(sblocks.size()):
             if sb != NULL and sb[0] == sblocks[i]:
                 default = blocks.size() + i
-        answer = self.policy.choose_block(size, stream, POOL_NAMES[pool], candidates, default,
-                                          _state(self, stream))
+        answer = _with_state(self, stream, self.policy.choose_block,
+                             (size, stream, POOL_NAMES[pool], candidates, default))
         if answer is not None and (not isinstance(answer, int) or isinstance(answer, bool)
                                    or not 0 <= answer < len(candidates)):
             raise ValueError(f"choose_block returned {answer!r}, not None or an index into {len(candidates)} "
@@ -106,7 +106,7 @@ cdef void _hook_stitch(Allocator self, size_t size, int64_t stream, vector[Block
                 if blocks[j].addr <= pieces[i].addr < blocks[j].addr + blocks[j].size:
                     default.append(j)
                     break
-        answer = self.policy.choose_stitch(size, stream, free, default, _state(self, stream))
+        answer = _with_state(self, stream, self.policy.choose_stitch, (size, stream, free, default))
         if not isinstance(answer, (list, tuple)):
             raise TypeError(f"choose_stitch returned {answer!r}, not a list of indices into {len(free)} blocks")
         if len(set(answer)) != len(answer) or not all(
@@ -128,8 +128,8 @@ cdef void _hook_layout(Allocator self, int pool, size_t size, int64_t stream, si
     cdef size_t gran = self.driver.granularity
     cdef size_t bound = max(self.max_request, segment_size[0])     # an expandable range may exceed the device
     try:
-        answer = self.policy.segment_layout(size, stream, POOL_NAMES[pool], (segment_size[0], handle_size[0]),
-                                            _state(self, stream))
+        answer = _with_state(self, stream, self.policy.segment_layout,
+                             (size, stream, POOL_NAMES[pool], (segment_size[0], handle_size[0])))
         if not isinstance(answer, tuple) or len(answer) != 2 or not all(
                 isinstance(x, int) and not isinstance(x, bool) for x in answer):
             raise TypeError(f"segment_layout returned {answer!r}, not a tuple (segment bytes, handle bytes)")
@@ -148,8 +148,8 @@ cdef int _hook_pressure(Allocator self, size_t size, int64_t stream, int pool, i
     """Release-under-pressure seam: the policy names the next action (PRESSURE_ACTIONS), or None to give up."""
     try:
         builtin = None if default == PRESSURE_GIVE_UP else PRESSURE_ACTIONS[default - 1]
-        answer = self.policy.relieve_pressure(size, stream, POOL_NAMES[pool], attempt, builtin,
-                                              _state(self, stream))
+        answer = _with_state(self, stream, self.policy.relieve_pressure,
+                             (size, stream, POOL_NAMES[pool], attempt, builtin))
         if answer is None:
             return PRESSURE_GIVE_UP
         if answer not in PRESSURE_ACTIONS:
@@ -190,13 +190,30 @@ cdef object _cached_view(Allocator self, SBlock* sb):
                         _sblock_all_free(self, sb))
 
 
-cdef object _state(Allocator self, int64_t stream):
-    """The read-only view a hook receives (built only when a hook is called; the caller holds the lock)."""
-    return AllocatorState(self.st.reserved, self.st.allocated, self.st.active, self.limit_bytes,
-                          self.driver.capacity, self.cached.size(), stream,
-                          tuple(_free_blocks(self, POOL_SMALL, 0, stream, NULL)
-                                + _free_blocks(self, POOL_LARGE, 0, stream, NULL)),
-                          self.target.id if self.target != NULL else 0)
+cdef class _FreeBlockWalk:
+    """The walk behind AllocatorState.free_blocks, run on its first read (inside the hook, the lock held)."""
+    cdef Allocator a
+    cdef int64_t stream
+
+    def __call__(self):
+        return tuple(_free_blocks(self.a, POOL_SMALL, 0, self.stream, NULL)
+                     + _free_blocks(self.a, POOL_LARGE, 0, self.stream, NULL))
+
+
+cdef object _with_state(Allocator self, int64_t stream, object hook, tuple args):
+    """hook(*args, state): the read-only view a hook receives (built only when a hook is called; the caller holds
+    the lock). Its free_blocks are walked only if the hook reads them, and cannot be after it returns."""
+    cdef _FreeBlockWalk walk = _FreeBlockWalk.__new__(_FreeBlockWalk)
+    walk.a = self
+    walk.stream = stream
+    blocks = FreeBlocks(walk)
+    state = AllocatorState(self.st.reserved, self.st.allocated, self.st.active, self.limit_bytes,
+                           self.driver.capacity, self.cached.size(), stream, blocks,
+                           self.target.id if self.target != NULL else 0)
+    try:
+        return hook(*args, state)
+    finally:
+        blocks._expire()
 
 
 cdef class Seams:

@@ -613,3 +613,48 @@ def test_a_raising_hook_is_named_in_the_error(driver):
         alloc.malloc(4 * MiB)
     assert alloc.stats()["allocated_bytes"] == 0
     alloc.check()
+
+
+def test_state_free_blocks_are_walked_only_when_read_inside_the_hook(driver):
+    """AllocatorState.free_blocks: read inside the hook, a plain copy that stays usable; first read after the hook
+    returned, it raises instead of walking an allocator that has moved on."""
+    seen = []
+
+    class Keeper(gmlake.policies.GMLakePolicy):
+        name = "keeper"
+
+        def segment_layout(self, size, stream, pool, default, state):
+            if not seen:
+                tuple(state.free_blocks)                # read inside the first call only
+            seen.append(state)
+            return default
+
+    a = Allocator(driver, Keeper())
+    a.free(a.malloc(3 * MiB, 0))
+    a.malloc(1024, 0)                                   # the small pool's first segment: a second layout call
+    read, unread = seen[0], seen[1]
+    assert read.free_blocks == ()                       # nothing was free when the first segment was laid out
+    with pytest.raises(RuntimeError, match="after its hook returned"):
+        list(unread.free_blocks)
+
+
+def test_state_free_blocks_inside_the_hook_are_the_streams_free_blocks(driver):
+    got = []
+
+    class Reader(gmlake.policies.GMLakePolicy):
+        name = "reader"
+
+        def should_split(self, block_size, size, pool, default):
+            return default
+
+        def choose_block(self, size, stream, pool, candidates, default, state):
+            got.append([(b.addr, b.size, b.stream) for b in state.free_blocks])
+            return default
+
+    a = Allocator(driver, Reader())
+    p, q = a.malloc(8 * MiB, 1), a.malloc(8 * MiB, 1)
+    a.free(p)
+    got.clear()
+    a.malloc(4 * MiB, 1)
+    assert got and (p, 8 * MiB, 1) in [tuple(x) for x in got[0]], got
+    a.free(q)

@@ -5,6 +5,7 @@ hook returns is safe (they are copies), but it no longer describes the allocator
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 #: What `Policy.relieve_pressure` may ask for, from the least disruptive to the most. Each first waits for every
@@ -47,6 +48,52 @@ class CachedSBlock(NamedTuple):
     free: bool
 
 
+class FreeBlocks(Sequence):
+    """AllocatorState.free_blocks: the FreeBlocks a stream may use, walked from the allocator on first read.
+
+    Most hooks never look at them, and the walk visits every free block the stream may use, so it is done only when
+    read, and only while the hook runs (the allocator waits for the hook, so the walk sees the moment of the
+    decision). Read after the hook returned, it raises: the allocator has moved on. A read inside the hook keeps the
+    blocks, which can then be used after it as a plain copy."""
+
+    __slots__ = ("_walk", "_blocks")
+
+    def __init__(self, walk: Callable[[], tuple] | None = None, blocks: tuple | None = None):
+        self._walk = walk
+        self._blocks = blocks
+
+    def _get(self) -> tuple:
+        if self._blocks is None:
+            if self._walk is None:
+                raise RuntimeError("gmlake: AllocatorState.free_blocks was first read after its hook returned; read "
+                                   "it inside the hook (the allocator has moved on since)")
+            self._blocks = self._walk()
+            self._walk = None
+        return self._blocks
+
+    def _expire(self) -> None:
+        """The hook returned: no walk from now on (blocks already read stay)."""
+        self._walk = None
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __getitem__(self, index):
+        return self._get()[index]
+
+    def __iter__(self) -> Iterator[FreeBlock]:
+        return iter(self._get())
+
+    def __eq__(self, other) -> bool:
+        return self._get() == (other._get() if isinstance(other, FreeBlocks) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._get())
+
+    def __repr__(self) -> str:
+        return repr(self._get()) if self._blocks is not None or self._walk is not None else "FreeBlocks(<expired>)"
+
+
 class AllocatorState(NamedTuple):
     """The allocator at the moment a hook is asked. Bytes throughout.
 
@@ -54,7 +101,8 @@ class AllocatorState(NamedTuple):
     waiting for other streams; limit: the cap set by set_limit (0: none); capacity: the device's memory (0: the
     driver models no bound); cached_sblocks: stitched blocks kept mapped; stream: the stream of the request being
     decided; free_blocks: the free blocks that stream may use (its own and those of no stream), both pools, in the
-    core's best-fit order (the default pool's); private_pool: the private pool (graph capture, see docs/graphs.md)
+    core's best-fit order (the default pool's), a FreeBlocks sequence walked on first read inside the hook;
+    private_pool: the private pool (graph capture, see docs/graphs.md)
     serving the request, 0 for the default pool. A pool's request asks only should_split, segment_layout and
     relieve_pressure (never choose_block or the stitch hooks: a pool neither searches the default pool nor stitches).
     """
@@ -66,7 +114,7 @@ class AllocatorState(NamedTuple):
     capacity: int
     cached_sblocks: int
     stream: int
-    free_blocks: tuple
+    free_blocks: FreeBlocks
     private_pool: int = 0
 
     @property
