@@ -75,13 +75,14 @@ cdef Block* _alloc_in_pool(Allocator self, int kind, size_t size, int64_t stream
         return _take(self, b, size, stream)
     if kind == POOL_SMALL:
         segment_size = handle_size = self.k.small_segment_size
-    elif self.k.segment_rule == SEGMENTS_PYTORCH:
+    elif self.k.segment_rule == SEGMENTS_CHUNKS:
+        handle_size = self.k.chunk_size             # the paper's design: the request in whole chunks
+        segment_size = round_up(size, handle_size)
+    else:
+        # PyTorch's sizes, one handle per segment, under the expandable rule too: its ranges grow in place per
+        # stream, but a pool's segments are fixed, and in whole 20 MiB pages a 22 MiB request would take 40 MiB.
         segment_size = self.k.large_segment_size if size < self.k.min_large_alloc else round_up(size, self.k.round_large)
         handle_size = segment_size
-    else:
-        # Expandable ranges are per stream and grow in place; a pool's segments are fixed, in pages of that size.
-        handle_size = self.k.chunk_size if self.k.segment_rule == SEGMENTS_CHUNKS else self.k.page_large
-        segment_size = round_up(size, handle_size)
     seg = _laid_out_segment(self, kind, size, segment_size, handle_size, stream)
     if seg == NULL:
         return NULL

@@ -406,3 +406,22 @@ def test_retain_pool_adds_a_use_each_release_drops(alloc):
     assert not alloc.pools_info()
     with pytest.raises(ValueError, match="not active"):
         alloc.retain_pool(7)
+
+
+@pytest.mark.parametrize("policy", ["gmlake", "caching", "expandable"])
+def test_pool_segments_are_sized_as_pytorch_sizes_its_pools(policy):
+    """A pool's segments are fixed, so under every rule but the paper's chunks they are sized as PyTorch's pools'
+    are: 20 MiB for requests under 10 MiB (later ones split it), else the request rounded to 2 MiB, one handle each.
+    (Sized as expandable pages, a 22 MiB request took a 40 MiB segment.)"""
+    alloc = Allocator(SimDriver(), gmlake.policies.get(policy))
+    alloc.begin_allocate_to_pool(9, [], capturing=True)
+    sizes = [22 * MiB + 1, 11 * MiB, 3 * MiB, 5 * MiB]
+    ptrs = [alloc.malloc(n, 0, pool=9) for n in sizes]
+    info = alloc.pools_info()[0]
+    assert info["reserved_bytes"] == 24 * MiB + 12 * MiB + 20 * MiB, info
+    assert info["segments"] == 3
+    for p in ptrs:
+        alloc.free(p)
+    alloc.end_allocate_to_pool(9)
+    alloc.release_pool(9)
+    assert alloc.pools_info() == []
