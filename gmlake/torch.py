@@ -546,12 +546,72 @@ def _allocator_initialized(*_args) -> bool:
     return True
 
 
+class MemPool:
+    """torch.cuda.MemPool under gmlake: a private pool of gmlake's allocator that `torch.cuda.use_mem_pool` routes the
+    calling thread's allocations to (through the pool hooks, Note [Graph pools through the bridge]).
+
+    PyTorch's own MemPool asks the allocator for createOrIncrefPool, which it gives only its caching allocator, so
+    under any pluggable allocator it fails on construction. This one takes a pool id from torch's own counter
+    (graph_pool_handle, so ids never collide with graphs' pools) and holds one use of the pool, as PyTorch's holds its
+    reference, until it is deleted. `allocator=` (another allocator for the pool) and `use_on_oom` / `no_split` are
+    PyTorch caching-allocator features gmlake does not have: asking for them raises ValueError."""
+
+    def __init__(self, allocator=None, use_on_oom: bool = False, no_split: bool = False):
+        import torch
+
+        unsupported = [name for name, given in (("allocator", allocator is not None), ("use_on_oom", use_on_oom),
+                                                ("no_split", no_split)) if given]
+        if unsupported:
+            raise ValueError(f"gmlake: torch.cuda.MemPool({', '.join(unsupported)}=...) is a feature of PyTorch's "
+                             f"caching allocator, which gmlake replaces; create the pool without it")
+        self._device = torch.cuda.current_device()
+        first, second = torch.cuda.graph_pool_handle()
+        self._id = (int(first), int(second))
+        self._key = (self._id[0] << 32) | self._id[1]
+        self._allocator = _torch_bridge.allocator(self._device)
+        self._allocator.begin_allocate_to_pool(self._key, [])     # the pool exists, with this object's use
+        self._allocator.end_allocate_to_pool(self._key)
+
+    @property
+    def id(self) -> tuple[int, int]:
+        """The pool's id, as PyTorch's pair."""
+        return self._id
+
+    def use_count(self) -> int:
+        """The pool's uses: this object's, plus one per use_mem_pool context (or graph) using it now."""
+        return next((p["use_count"] for p in self._allocator.pools_info() if p["id"] == self._key), 0)
+
+    def snapshot(self, include_traces: bool = True) -> dict:
+        """The snapshot (torch's format) cut to this pool's segments."""
+        taken = snapshot()
+        taken["segments"] = [seg for seg in taken["segments"] if tuple(seg["segment_pool_id"]) == self._id]
+        if not include_traces:
+            taken["device_traces"] = [[] for _ in taken["device_traces"]]
+        return taken
+
+    def __del__(self) -> None:
+        allocator, self._allocator = getattr(self, "_allocator", None), None
+        if allocator is not None:
+            try:
+                allocator.release_pool(self._key)    # its blocks still allocated stay valid, as in PyTorch
+            except Exception:
+                pass
+
+
+_replaced_module_attrs: dict[tuple[str, str], Any] = {}     # (module, name) -> the original
+
+
 def install_memory_api(torch) -> None:
-    """Make torch.cuda's memory statistics, snapshot and history functions answer from gmlake (see above)."""
+    """Make torch.cuda's memory statistics, snapshot and history functions answer from gmlake (see above), and
+    torch.cuda.MemPool make gmlake pools."""
     for name, replacement in _entry_points().items():
         if name not in _replaced_entry_points:
             _replaced_entry_points[name] = getattr(torch._C, name, None)
         setattr(torch._C, name, replacement)
+    for module in (torch.cuda, torch.cuda.memory):
+        if hasattr(module, "MemPool"):
+            _replaced_module_attrs.setdefault((module.__name__, "MemPool"), module.MemPool)
+            module.MemPool = MemPool
 
 
 def restore_memory_api(torch) -> None:
@@ -562,3 +622,6 @@ def restore_memory_api(torch) -> None:
         else:
             setattr(torch._C, name, original)
     _replaced_entry_points.clear()
+    for (module_name, name), original in _replaced_module_attrs.items():
+        setattr(sys.modules[module_name], name, original)
+    _replaced_module_attrs.clear()

@@ -98,3 +98,58 @@ def test_graph_pool_hooks_route_requests_by_filter_nest_and_release(harness):
     assert got["bad_id"][0] == 1 and "pool id out of range" in got["bad_id"][1]
     pools, warned = got["released"]
     assert pools == [] and len(warned) == 1 and "release_pool" in warned[0], got["released"]
+
+
+MEMPOOL = r"""
+import ctypes, itertools, json, sys
+import torch
+import gmlake, gmlake.torch as gt
+from gmlake import Allocator, SimDriver, _torch_bridge
+
+ids = itertools.count(41)
+torch.cuda.current_device = lambda: 0                   # a CPU machine: the device and torch's id counter, faked
+torch.cuda.graph_pool_handle = lambda: (0, next(ids))
+_torch_bridge.configure(lambda device: Allocator(SimDriver(), gmlake.policies.get("gmlake")))
+bridge = ctypes.CDLL(_torch_bridge.__file__)
+hook = {name: ctypes.cast(getattr(bridge, "gmlake_" + name), ctypes.c_void_p).value
+        for name in ("begin_allocate_to_pool", "end_allocate_to_pool", "release_pool", "alloc", "free")}
+h = ctypes.CDLL(sys.argv[1])
+h.harness_begin.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int64]
+h.harness_pool.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
+h.harness_alloc.argtypes = [ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_int64]
+h.harness_alloc.restype = ctypes.c_uint64
+free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(hook["free"])
+a = _torch_bridge.allocator(0)
+out = {}
+pool = gt.MemPool()
+out["id"], out["created"] = list(pool.id), pool.use_count()
+# torch.cuda.use_mem_pool(pool): begin (a thread filter in PyTorch; a stream filter here), allocate, end, release
+assert h.harness_begin(hook["begin_allocate_to_pool"], 0, *pool.id, 8) == 0
+ptr = h.harness_alloc(hook["alloc"], 6 << 20, 0, 8)
+out["inside"] = [pool.use_count(), len(pool.snapshot()["segments"])]
+assert h.harness_pool(hook["end_allocate_to_pool"], 0, *pool.id) == 0
+assert h.harness_pool(hook["release_pool"], 0, *pool.id) == 0
+out["after_context"] = pool.use_count()
+del pool                                                # its use goes; the live block keeps the pool's segment
+out["deleted"] = [p["use_count"] for p in a.pools_info()]
+free(ptr, 0, 0, None)
+a.empty_cache()
+out["freed"] = a.pools_info()
+try:
+    gt.MemPool(use_on_oom=True)
+except ValueError as exc:
+    out["refused"] = str(exc)
+a.check()
+print(json.dumps(out))
+"""
+
+
+def test_mempool_holds_a_use_and_use_mem_pool_routes_into_it(harness):
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(MEMPOOL), harness], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["id"] == [0, 41] and got["created"] == 1
+    assert got["inside"] == [2, 1]
+    assert got["after_context"] == 1 and got["deleted"] == [0] and got["freed"] == []
+    assert "use_on_oom" in got["refused"] and "caching allocator" in got["refused"]

@@ -160,17 +160,19 @@ else:
     x = torch.randn(1 << 20, device=dev)
     print("ok: allocator usable after the unannounced capture")
 
-# 8. MemPool / use_mem_pool, where this torch lets a pluggable allocator have them
-try:
-    pool = torch.cuda.MemPool()
-except Exception as exc:
-    print("skip: torch.cuda.MemPool under a pluggable allocator:", str(exc).splitlines()[0][:120])
-else:
-    with torch.cuda.use_mem_pool(pool):
-        inside = torch.randn(1 << 20, device=dev)
-    assert any(p["use_count"] >= 1 for p in pools()), pools()
-    del inside
-    print("ok: use_mem_pool allocates from a private pool")
+# 8. MemPool / use_mem_pool: gmlake's MemPool (PyTorch's asks for createOrIncrefPool, which no pluggable allocator has)
+pool = torch.cuda.MemPool()
+assert type(pool) is gt.MemPool and pool.use_count() == 1, (type(pool), pool.use_count())
+with torch.cuda.use_mem_pool(pool):
+    inside = torch.randn(1 << 20, device=dev)
+    assert pool.use_count() == 2
+outside_pool = torch.randn(1 << 20, device=dev)
+segments = pool.snapshot()["segments"]
+assert any(seg["address"] <= inside.data_ptr() < seg["address"] + seg["total_size"] for seg in segments), segments
+assert not any(seg["address"] <= outside_pool.data_ptr() < seg["address"] + seg["total_size"] for seg in segments)
+del inside, pool
+gc.collect()
+print("ok: use_mem_pool allocates from a MemPool, and only inside the context")
 
 gt.allocator(0).check()
 print("all ok")
