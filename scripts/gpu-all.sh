@@ -27,7 +27,7 @@ for api in 13000 12000; do
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   stamp "core GPU tests, entry points for $api"
 done
-timeout 330 python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/ --ignore=tests/test_gpu.py \
+timeout 420 python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/ --ignore=tests/test_gpu.py \
   -k "${1:-not soak and not threads}" 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 | tee -a "$LOG"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 stamp "other GPU tests"
