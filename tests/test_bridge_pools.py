@@ -8,16 +8,18 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).parent
 
-SCENARIO = r"""
-import ctypes, json, sys, warnings
-import gmlake
+# The bridge over an allocator on the sim driver, the hooks' addresses (as torch's set_* methods take them), and the
+# harness (argv[1]) that calls them with C++ arguments.
+PRELUDE = r"""
+import ctypes, itertools, json, sys, warnings
+import torch
+import gmlake, gmlake.torch as gt
 from gmlake import Allocator, SimDriver, _torch_bridge
 
 _torch_bridge.configure(lambda device: Allocator(SimDriver(), gmlake.policies.get("gmlake")))
@@ -31,6 +33,9 @@ h.harness_alloc.argtypes = [ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctyp
 h.harness_alloc.restype = ctypes.c_uint64
 h.harness_error.restype = ctypes.c_char_p
 free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(hook["free"])
+"""
+
+SCENARIO = r"""
 MiB = 1 << 20
 KEY = 3 << 32                                   # PyTorch's pool (3, 0)
 
@@ -73,6 +78,14 @@ print(json.dumps(out))
 """
 
 
+def _run(scenario: str, harness: str) -> dict:
+    """The scenario after PRELUDE in a fresh process; the JSON line it prints last."""
+    proc = subprocess.run([sys.executable, "-c", PRELUDE + scenario, harness], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> str:
     compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
@@ -85,10 +98,7 @@ def harness(tmp_path_factory) -> str:
 
 
 def test_graph_pool_hooks_route_requests_by_filter_nest_and_release(harness):
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(SCENARIO), harness], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _run(SCENARIO, harness)
     key = 3 << 32
     assert got["before"] == 0
     assert got["routed"] == [key, 0]                        # the filter's stream only
@@ -101,24 +111,9 @@ def test_graph_pool_hooks_route_requests_by_filter_nest_and_release(harness):
 
 
 MEMPOOL = r"""
-import ctypes, itertools, json, sys
-import torch
-import gmlake, gmlake.torch as gt
-from gmlake import Allocator, SimDriver, _torch_bridge
-
 ids = itertools.count(41)
 torch.cuda.current_device = lambda: 0                   # a CPU machine: the device and torch's id counter, faked
 torch.cuda.graph_pool_handle = lambda: (0, next(ids))
-_torch_bridge.configure(lambda device: Allocator(SimDriver(), gmlake.policies.get("gmlake")))
-bridge = ctypes.CDLL(_torch_bridge.__file__)
-hook = {name: ctypes.cast(getattr(bridge, "gmlake_" + name), ctypes.c_void_p).value
-        for name in ("begin_allocate_to_pool", "end_allocate_to_pool", "release_pool", "alloc", "free")}
-h = ctypes.CDLL(sys.argv[1])
-h.harness_begin.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int64]
-h.harness_pool.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
-h.harness_alloc.argtypes = [ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_int64]
-h.harness_alloc.restype = ctypes.c_uint64
-free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(hook["free"])
 a = _torch_bridge.allocator(0)
 out = {}
 pool = gt.MemPool()
@@ -145,10 +140,7 @@ print(json.dumps(out))
 
 
 def test_mempool_holds_a_use_and_use_mem_pool_routes_into_it(harness):
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(MEMPOOL), harness], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _run(MEMPOOL, harness)
     assert got["id"] == [0, 41] and got["created"] == 1
     assert got["inside"] == [2, 1]
     assert got["after_context"] == 1 and got["deleted"] == [0] and got["freed"] == []
