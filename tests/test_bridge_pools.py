@@ -58,6 +58,12 @@ assert h.harness_begin(hook["begin_allocate_to_pool"], 0, 3, 0, 6) == 0, h.harne
 nested = alloc(4 * MiB, 6)
 out["nested"] = [pool_of(nested), _torch_bridge.allocator(0).pools_info()[0]["use_count"],
                  len(_torch_bridge.routed_pools())]
+# cudagraph trees' questions, answered from the pool: its live blocks, and the snapshot's pool pair per segment
+out["live"] = [gt._check_pool_live_allocations(0, (3, 0), {in_pool, nested}),
+               gt._check_pool_live_allocations(0, (3, 0), {in_pool}),
+               gt.CheckpointState(0, (3, 0)).allocated_bytes]
+snap = gt.snapshot_of(_torch_bridge.allocators())
+out["snapshot_pools"] = sorted({tuple(seg["segment_pool_id"]) for seg in snap["segments"]})
 assert h.harness_pool(hook["end_allocate_to_pool"], 0, 3, 0) == 0                         # drops stream 6's route
 still_routed = alloc(4 * MiB, 5)
 out["after_one_end"] = [pool_of(alloc(4 * MiB, 6)), pool_of(still_routed),
@@ -103,6 +109,8 @@ def test_graph_pool_hooks_route_requests_by_filter_nest_and_release(harness):
     assert got["before"] == 0
     assert got["routed"] == [key, 0]                        # the filter's stream only
     assert got["nested"] == [key, 2, 2]                     # a second begin: one more use, one more route
+    assert got["live"] == [True, False, 8 << 20]            # exactly the pool's allocated blocks
+    assert got["snapshot_pools"] == [[0, 0], [3, 0]]        # PyTorch's pairs
     assert got["after_one_end"] == [0, key, True]           # the latest route ended; the pool still routes stream 5
     assert got["after_both_ends"] == [0, [], False]
     assert got["bad_id"][0] == 1 and "pool id out of range" in got["bad_id"][1]
