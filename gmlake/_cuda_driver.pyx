@@ -331,8 +331,12 @@ cdef class CudaDriver(Driver):
         return _code(result, CALL_CTX_SYNCHRONIZE)
 
     cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil:
+        # Under our context like every other call: without a current one the driver answers CUDA_ERROR_INVALID_CONTEXT,
+        # which the allocator must read as a capture (Note [Unannounced capture]).
         cdef int status = CU_STREAM_CAPTURE_STATUS_NONE
+        cdef bint pushed = self._enter()
         cdef int rc = _code(api.cuStreamIsCapturing(<CUstream><uintptr_t>stream, &status), CALL_STREAM_IS_CAPTURING)
+        self._leave(pushed)
         capturing[0] = status != CU_STREAM_CAPTURE_STATUS_NONE      # active, or invalidated: either way a capture
         return rc
 

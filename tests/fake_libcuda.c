@@ -196,10 +196,12 @@ static CUresult fake_cuEventDestroy(void *event) {
     return SUCCESS;
 }
 
-/* FAKE_CUDA_CAPTURING=1: every stream is under a capture the allocator was not told of. */
+/* FAKE_CUDA_CAPTURING=1: every stream is under a capture the allocator was not told of. Like the real driver, it
+   needs a current context (the legacy default stream belongs to one). */
 static CUresult fake_cuStreamIsCapturing(void *stream, int *status) {
     (void)stream;
     ENTER("cuStreamIsCapturing");
+    if (current_context != &primary_context) return INVALID_CONTEXT;
     const char *capturing = getenv("FAKE_CUDA_CAPTURING");
     *status = capturing && *capturing == '1';
     return SUCCESS;
