@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -178,3 +181,34 @@ def test_cross_stream_reuse_waits_for_the_stream(cuda):
     alloc.free(r)
     torch.cuda.synchronize()
     alloc.close()
+
+
+def test_the_core_alone_grows_stitches_and_fences_without_torch():
+    """The core with no torch and so no current context: the driver makes its own context current for every call,
+    the capture query included (a CUDA_ERROR_INVALID_CONTEXT there read as an unannounced capture and refused every new
+    chunk: bench/micro.py, 2026-11-30). From the main thread and from a thread that never touched CUDA."""
+    body = textwrap.dedent("""
+        import threading, gmlake
+        drv = gmlake.cuda_driver(0)
+        def work(label):
+            alloc = gmlake.Allocator(drv, gmlake.policies.get("gmlake-paper"))
+            parts = [alloc.malloc(8 << 20, stream=0) for _ in range(3)]
+            guard = alloc.malloc(3 << 20, stream=0)
+            for p in parts:
+                alloc.free(p)
+            big = alloc.malloc(24 << 20, stream=0)          # stitched from the three
+            stats = alloc.stats()
+            for p in (big, guard):
+                alloc.free(p)
+            alloc.empty_cache()
+            alloc.close()
+            assert stats["stitches"] == 1, (label, stats["stitches"])
+            print("ok", label)
+        work("main thread")
+        t = threading.Thread(target=work, args=("new thread",))
+        t.start(); t.join()
+        assert set(drv.leaks().values()) == {0}, drv.leaks()
+    """)
+    proc = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split("\n")[:2] == ["ok main thread", "ok new thread"], \
+        proc.stdout + proc.stderr
