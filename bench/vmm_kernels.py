@@ -1,0 +1,145 @@
+"""Do kernels run slower on VMM-mapped memory than on cudaMalloc's?
+
+    python bench/vmm_kernels.py [--gib 4] [--rounds 3] [--out FILE]
+
+Issue 10: on the T5 workload both VMM allocators (expandable segments and gmlake) took ~4 % more time than native
+with no driver call after warm-up, so the cause may be the memory itself (page size, TLB reach) rather than the
+allocator's calls. This times the same kernels on one buffer from each source: cudaMalloc (torch's native
+allocator), gmlake's core over the CUDA driver with 20 MiB handles (the default's large pages), with 2 MiB handles,
+and a range stitched from 2 MiB handles of several segments (the paper's design). Kernels: a device copy (bandwidth),
+a random gather over the whole buffer (TLB reach), a bf16 matmul (compute). Sources are interleaved round by round;
+each kernel's time is the median of its iterations, timed with CUDA events; ratios are against cudaMalloc's.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class _DeviceBytes:
+    """Raw device memory as a CUDA array of bytes, so torch kernels read and write it in place."""
+
+    def __init__(self, ptr: int, size: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (size,), "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None}
+
+
+def gmlake_buffer(torch, gmlake, driver, size: int, handle: int, stitched: bool):
+    """A byte tensor over gmlake memory of `size` bytes: one segment of `handle`-sized handles, or (stitched) a range
+    stitched from the handles of eight segments, each freed whole. Returns (tensor, release): release() frees the
+    buffer and gives every handle back."""
+    policy = dataclasses.replace(gmlake.policies.get("gmlake-paper"), chunk_size=handle)
+    alloc = gmlake.Allocator(driver, policy)
+    if stitched:
+        parts = [alloc.malloc(size // 8) for _ in range(8)]
+        for p in parts:
+            alloc.free(p)
+        ptr = alloc.malloc(size)
+        assert alloc.stats()["stitches"] == 1, "the buffer was meant to be stitched"
+    else:
+        ptr = alloc.malloc(size)
+
+    def release() -> None:
+        alloc.free(ptr)
+        alloc.close()
+    return torch.as_tensor(_DeviceBytes(ptr, size), device="cuda"), release
+
+
+def time_kernels(torch, buf, iterations: int) -> dict:
+    """Median ms of each kernel over `iterations`, on views of `buf` (bytes)."""
+    n = buf.numel()
+    half = n // 2
+    src, dst = buf[:half], buf[half:2 * half]
+    floats = buf[: n // 4 * 4].view(torch.float32)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    index = torch.randint(0, floats.numel(), (16 * MiB,), device="cuda", generator=gen)   # native memory
+    side = 8192
+    mats = buf[: 3 * side * side * 2].view(torch.bfloat16).view(3, side, side)
+    mats[:2].normal_(generator=gen)
+    kernels = {
+        "copy": lambda: dst.copy_(src),
+        "gather": lambda: floats.take(index),
+        "matmul_bf16": lambda: torch.matmul(mats[0], mats[1], out=mats[2]),
+    }
+    out = {}
+    for name, fn in kernels.items():
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(iterations):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        out[name] = statistics.median(times)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gib", type=int, default=4, help="buffer size in GiB (default 4)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over every source (default 3)")
+    parser.add_argument("--iterations", type=int, default=20, help="timed iterations per kernel (default 20)")
+    parser.add_argument("--out", type=Path, help="write the results here as JSON")
+    args = parser.parse_args()
+    if args.gib < 1 or args.rounds < 1 or args.iterations < 1:
+        parser.error("--gib, --rounds and --iterations must be at least 1")
+    try:
+        import torch
+    except ImportError:
+        parser.exit(2, "vmm_kernels: needs torch with CUDA\n")
+    if not torch.cuda.is_available():
+        parser.exit(2, "vmm_kernels: no CUDA device\n")
+    import gmlake
+
+    torch.zeros(1, device="cuda")               # torch's context is the primary context gmlake's driver retains
+    driver = gmlake.cuda_driver(0)
+    size = args.gib * GiB
+    sources = {
+        "cudaMalloc": None,
+        "vmm 20 MiB handles": (20 * MiB, False),
+        "vmm 2 MiB handles": (2 * MiB, False),
+        "stitched, 2 MiB handles": (2 * MiB, True),
+    }
+    runs: dict[str, list[dict]] = {name: [] for name in sources}
+    for _ in range(args.rounds):
+        for name, how in sources.items():
+            if how is None:
+                buf, release = torch.empty(size, dtype=torch.uint8, device="cuda"), None
+            else:
+                buf, release = gmlake_buffer(torch, gmlake, driver, size, *how)
+            runs[name].append(time_kernels(torch, buf, args.iterations))
+            del buf
+            torch.cuda.synchronize()
+            if release is not None:
+                release()
+            torch.cuda.empty_cache()
+    base = {k: statistics.median(r[k] for r in runs["cudaMalloc"]) for k in runs["cudaMalloc"][0]}
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "gib": args.gib,
+              "rounds": args.rounds, "iterations": args.iterations, "median_ms": {}, "ratio": {}, "spread": {}}
+    for name, rows in runs.items():
+        result["median_ms"][name] = {k: statistics.median(r[k] for r in rows) for k in base}
+        result["ratio"][name] = {k: result["median_ms"][name][k] / base[k] for k in base}
+        result["spread"][name] = {k: max(r[k] for r in rows) / min(r[k] for r in rows) - 1 for k in base}
+    for name in runs:
+        cells = ", ".join(f"{k} {result['median_ms'][name][k]:.3f} ms ({result['ratio'][name][k]:.3f}x, spread "
+                          f"{result['spread'][name][k]:.1%})" for k in base)
+        print(f"{name:24} {cells}")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
