@@ -4,7 +4,8 @@
 
 Measures: malloc+free of a cached block inside the Cython core (ns); each driver call's cost (µs, per handle where
 the driver charges per handle); the time to stitch 512 MiB at each handle size against the driver calls that stitch
-makes; and stitches per step of a synthetic training loop after warm-up.
+makes; the calls stream ordering makes (cuStreamIsCapturing, event record / query / destroy); and stitches per step
+of a synthetic training loop after warm-up.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import gmlake
 from gmlake import Allocator, bench_cache_hits
-from gmlake._bench import time_driver_calls
+from gmlake._bench import time_driver_calls, time_stream_calls
 
 MiB = 1 << 20
 HANDLE_SIZES_MIB = (2, 4, 8, 16, 32, 64)
@@ -204,11 +205,16 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=1_000_000)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.iterations < 1:
+        parser.error("--iterations must be at least 1")
     driver = make_driver(args.driver)
     result = {"environment": environment(args.driver)}
     result["cache_hit_ns"] = cache_hits(driver, args.iterations)
     result["driver_call_us"] = driver_costs(driver)
     result["stitch_512MiB"] = stitch_costs(driver, result["driver_call_us"])
+    # Stream ordering's calls on the default stream, best of 3 (unpriced in replay until measured on a GPU).
+    runs = [time_stream_calls(driver, 0, min(args.iterations, 10_000)) for _ in range(3)]
+    result["stream_call_us"] = {k: min(r[k] for r in runs) for k in runs[0] if k != "iterations"}
     result["synthetic_training"] = synthetic_training(driver)
     text = json.dumps(result, indent=2)
     if args.out:
@@ -246,6 +252,11 @@ def print_tables(result: dict) -> None:
         t.add_row(size, str(row["handles"]), f"{row['stitch_us']:.0f}", f"{row['driver_floor_us']:.0f}",
                   f"{row['ratio_to_driver_calls']:.3f}" if row["ratio_to_driver_calls"] else "-",
                   f"{row['reuse_us']:.1f}")
+    console.print(t)
+    t = Table(title="stream ordering's calls (µs per call, default stream; events queried once complete)")
+    for c in result["stream_call_us"]:
+        t.add_column(c, justify="right")
+    t.add_row(*(f"{v:.3f}" for v in result["stream_call_us"].values()))
     console.print(t)
     syn = {k: v for k, v in result["synthetic_training"].items() if k != "stitches_by_step"}
     console.print("synthetic training:", syn)

@@ -181,6 +181,7 @@ cdef struct Stats:
     uint64_t chunks_released
     uint64_t ooms
     uint64_t stream_migrations
+    uint64_t capture_queries          # cuStreamIsCapturing asked (Note [Unannounced capture]); not in `calls`
     uint64_t calls[<int>NUM_CALLS]
     uint64_t handles[<int>NUM_CALLS]
 

@@ -796,6 +796,7 @@ cdef class Allocator:
             "chunks_released": s.chunks_released,
             "ooms": s.ooms,
             "stream_migrations": s.stream_migrations,
+            "capture_queries": s.capture_queries,
             "calls": {name: s.calls[i] for i, name in enumerate(CALL_NAMES)},
             "handles": {name: s.handles[i] for i, name in enumerate(CALL_NAMES)},
         }

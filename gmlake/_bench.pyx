@@ -1,8 +1,8 @@
 # cython: language_level=3, annotation_typing=False
 """Timing of single driver calls, in nogil loops, for the micro benchmark and the replay cost table."""
-from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp.vector cimport vector
-from gmlake._driver cimport Driver, DRIVER_OK
+from gmlake._driver cimport Driver, DRIVER_OK, EVENT_DONE
 
 from gmlake._clock cimport monotonic_ns
 
@@ -96,3 +96,51 @@ def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles)
         "chunk_size": chunk_size,
         "handles": handles,
     }
+
+
+def time_stream_calls(Driver driver not None, int64_t stream, size_t iterations) -> dict:
+    """Microseconds per call of the calls stream ordering makes, none priced in replay yet: the capture query asked
+    before a request's first driver call (Note [Unannounced capture]), and an event's record (with its creation),
+    query once complete, and destruction (a fence, or a record_stream free). Returns {call: µs per call}."""
+    cdef vector[uint64_t] events
+    cdef uint64_t ev = 0
+    cdef size_t i
+    cdef bint capturing = False
+    cdef int rc = DRIVER_OK
+    cdef double t0, t_capture, t_record, t_query, t_destroy
+    if iterations == 0:
+        raise ValueError("iterations must be at least 1")
+    with nogil:
+        t0 = now_us()
+        for i in range(iterations):
+            rc = driver.stream_capturing(stream, &capturing)
+            if rc != DRIVER_OK:
+                break
+        t_capture = now_us() - t0
+    _check(driver, rc, "stream_capturing")
+    if capturing:
+        raise RuntimeError("the stream is being captured: time the calls outside any capture")
+    with nogil:
+        t0 = now_us()
+        for i in range(iterations):
+            rc = driver.record_event(stream, &ev)
+            if rc != DRIVER_OK:
+                break
+            events.push_back(ev)
+        t_record = now_us() - t0
+    _check(driver, rc, "record_event")
+    _check(driver, driver.synchronize(), "synchronize")      # every event complete: the query's fast answer
+    with nogil:
+        t0 = now_us()
+        for i in range(events.size()):
+            if driver.query_event(events[i]) != EVENT_DONE:
+                rc = -1
+        t_query = now_us() - t0
+        t0 = now_us()
+        for i in range(events.size()):
+            driver.destroy_event(events[i])
+        t_destroy = now_us() - t0
+    if rc != DRIVER_OK:
+        raise RuntimeError("an event recorded before a synchronize was still incomplete after it")
+    return {"capture_query": t_capture / iterations, "event_record": t_record / iterations,
+            "event_query": t_query / iterations, "event_destroy": t_destroy / iterations, "iterations": iterations}

@@ -23,11 +23,14 @@ cdef bint _unannounced_capture(Allocator self) noexcept nogil:
     would be handed out again while the graph still uses it, so a request that needs the driver fails with
     ERR_RAW_CAPTURE, naming the cause, before any driver call. A request served from memory already mapped makes no
     driver call and is not checked: asking the driver on every cache hit would double its cost (PyTorch's own
-    allocator does not check either). An announced capture (`capturing` > 0) has its own rules."""
+    allocator does not check either). A request that polls record_stream's deferred frees (cuEventQuery) asks
+    too, so while such frees are pending every request asks once; stats()["capture_queries"] counts the questions.
+    An announced capture (`capturing` > 0) has its own rules."""
     cdef bint capturing = False
     if self.capturing:
         return False
     if self.capture_check == CAPTURE_UNCHECKED:
+        self.st.capture_queries += 1
         # A failed query is taken as a capture: cuStreamIsCapturing itself fails on the legacy default stream while
         # another stream captures in global mode.
         if self.driver.stream_capturing(self.request_stream, &capturing) != DRIVER_OK or capturing:

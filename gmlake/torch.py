@@ -172,7 +172,8 @@ def memory_stats(device=None) -> dict:
     out = dict(_flatten(nested_memory_stats(d)))
     s = allocator(d).stats()
     for key in ("stitches", "stitched_handles", "sblock_reuses", "sblock_evictions", "cached_sblocks",
-                "sblock_va_bytes", "segments_created", "chunks_released", "pending_frees", "stream_migrations"):
+                "sblock_va_bytes", "segments_created", "chunks_released", "pending_frees", "stream_migrations",
+                "capture_queries"):
         out[f"gmlake.{key}"] = s[key]
     return dict(sorted(out.items()))
 

@@ -435,3 +435,40 @@ def test_empty_cache_waits_for_pending_frees():
     assert alloc.stats()["pending_frees"] == 0 and alloc.stats()["reserved_bytes"] == 0
     alloc.close()
     assert drv.leaks() == {k: 0 for k in drv.leaks()}
+
+
+def test_capture_queries_are_asked_only_where_a_driver_call_may_follow():
+    """Note [Unannounced capture]: a cache hit asks nothing; a request that grows asks once; while a record_stream free
+    is pending, every request polls events and so asks once; the count is in stats()["capture_queries"]."""
+    drv = gmlake.HostDriver()
+    drv.auto_complete = False
+    alloc = Allocator(drv)
+    p = alloc.malloc(6 * MiB, stream=1)                 # growth: one question
+    assert alloc.stats()["capture_queries"] == 1
+    alloc.free(p)
+    for _ in range(5):                                  # cache hits: none
+        alloc.free(alloc.malloc(6 * MiB, stream=1))
+    assert alloc.stats()["capture_queries"] == 1
+    q = alloc.malloc(4 * MiB, stream=1)
+    alloc.record_stream(q, 2)
+    alloc.free(q)                                       # deferred until stream 2's work is done
+    assert alloc.stats()["pending_frees"] == 1
+    for _ in range(3):
+        alloc.free(alloc.malloc(1 * MiB, stream=1))
+    assert alloc.stats()["capture_queries"] == 4
+    drv.complete_stream(2)
+    alloc.free(alloc.malloc(1 * MiB, stream=1))         # this poll retires the pending free
+    assert alloc.stats()["pending_frees"] == 0 and alloc.stats()["capture_queries"] == 5
+    alloc.free(alloc.malloc(1 * MiB, stream=1))
+    assert alloc.stats()["capture_queries"] == 5
+    alloc.close()
+
+
+@pytest.mark.parametrize("make", [gmlake.SimDriver, gmlake.HostDriver])
+def test_stream_calls_are_timed(make):
+    from gmlake._bench import time_stream_calls
+    got = time_stream_calls(make(), 0, 100)
+    assert set(got) == {"capture_query", "event_record", "event_query", "event_destroy", "iterations"}
+    assert all(got[k] >= 0 for k in got)
+    with pytest.raises(ValueError):
+        time_stream_calls(make(), 0, 0)

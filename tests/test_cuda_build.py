@@ -139,6 +139,7 @@ def fake_libcuda(tmp_path_factory) -> str:
 WORKLOAD = """
 drv = gmlake.cuda_driver(0)
 costs = _bench.time_driver_calls(drv, 2 << 20, 4)     # every VMM call, and synchronize
+streams = _bench.time_stream_calls(drv, 0, 8)          # the capture query and the event calls, no context current
 alloc = Allocator(drv, gmlake.policies.get("gmlake-paper"))   # stitches at once
 blocks = [alloc.malloc(8 << 20, stream=1) for _ in range(3)]
 guard = alloc.malloc(3 << 20, stream=1)
@@ -154,7 +155,7 @@ alloc.close()
 print(json.dumps({
     "driver_version": drv.driver_version, "api_version": drv.api_version, "granularity": drv.granularity,
     "capacity": drv.capacity, "mem_get_info": drv.mem_get_info(), "stitches": stats["stitches"],
-    "calls_timed": sorted(costs), "leaks": drv.leaks(), "log": fake_log(),
+    "calls_timed": sorted(costs), "stream_calls_timed": sorted(streams), "leaks": drv.leaks(), "log": fake_log(),
 }))
 """
 
@@ -170,6 +171,7 @@ def test_the_driver_runs_on_cuda_12_and_13_drivers(fake_libcuda, driver_version,
     assert got["granularity"] == 2 * MiB and got["capacity"] == 80 << 30
     assert got["mem_get_info"] == [80 << 30, 80 << 30]     # every chunk went back to the driver
     assert got["stitches"] == 1 and set(got["leaks"].values()) == {0}
+    assert got["stream_calls_timed"] == ["capture_query", "event_destroy", "event_query", "event_record", "iterations"]
     log = got["log"].splitlines()
     resolved = [line for line in log if line.startswith("resolve ")]
     assert len(resolved) == 25 and all(line.endswith(f" {requested} flags=1") for line in resolved), resolved
