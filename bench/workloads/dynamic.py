@@ -41,7 +41,7 @@ from typing import Callable, NoReturn
 import torch
 from torch import nn
 
-from common import allocator_name, counters_since, gmlake_policy_name, gmlake_stats, memory_peaks
+from common import MachineProbe, allocator_name, counters_since, gmlake_policy_name, gmlake_stats, memory_peaks
 
 # Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive, in steps of
 # `batch_step` and `shape_step`; `shape` is the image side in pixels or the padded sequence length). The full sizes
@@ -284,6 +284,7 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
     records = [] if records is None else records
     at_warmup = None
     counters = gmlake_step_counters()
+    probe = MachineProbe(cuda)
     for step, shape in enumerate(schedule):
         if step == warmup:
             at_warmup = gmlake_stats()
@@ -307,6 +308,7 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
         if now is not None:
             record.update(stitches=now[0] - counters[0], driver_calls=now[1] - counters[1])
         counters = now
+        record.update(probe())
         records.append(record)
     if at_warmup is None:            # warm-up covers every step: nothing is timed after it
         at_warmup = gmlake_stats()

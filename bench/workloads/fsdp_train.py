@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from train_hf import MODELS, add_lora, allocator_name, build_model, gmlake_stats, memory_peaks
+from train_hf import MODELS, MachineProbe, add_lora, allocator_name, build_model, gmlake_stats, memory_peaks
 
 
 def main() -> None:
@@ -57,7 +57,8 @@ def main() -> None:
     model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=wrap,
                  device_id=torch.cuda.current_device(), use_orig_params=True)
     optim = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
-    times, tokens = [], []
+    times, tokens, probes = [], [], []
+    probe = MachineProbe(True)
     for step in range(args.steps):
         batch = rng.randint(args.min_batch, args.max_batch)
         seq = rng.randint(args.min_seq // 8, args.max_seq // 8) * 8
@@ -70,9 +71,10 @@ def main() -> None:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         tokens.append(batch * seq)
+        probes.append(probe())
     warm = max(1, len(times) // 4)
     mine = {**memory_peaks(), "gmlake": gmlake_stats(), "median_step_s": statistics.median(times[warm:]),
-            "tokens_per_s": sum(tokens[warm:]) / sum(times[warm:])}
+            "tokens_per_s": sum(tokens[warm:]) / sum(times[warm:]), "step_s": times, "probes": probes}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank == 0:

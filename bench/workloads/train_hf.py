@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from common import allocator_name, gmlake_stats, memory_peaks  # fsdp_train.py imports them from here too
+from common import MachineProbe, allocator_name, gmlake_stats, memory_peaks  # fsdp_train.py imports them from here too
 
 MODELS = {
     # name: (family, hidden, layers, heads, ffn, word_embed_proj_dim)
@@ -158,6 +158,7 @@ def main() -> None:
         optim = torch.optim.AdamW(params, lr=1e-4)
     model.train()
     steps = []
+    probe = MachineProbe(cuda)
     for step in range(args.steps):
         batch = rng.randint(args.min_batch, args.max_batch)
         seq = rng.randint(args.min_seq // 8, args.max_seq // 8) * 8
@@ -178,7 +179,7 @@ def main() -> None:
             optim.step()
             optim.zero_grad(set_to_none=True)
         sync()
-        steps.append({"batch": batch, "seq": seq, "step_s": time.perf_counter() - t0, "loss": loss.item()})
+        steps.append({"batch": batch, "seq": seq, "step_s": time.perf_counter() - t0, "loss": loss.item(), **probe()})
     if args.snapshot:
         dump_snapshot(args.snapshot)
 
