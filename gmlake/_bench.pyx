@@ -128,6 +128,9 @@ def time_stream_calls(Driver driver not None, int64_t stream, size_t iterations)
                 break
             events.push_back(ev)
         t_record = now_us() - t0
+    if rc != DRIVER_OK:
+        for i in range(events.size()):
+            driver.destroy_event(events[i])
     _check(driver, rc, "record_event")
     _check(driver, driver.synchronize(), "synchronize")      # every event complete: the query's fast answer
     with nogil:
