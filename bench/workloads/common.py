@@ -7,6 +7,7 @@ figures through gmlake.torch instead, under torch's names.
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -88,8 +89,6 @@ class MachineProbe:
     def __call__(self) -> dict:
         if not self.cuda:
             return {}
-        import time
-
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         torch.cuda._sleep(1_000_000)
