@@ -34,7 +34,7 @@ def load(paths: list[Path]) -> list[dict]:
             data = json.loads(path.read_text())
             if isinstance(data, dict) and isinstance(data.get("runs"), list):     # a training-suite JSON
                 for run in data["runs"]:
-                    steps = run.get("per_step") or []
+                    steps = run.get("per_step") or _zip_steps(run)
                     runs.append({"workload": run.get("workload"), "allocator": run.get("allocator"),
                                  "source": str(path), "steps": steps, "warmup": max(1, len(steps) // 4)})
                 continue
@@ -43,6 +43,17 @@ def load(paths: list[Path]) -> list[dict]:
             runs.append({"workload": run.get("workload"), "allocator": run.get("allocator"), "source": str(path),
                          "steps": steps, "warmup": run.get("warmup_steps", max(1, len(steps) // 4))})
     return [r for r in runs if r["steps"] and all("step_s" in s for s in r["steps"])]
+
+
+def _zip_steps(run: dict) -> list[dict]:
+    """Per-step records of a run that keeps its step times and probes as parallel lists, per rank (the FSDP workload):
+    rank 0's."""
+    ranks = run.get("ranks")
+    rank0 = ranks[0] if isinstance(ranks, list) and ranks and isinstance(ranks[0], dict) else {}
+    times, probes = rank0.get("step_s"), rank0.get("probes") or []
+    if not isinstance(times, list):
+        return []
+    return [{"step_s": t, **(probes[k] if k < len(probes) else {})} for k, t in enumerate(times)]
 
 
 def pearson(xs: list[float], ys: list[float]) -> float | None:

@@ -104,6 +104,27 @@ def compact(rows: dict, workloads: list[str]) -> None:
               f"{g['step'] / n['step']:.2f}x / {g['tokens_per_s'] / n['tokens_per_s']:.2f}x | {batch} |")
 
 
+def speed(runs: list[dict], workloads: list[str]) -> None:
+    """Issue 10's speed table: tokens/s after warm-up per run (every run of a workload draws the same shapes, so
+    tokens/s is the inverse of the timed sum), the median per allocator against native's and expandable's, and each
+    allocator's own spread (max/min - 1), which a ratio must clear to mean anything."""
+    print("| workload | allocator | runs | tokens/s (runs) | median tokens/s vs native | vs expandable | own spread | "
+          "peak reserved GiB | utilization |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for w in workloads:
+        groups = {a: [r for r in runs if r["workload"] == w and r["allocator"] == a] for a in ALLOCATORS}
+        medians = {a: statistics.median(r["tokens_per_s"] for r in rs) for a, rs in groups.items() if rs}
+        for a, rs in groups.items():
+            if not rs:
+                continue
+            each = ", ".join(f"{r['tokens_per_s']:.0f}" for r in rs)
+            ratio = {b: f"{medians[a] / medians[b]:.3f}" if b in medians else "" for b in ("native", "expandable")}
+            tps = [r["tokens_per_s"] for r in rs]
+            print(f"| {w} | {a} | {len(rs)} | {each} | {ratio['native']} | {ratio['expandable']} | "
+                  f"{max(tps) / min(tps) - 1:.1%} | {rs[0]['max_memory_reserved'] / GiB:.2f} | "
+                  f"{rs[0]['max_memory_allocated'] / rs[0]['max_memory_reserved']:.3f} |")
+
+
 def plot(rows: dict, workloads: list[str], png: str) -> None:
     import matplotlib
 
@@ -142,6 +163,8 @@ def main() -> None:
                         default=sorted((Path(__file__).parent / "results" / "train").glob("*.json")))
     parser.add_argument("--png", default="docs/training.png")
     parser.add_argument("--compact", action="store_true", help="README's short table only (no PNG)")
+    parser.add_argument("--speed", action="store_true",
+                        help="tokens/s per run, medians against native and expandable, spreads (no PNG)")
     args = parser.parse_args()
     if not args.results:
         raise SystemExit("no result files: run bench/train_suite.py first")
@@ -152,6 +175,9 @@ def main() -> None:
     env = envs[0]
     if args.compact:
         compact(rows, workloads)
+        return
+    if args.speed:
+        speed(runs, workloads)
         return
     print(f"Measured on {env['gpu']} (driver {env['nvidia_driver']}), torch {env['torch']}, gmlake {env['gmlake']}, "
           f"{dates[0][:16]} to {dates[-1][:16]} UTC.\n")

@@ -90,10 +90,14 @@ def main() -> None:
     parser.add_argument("--gib", type=int, default=4, help="buffer size in GiB (default 4)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over every source (default 3)")
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations per kernel (default 20)")
+    parser.add_argument("--handles", type=int, nargs="+", default=[20, 2], metavar="MIB",
+                        help="handle sizes in MiB to map the VMM buffers with (default 20 2), each a multiple of 2")
     parser.add_argument("--out", type=Path, help="write the results here as JSON")
     args = parser.parse_args()
     if args.gib < 1 or args.rounds < 1 or args.iterations < 1:
         parser.error("--gib, --rounds and --iterations must be at least 1")
+    if any(h < 2 or h % 2 or h * MiB > args.gib * GiB for h in args.handles):
+        parser.error("--handles: each size must be an even number of MiB, at least 2 and at most the buffer")
     try:
         import torch
     except ImportError:
@@ -105,12 +109,8 @@ def main() -> None:
     torch.zeros(1, device="cuda")               # torch's context is the primary context gmlake's driver retains
     driver = gmlake.cuda_driver(0)
     size = args.gib * GiB
-    sources = {
-        "cudaMalloc": None,
-        "vmm 20 MiB handles": (20 * MiB, False),
-        "vmm 2 MiB handles": (2 * MiB, False),
-        "stitched, 2 MiB handles": (2 * MiB, True),
-    }
+    sources = {"cudaMalloc": None, **{f"vmm {h} MiB handles": (h * MiB, False) for h in args.handles},
+               "stitched, 2 MiB handles": (2 * MiB, True)}
     runs: dict[str, list[dict]] = {name: [] for name in sources}
     for _ in range(args.rounds):
         for name, how in sources.items():
@@ -127,7 +127,7 @@ def main() -> None:
     base = {k: statistics.median(r[k] for r in runs["cudaMalloc"]) for k in runs["cudaMalloc"][0]}
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "gib": args.gib,
-              "rounds": args.rounds, "iterations": args.iterations, "median_ms": {}, "ratio": {}, "spread": {}}
+              "handles_mib": args.handles, "rounds": args.rounds, "iterations": args.iterations, "median_ms": {}, "ratio": {}, "spread": {}}
     for name, rows in runs.items():
         result["median_ms"][name] = {k: statistics.median(r[k] for r in rows) for k in base}
         result["ratio"][name] = {k: result["median_ms"][name][k] / base[k] for k in base}
@@ -135,7 +135,7 @@ def main() -> None:
     for name in runs:
         cells = ", ".join(f"{k} {result['median_ms'][name][k]:.3f} ms ({result['ratio'][name][k]:.3f}x, spread "
                           f"{result['spread'][name][k]:.1%})" for k in base)
-        print(f"{name:24} {cells}")
+        print(f"{name:25} {cells}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -40,6 +40,19 @@ def test_the_probe_that_moved_with_the_steps_is_named(tmp_path):
     assert slow["expandable"] > 1.1 > slow["native"] and abs(slow["native"] - slow["gmlake"]) < 0.05
 
 
+def test_fsdp_runs_with_parallel_lists_are_read(tmp_path):
+    """The FSDP workload keeps each rank's step times and probes as two lists; rank 0's read as per-step records."""
+    data = json.loads(suite_json(tmp_path).read_text())
+    for run in data["runs"]:
+        steps = run.pop("per_step")
+        run["ranks"] = [{"step_s": [s["step_s"] for s in steps],
+                         "probes": [{p: s[p] for p in regimes.PROBES} for s in steps]}, {"step_s": []}]
+    path = tmp_path / "train-fsdp.json"
+    path.write_text(json.dumps(data))
+    assert regimes.analyse(regimes.load([path])) == regimes.analyse(regimes.load([suite_json(tmp_path)])) | {
+        "runs": [r | {"source": str(path)} for r in regimes.analyse(regimes.load([suite_json(tmp_path)]))["runs"]]}
+
+
 def test_bad_input_gets_one_line_and_exit_2(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"runs": []}))
