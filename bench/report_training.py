@@ -16,9 +16,11 @@ from pathlib import Path
 from gmlake.replay import driver_seconds
 
 # "gmlake" and "gmlake-8m" in results of 2026-11-30 10:00 and before ran the paper's design (then the default).
-ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper", "gmlake-8m", "gmlake-paper-8m")
+ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper", "gmlake-8m", "gmlake-paper-8m", "gmlake-64m",
+              "gmlake-xstream")
 COLORS = {"native": "tab:red", "expandable": "tab:blue", "gmlake": "tab:green", "gmlake-paper": "tab:olive",
-          "gmlake-8m": "tab:olive", "gmlake-paper-8m": "tab:brown"}
+          "gmlake-8m": "tab:olive", "gmlake-paper-8m": "tab:brown", "gmlake-64m": "tab:cyan",
+          "gmlake-xstream": "tab:purple"}
 GiB = 1 << 30
 
 

@@ -39,8 +39,16 @@ WORKLOAD_SCRIPT = HERE / "workloads" / "dynamic.py"
 WORKLOADS = ("vit", "bert", "t5", "cnn")
 # allocator name -> how a run starts it: PYTORCH_CUDA_ALLOC_CONF for torch's allocator, or `gmlake run` flags
 TORCH_ALLOC_CONF = {"native": "", "expandable": "expandable_segments:True"}
-GMLAKE_RUN_FLAGS = {"gmlake": [], "gmlake-paper": ["--policy", "gmlake-paper"]}
+GMLAKE_RUN_FLAGS = {
+    "gmlake": [], "gmlake-paper": ["--policy", "gmlake-paper"],
+    # Candidates for the default, each with the measurement that made it one (docs/training.md, session 7):
+    # bench/vmm_kernels.py copied 1.2-4.7 % slower on 20 MiB handles than on cudaMalloc memory, and as fast on 64 MiB;
+    "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
+    # on FSDP the default (blocks stay on their stream) reached utilization 0.72, the paper's design (they do not) 0.976.
+    "gmlake-xstream": ["--policy", "gmlake[cross_stream=true]"],
+}
 ALLOCATORS = (*TORCH_ALLOC_CONF, *GMLAKE_RUN_FLAGS)
+DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper")
 GIB = 1 << 30
 
 
@@ -185,7 +193,7 @@ def write_summary(path: Path, record: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
+    parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(DEFAULT_ALLOCATORS))
     parser.add_argument("--rounds", type=int, default=2, help="each round runs every allocator once per workload")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")

@@ -38,6 +38,9 @@ ALLOCATORS = {
     # The paper's design, which was the default (and ran as "gmlake") in the results of 2026-11-30 10:00 and before
     "gmlake-paper": ["--policy", "gmlake-paper"],
     "gmlake-paper-8m": ["--policy", "gmlake-paper", "--chunk-size", str(8 << 20)],   # fewer, larger handles
+    # Candidates for the default (bench/speed_suite.py says why): larger pages, and blocks shared across streams
+    "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
+    "gmlake-xstream": ["--policy", "gmlake[cross_stream=true]"],
 }
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake")
 
