@@ -19,7 +19,17 @@ import time
 import torch
 import torch.distributed as dist
 
-from train_hf import MODELS, MachineProbe, add_lora, allocator_name, build_model, gmlake_stats, memory_peaks
+from train_hf import (MODELS, MachineProbe, add_lora, allocator_name, build_model, dump_snapshot, gmlake_stats,
+                      memory_peaks, start_snapshot)
+
+
+def rank_path(path: str, rank: int) -> str:
+    """Rank 0 writes `path`; rank r writes it with `.rank<r>` before its suffixes (fsdp.pickle.gz -> fsdp.rank1.pickle.gz)."""
+    if rank == 0:
+        return path
+    head, sep, name = path.rpartition("/")
+    stem, dot, suffixes = name.partition(".")
+    return f"{head}{sep}{stem}.rank{rank}{dot}{suffixes}"
 
 
 def main() -> None:
@@ -33,12 +43,16 @@ def main() -> None:
     p.add_argument("--cap-gib", type=float, help="cap each rank's memory (set_per_process_memory_fraction); the "
                                                  "suite's batch search runs each probe as its own job under a cap")
     p.add_argument("--json")
+    p.add_argument("--snapshot", help="record every allocator event of each rank, model building included, into this "
+                                      "snapshot (rank r > 0 writes NAME.rank<r> before the suffixes; slows the run)")
     args = p.parse_args()
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    if args.snapshot:
+        start_snapshot()
     if args.cap_gib:
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * (1 << 30) / total))
@@ -72,6 +86,8 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         tokens.append(batch * seq)
         probes.append(probe())
+    if args.snapshot:
+        dump_snapshot(rank_path(args.snapshot, rank))
     warm = max(1, len(times) // 4)
     mine = {**memory_peaks(), "gmlake": gmlake_stats(), "median_step_s": statistics.median(times[warm:]),
             "tokens_per_s": sum(tokens[warm:]) / sum(times[warm:]), "step_s": times, "probes": probes}

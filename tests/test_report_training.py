@@ -1,0 +1,62 @@
+"""bench/report_training.py (no GPU): issue 10's goals per workload, judged from made-up runs with known answers."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import report_training
+
+GiB = 1 << 30
+
+
+def runs_of(workload: str, tokens: dict[str, list[float]], reserved: dict[str, float], allocated: float = 9.9):
+    return [{"workload": workload, "allocator": a, "returncode": 0, "steps": 24, "tokens_per_s": t,
+             "median_step_s": 1000 / t, "max_memory_reserved": int(reserved[a] * GiB),
+             "max_memory_allocated": int(allocated * GiB), "gmlake": None}
+            for a, ts in tokens.items() for t in ts]
+
+
+def test_speed_is_missed_only_where_every_run_is_slower():
+    reserved = {"native": 20, "expandable": 10.5, "gmlake": 10}
+    runs = (runs_of("clear-loss", {"native": [100, 104], "expandable": [101, 103], "gmlake": [90, 92]}, reserved)
+            + runs_of("noise", {"native": [100, 130], "expandable": [101, 125], "gmlake": [95, 120]}, reserved)
+            + runs_of("win", {"native": [100, 101], "expandable": [99, 100], "gmlake": [103, 104]}, reserved))
+    rows = report_training.pool(runs)
+    assert report_training.goals(rows, "clear-loss")["speed"] == "missed"
+    assert report_training.goals(rows, "noise")["speed"] == "not resolved"
+    assert report_training.goals(rows, "win")["speed"] == "met"
+
+
+def test_memory_needs_both_utilization_and_less_than_expandable():
+    tokens = {"native": [100], "expandable": [100], "gmlake": [100]}
+    rows = report_training.pool(
+        runs_of("tight", tokens, {"native": 20, "expandable": 10.5, "gmlake": 10.05})       # 0.985, less
+        + runs_of("loose", tokens, {"native": 20, "expandable": 10.5, "gmlake": 10.4})      # 0.952
+        + runs_of("above", tokens, {"native": 20, "expandable": 10.0, "gmlake": 10.05}))    # 0.985, more
+    assert [report_training.goals(rows, w)["memory"] for w in ("tight", "loose", "above")] == ["met", "missed", "missed"]
+
+
+def test_bad_input_gets_one_line_and_exit_2(tmp_path):
+    not_json = tmp_path / "notes.json"
+    not_json.write_text("not json")
+    no_runs = tmp_path / "other.json"
+    no_runs.write_text(json.dumps({"runs": "none"}))
+    for path in (not_json, no_runs, tmp_path / "missing.json", tmp_path):
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "report_training.py"), "--speed", str(path)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_speed_table_prints_medians_and_spreads(tmp_path):
+    path = tmp_path / "train.json"
+    runs = runs_of("w", {"native": [100, 120], "expandable": [110], "gmlake": [99, 109]},
+                   {"native": 20, "expandable": 10.5, "gmlake": 10})
+    path.write_text(json.dumps({"environment": {}, "runs": runs}))
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "report_training.py"), "--speed", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    gmlake = next(line for line in out.splitlines() if line.startswith("| w | gmlake |"))
+    assert "| 2 | 99, 109 | 0.945 | 0.945 | 10.1% | 10.00 | 0.990 |" in gmlake
