@@ -31,18 +31,29 @@ def load(paths: list[Path]) -> list[dict]:
     runs = []
     for path in paths:
         if path.is_file() and path.suffix == ".json":
-            data = json.loads(path.read_text())
+            data = _read_json(path)
             if isinstance(data, dict) and isinstance(data.get("runs"), list):     # a training-suite JSON
                 for run in data["runs"]:
                     steps = run.get("per_step") or _zip_steps(run)
                     runs.append({"workload": run.get("workload"), "allocator": run.get("allocator"),
                                  "source": str(path), "steps": steps, "warmup": max(1, len(steps) // 4)})
                 continue
-        for run in load_runs([path]):
+        try:
+            found = load_runs([path])
+        except ValueError as exc:
+            raise ValueError(f"{path}: not a result file ({exc})") from None
+        for run in found:
             steps = run.get("per_step") or []
             runs.append({"workload": run.get("workload"), "allocator": run.get("allocator"), "source": str(path),
                          "steps": steps, "warmup": run.get("warmup_steps", max(1, len(steps) // 4))})
     return [r for r in runs if r["steps"] and all("step_s" in s for s in r["steps"])]
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
 
 
 def _zip_steps(run: dict) -> list[dict]:
