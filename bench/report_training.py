@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 
 from gmlake.replay import driver_seconds
+from speed_suite import gpu_ms, spread_pct
 
 # "gmlake" and "gmlake-8m" in results of 2026-11-30 10:00 and before ran the paper's design (then the default).
 ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper", "gmlake-8m", "gmlake-paper-8m", "gmlake-64m",
@@ -125,19 +126,22 @@ def speed(runs: list[dict], workloads: list[str]) -> None:
     tokens/s is the inverse of the timed sum), the median per allocator against native's and expandable's, and each
     allocator's own spread (max/min - 1), which a ratio must clear to mean anything."""
     print("| workload | allocator | runs | tokens/s (runs) | median tokens/s vs native | vs expandable | own spread | "
-          "peak reserved GiB | utilization |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "GPU time vs native (spread) | peak reserved GiB | utilization |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for w in workloads:
         groups = {a: [r for r in runs if r["workload"] == w and r["allocator"] == a] for a in ALLOCATORS}
         medians = {a: statistics.median(r["tokens_per_s"] for r in rs) for a, rs in groups.items() if rs}
+        kernels = {a: [g for g in map(gpu_ms, rs) if g is not None] for a, rs in groups.items()}
         for a, rs in groups.items():
             if not rs:
                 continue
             each = ", ".join(f"{r['tokens_per_s']:.0f}" for r in rs)
             ratio = {b: f"{medians[a] / medians[b]:.3f}" if b in medians else "" for b in ("native", "expandable")}
             tps = [r["tokens_per_s"] for r in rs]
+            gpu = (f"{statistics.median(kernels[a]) / statistics.median(kernels['native']):.3f} "
+                   f"({spread_pct(kernels[a]):.1f}%)" if kernels[a] and kernels.get("native") else "")
             print(f"| {w} | {a} | {len(rs)} | {each} | {ratio['native']} | {ratio['expandable']} | "
-                  f"{max(tps) / min(tps) - 1:.1%} | {rs[0]['max_memory_reserved'] / GiB:.2f} | "
+                  f"{max(tps) / min(tps) - 1:.1%} | {gpu} | {rs[0]['max_memory_reserved'] / GiB:.2f} | "
                   f"{rs[0]['max_memory_allocated'] / rs[0]['max_memory_reserved']:.3f} |")
 
 

@@ -116,13 +116,23 @@ def spread_pct(values: list[float]) -> float:
     return 100.0 * (max(values) - min(values)) / statistics.median(values)
 
 
+def gpu_ms(run: dict, kind: str = "total_ms") -> float | None:
+    """The device time of a run's profiled extra steps (the workloads' `gpu_time`, Note [GPU time]), summed over
+    those steps, in ms: all kernels, or one class ("copy", "gemm", "other"). None where the run has none."""
+    steps = run.get("gpu_time") or []
+    if not steps or any("error" in s for s in steps):
+        return None
+    return sum(s[kind] for s in steps)
+
+
 def table_rows(runs: list[dict], workloads: list[str], allocators: list[str]) -> list[dict]:
     """One row per workload and allocator that finished at least one run: the suite's figures (see the docstring)."""
     rows = []
     for workload in workloads:
-        native = [r["timed_s"] for r in runs if r["workload"] == workload and r["allocator"] == "native"
-                  and "error" not in r]
+        native_runs = [r for r in runs if r["workload"] == workload and r["allocator"] == "native" and "error" not in r]
+        native = [r["timed_s"] for r in native_runs]
         native_median = statistics.median(native) if native else None
+        native_gpu = [g for g in map(gpu_ms, native_runs) if g is not None]
         for allocator in allocators:
             done = [r for r in runs if r["workload"] == workload and r["allocator"] == allocator and "error" not in r]
             failed = sum(1 for r in runs if r["workload"] == workload and r["allocator"] == allocator
@@ -145,6 +155,10 @@ def table_rows(runs: list[dict], workloads: list[str], allocators: list[str]) ->
                 row.update(peak_reserved_gib=statistics.median(r["max_memory_reserved"] for r in done) / GIB,
                            peak_allocated_gib=statistics.median(r["max_memory_allocated"] for r in done) / GIB,
                            utilization=statistics.median(r["utilization"] for r in done))
+            gpu = [g for g in map(gpu_ms, done) if g is not None]
+            if gpu and native_gpu:      # kernel time, free of the host's noise: comparable at a finer grain
+                row.update(gpu_ms=gpu, gpu_spread_pct=spread_pct(gpu),
+                           gpu_vs_native=statistics.median(gpu) / statistics.median(native_gpu))
             after = [r["gmlake_after_warmup"] for r in done if r.get("gmlake_after_warmup")]
             if after:
                 row.update(stitches_after_warmup=statistics.median(a["stitches"] for a in after),
@@ -159,9 +173,11 @@ def format_table(rows: list[dict], warmup: int, steps: int) -> str:
         return "-" if value is None else format(value, fmt)
 
     header = (f"{'workload':<8} {'allocator':<13} {'runs':>4} {'vs native':>9} {'min-max':>13} {'spread':>7} "
-              f"{'samples/s':>10} {'resv GiB':>9} {'util':>6} {'stitches':>9} {'drv calls':>10}")
+              f"{'samples/s':>10} {'resv GiB':>9} {'util':>6} {'stitches':>9} {'drv calls':>10} {'GPU time':>9} "
+              f"{'spread':>7}")
     lines = [f"time = sum of step times after {warmup} warm-up steps of {steps}, median over runs, relative to "
-             f"native's median; min-max = each run's ratio; spread = (max - min) / median of the allocator's own runs",
+             f"native's median; min-max = each run's ratio; spread = (max - min) / median of the allocator's own runs; "
+             f"GPU time = the kernels' own time over the profiled extra steps against native's, and its spread",
              header, "-" * len(header)]
     for row in rows:
         if not row["runs"]:
@@ -173,7 +189,8 @@ def format_table(rows: list[dict], warmup: int, steps: int) -> str:
             f"{ratio_range:>13} {row['spread_pct']:>6.1f}% {row['samples_per_s']:>10.1f} "
             f"{cell(row.get('peak_reserved_gib'), '.2f'):>9} {cell(row.get('utilization'), '.3f'):>6} "
             f"{cell(row.get('stitches_after_warmup'), '.0f'):>9} "
-            f"{cell(row.get('driver_calls_after_warmup'), '.0f'):>10}"
+            f"{cell(row.get('driver_calls_after_warmup'), '.0f'):>10} {cell(row.get('gpu_vs_native'), '.3f'):>8}x "
+            f"{cell(row.get('gpu_spread_pct'), '.1f'):>6}%"
             + (f"  ({row['failed']} failed)" if row["failed"] else "")
             + ("  (SHAPES DIFFER between runs)" if len(row["schedules"]) > 1 else ""))
     native = [f"{r['workload']} {r['spread_pct']:.1f}% over {r['runs']} runs" for r in rows

@@ -55,8 +55,13 @@ def test_speed_table_prints_medians_and_spreads(tmp_path):
     path = tmp_path / "train.json"
     runs = runs_of("w", {"native": [100, 120], "expandable": [110], "gmlake": [99, 109]},
                    {"native": 20, "expandable": 10.5, "gmlake": 10})
+    for r, kernel_ms in zip(runs, (100.0, 102.0, None, 104.0, 106.0)):     # native, native, expandable, gmlake x2
+        if kernel_ms:
+            r["gpu_time"] = [{"total_ms": kernel_ms, "copy": 0.0, "gemm": 0.0, "other": kernel_ms, "kernels": 1}]
     path.write_text(json.dumps({"environment": {}, "runs": runs}))
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "report_training.py"), "--speed", str(path)],
                          capture_output=True, text=True, check=True).stdout
     gmlake = next(line for line in out.splitlines() if line.startswith("| w | gmlake |"))
-    assert "| 2 | 99, 109 | 0.945 | 0.945 | 10.1% | 10.00 | 0.990 |" in gmlake
+    assert "| 2 | 99, 109 | 0.945 | 0.945 | 10.1% | 1.040 (1.9%) | 10.00 | 0.990 |" in gmlake
+    expandable = next(line for line in out.splitlines() if line.startswith("| w | expandable |"))
+    assert "| 0.0% |  | 10.50 |" in expandable

@@ -50,3 +50,24 @@ def test_rows_relate_each_allocator_to_natives_median():
     assert rows["expandable"] == {"workload": "bert", "allocator": "expandable", "runs": 0, "failed": 1}
     table = speed_suite.format_table(list(rows.values()), 15, 60)
     assert "1.100x" in table and "failed 1 time(s)" in table and "bert 18.2% over 2 runs" in table
+
+
+def test_gpu_time_is_compared_with_natives_kernels_not_its_wall_time():
+    """Note [GPU time]: the kernels' own time of the profiled extra steps, summed per run, against native's median;
+    a run whose profiler failed has none."""
+    def with_gpu(allocator: str, timed_s: float, kernel_ms: list[float]) -> dict:
+        out = run(allocator, timed_s)
+        out["gpu_time"] = [{"total_ms": ms, "copy": ms / 10, "gemm": ms / 2, "other": 0.4 * ms, "kernels": 9}
+                           for ms in kernel_ms]
+        return out
+
+    runs = [with_gpu("native", 10.0, [100.0, 100.0]), with_gpu("native", 14.0, [101.0, 101.0]),
+            with_gpu("gmlake", 10.5, [103.0, 104.0]), with_gpu("gmlake", 13.0, [104.0, 104.0]),
+            run("expandable", 12.0) | {"gpu_time": [{"error": "RuntimeError: no CUPTI"}]}]
+    rows = {r["allocator"]: r for r in speed_suite.table_rows(runs, ["bert"], ["native", "expandable", "gmlake"])}
+    assert speed_suite.gpu_ms(runs[0]) == 200.0 and speed_suite.gpu_ms(runs[0], "copy") == pytest.approx(20.0)
+    assert rows["gmlake"]["gpu_vs_native"] == pytest.approx(207.5 / 201.0)
+    assert rows["gmlake"]["gpu_spread_pct"] == pytest.approx(100 * 1 / 207.5)
+    assert "gpu_vs_native" not in rows["expandable"]
+    table = speed_suite.format_table(list(rows.values()), 15, 60)
+    assert "1.032x" in table

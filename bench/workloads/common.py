@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -68,6 +69,50 @@ def counters_since(before: dict, after: dict) -> dict:
     for group in ("calls", "handles"):
         out[group] = {kind: after[group][kind] - before[group].get(kind, 0) for kind in after[group]}
     out["driver_calls"] = sum(out["calls"].values())
+    return out
+
+
+# Kernel classes by name for gpu_time(), first match wins: copies and fills move bytes only, so they feel a change in
+# memory bandwidth most; GEMMs are compute-bound; the rest (elementwise, reductions, norms, optimizer) mostly
+# bandwidth-bound.
+KERNEL_CLASSES = (
+    ("copy", ("memcpy", "memset", "copy_kernel", "catarraybatched", "fill")),
+    ("gemm", ("gemm", "cutlass", "nvjet", "cublas", "sm90_xmma", "matmul")),
+)
+
+
+def gpu_time(step: Callable[[], None], cuda: bool = True) -> dict:
+    """The device time of the kernels one call of `step` launches, in ms: in all and by KERNEL_CLASSES ("other" for
+    the rest), with the number of kernels. `cuda=False` times CPU operators instead (a smoke test off the GPU).
+
+    Note [GPU time]: on the shared H200s a run's step times move by up to 46 % with the host (launch path, CPU) while
+    the GPU clock stays put (Note [Machine regimes]), so wall time cannot resolve a few percent between allocators.
+    The kernels' own durations leave out the GPU's idle gaps, and with them the host's noise: what is left is what
+    memory placement can change, such as the bandwidth of memory mapped as small VMM handles (a copy runs 1.2-4.7 %
+    slower over 20 MiB handles than over cudaMalloc memory, bench/vmm_kernels.py). Callers time extra steps after
+    the timed ones, with shapes already seen, so the profiler never enters tokens/s or the memory peaks."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activity, device_type = (ProfilerActivity.CUDA, DeviceType.CUDA) if cuda else (ProfilerActivity.CPU, DeviceType.CPU)
+    try:
+        with profile(activities=[activity]) as prof:
+            step()
+            if cuda:
+                torch.cuda.synchronize()
+        events = [e for e in prof.events() if e.device_type == device_type]
+    except (RuntimeError, AssertionError) as exc:      # no CUPTI, or a profiler already running
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    out = {"total_ms": 0.0, "kernels": 0, **{name: 0.0 for name, _ in KERNEL_CLASSES}, "other": 0.0}
+    for event in events:
+        if not cuda and event.cpu_parent is not None:   # CPU operators nest; count the outermost only
+            continue
+        ms = (event.time_range.end - event.time_range.start) / 1e3
+        name = event.name.lower()
+        kind = next((k for k, keys in KERNEL_CLASSES if any(key in name for key in keys)), "other")
+        out[kind] += ms
+        out["total_ms"] += ms
+        out["kernels"] += 1
     return out
 
 

@@ -41,7 +41,8 @@ from typing import Callable, NoReturn
 import torch
 from torch import nn
 
-from common import MachineProbe, allocator_name, counters_since, gmlake_policy_name, gmlake_stats, memory_peaks
+from common import (MachineProbe, allocator_name, counters_since, gmlake_policy_name, gmlake_stats, gpu_time,
+                    memory_peaks)
 
 # Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive, in steps of
 # `batch_step` and `shape_step`; `shape` is the image side in pixels or the padded sequence length). The full sizes
@@ -272,10 +273,11 @@ def gmlake_step_counters() -> tuple[int, int] | None:
 
 
 def train(workload: Workload, schedule: list[dict], device: torch.device, warmup: int,
-          records: list[dict] | None = None) -> tuple[list[dict], dict]:
-    """Run one training step per scheduled shape. Returns the per-step records and gmlake's counters at the end of
-    warm-up (None under torch's allocator). Records go into `records` when given, so that a caller whose step
-    raised (out of memory under a cap) knows how many steps completed."""
+          records: list[dict] | None = None) -> tuple[list[dict], dict, Callable[[dict], None]]:
+    """Run one training step per scheduled shape. Returns the per-step records, gmlake's counters at the end of
+    warm-up (None under torch's allocator) and a function that runs one more step of a given shape (for gpu_time).
+    Records go into `records` when given, so that a caller whose step raised (out of memory under a cap) knows how
+    many steps completed."""
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     model = workload.model
@@ -285,8 +287,18 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
     at_warmup = None
     counters = gmlake_step_counters()
     probe = MachineProbe(cuda)
-    for step, shape in enumerate(schedule):
-        if step == warmup:
+
+    def step(inputs) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = workload.loss(model, inputs)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        return loss
+
+    for index, shape in enumerate(schedule):
+        if index == warmup:
             at_warmup = gmlake_stats()
         # Requests made before this step (torch's cumulative count): where the step starts in a captured trace, so
         # replay can price the steps after warm-up alone (bench/stall_check.py).
@@ -294,12 +306,7 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
         inputs = workload.make_inputs(shape, device)
         sync()
         started = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-            loss = workload.loss(model, inputs)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
+        loss = step(inputs)
         step_s = time.perf_counter() - started
         del inputs
         record = {**shape, "step_s": step_s, "tokens": workload.tokens(shape), "loss": loss.item(),
@@ -312,7 +319,7 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
         records.append(record)
     if at_warmup is None:            # warm-up covers every step: nothing is timed after it
         at_warmup = gmlake_stats()
-    return records, at_warmup
+    return records, at_warmup, lambda shape: step(workload.make_inputs(shape, device))
 
 
 def summarize(records: list[dict], warmup: int) -> dict:
@@ -398,12 +405,17 @@ def main() -> None:
     parser.add_argument("--shape", type=int, nargs=2, metavar=("MIN", "MAX"),
                         help="image side or sequence length range (overrides --size)")
     parser.add_argument("--json", help="write the summary here")
+    parser.add_argument("--gpu-time-steps", type=int, default=4, metavar="N",
+                        help="after the run, time the kernels of N more steps (the last N shapes) with the profiler "
+                             "(Note [GPU time]; 0: none)")
     parser.add_argument("--memory-fraction", metavar="F",
                         help="cap this process at F (0 < F <= 1) of the device's memory; out of memory: exit 3")
     args = parser.parse_args()
     warmup = args.steps // 4 if args.warmup is None else args.warmup
     if args.steps < 1 or not 0 <= warmup < args.steps:
         parser.error("need --steps >= 1 and 0 <= --warmup < --steps")
+    if not 0 <= args.gpu_time_steps <= args.steps:
+        parser.error("need 0 <= --gpu-time-steps <= --steps")
     try:
         fraction = parse_fraction(args.memory_fraction)
     except ValueError as exc:
@@ -424,7 +436,7 @@ def main() -> None:
     try:
         workload = BUILDERS[args.workload](cfg, device)
         schedule = shape_schedule(workload, args.steps, args.seed)
-        records, at_warmup = train(workload, schedule, device, warmup, records)
+        records, at_warmup, one_step = train(workload, schedule, device, warmup, records)
     except Exception as exc:
         if fraction is None or not out_of_memory(exc):
             raise
@@ -444,6 +456,9 @@ def main() -> None:
         end = gmlake_stats()
         summary["gmlake"] = end
         summary["gmlake_after_warmup"] = counters_since(at_warmup, end) if end is not None else None
+    if args.gpu_time_steps:         # after every figure above is read: these steps are not part of them
+        summary["gpu_time"] = [gpu_time(lambda shape=shape: one_step(shape), cuda=args.device == "cuda")
+                               for shape in schedule[-args.gpu_time_steps:]]
     summary["per_step"] = records
     if args.json:
         with open(args.json, "w") as f:

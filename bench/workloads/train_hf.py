@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from common import MachineProbe, allocator_name, gmlake_stats, memory_peaks  # fsdp_train.py imports them from here too
+from common import (MachineProbe, allocator_name, gmlake_stats, gpu_time,  # fsdp_train.py imports them from here too
+                    memory_peaks)
 
 MODELS = {
     # name: (family, hidden, layers, heads, ffn, word_embed_proj_dim)
@@ -127,12 +128,17 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no memory figures)")
     p.add_argument("--json", help="write a summary here")
     p.add_argument("--snapshot", help="record the training phase's allocator events into this snapshot (slows it)")
+    p.add_argument("--gpu-time-steps", type=int, default=4, metavar="N",
+                   help="after the run, time the kernels of N more steps (the last N shapes) with the profiler "
+                        "(Note [GPU time] in common.py; 0: none)")
     p.add_argument("--max-batch-search", action="store_true",
                    help="after training, find the largest batch that fits under --cap-gib (bisection)")
     p.add_argument("--cap-gib", type=float, default=24.0, help="memory cap for the batch search, GiB")
     p.add_argument("--search-seq", type=int, default=1024, help="sequence length for the batch search")
     p.add_argument("--search-max", type=int, default=512, help="upper bound of the batch search")
     args = p.parse_args()
+    if not 0 <= args.gpu_time_steps <= args.steps:
+        p.error("need 0 <= --gpu-time-steps <= --steps")
 
     cuda = args.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -204,6 +210,10 @@ def main() -> None:
     if cuda:
         summary.update(memory_peaks())
         summary["gmlake"] = gmlake_stats()
+    if args.gpu_time_steps:         # after the peaks and counters are read: these steps are not part of them
+        summary["gpu_time"] = [gpu_time(lambda s=s: train_step(s["batch"], s["seq"]), cuda=cuda)
+                               for s in steps[-args.gpu_time_steps:]]
+    if cuda:
         summary["max_batch_under_cap"] = search_max_batch(train_step, args, model) if args.max_batch_search else None
         summary["cap_gib"] = args.cap_gib if args.max_batch_search else None
     summary["per_step"] = steps
