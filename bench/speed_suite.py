@@ -120,7 +120,7 @@ def gpu_ms(run: dict, kind: str = "total_ms") -> float | None:
     """The device time of a run's profiled extra steps (the workloads' `gpu_time`, Note [GPU time]), summed over
     those steps, in ms: all kernels, or one class ("copy", "gemm", "other"). None where the run has none."""
     steps = run.get("gpu_time") or []
-    if not steps or any("error" in s for s in steps):
+    if not steps or any("error" in s or not s.get("kernels") for s in steps):   # a profiler that saw no kernel
         return None
     return sum(s[kind] for s in steps)
 

@@ -63,11 +63,13 @@ def test_gpu_time_is_compared_with_natives_kernels_not_its_wall_time():
 
     runs = [with_gpu("native", 10.0, [100.0, 100.0]), with_gpu("native", 14.0, [101.0, 101.0]),
             with_gpu("gmlake", 10.5, [103.0, 104.0]), with_gpu("gmlake", 13.0, [104.0, 104.0]),
-            run("expandable", 12.0) | {"gpu_time": [{"error": "RuntimeError: no CUPTI"}]}]
-    rows = {r["allocator"]: r for r in speed_suite.table_rows(runs, ["bert"], ["native", "expandable", "gmlake"])}
-    assert speed_suite.gpu_ms(runs[0]) == 200.0 and speed_suite.gpu_ms(runs[0], "copy") == pytest.approx(20.0)
+            run("expandable", 12.0) | {"gpu_time": [{"error": "RuntimeError: no CUPTI"}]},
+            run("gmlake-paper", 12.0) | {"gpu_time": [{"total_ms": 0.0, "kernels": 0}]}]
+    rows = {r["allocator"]: r for r in speed_suite.table_rows(runs, ["bert"],
+                                                              ["native", "expandable", "gmlake", "gmlake-paper"])}
+    assert speed_suite.gpu_ms(runs[0]) == 200.0 and speed_suite.gpu_ms(runs[-1]) is None and speed_suite.gpu_ms(runs[0], "copy") == pytest.approx(20.0)
     assert rows["gmlake"]["gpu_vs_native"] == pytest.approx(207.5 / 201.0)
     assert rows["gmlake"]["gpu_spread_pct"] == pytest.approx(100 * 1 / 207.5)
-    assert "gpu_vs_native" not in rows["expandable"]
+    assert "gpu_vs_native" not in rows["expandable"] and "gpu_vs_native" not in rows["gmlake-paper"]
     table = speed_suite.format_table(list(rows.values()), 15, 60)
     assert "1.032x" in table
