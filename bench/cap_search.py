@@ -189,6 +189,7 @@ def run_probe(workload: str, allocator: str, purpose: str, fraction: float | Non
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.unlink(missing_ok=True)
     cmd, env = command(workload, allocator, settings, json_path)
+    cmd += ["--gpu-time-steps", "0"]        # no profiled steps after the run: under the cap they could fail it
     if fraction is not None:
         cmd += ["--memory-fraction", repr(fraction)]
     started = time.perf_counter()
