@@ -107,6 +107,17 @@ def _load(specs: list[str], device: int | None):
     return [load(trace_path(spec), device) for spec in specs]
 
 
+def _note_unsized(traces, device_memory: int | None) -> None:
+    """One line on stderr for each trace that records no device size, where none was given: its replay models a
+    device of MAX_DEVICE_MEMORY, on which nothing runs out (a policy that hoards looks only wasteful)."""
+    if device_memory is not None:
+        return
+    for trace in traces:
+        if not trace.meta.get("device_total"):
+            print(f"gmlake: note: {trace.meta.get('name', 'trace')} records no device size, so it replays on a "
+                  f"{MAX_DEVICE_MEMORY >> 40} TiB device; give --device-memory SIZE to model yours", file=sys.stderr)
+
+
 def _output_file(path: str, flag: str) -> Path:
     """An output file that can be created: its folder exists and it is not a folder itself."""
     out = Path(path)
@@ -170,6 +181,7 @@ def cmd_replay(args) -> int:
     (trace,) = _load([args.trace], args.device)
     if args.smallest_device:
         return _smallest_devices(trace, chosen, args.json)
+    _note_unsized([trace], args.device_memory)
     results = [replay(trace, choice, device_memory=args.device_memory) for choice in chosen]
     if args.json:
         for r in results:
@@ -228,6 +240,7 @@ def cmd_explain(args) -> int:
 
     chosen = _policy_choices(args.policy, args.set)
     (trace,) = _load([args.trace], args.device)
+    _note_unsized([trace], args.device_memory)
     found = [explain(trace, policy, device_memory=args.device_memory) for policy in chosen]
     status = EXIT_OUT_OF_MEMORY if any(b.ooms for b in found) else EXIT_OK
     if args.json:
@@ -274,6 +287,7 @@ def cmd_compare(args) -> int:
     if not specs:
         raise UsageError("no traces given and none bundled")
     traces = _load(specs, args.device)
+    _note_unsized(traces, args.device_memory)
     results = compare.run(traces, chosen, progress=sys.stderr.isatty(), device_memory=args.device_memory)
     console = _console()
     console.print(compare.table(results, traces))
@@ -442,8 +456,9 @@ _SET_HELP = ("change a knob of every chosen policy, e.g. stitch=false or chunk_s
              "my.py:MaxPieces.max_pieces=2, 2.min_saved_chunks=0). Repeatable; a policy's [knobs] win over "
              "POLICY.knob, which wins over knob (knobs: gmlake/policies/base.py)")
 _DEVICE_HELP = "which device's trace, if the snapshot has several"
-_DEVICE_MEMORY_HELP = ("simulated device size: bytes or with a unit, e.g. 80GiB (default: the captured device's; "
-                       f"at most {MAX_DEVICE_MEMORY >> 40} TiB)")
+_DEVICE_MEMORY_HELP = ("simulated device size: bytes or with a unit, e.g. 80GiB (default: the captured device's, "
+                       f"or {MAX_DEVICE_MEMORY >> 40} TiB where the trace records none; at most "
+                       f"{MAX_DEVICE_MEMORY >> 40} TiB)")
 _JSON_HELP = "one JSON object per line, one per policy"
 
 

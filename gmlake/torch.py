@@ -251,7 +251,14 @@ _history_settings: dict[str, Any] = {}
 def snapshot() -> dict:
     """The allocator's state and history in torch's snapshot format (segments, device_traces), readable by
     `gmlake replay` and torch's memory_viz; what torch.cuda.memory._snapshot() returns under gmlake."""
-    return snapshot_of(_torch_bridge.allocators(), _enabled["choice"].label if _enabled else None, policy_info())
+    allocators = _torch_bridge.allocators()
+    out = snapshot_of(allocators, _enabled["choice"].label if _enabled else None, policy_info())
+    import torch
+
+    if allocators and torch.cuda.is_available():    # the device, as gmlake.capture records it: replay models its size
+        props = torch.cuda.get_device_properties(min(allocators))
+        out["gmlake"].update(device_total=props.total_memory, device_name=props.name, torch=str(torch.__version__))
+    return out
 
 
 def snapshot_of(allocators: dict[int, Allocator], policy_name: str | None = None,

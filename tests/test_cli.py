@@ -356,3 +356,17 @@ def test_console_script_errors_are_one_line(tmp_path):
                           capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"})
     assert done.returncode == EXIT_BAD_INPUT and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("gmlake: error: ")
+
+
+def test_a_trace_without_a_device_size_is_noted_once(tmp_path, capsys):
+    """A snapshot that records no device size replays on the largest device; the commands say so in one line on
+    stderr, and not where --device-memory gives the size or the trace records it."""
+    path = write_snapshot(tmp_path / "unsized.pickle.gz", [{"action": "alloc", "addr": 1, "size": 4096}],
+                          {"name": "unsized"})
+    assert main(["replay", str(path), "--policy", "gmlake", "--json"]) == EXIT_OK
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unsized records no device size" in err and "--device-memory" in err
+    assert main(["compare", str(path), BUNDLED, "--policy", "gmlake", "--out", str(tmp_path / "c")]) == EXIT_OK
+    assert capsys.readouterr().err.count("records no device size") == 1
+    assert main(["explain", str(path), "--policy", "gmlake", "--device-memory", "1GiB"]) == EXIT_OK
+    assert "records no device size" not in capsys.readouterr().err

@@ -24,7 +24,9 @@ assert gt.max_memory_reserved() >= gt.max_memory_allocated()
 print(gt.memory_summary())
 path = gt.dump_snapshot(sys.argv[1] if len(sys.argv) > 1 else "/tmp/gmlake-snapshot.pickle.gz")
 trace = load(path)
-result = replay(trace, gt._enabled["chosen"], device_memory=torch.cuda.get_device_properties(0).total_memory)
+total = torch.cuda.get_device_properties(0).total_memory
+assert trace.meta.get("device_total") == total, "the snapshot records the device's size, so replay models it"
+result = replay(trace, gt._enabled["chosen"])
 print("real peak reserved", gt.max_memory_reserved(), "replayed", result.peak_reserved)
 assert result.peak_reserved == gt.max_memory_reserved(), "the replay must predict the GPU run exactly"
 gt.reset_peak_memory_stats()
