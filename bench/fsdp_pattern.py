@@ -1,6 +1,6 @@
 """FSDP's streams on a CPU: PyTorch FSDP1's allocation pattern replayed through policies on the sim driver.
 
-    python bench/fsdp_pattern.py [--policy SPEC]... [--steps 24] [--layers 24] [--json OUT]
+    python bench/fsdp_pattern.py [--policy SPEC]... [--steps 24] [--layers 24] [--json OUT] [--trace OUT.pickle.gz]
 
 Issue 10: under FSDP (OPT-1.3B, full shard, LoRA, recomputation, two H200s, 2026-11-30) the default reached
 utilization 0.719 and expandable segments 0.701, where the paper's design had reached 0.976. No FSDP trace is bundled
@@ -17,12 +17,15 @@ utilization 0.719 and expandable segments 0.701, where the paper's design had re
 Blocks stay on the stream that allocated them unless the policy shares them (`cross_stream`), so without sharing the
 post-backward stream's sharded gradients, freed at zero_grad, can never hold the next forward's activations. Shapes
 (batch 2-8, length 128-1024) are drawn per step from --seed. Events complete at once (the sim driver), so sharing is
-as early as it can be: an upper bound on what the GPU would reuse.
+as early as it can be: an upper bound on what the GPU would reuse. --trace writes the pattern as a snapshot, recorded
+under the caching policy (PyTorch's native allocator), that `gmlake replay`, `compare`, `explain` and `cap` read.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import pickle
 import random
 import sys
 from pathlib import Path
@@ -32,13 +35,17 @@ GiB = 1 << 30
 COMPUTE, UNSHARD, POST_BACKWARD = 1, 2, 3
 HIDDEN, VOCAB = 2048, 50272                    # OPT-1.3B
 UNSHARDED_PARAM, SHARDED_PARAM = 100 * MiB, 50 * MiB
+H200_BYTES = 150_109_880_320                   # torch.cuda.get_device_properties(0).total_memory on the H200s
 
 
-def run(policy, steps: int = 24, layers: int = 24, seed: int = 0) -> dict:
-    """Replay `steps` training steps of the pattern through `policy`; the allocator's stats at the end."""
+def run(policy, steps: int = 24, layers: int = 24, seed: int = 0, history: list | None = None) -> dict:
+    """Replay `steps` training steps of the pattern through `policy`; the allocator's stats at the end. With a
+    `history` list, the allocator's events (PyTorch snapshot entries) are appended to it."""
     import gmlake
 
     alloc = gmlake.Allocator(gmlake.SimDriver(), policy)
+    if history is not None:
+        alloc.record_history()
     rng = random.Random(seed)
     shards = [alloc.malloc(SHARDED_PARAM, COMPUTE) for _ in range(layers)]      # sharded parameters, for good
 
@@ -80,8 +87,25 @@ def run(policy, steps: int = 24, layers: int = 24, seed: int = 0) -> dict:
     for shard in shards:
         alloc.free(shard)
     stats = alloc.stats()
+    if history is not None:
+        history.extend(alloc.history())
     alloc.close()
     return stats
+
+
+def write_trace(path: Path, steps: int, layers: int, seed: int) -> None:
+    """The pattern as a PyTorch snapshot (gzipped pickle), recorded under the caching policy, with its peaks."""
+    from gmlake.policies import resolve
+
+    entries: list = []
+    stats = run(resolve("caching").policy, steps, layers, seed, history=entries)
+    snapshot = {"segments": [], "device_traces": [entries],
+                "gmlake": {"name": path.name.split(".")[0], "allocator": "native", "device_name": "NVIDIA H200",
+                           "device_total": H200_BYTES,
+                           "max_memory_reserved": stats["peak_reserved_bytes"],
+                           "max_memory_allocated": stats["peak_allocated_bytes"]}}
+    with gzip.open(path, "wb") as f:
+        pickle.dump(snapshot, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def main() -> int:
@@ -92,9 +116,13 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--trace", type=Path, help="also write the pattern as a snapshot (.pickle.gz) for replay")
     args = parser.parse_args()
     if args.steps < 1 or args.layers < 1:
         parser.error("--steps and --layers must be at least 1")
+    for out in (args.json, args.trace):
+        if out is not None and not out.parent.is_dir():
+            parser.error(f"{out}: no such directory {str(out.parent)!r}")
     from gmlake.policies import resolve
     from gmlake.replay import driver_seconds
 
@@ -115,6 +143,9 @@ def main() -> int:
         print(f"{spec:44} {row['peak_reserved'] / GiB:12.2f} {row['peak_allocated'] / GiB:13.2f} "
               f"{row['utilization']:11.3f} {row['stitches']:8} {row['stream_migrations']:10} "
               f"{row['driver_seconds'] * 1e3:16.1f}")
+    if args.trace:
+        write_trace(args.trace, args.steps, args.layers, args.seed)
+        print(f"wrote {args.trace}")
     if args.json:
         args.json.write_text(json.dumps({"steps": args.steps, "layers": args.layers, "seed": args.seed,
                                          "results": results}, indent=2) + "\n")

@@ -34,3 +34,20 @@ def test_bad_input_gets_one_line_and_exit_2():
                               capture_output=True, text=True)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
             ("fsdp_pattern", "usage", "fsdp_pattern.py")), proc.stderr
+
+
+def test_the_written_trace_replays_as_the_pattern_runs(tmp_path):
+    """--trace records the pattern under the caching policy; replaying it through another policy gives what running
+    the pattern through that policy gives, so explain, compare and cap work on it."""
+    from gmlake.replay import replay
+    from gmlake.trace import load
+
+    path = tmp_path / "fsdp.pickle.gz"
+    fsdp_pattern.write_trace(path, steps=3, layers=6, seed=0)
+    trace = load(path)
+    assert trace.meta["device_total"] == fsdp_pattern.H200_BYTES
+    for spec in ("caching", "gmlake", "gmlake[cross_stream=true]"):
+        direct = fsdp_pattern.run(resolve(spec).policy, steps=3, layers=6)
+        replayed = replay(trace, resolve(spec))
+        assert replayed.peak_reserved == direct["peak_reserved_bytes"], spec
+        assert replayed.peak_allocated == direct["peak_allocated_bytes"], spec
