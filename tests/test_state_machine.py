@@ -147,6 +147,12 @@ class SeamsGMLakeMachine(HostAllocatorMachine):
         super().__init__()
 
 
+class CrossStreamMachine(HostAllocatorMachine):
+    """The default sharing freed blocks across streams behind fences: the candidate for FSDP (bench/fsdp_pattern.py)."""
+
+    policy = gmlake.policies.get("gmlake", max_cached_sblocks=6, cross_stream=True)
+
+
 class CachingMachine(HostAllocatorMachine):
     policy = gmlake.policies.get("caching")
 
@@ -278,11 +284,13 @@ _settings = settings(max_examples=60, stateful_step_count=60, deadline=None, der
                      suppress_health_check=[HealthCheck.too_slow])
 HostAllocatorMachine.TestCase.settings = _settings
 CachingMachine.TestCase.settings = _settings
+CrossStreamMachine.TestCase.settings = _settings
 ExpandableMachine.TestCase.settings = _settings
 SeamsPaperMachine.TestCase.settings = _settings
 SeamsGMLakeMachine.TestCase.settings = _settings
 TestHostAllocator = HostAllocatorMachine.TestCase
 TestHostCaching = CachingMachine.TestCase
+TestHostCrossStream = CrossStreamMachine.TestCase
 TestHostExpandable = ExpandableMachine.TestCase
 TestHostPaperSeams = SeamsPaperMachine.TestCase
 TestHostGMLakeSeams = SeamsGMLakeMachine.TestCase

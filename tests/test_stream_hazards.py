@@ -297,9 +297,18 @@ def test_an_sblock_is_evicted_only_after_a_synchronize(harness_driver):
     h.close()
 
 
-def test_random_schedules_never_hand_out_busy_memory(harness_driver):
+# The paper's design, today's default, and the default sharing blocks across streams (the candidate for FSDP,
+# bench/fsdp_pattern.py): an expandable base whose freed pages move between streams behind fences.
+RANDOM_SCHEDULE_POLICIES = [("gmlake-paper", {"max_cached_sblocks": 4}),
+                            ("gmlake", {"max_cached_sblocks": 4, "min_saved_chunks": 0}),
+                            ("gmlake", {"max_cached_sblocks": 4, "min_saved_chunks": 0, "cross_stream": True})]
+
+
+@pytest.mark.parametrize("policy, knobs", RANDOM_SCHEDULE_POLICIES,
+                         ids=["paper", "default", "default-cross-stream"])
+def test_random_schedules_never_hand_out_busy_memory(harness_driver, policy, knobs):
     rng = random.Random(1234)
-    h = StreamHarness(harness_driver, max_cached_sblocks=4)
+    h = StreamHarness(harness_driver, policy, **knobs)
     live = []
     for _ in range(400):
         op = rng.random()
@@ -315,6 +324,8 @@ def test_random_schedules_never_hand_out_busy_memory(harness_driver):
             h.complete_random(rng)
         else:
             h.empty_cache()
+    shares = gmlake.policies.get(policy, **knobs).cross_stream
+    assert (h.alloc.stats()["stream_migrations"] > 0) == shares       # blocks did move between streams, or never
     h.close()
 
 
