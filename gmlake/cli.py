@@ -109,7 +109,8 @@ def _load(specs: list[str], device: int | None):
 
 def _note_unsized(traces, device_memory: int | None) -> None:
     """One line on stderr for each trace that records no device size, where none was given: its replay models a
-    device of MAX_DEVICE_MEMORY, on which nothing runs out (a policy that hoards looks only wasteful)."""
+    device of MAX_DEVICE_MEMORY, on which nothing runs out (a policy that hoards looks only wasteful). Said after
+    the replays, so that a command refusing its input still says one line."""
     if device_memory is not None:
         return
     for trace in traces:
@@ -181,8 +182,8 @@ def cmd_replay(args) -> int:
     (trace,) = _load([args.trace], args.device)
     if args.smallest_device:
         return _smallest_devices(trace, chosen, args.json)
-    _note_unsized([trace], args.device_memory)
     results = [replay(trace, choice, device_memory=args.device_memory) for choice in chosen]
+    _note_unsized([trace], args.device_memory)
     if args.json:
         for r in results:
             print(json.dumps(r.summary()))
@@ -240,8 +241,8 @@ def cmd_explain(args) -> int:
 
     chosen = _policy_choices(args.policy, args.set)
     (trace,) = _load([args.trace], args.device)
-    _note_unsized([trace], args.device_memory)
     found = [explain(trace, policy, device_memory=args.device_memory) for policy in chosen]
+    _note_unsized([trace], args.device_memory)
     status = EXIT_OUT_OF_MEMORY if any(b.ooms for b in found) else EXIT_OK
     if args.json:
         for b in found:
@@ -287,8 +288,8 @@ def cmd_compare(args) -> int:
     if not specs:
         raise UsageError("no traces given and none bundled")
     traces = _load(specs, args.device)
-    _note_unsized(traces, args.device_memory)
     results = compare.run(traces, chosen, progress=sys.stderr.isatty(), device_memory=args.device_memory)
+    _note_unsized(traces, args.device_memory)
     console = _console()
     console.print(compare.table(results, traces))
     out.mkdir(parents=True, exist_ok=True)
