@@ -232,7 +232,7 @@ def memory_summary(device=None) -> str:
         f"  utilization (peak allocated / peak reserved) {util:.4f}",
         f"  stitches {s['stitches']}, sBlock reuses {s['sblock_reuses']}, evictions {s['sblock_evictions']}, "
         f"cached sBlocks {s['cached_sblocks']}",
-        f"  driver calls: " + ", ".join(f"{k} {v}" for k, v in s["calls"].items() if v),
+        "  driver calls: " + ", ".join(f"{k} {v}" for k, v in s["calls"].items() if v),
         f"  out-of-memory errors {s['ooms']}",
     ]
     return "\n".join(lines)

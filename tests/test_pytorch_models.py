@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import pytest
 
 import gmlake
 from gmlake import Allocator, SimDriver
-from gmlake.replay import GRANULARITY, bundled_traces, replay
+from gmlake.replay import GRANULARITY, bundled_traces
 from gmlake.trace import ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, load
 
 KiB, MiB = 1 << 10, 1 << 20

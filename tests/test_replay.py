@@ -10,7 +10,7 @@ import pytest
 import gmlake
 from gmlake.cli import main as cli_main
 from gmlake.replay import bundled_traces, fidelity, replay
-from gmlake.trace import FREE, ALLOC, Trace, TraceError, load, load_snapshot, save_compact
+from gmlake.trace import FREE, ALLOC, TraceError, load, load_snapshot, save_compact
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 

@@ -1,6 +1,4 @@
 """Two GPUs under torchrun with DDP: `torchrun --nproc-per-node 2 -m gmlake run tests/gpu_scripts/ddp_train.py`."""
-import os
-
 import torch
 import torch.distributed as dist
 
