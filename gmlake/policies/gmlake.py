@@ -25,7 +25,9 @@ class GMLakePolicy(Policy):
     Cached sBlocks serve only requests no free block fits (`sblock_first=False`): checking an sBlock's pieces costs
     a lookup per piece, and an expandable range's long free tail would otherwise send every request through it.
     Blocks stay on their stream until a synchronize (`cross_stream=False`), as in PyTorch: no event polling per
-    request.
+    request. Under FSDP that strands the post-backward stream's freed gradients where the next forward cannot use
+    them (utilization 0.72 on two H200s, 2026-11-30; `bench/fsdp_pattern.py` models why): `cross_stream=True` is the
+    candidate, stream-safety tested on the CPU, waiting for its A/B on the GPU (docs/training.md, session 7).
     """
 
     name: ClassVar[str] = "gmlake"
