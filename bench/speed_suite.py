@@ -32,21 +32,14 @@ import sys
 import time
 from pathlib import Path
 
-from train_suite import environment
+from train_suite import CANDIDATES, environment
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD_SCRIPT = HERE / "workloads" / "dynamic.py"
 WORKLOADS = ("vit", "bert", "t5", "cnn")
 # allocator name -> how a run starts it: PYTORCH_CUDA_ALLOC_CONF for torch's allocator, or `gmlake run` flags
 TORCH_ALLOC_CONF = {"native": "", "expandable": "expandable_segments:True"}
-GMLAKE_RUN_FLAGS = {
-    "gmlake": [], "gmlake-paper": ["--policy", "gmlake-paper"],
-    # Candidates for the default, each with the measurement that made it one (docs/training.md, session 7):
-    # bench/vmm_kernels.py copied 1.2-4.7 % slower on 20 MiB handles than on cudaMalloc memory, and as fast on 64 MiB;
-    "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
-    # on FSDP the default (blocks stay on their stream) reached utilization 0.72, the paper's design (they do not) 0.976.
-    "gmlake-xstream": ["--policy", "gmlake[cross_stream=true]"],
-}
+GMLAKE_RUN_FLAGS = {"gmlake": [], "gmlake-paper": ["--policy", "gmlake-paper"], **CANDIDATES}
 ALLOCATORS = (*TORCH_ALLOC_CONF, *GMLAKE_RUN_FLAGS)
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper")
 GIB = 1 << 30

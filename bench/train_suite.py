@@ -30,6 +30,14 @@ WORKLOADS = {
                         ("offload", ["--offload"]))
 }
 FSDP_WORKLOADS = {"opt1.3b-fsdp-lora-ckpt": ["--model", "opt-1.3b"]}      # LoRA + recomputation, always
+# Candidates for the default (`gmlake run` flags), each with the measurement that made it one (docs/training.md,
+# session 7); bench/speed_suite.py offers them too.
+CANDIDATES = {
+    # bench/vmm_kernels.py copied 1.2-4.7 % slower on 20 MiB handles than on cudaMalloc memory, and as fast on 64 MiB;
+    "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
+    # on FSDP the default (blocks stay on their stream) reached utilization 0.72, the paper's design (they do not) 0.976.
+    "gmlake-xstream": ["--policy", "gmlake[cross_stream=true]"],
+}
 # allocator name -> how to start it: torch's env setting, or gmlake's `run` flags
 ALLOCATORS = {
     "native": {},
@@ -38,9 +46,7 @@ ALLOCATORS = {
     # The paper's design, which was the default (and ran as "gmlake") in the results of 2026-11-30 10:00 and before
     "gmlake-paper": ["--policy", "gmlake-paper"],
     "gmlake-paper-8m": ["--policy", "gmlake-paper", "--chunk-size", str(8 << 20)],   # fewer, larger handles
-    # Candidates for the default (bench/speed_suite.py says why): larger pages, and blocks shared across streams
-    "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
-    "gmlake-xstream": ["--policy", "gmlake[cross_stream=true]"],
+    **CANDIDATES,                                           # for the default: larger pages, blocks shared by streams
 }
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake")
 
