@@ -127,7 +127,8 @@ def main() -> None:
     base = {k: statistics.median(r[k] for r in runs["cudaMalloc"]) for k in runs["cudaMalloc"][0]}
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "gib": args.gib,
-              "handles_mib": args.handles, "rounds": args.rounds, "iterations": args.iterations, "median_ms": {}, "ratio": {}, "spread": {}}
+              "handles_mib": args.handles, "rounds": args.rounds, "iterations": args.iterations, "median_ms": {},
+              "ratio": {}, "spread": {}}
     for name, rows in runs.items():
         result["median_ms"][name] = {k: statistics.median(r[k] for r in rows) for k in base}
         result["ratio"][name] = {k: result["median_ms"][name][k] / base[k] for k in base}

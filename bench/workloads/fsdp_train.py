@@ -24,7 +24,8 @@ from train_hf import (MODELS, MachineProbe, add_lora, allocator_name, build_mode
 
 
 def rank_path(path: str, rank: int) -> str:
-    """Rank 0 writes `path`; rank r writes it with `.rank<r>` before its suffixes (fsdp.pickle.gz -> fsdp.rank1.pickle.gz)."""
+    """Rank 0 writes `path`; rank r writes it with `.rank<r>` before its suffixes: fsdp.pickle.gz becomes
+    fsdp.rank1.pickle.gz."""
     if rank == 0:
         return path
     head, sep, name = path.rpartition("/")
