@@ -35,7 +35,7 @@ FSDP_WORKLOADS = {"opt1.3b-fsdp-lora-ckpt": ["--model", "opt-1.3b"]}      # LoRA
 CANDIDATES = {
     # bench/vmm_kernels.py copied 1.2-4.7 % slower on 20 MiB handles than on cudaMalloc memory, and as fast on 64 MiB;
     "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
-    # on FSDP the default (blocks stay on their stream) reached utilization 0.72, the paper's design (they do not) 0.976.
+    # on FSDP the default (blocks stay on their stream) reached utilization 0.72, the paper's design (shared) 0.976.
     "gmlake-xstream": ["--policy", "gmlake[cross_stream=true]"],
 }
 # allocator name -> how to start it: torch's env setting, or gmlake's `run` flags

@@ -11,7 +11,8 @@ OUT=${OUT:-/tmp/gmlake-out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 START=$SECONDS
-if [ "${SKIP_BUILD:-0}" != 1 ] && ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
+if [ "${SKIP_BUILD:-0}" != 1 ] && \
+   ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
 fi
 echo "built in $((SECONDS - START)) s"
