@@ -96,9 +96,13 @@ cdef void _process_pending(Allocator self) noexcept nogil:
     Note [Polling pending frees]: events on one stream complete in order, so once an event of stream S is found
     incomplete, no later-recorded event of S can be done: each pass queries each stream until its first
     incomplete event, as PyTorch's process_events does, not every pending event (FSDP keeps hundreds pending).
-    Completed events are destroyed at once, so no event is queried twice after it is done. Skipping an earlier
-    event of a busy stream only delays its free to a later pass; it never hands out memory early."""
-    cdef size_t i = 0, j, k
+    Completed events are destroyed at once, so no event is queried twice after it is done. That needs the entries
+    walked in the order their frees were made: retired entries are compacted out in place, keeping the order (a
+    swap-with-last removal would let a newer incomplete event of S hide older completed ones, so that their memory
+    stayed pending for many passes while the stream kept busy: FSDP1's pattern on the sim driver, with the GPU two
+    layers behind the CPU, ended each step with 38 frees pending instead of 6, and reserved 7.66 GiB instead of
+    5.51). A skipped event only ever delays a free; it never hands out memory early."""
+    cdef size_t i = 0, kept = 0, j, k
     cdef bint busy_stream
     cdef int rc
     cdef vector[int64_t] busy
@@ -121,14 +125,14 @@ cdef void _process_pending(Allocator self) noexcept nogil:
                 j += 1
                 continue
             _destroy_event(self, entry.events[j])
-            entry.events[j] = entry.events.back()
-            entry.events.pop_back()
-            entry.streams[j] = entry.streams.back()
-            entry.streams.pop_back()
-        if not entry.events.empty():
-            i += 1
-            continue
-        self._retire(entry.block)
-        self.pending[i] = self.pending.back()
-        self.pending.pop_back()
+            entry.events.erase(entry.events.begin() + j)       # in order: the entry's events are per stream
+            entry.streams.erase(entry.streams.begin() + j)
+        if entry.events.empty():
+            self._retire(entry.block)
+        else:
+            if kept != i:
+                self.pending[kept] = self.pending[i]
+            kept += 1
+        i += 1
+    self.pending.resize(kept)
     self.err = ERR_NONE

@@ -424,6 +424,32 @@ def test_record_stream_defers_reuse_until_the_other_stream_is_done():
         alloc.record_stream(r, 3)                   # no longer live
 
 
+@pytest.mark.parametrize("policy", ["gmlake", "gmlake-paper"])
+def test_pending_frees_retire_as_soon_as_their_events_complete(policy):
+    """Note [Polling pending frees]: a pass stops at a stream's first incomplete event, so the pending frees must be
+    walked in the order they were made. Frees A, B, C wait on stream 2; once A's and then B's events complete, each
+    is retired at the next request, although C's event, later on the same stream, is still incomplete."""
+    drv = gmlake.SimDriver()
+    drv.auto_complete = False
+    alloc = Allocator(drv, gmlake.policies.get(policy))
+    blocks = [alloc.malloc(6 * MiB, stream=1) for _ in range(3)]
+    tickets = []
+    for p in blocks:
+        alloc.record_stream(p, 2)
+        alloc.free(p)                                # records an event on stream 2
+        tickets.append(drv.queued(2))
+    assert alloc.stats()["pending_frees"] == 3
+    for done, (ticket, left) in enumerate(zip(tickets[:2], (2, 1))):
+        drv.complete_stream(2, ticket)
+        alloc.free(alloc.malloc(4096, stream=1))     # any request polls the pending frees
+        assert alloc.stats()["pending_frees"] == left, f"free {done} completed but was kept pending"
+    alloc.check()
+    drv.complete_stream(2)
+    alloc.free(alloc.malloc(4096, stream=1))
+    assert alloc.stats()["pending_frees"] == 0
+    alloc.close()
+
+
 def test_empty_cache_waits_for_pending_frees():
     drv = gmlake.HostDriver()
     drv.auto_complete = False
