@@ -47,6 +47,7 @@ cdef extern from *:
     bint unlikely(bint) noexcept nogil
 from libcpp.vector cimport vector
 from libcpp.pair cimport pair
+from libcpp.utility cimport move
 from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
 from gmlake._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
 
