@@ -866,9 +866,16 @@ cdef class Allocator:
         cdef PrivatePool* owner
         cdef size_t index_count = self.free_small.size() + self.free_large.size()
         pending_blocks = set()
+        per_stream: dict[int, int] = {}
         for i in range(self.pending.size()):
             pending_blocks.add(<uintptr_t>self.pending[i].block)
             active += self.pending[i].block.size
+            if self.pending[i].events.empty() or self.pending[i].events.size() != self.pending[i].streams.size():
+                raise InvariantError("a pending free waits for no event, or its events and streams disagree")
+            for j in range(self.pending[i].streams.size()):
+                per_stream[self.pending[i].streams[j]] = per_stream.get(self.pending[i].streams[j], 0) + 1
+        if per_stream != {entry.first: entry.second for entry in self.pending_per_stream}:
+            raise InvariantError("the count of pending events per stream disagrees with the pending frees")
         for i in range(self.deferred_frees.size()):
             if not self.capturing or self.deferred_frees[i].block.state == BLOCK_FREE:
                 raise InvariantError("a free waits for a capture to end, but none is running, or its block is free")

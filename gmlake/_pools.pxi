@@ -103,9 +103,13 @@ cdef void _await_uses(Allocator self, Block* b, vector[int64_t]& streams) noexce
         if _call(self, CALL_EVENT_RECORD, self.driver.record_event(streams[i], &event), 0) == DRIVER_OK:
             pend.events.push_back(event)
             pend.streams.push_back(streams[i])
+            self.pending_per_stream[streams[i]] += 1
         else:
             # No event: the only safe course is to wait for the device.
             _sync(self)
+    if pend.events.empty():             # waited for the device instead: nothing left to wait for
+        self._retire(b)
+        return
     self.pending.push_back(pend)
 
 

@@ -90,6 +90,13 @@ cdef size_t _reclaim_streams(Allocator self, int64_t stream, bint wait) noexcept
     return moved
 
 
+cdef inline void _count_pending_event_done(Allocator self, int64_t stream) noexcept nogil:
+    # operator[] yields a reference; Cython copies the pair an iterator derefs to, so that decrement would be lost
+    self.pending_per_stream[stream] -= 1
+    if self.pending_per_stream[stream] == 0:
+        self.pending_per_stream.erase(stream)
+
+
 cdef void _process_pending(Allocator self) noexcept nogil:
     """Retire the deferred frees whose events have all completed.
 
@@ -100,14 +107,27 @@ cdef void _process_pending(Allocator self) noexcept nogil:
     walked in the order their frees were made: retired entries are compacted out in place, keeping the order (a
     swap-with-last removal would let a newer incomplete event of S hide older completed ones, so that their memory
     stayed pending for many passes while the stream kept busy: `bench/fsdp_pattern.py --lag 2` ended with 38 frees
-    pending instead of 6, and reserved 8.64 GiB instead of 6.49). A skipped event only ever delays a free; it never
-    hands out memory early."""
+    pending instead of 6, and reserved 8.64 GiB instead of 6.49). A pass ends as soon as every stream with pending
+    events has shown an incomplete one (`pending_per_stream` counts them), so a request costs a few entries, not a
+    walk over hundreds (300 pending on a busy stream: 381 ns per malloc+free from Python, 931 ns with the walk,
+    320 ns with none). A skipped event only ever delays a free; it never hands out memory early."""
     cdef size_t i = 0, kept = 0, j, k
     cdef bint busy_stream
     cdef int rc
     cdef vector[int64_t] busy
     cdef PendingFree* entry
     while i < self.pending.size():
+        if busy.size() == self.pending_per_stream.size():
+            # Every stream with pending events has an incomplete one: nothing further can be done (the common case
+            # while the GPU trails the CPU, found in a few entries instead of a walk over hundreds).
+            if kept == i:               # nothing retired this pass: the vector stands as it is
+                kept = self.pending.size()
+                break
+            while i < self.pending.size():
+                self.pending[kept] = move(self.pending[i])
+                kept += 1
+                i += 1
+            break
         entry = &self.pending[i]
         j = 0
         while j < entry.events.size():
@@ -125,6 +145,7 @@ cdef void _process_pending(Allocator self) noexcept nogil:
                 j += 1
                 continue
             _destroy_event(self, entry.events[j])
+            _count_pending_event_done(self, entry.streams[j])
             entry.events.erase(entry.events.begin() + j)       # in order: the entry's events are per stream
             entry.streams.erase(entry.streams.begin() + j)
         if entry.events.empty():

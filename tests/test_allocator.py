@@ -450,6 +450,27 @@ def test_pending_frees_retire_as_soon_as_their_events_complete(policy):
     alloc.close()
 
 
+def test_a_busy_stream_does_not_hold_back_another_streams_frees():
+    """A pass stops early only once every stream with pending events has an incomplete one: frees waiting on a
+    stream whose work is done retire even behind many frees waiting on a busy stream."""
+    drv = gmlake.SimDriver()
+    drv.auto_complete = False
+    alloc = Allocator(drv, gmlake.policies.get("gmlake"))
+    alloc.debug_checks = True                        # the per-stream count is checked inside every operation
+    for stream in (2,) * 50 + (3,):
+        p = alloc.malloc(2 * MiB, stream=1)
+        alloc.record_stream(p, stream)
+        alloc.free(p)
+    drv.complete_stream(3)
+    alloc.free(alloc.malloc(4096, stream=1))
+    assert alloc.stats()["pending_frees"] == 50
+    drv.complete_stream(2, drv.queued(2) - 10)       # the 40 oldest of stream 2
+    alloc.free(alloc.malloc(4096, stream=1))
+    assert alloc.stats()["pending_frees"] == 10
+    alloc.check()
+    alloc.close()
+
+
 def test_empty_cache_waits_for_pending_frees():
     drv = gmlake.HostDriver()
     drv.auto_complete = False
