@@ -110,7 +110,8 @@ cdef void _process_pending(Allocator self) noexcept nogil:
     pending instead of 6, and reserved 8.64 GiB instead of 6.49). A pass ends as soon as every stream with pending
     events has shown an incomplete one (`pending_per_stream` counts them), so a request costs a few entries, not a
     walk over hundreds (`bench/micro.py`'s pending300_4KiB, the sim driver on this repo's CPU machine: a cached
-    malloc+free in 102 ns with 300 frees pending on a busy stream, 563 ns with the walk, 76 ns with none). A skipped event only ever delays a free; it never hands out memory early."""
+    malloc+free in 102 ns with 300 frees pending on a busy stream, 563 ns with the walk, 76 ns with none). A
+    skipped event only ever delays a free; it never hands out memory early."""
     cdef size_t i = 0, kept = 0, j, k
     cdef bint busy_stream
     cdef int rc
