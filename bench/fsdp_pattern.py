@@ -134,7 +134,7 @@ def write_trace(path: Path, steps: int, layers: int, seed: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", action="append", help="a policy spec (repeatable; default: expandable, gmlake, "
-                        "gmlake[cross_stream=true], gmlake-paper)")
+                        "gmlake[cross_stream=false], gmlake-paper)")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
@@ -154,7 +154,7 @@ def main() -> int:
     from gmlake.policies import resolve
     from gmlake.replay import driver_seconds
 
-    specs = args.policy or ["expandable", "gmlake", "gmlake[cross_stream=true]", "gmlake-paper"]
+    specs = args.policy or ["expandable", "gmlake[cross_stream=false]", "gmlake", "gmlake-paper"]
     try:
         policies = [resolve(spec).policy for spec in specs]
     except ValueError as exc:

@@ -35,8 +35,8 @@ FSDP_WORKLOADS = {"opt1.3b-fsdp-lora-ckpt": ["--model", "opt-1.3b"]}      # LoRA
 CANDIDATES = {
     # bench/vmm_kernels.py copied 1.2-4.7 % slower on 20 MiB handles than on cudaMalloc memory, and as fast on 64 MiB;
     "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
-    # on FSDP the default (blocks stay on their stream) reached utilization 0.72, the paper's design (shared) 0.976.
-    "gmlake-xstream": ["--policy", "gmlake[cross_stream=true]"],
+    # the default before 2026-11-30 20:30: blocks stay on their stream (FSDP: 8.21 GiB a rank, shared 7.14-7.29).
+    "gmlake-perstream": ["--policy", "gmlake[cross_stream=false]"],
 }
 # allocator name -> how to start it: torch's env setting, or gmlake's `run` flags
 ALLOCATORS = {
@@ -46,7 +46,7 @@ ALLOCATORS = {
     # The paper's design, which was the default (and ran as "gmlake") in the results of 2026-11-30 10:00 and before
     "gmlake-paper": ["--policy", "gmlake-paper"],
     "gmlake-paper-8m": ["--policy", "gmlake-paper", "--chunk-size", str(8 << 20)],   # fewer, larger handles
-    **CANDIDATES,                                           # for the default: larger pages, blocks shared by streams
+    **CANDIDATES,                                           # for the default: larger pages; blocks kept per stream
 }
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake")
 

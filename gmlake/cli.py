@@ -375,10 +375,10 @@ def cmd_capture(args) -> int:
 
 def cmd_convert(args) -> int:
     """`gmlake convert`: a snapshot to the compact .gmtrace format (the only format it writes)."""
-    from gmlake.trace import save_compact
+    from gmlake.trace import save_compact, snapshot_stem
 
     source = Path(args.snapshot)
-    output = args.output or str(source.with_name(source.name.split(".")[0] + ".gmtrace"))
+    output = args.output or str(source.with_name(snapshot_stem(source) + ".gmtrace"))
     if not output.endswith(".gmtrace"):
         raise UsageError(f"convert writes the compact .gmtrace format; name the output *.gmtrace, got {output!r}")
     out = _output_file(output, "--output")

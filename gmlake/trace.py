@@ -142,6 +142,15 @@ def load(path: str | Path, device: int | None = None) -> Trace:
     return load_snapshot(path, device)
 
 
+def snapshot_stem(path: Path) -> str:
+    """A trace file's name without its suffixes (.pickle.gz, .pickle, .pkl, .gmtrace), other dots kept:
+    fsdp.rank1.pickle.gz is fsdp.rank1, so each rank's snapshot keeps its own name in tables and file names."""
+    name = path.name
+    for suffix in (".gmtrace", ".gz", ".pickle", ".pkl"):
+        name = name.removesuffix(suffix)
+    return name or path.name
+
+
 def load_snapshot(path: str | Path, device: int | None = None) -> Trace:
     """Read a PyTorch memory snapshot pickle. `device`: which device's trace (default: the only one with events)."""
     path = Path(path)
@@ -165,7 +174,7 @@ def load_snapshot(path: str | Path, device: int | None = None) -> Trace:
     if not (0 <= device < len(traces)) or not traces[device]:
         raise TraceError(f"{path}: no trace events for device {device}")
     meta = _clean_meta(snapshot.get("gmlake"), path)
-    meta = {**meta, "name": meta.get("name", path.name.split(".")[0]), "device": device, "source": "snapshot"}
+    meta = {**meta, "name": meta.get("name", snapshot_stem(path)), "device": device, "source": "snapshot"}
     events, pools = _convert(traces[device], path, _pool_segments(snapshot.get("segments"), device))
     if pools:
         meta["pools"] = pools

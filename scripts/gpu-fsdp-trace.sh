@@ -26,7 +26,7 @@ for snap in "$work"/*.pickle.gz; do
   python3 -m gmlake convert "$snap" -o "${snap%.pickle.gz}.gmtrace" || rc=1
 done
 python3 -m gmlake compare "$work"/*.gmtrace --policy caching --policy expandable --policy gmlake \
-  --policy 'gmlake[cross_stream=true]' --policy gmlake-paper --out "$work/compare" >"$work/compare.txt" 2>&1 || rc=1
+  --policy 'gmlake[cross_stream=false]' --policy gmlake-paper --out "$work/compare" >"$work/compare.txt" 2>&1 || rc=1
 tail -n 40 "$work/compare.txt"
 (cd "$work" && tar -cf "$OUT/fsdp-traces.tar" ./*.gmtrace ./*.json ./*.log ./compare.txt ./compare)
 echo "done at $((SECONDS - START)) s, exit $rc"

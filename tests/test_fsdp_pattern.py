@@ -18,14 +18,15 @@ def utilization(spec: str) -> tuple[float, dict]:
 
 
 def test_blocks_kept_per_stream_strand_the_sharded_gradients():
-    """The default keeps PyTorch's per-stream rule and so reserves what expandable segments reserve; sharing freed
-    blocks across streams lets the next forward use the post-backward stream's freed gradients."""
-    default, st_default = utilization("gmlake")
+    """Kept per stream (PyTorch's rule, gmlake's default before 2026-11-30 20:30) gmlake reserves what expandable
+    segments reserve; the default shares freed blocks across streams, so the next forward uses the post-backward
+    stream's freed gradients (Note [Blocks shared by streams])."""
+    per_stream, st_per_stream = utilization("gmlake[cross_stream=false]")
     expandable, _ = utilization("expandable")
-    shared, st_shared = utilization("gmlake[cross_stream=true]")
-    assert abs(default - expandable) < 0.01
-    assert st_default["stream_migrations"] == 0
-    assert shared > default + 0.05 and st_shared["stream_migrations"] > 0
+    shared, st_shared = utilization("gmlake")
+    assert abs(per_stream - expandable) < 0.01
+    assert st_per_stream["stream_migrations"] == 0
+    assert shared > per_stream + 0.05 and st_shared["stream_migrations"] > 0
 
 
 def test_bad_input_gets_one_line_and_exit_2():
@@ -46,7 +47,7 @@ def test_the_written_trace_replays_as_the_pattern_runs(tmp_path):
     fsdp_pattern.write_trace(path, steps=3, layers=6, seed=0)
     trace = load(path)
     assert trace.meta["device_total"] == fsdp_pattern.H200_BYTES
-    for spec in ("caching", "gmlake", "gmlake[cross_stream=true]"):
+    for spec in ("caching", "gmlake", "gmlake[cross_stream=false]"):
         direct = fsdp_pattern.run(resolve(spec).policy, steps=3, layers=6)
         replayed = replay(trace, resolve(spec))
         assert replayed.peak_reserved == direct["peak_reserved_bytes"], spec

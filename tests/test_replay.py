@@ -70,6 +70,25 @@ def test_compact_round_trip(tmp_path):
     assert again.meta["max_memory_reserved"] == trace.meta["max_memory_reserved"]
 
 
+def test_each_ranks_snapshot_keeps_its_own_name(tmp_path, capsys):
+    """fsdp_train.py writes NAME.pickle.gz and NAME.rank1.pickle.gz: neither the trace names in tables nor the
+    files convert writes may fold the two into one."""
+    import gzip
+    import pickle
+
+    from gmlake.cli import main
+
+    with gzip.open(TINY) as f:
+        snapshot = pickle.load(f)
+    del snapshot["gmlake"]["name"]               # as a snapshot that names no trace
+    rank1 = tmp_path / "fsdp.rank1.pickle.gz"
+    with gzip.open(rank1, "wb") as f:
+        pickle.dump(snapshot, f)
+    assert load(rank1).name == "fsdp.rank1"
+    assert main(["convert", str(rank1)]) == 0
+    assert load(tmp_path / "fsdp.rank1.gmtrace").name == "fsdp.rank1"
+
+
 def test_snapshot_ids_pair_allocs_with_frees():
     trace = load(TINY)
     ev = trace.requests()

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from train_hf import (MODELS, MachineProbe, add_lora, allocator_name, build_model, dump_snapshot, gmlake_stats,
-                      memory_peaks, start_snapshot)
+                      gpu_time, memory_peaks, start_snapshot)
 
 
 def rank_path(path: str, rank: int) -> str:
@@ -46,7 +46,12 @@ def main() -> None:
     p.add_argument("--json")
     p.add_argument("--snapshot", help="record every allocator event of each rank, model building included, into this "
                                       "snapshot (rank r > 0 writes NAME.rank<r> before the suffixes; slows the run)")
+    p.add_argument("--gpu-time-steps", type=int, default=4, metavar="N",
+                   help="after the run, time the kernels of N more steps (the last N shapes) on each rank with the "
+                        "profiler (Note [GPU time] in common.py; 0: none)")
     args = p.parse_args()
+    if not 0 <= args.gpu_time_steps <= args.steps:
+        p.error("need 0 <= --gpu-time-steps <= --steps")
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl")
@@ -72,7 +77,13 @@ def main() -> None:
     model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=wrap,
                  device_id=torch.cuda.current_device(), use_orig_params=True)
     optim = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
-    times, tokens, probes = [], [], []
+
+    def train_step(ids: torch.Tensor) -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+    times, tokens, probes, shapes = [], [], [], []
     probe = MachineProbe(True)
     for step in range(args.steps):
         batch = rng.randint(args.min_batch, args.max_batch)
@@ -80,18 +91,20 @@ def main() -> None:
         ids = torch.randint(0, vocab, (batch, seq), device="cuda")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        model(input_ids=ids, labels=ids).loss.backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
+        train_step(ids)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         tokens.append(batch * seq)
+        shapes.append((batch, seq))
         probes.append(probe())
     if args.snapshot:
         dump_snapshot(rank_path(args.snapshot, rank))
     warm = max(1, len(times) // 4)
     mine = {**memory_peaks(), "gmlake": gmlake_stats(), "median_step_s": statistics.median(times[warm:]),
             "tokens_per_s": sum(tokens[warm:]) / sum(times[warm:]), "step_s": times, "probes": probes}
+    if args.gpu_time_steps:         # after the peaks and counters are read: these steps are not part of them
+        mine["gpu_time"] = [gpu_time(lambda b=b, s=s: train_step(torch.randint(0, vocab, (b, s), device="cuda")))
+                            for b, s in shapes[-args.gpu_time_steps:]]
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank == 0:
