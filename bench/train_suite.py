@@ -37,6 +37,9 @@ CANDIDATES = {
     "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
     # the default before 2026-11-30 20:30: blocks stay on their stream (FSDP: 8.21 GiB a rank, shared 7.14-7.29).
     "gmlake-perstream": ["--policy", "gmlake[cross_stream=false]"],
+    # replayed on the real FSDP traces, 4 and 8 MiB pages fit caps below expandable's at 5-10x its driver time.
+    "gmlake-page8m": ["--policy", "gmlake[expandable_page_large=8MiB]"],
+    "gmlake-page4m": ["--policy", "gmlake[expandable_page_large=4MiB]"],
 }
 # allocator name -> how to start it: torch's env setting, or gmlake's `run` flags
 ALLOCATORS = {

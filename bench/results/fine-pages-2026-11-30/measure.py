@@ -1,4 +1,4 @@
-import dataclasses, time
+import dataclasses
 import gmlake
 from gmlake.cap import smallest_device
 from gmlake.replay import replay, trace_path
