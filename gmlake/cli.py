@@ -66,17 +66,18 @@ def error_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------- argument types
 
 
-def _size_type(what: str, minimum: int, maximum: int = (1 << 63) - 1) -> Callable[[str], int]:
+def _size_type(what: str, minimum: int, maximum: int = (1 << 63) - 1,
+               round_down: bool = False) -> Callable[[str], int]:
     """An argparse type: a byte size with optional unit (80GiB), in [minimum, maximum]. Argparse names the flag."""
     def parse(text: str) -> int:
         try:
-            return parse_size(text, what=what, minimum=minimum, maximum=maximum)
+            return parse_size(text, what=what, minimum=minimum, maximum=maximum, round_down=round_down)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
     return parse
 
 
-_device_memory = _size_type("device memory", 1, MAX_DEVICE_MEMORY)
+_device_memory = _size_type("device memory", 1, MAX_DEVICE_MEMORY, round_down=True)   # 5.58GiB: about that
 _byte_count = _size_type("size", 0)
 
 

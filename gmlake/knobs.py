@@ -5,6 +5,7 @@ line of error.
 """
 from __future__ import annotations
 
+import math
 import re
 import typing
 from dataclasses import fields
@@ -25,16 +26,21 @@ TRUE_WORDS = ("true", "1", "yes", "on")
 FALSE_WORDS = ("false", "0", "no", "off")
 
 
-def parse_size(text: str, *, what: str = "size", minimum: int = 0, maximum: int = (1 << 63) - 1) -> int:
+def parse_size(text: str, *, what: str = "size", minimum: int = 0, maximum: int = (1 << 63) - 1,
+               round_down: bool = False) -> int:
     """A number of bytes, plain (`81920`) or with a unit: `80GiB`, `80G` (binary), `80GB` (decimal), `1.5GiB`.
 
-    Raises ValueError naming `what` unless the result is a whole number of bytes in [minimum, maximum].
+    Raises ValueError naming `what` unless the result is in [minimum, maximum] and a whole number of bytes; with
+    `round_down` (a device's size, where 5.58GiB means "about that much"), a fraction of a byte is dropped instead.
+    Knobs keep the strict rule: a chunk size off by a fraction is a typo, not an approximation.
     """
     match = _SIZE.fullmatch(text) if len(text) <= 64 else None
     if not match or match.group(2).lower() not in _UNITS:
         raise ValueError(f"{what} must be a whole number, optionally with a unit (e.g. 80GiB, 512MiB), "
                          f"got {text!r}")
     value = Fraction(match.group(1).replace("_", "")) * _UNITS[match.group(2).lower()]
+    if round_down:
+        value = Fraction(math.floor(value))
     if value.denominator != 1:
         raise ValueError(f"{what} {text!r} is not a whole number of bytes")
     if value < minimum:

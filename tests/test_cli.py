@@ -327,6 +327,8 @@ def test_sizes_take_units(text, value):
 def test_device_memory_takes_units(capsys):
     assert main(["replay", TINY, "--policy", "caching", "--device-memory", "1GiB", "--json"]) == 3
     assert main(["replay", TINY, "--policy", "caching", "--device-memory", "140GiB", "--json"]) == 0
+    assert main(["replay", TINY, "--policy", "caching", "--device-memory", "139.5GiB", "--json"]) == 0
+    assert main(["replay", TINY, "--policy", "gmlake", "--set", "chunk_size=4.0000001MiB"]) == 2   # knobs: exact
     assert main(["replay", TINY, "--policy", "gmlake", "--set", "chunk_size=4MiB", "--json"]) == 0
 
 
