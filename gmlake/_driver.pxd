@@ -70,6 +70,11 @@ cdef class ModelDriver(Driver):
     # When true, work on a stream is done as soon as it is asked about (the CPU runs nothing asynchronously).
     # When false, it is done only once complete_stream() or synchronize() says so: for tests of stream ordering.
     cdef public bint auto_complete
+    # Note [Event lag in replay]: with event_lag > 0, an event is done once `clock` has advanced event_lag ticks
+    # past its recording (the replay ticks once per request), or once a synchronize or complete_stream covers it.
+    cdef public uint64_t event_lag
+    cdef public uint64_t clock
+    cdef unordered_map[uint64_t, uint64_t] event_clock                # event -> clock when recorded (event_lag > 0)
     cdef uint64_t next_event
     cdef unordered_map[uint64_t, pair[int64_t, uint64_t]] events      # event -> (stream, ticket)
     cdef unordered_map[int64_t, uint64_t] issued                      # stream -> last ticket issued

@@ -320,6 +320,8 @@ cdef class ModelDriver(Driver):
         self.issued[stream] = ticket
         event[0] = self.next_event
         self.events[self.next_event] = pair[int64_t, uint64_t](stream, ticket)
+        if self.event_lag:
+            self.event_clock[self.next_event] = self.clock
         self.next_event += 1
         self.live_events += 1
         return DRIVER_OK
@@ -328,14 +330,22 @@ cdef class ModelDriver(Driver):
         cdef unordered_map[uint64_t, pair[int64_t, uint64_t]].iterator it = self.events.find(event)
         if it == self.events.end():
             return -2
+        cdef pair[int64_t, uint64_t] entry = deref(it).second
+        if self.event_lag:
+            # Note [Event lag in replay]: a stream's work completes in order, so an event done by the clock also
+            # completes everything its stream queued before it.
+            if self.completed[entry.first] < entry.second and \
+                    self.clock - self.event_clock[event] >= self.event_lag:
+                self.completed[entry.first] = entry.second
+            return EVENT_DONE if self.completed[entry.first] >= entry.second else EVENT_PENDING
         if self.auto_complete:
             return EVENT_DONE
-        cdef pair[int64_t, uint64_t] entry = deref(it).second
         return EVENT_DONE if self.completed[entry.first] >= entry.second else EVENT_PENDING
 
     cdef int destroy_event(self, uint64_t event) noexcept nogil:
         if self.events.erase(event) == 0:
             return -2
+        self.event_clock.erase(event)
         self.live_events -= 1
         return DRIVER_OK
 

@@ -3,6 +3,7 @@
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t, uintptr_t
 from libcpp.vector cimport vector
 from gmlake._allocator cimport Allocator, Failure, ERR_OOM
+from gmlake._driver cimport ModelDriver
 
 import numpy as np
 
@@ -11,19 +12,28 @@ from gmlake._clock cimport monotonic_ns
 
 def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64_t[:] stream,
                   const uint64_t[:] size, const uint32_t[:] ident, size_t samples=2000,
-                  const uint64_t[:] pool=None) -> dict:
+                  const uint64_t[:] pool=None, uint64_t event_lag=0) -> dict:
     """Serve each alloc (action 0) and free (action 1) in order; other actions are skipped. The timeline samples
     (about `samples` of them) hold the largest reserved and allocated values since the previous sample. `pool`, if
     given, names per event the private pool (already begun) an alloc is served from, 0 for the default pool.
 
     A request the allocator cannot serve is counted as an OOM and its free skipped, as a training run that caught
     the error would go on. A driver error stops the replay. Allocation ids must be below the number of events
-    (gmlake.replay numbers them densely). Returns peaks, counts and a sampled timeline.
+    (gmlake.replay numbers them densely). `event_lag` > 0 (a model driver's only): an event the allocator records
+    completes that many requests later, as if the GPU trailed the CPU (Note [Event lag in replay]); 0: at once.
+    Returns peaks, counts and a sampled timeline.
     """
     cdef size_t n = action.shape[0]
     if stream.shape[0] != n or size.shape[0] != n or ident.shape[0] != n or (pool is not None and pool.shape[0] != n):
         raise ValueError("replay_events: arrays differ in length")
     cdef bint pooled = pool is not None
+    cdef ModelDriver model = None
+    if event_lag:
+        if not isinstance(alloc.driver, ModelDriver):
+            raise ValueError("replay_events: event_lag needs a model driver (sim or host)")
+        model = <ModelDriver>alloc.driver
+        model.event_lag = event_lag
+    cdef bint lagged = model is not None
     cdef uint32_t max_id = 0
     cdef size_t i
     for i in range(n):
@@ -51,6 +61,8 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
     with nogil:
         t0 = monotonic_ns()
         for i in range(n):
+            if lagged:
+                model.clock += 1
             if action[i] == 0:
                 if pooled and pool[i] != 0:
                     p = alloc.malloc_in_pool_nogil(size[i], stream[i], pool[i], &why)

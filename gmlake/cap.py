@@ -81,19 +81,20 @@ def drive(search: Search[T], fits: Callable[[float], bool]) -> tuple[T, list[flo
 
 
 
-def smallest_device(trace, policy, resolution: float = 0.002) -> tuple[int, int, list[int]]:
+def smallest_device(trace, policy, resolution: float = 0.002, event_lag: int = 0) -> tuple[int, int, list[int]]:
     """The smallest simulated device on which replaying `trace` through `policy` serves every request, to a relative
     `resolution`: (smallest size that fit, largest that failed, every size probed), in bytes. The bounds need no
     probe: the policy's own uncapped peak reserved fits, and one byte below its peak allocated cannot."""
     from gmlake.replay import replay
 
-    uncapped = replay(trace, policy, samples=0)
+    uncapped = replay(trace, policy, samples=0, event_lag=event_lag)
     if uncapped.failed:
         raise ValueError(f"{trace.name}: {uncapped.policy} runs out of memory even uncapped "
                          f"({uncapped.ooms} requests), so no cap can fit it")
     reserved = uncapped.peak_reserved
     size = lambda fraction: math.ceil(fraction * reserved)                    # noqa: E731
-    fits = lambda fraction: replay(trace, policy, device_memory=size(fraction), samples=0).ooms == 0  # noqa: E731
+    fits = lambda fraction: replay(trace, policy, device_memory=size(fraction), samples=0,  # noqa: E731
+                                   event_lag=event_lag).ooms == 0
     floor = (uncapped.peak_allocated - 1) / reserved
     result, probed = drive(bisect_fraction(floor, 1.0, resolution, floor=floor), fits)
     return size(result.smallest_fit), size(result.largest_fail), [size(f) for f in probed]

@@ -77,6 +77,17 @@ def _size_type(what: str, minimum: int, maximum: int = (1 << 63) - 1,
     return parse
 
 
+def _event_lag(text: str) -> int:
+    """An argparse type: requests between an event's recording and its completion (Note [Event lag in replay])."""
+    try:
+        lag = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"event lag must be a whole number of requests, got {text!r}") from None
+    if not 0 <= lag < 1 << 63:
+        raise argparse.ArgumentTypeError(f"event lag must be 0 or more requests, got {text!r}")
+    return lag
+
+
 _device_memory = _size_type("device memory", 1, MAX_DEVICE_MEMORY, round_down=True)   # 5.58GiB: about that
 _byte_count = _size_type("size", 0)
 
@@ -182,8 +193,8 @@ def cmd_replay(args) -> int:
         raise UsageError("--smallest-device searches for the device size itself; drop --device-memory")
     (trace,) = _load([args.trace], args.device)
     if args.smallest_device:
-        return _smallest_devices(trace, chosen, args.json)
-    results = [replay(trace, choice, device_memory=args.device_memory) for choice in chosen]
+        return _smallest_devices(trace, chosen, args.json, args.event_lag)
+    results = [replay(trace, choice, device_memory=args.device_memory, event_lag=args.event_lag) for choice in chosen]
     _note_unsized([trace], args.device_memory)
     if args.json:
         for r in results:
@@ -198,7 +209,7 @@ def cmd_replay(args) -> int:
 GiB = 1 << 30
 
 
-def _smallest_devices(trace, chosen: list, as_json: bool) -> int:
+def _smallest_devices(trace, chosen: list, as_json: bool, event_lag: int = 0) -> int:
     """`gmlake replay --smallest-device`: per policy, the smallest device the trace fits on (gmlake.cap)."""
     from rich.table import Table
     from rich.text import Text
@@ -208,11 +219,11 @@ def _smallest_devices(trace, chosen: list, as_json: bool) -> int:
 
     rows = []
     for choice in chosen:
-        uncapped = replay(trace, choice, samples=0)
+        uncapped = replay(trace, choice, samples=0, event_lag=event_lag)
         if uncapped.failed:
             raise UsageError(f"{trace.name}: {uncapped.policy} runs out of memory on the modelled device even "
                              f"uncapped; give a larger --device-memory to replay it")
-        fit, fail, probed = smallest_device(trace, choice)
+        fit, fail, probed = smallest_device(trace, choice, event_lag=event_lag)
         rows.append({"trace": trace.name, "policy": uncapped.policy, "smallest_device": fit,
                      "largest_failing_device": fail, "peak_allocated": uncapped.peak_allocated,
                      "uncapped_peak_reserved": uncapped.peak_reserved, "replays": len(probed) + 1})
@@ -289,7 +300,8 @@ def cmd_compare(args) -> int:
     if not specs:
         raise UsageError("no traces given and none bundled")
     traces = _load(specs, args.device)
-    results = compare.run(traces, chosen, progress=sys.stderr.isatty(), device_memory=args.device_memory)
+    results = compare.run(traces, chosen, progress=sys.stderr.isatty(), device_memory=args.device_memory,
+                          event_lag=args.event_lag)
     _note_unsized(traces, args.device_memory)
     console = _console()
     console.print(compare.table(results, traces))
@@ -462,6 +474,8 @@ _DEVICE_MEMORY_HELP = ("simulated device size: bytes or with a unit, e.g. 80GiB 
                        f"or {MAX_DEVICE_MEMORY >> 40} TiB where the trace records none; at most "
                        f"{MAX_DEVICE_MEMORY >> 40} TiB)")
 _JSON_HELP = "one JSON object per line, one per policy"
+_EVENT_LAG_HELP = ("complete each event the allocator records N requests after it (default 0: at once), as if the "
+                   "GPU trailed the CPU; matters only where blocks are shared across streams (cross_stream)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -483,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", type=int, help=_DEVICE_HELP)
         p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
         if name == "replay":
+            p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
             p.add_argument("--smallest-device", action="store_true",
                            help="instead: bisect, by replay, for the smallest device each policy serves every "
                                 "request on (what a job fits into under a cap)")
@@ -494,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
     p.add_argument("--device", type=int, help=_DEVICE_HELP)
     p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
+    p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
     p.add_argument("--out", default="gmlake-compare", metavar="DIR",
                    help="folder for compare.png and compare.jsonl, created if missing (default: gmlake-compare)")
     p.set_defaults(func=cmd_compare)

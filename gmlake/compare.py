@@ -16,9 +16,9 @@ OTHER_COLORMAPS = ("tab10", "Dark2", "Set1", "tab20")
 
 
 def run(traces: list[Trace], policies: list[Policy | str | PolicyChoice], progress: bool = True,
-        device_memory: int | None = None) -> list[ReplayResult]:
+        device_memory: int | None = None, event_lag: int = 0) -> list[ReplayResult]:
     """Every trace under every policy (specs, Policy objects or PolicyChoices), with a progress bar on the
-    terminal."""
+    terminal. `event_lag`: see gmlake.replay.replay."""
     from rich.progress import Progress
     from rich.text import Text
 
@@ -29,7 +29,7 @@ def run(traces: list[Trace], policies: list[Policy | str | PolicyChoice], progre
         for trace in traces:
             for choice in chosen:
                 bar.update(task, description=Text(f"{trace.name} / {choice.label}"))
-                results.append(replay(trace, choice, device_memory=device_memory))
+                results.append(replay(trace, choice, device_memory=device_memory, event_lag=event_lag))
                 bar.advance(task)
     return results
 

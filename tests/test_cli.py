@@ -114,6 +114,8 @@ def test_gmtrace_header_is_untrusted(tmp_path):
     (["replay", TINY, "--device-memory", "-1"], ["--device-memory", "at least 1 B"]),
     (["replay", TINY, "--device-memory", "lots"], ["--device-memory", "whole number"]),
     (["replay", TINY, "--policy", "gmlake", "--set", "bogus=1"], ["policy gmlake has no knob 'bogus'"]),
+    (["replay", TINY, "--event-lag", "-1"], ["--event-lag", "0 or more"]),
+    (["compare", TINY, "--event-lag", "soon"], ["--event-lag", "whole number of requests"]),
 ])
 def test_bad_arguments_get_one_line_and_exit_2(capsys, args, words):
     assert main(args) == EXIT_BAD_INPUT
