@@ -97,5 +97,6 @@ cdef class ModelDriver(Driver):
     # Each call's entry checks, one funnel per call: its injected fault, then the hazard model (or the capacity).
     cdef int enter_create(self, size_t size) noexcept nogil
     cdef int enter_release(self, uint64_t handle) noexcept nogil
+    cdef int enter_reserve(self, size_t* alignment) noexcept nogil
     cdef int enter_free_va(self, uintptr_t va, size_t size) noexcept nogil
     cdef int enter_unmap(self, uintptr_t va, size_t size) noexcept nogil

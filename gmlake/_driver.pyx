@@ -489,6 +489,13 @@ cdef class ModelDriver(Driver):
         with gil:
             return self._ask_model(self.model.on_release, (handle,))
 
+    cdef int enter_reserve(self, size_t* alignment) noexcept nogil:
+        """A reservation's entry: its injected fault; the alignment raised to the granularity, as CUDA's is."""
+        cdef int rc = self.fault(FAULT_RESERVE)
+        if rc == DRIVER_OK and alignment[0] < self.granularity:
+            alignment[0] = self.granularity
+        return rc
+
     cdef int enter_free_va(self, uintptr_t va, size_t size) noexcept nogil:
         cdef int rc = self.fault(FAULT_FREE_VA)
         if rc != DRIVER_OK or not self.tracking:

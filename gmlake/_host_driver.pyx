@@ -96,11 +96,9 @@ cdef class HostDriver(ModelDriver):
         return DRIVER_OK
 
     cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
-        cdef int fault = self.fault(FAULT_RESERVE)
+        cdef int fault = self.enter_reserve(&alignment)
         if fault != DRIVER_OK:
             return fault
-        if alignment < self.granularity:
-            alignment = self.granularity
         # Over-reserve, then trim both ends so the range is aligned like a CUDA reservation.
         cdef size_t span = size + alignment
         cdef void* raw = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)

@@ -39,11 +39,9 @@ cdef class SimDriver(ModelDriver):
         return DRIVER_OK
 
     cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
-        cdef int fault = self.fault(FAULT_RESERVE)
+        cdef int fault = self.enter_reserve(&alignment)
         if fault != DRIVER_OK:
             return fault
-        if alignment < self.granularity:
-            alignment = self.granularity
         self.next_va = (self.next_va + alignment - 1) & ~(<uintptr_t>alignment - 1)
         va[0] = self.next_va
         self.next_va += size
