@@ -83,9 +83,9 @@ def _event_lag(text: str) -> int:
         lag = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"event lag must be a whole number of requests, got {text!r}") from None
-    if not 0 <= lag < 1 << 63:
+    if lag < 0:
         raise argparse.ArgumentTypeError(f"event lag must be 0 or more requests, got {text!r}")
-    return lag
+    return min(lag, (1 << 63) - 1)      # any lag past the trace's length means "never"
 
 
 _device_memory = _size_type("device memory", 1, MAX_DEVICE_MEMORY, round_down=True)   # 5.58GiB: about that
