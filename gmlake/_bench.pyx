@@ -99,9 +99,10 @@ def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles)
 
 
 def time_stream_calls(Driver driver not None, int64_t stream, size_t iterations) -> dict:
-    """Microseconds per call of the calls stream ordering makes, none priced in replay yet: the capture query asked
-    before a request's first driver call (Note [Unannounced capture]), and an event's record (with its creation),
-    query once complete, and destruction (a fence, or a record_stream free). Returns {call: µs per call}."""
+    """Microseconds per call of the calls stream ordering makes: the capture query asked before a request's first
+    driver call (Note [Unannounced capture]), and an event's record (with its creation), query once complete, and
+    destruction (a fence, or a record_stream free). The event prices feed gmlake/data/driver_costs_h200.json.
+    Returns {call: µs per call}."""
     cdef vector[uint64_t] events
     cdef uint64_t ev = 0
     cdef size_t i
