@@ -2,26 +2,37 @@
 completes, and the step time near it.
 
     python bench/cap_search.py [--workloads vit bert t5 cnn] [--allocators expandable gmlake] [--steps 20]
-                               [--resolution 0.01] [--deadline SECONDS] [--timeout SECONDS] [--out DIR]
+                               [--warmup N] [--resolution 0.01] [--deadline SECONDS] [--timeout SECONDS] [--out DIR]
                                [--bounds-from bench/results/train/speed-.../summary.json]
+    python bench/cap_search.py --workloads gpt2xl-lora-ckpt opt1.3b-lora-ckpt opt1.3b-offload \
+                               [--bounds-from bench/results/train/call1-gpu1.json] ...
 
 Why: the speed suite reports peak reserved memory with no cap, which is what an allocator keeps when nothing presses
 it. Under a cap an allocator can release its cache and retry, so what a job fits into is the smallest cap it
 completes under: torch.cuda.set_per_process_memory_fraction(f), the cap a user sharing or sizing a GPU sets.
 
-Each probe is a fresh process of bench/workloads/dynamic.py (same seed, so the same shapes; `--steps 20`), started
-exactly as speed_suite.py starts that allocator (its `command`), plus `--memory-fraction f`; it fits when it exits 0
-and fails when it exits 3 (out of memory under the cap). Any other failure ends that pair's search as an error,
-since bisecting on crashes would give a meaningless threshold. Per pair:
+Workloads: speed_suite.py's dynamic-shape ones (vit bert t5 cnn, the default) and train_suite.py's single-GPU LLM
+ones (opt1.3b-lora, opt1.3b-ckpt, opt1.3b-lora-ckpt, opt1.3b-offload, gpt2xl-lora, ...; not the FSDP one, which runs
+on two GPUs). Allocators by the names both suites give them; each workload takes those of its own suite (a pair
+that suite does not know is refused).
+
+Each probe is a fresh process of the workload's script, started exactly as its suite starts that allocator, with the
+same seed (so the same shapes) and `--steps 20`, plus `--memory-fraction f` (`probe_command`):
+bench/workloads/dynamic.py as speed_suite.py's `command` starts it, or bench/workloads/train_hf.py as train_suite.py's
+`command` does (the workload's model flags and the suite's default batch range, no max-batch search). Either times
+the steps after --warmup, and profiles no steps after the run (`--gpu-time-steps 0`: under the cap they could fail
+it). A probe fits when it exits 0 and fails when it exits 3 (out of memory under the cap). Any other failure ends
+that pair's search as an error, since bisecting on crashes would give a meaningless threshold. Per pair:
 
 1. reference: an uncapped run. Its peak allocated / device total is the floor (below it nothing fits) and its peak
    reserved / total a fraction that fits (the same run capped there never meets the cap). With --bounds-from (a
-   speed-suite summary.json) the reference is instead a run capped at that suite's peak reserved for the pair
-   (widened by 10 % until one fits, as a 60-step run's peaks need not hold for 20 steps); its own peaks then give
-   the bounds, and its time stands for the uncapped time (a cap at or above a run's own peak never binds).
+   speed-suite summary.json, or a train-suite results JSON: both list runs with their peak reserved) the reference
+   is instead a run capped at that suite's peak reserved for the pair (widened by 10 % until one fits, as a 60-step
+   run's peaks need not hold for 20 steps); its own peaks then give the bounds, and its time stands for the
+   uncapped time (a cap at or above a run's own peak never binds). A pair the file lacks gets an uncapped reference.
 2. bisection, geometric, between the two until hi / lo <= 1 + resolution: the smallest fraction that fit is then
    within the resolution of the threshold (it is the reference's peak reserved when no capped probe fit below it).
-3. one timed run at 1.05 x that fraction: its time (sum of step times after warm-up, dynamic.py's timed_s) against
+3. one timed run at 1.05 x that fraction: its time (sum of step times after warm-up, the workload's timed_s) against
    the reference's.
 
 Order: workloads in turn; within one, the allocators' probes alternate (A B, then B A, ...), so a drift in the
@@ -29,7 +40,7 @@ machine's speed falls on both and a deadline leaves them about equally far. --de
 would likely end after it (a probe still running at it is stopped) and marks the pairs left "unfinished" (with the
 bracket they reached) or "not started".
 
-Output: DIR/probes/NNN-WORKLOAD-ALLOCATOR-PURPOSE.json (dynamic.py's summary, per-step times included) and
+Output: DIR/probes/NNN-WORKLOAD-ALLOCATOR-PURPOSE.json (the workload's summary, per-step times included) and
 DIR/cap.json (environment, settings, the device's total memory, every probe, every pair's outcome), rewritten after
 every probe; a table at the end. The device's total memory is read in a child process so that this one never
 creates a CUDA context on the device the probes measure.
@@ -44,12 +55,20 @@ import time
 from pathlib import Path
 from typing import Callable, Generator, NoReturn, TypeVar
 
+import speed_suite
+import train_suite
 from gmlake.cap import FLOOR, WIDEN, Bisection, Search, bisect_fraction, drive, step_until  # noqa: F401
-from speed_suite import ALLOCATORS, GIB, WORKLOADS, command, expected_duration
+from speed_suite import GIB, expected_duration
 from train_suite import environment
 
 HERE = Path(__file__).resolve().parent
-OOM_EXIT = 3            # dynamic.py's exit status when a step runs out of memory under --memory-fraction
+# workload -> the suite whose script runs it (and whose allocators it takes): dynamic.py's or train_hf.py's
+SUITES = {**dict.fromkeys(speed_suite.WORKLOADS, speed_suite), **dict.fromkeys(train_suite.WORKLOADS, train_suite)}
+WORKLOADS = tuple(SUITES)
+ALLOCATORS = tuple(dict.fromkeys([*speed_suite.ALLOCATORS, *train_suite.ALLOCATORS]))
+# the workloads' exit status when a step runs out of memory under --memory-fraction (common.OOM_EXIT; not imported
+# from there, which imports torch: the search itself runs without it)
+OOM_EXIT = 3
 TIMED_MARGIN = 1.05     # the timed run's cap, over the smallest fraction that fit
 
 
@@ -182,14 +201,30 @@ def stop(record: dict, why: str) -> None:
     print(why + "; not starting more probes", flush=True)
 
 
+def probe_command(workload: str, allocator: str, settings: argparse.Namespace,
+                  json_path: Path) -> tuple[list[str], dict]:
+    """The command line and environment of a probe, without its cap: the workload's script started as its suite
+    starts that allocator (PYTORCH_CUDA_ALLOC_CONF, or `python -m gmlake run FLAGS`), --steps, --warmup and --seed
+    from `settings`, its summary to `json_path`, and no profiled steps after the run (under a cap they could fail
+    it)."""
+    if SUITES[workload] is train_suite:
+        # train_suite.py's run of the workload at its default batch range; cap_gib 0: without the max-batch search
+        run = argparse.Namespace(gpus=None, steps=settings.steps, min_batch=train_suite.MIN_BATCH,
+                                 max_batch=train_suite.MAX_BATCH, cap_gib=0)
+        cmd, env = train_suite.command(workload, allocator, run, str(json_path))
+        cmd += ["--warmup", str(settings.warmup), "--seed", str(settings.seed)]
+    else:
+        cmd, env = speed_suite.command(workload, allocator, settings, json_path)
+    return [*cmd, "--gpu-time-steps", "0"], env
+
+
 def run_probe(workload: str, allocator: str, purpose: str, fraction: float | None, timeout_s: float, *,
               settings: argparse.Namespace, out: Path, index: int) -> dict:
     """One probe in a fresh process: fit (exit 0), out of memory under the cap (exit 3), or an error."""
     json_path = out / "probes" / f"{index:03d}-{workload}-{allocator}-{purpose}.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.unlink(missing_ok=True)
-    cmd, env = command(workload, allocator, settings, json_path)
-    cmd += ["--gpu-time-steps", "0"]        # no profiled steps after the run: under the cap they could fail it
+    cmd, env = probe_command(workload, allocator, settings, json_path)
     if fraction is not None:
         cmd += ["--memory-fraction", repr(fraction)]
     started = time.perf_counter()
@@ -226,8 +261,8 @@ def device_total_memory() -> int:
 
 
 def read_bounds(path: str, total: int) -> dict[tuple[str, str], float]:
-    """Per (workload, allocator), the largest peak reserved among a speed-suite summary's finished runs, as a
-    fraction of `total` (at most 1)."""
+    """Per (workload, allocator), the largest peak reserved among the finished runs of a speed-suite summary or a
+    train-suite results JSON, as a fraction of `total` (at most 1)."""
     bounds: dict[tuple[str, str], float] = {}
     for run in json.loads(Path(path).read_text())["runs"]:
         if "error" not in run and run.get("max_memory_reserved"):
@@ -283,16 +318,17 @@ class OneLineParser(argparse.ArgumentParser):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked: any bad value is one line on stderr and exit 2."""
     parser = OneLineParser(prog="cap_search.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(speed_suite.WORKLOADS))
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=["expandable", "gmlake"])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size", choices=("full", "small"), default="full")
+    parser.add_argument("--size", choices=("full", "small"), default="full", help="the dynamic workloads' models")
     parser.add_argument("--resolution", type=float, default=0.01, help="stop bisecting at hi / lo <= 1 + this")
     parser.add_argument("--deadline", type=float, default=0, help="seconds from the start (0: none)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one probe may take")
-    parser.add_argument("--bounds-from", metavar="SUMMARY_JSON", help="a speed-suite summary.json (see above)")
+    parser.add_argument("--bounds-from", metavar="SUMMARY_JSON",
+                        help="a speed-suite summary.json or a train-suite results JSON (see above)")
     parser.add_argument("--out", default=str(HERE / "results" / "train" / "cap"))
     args = parser.parse_args(argv)
     args.warmup = args.steps // 4 if args.warmup is None else args.warmup
@@ -306,6 +342,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--bounds-from: no such file: {args.bounds_from}")
     args.workloads = list(dict.fromkeys(args.workloads))
     args.allocators = list(dict.fromkeys(args.allocators))
+    unknown = [f"{w}:{a}" for w in args.workloads for a in args.allocators if a not in SUITES[w].ALLOCATORS]
+    if unknown:
+        parser.error(f"no such workload and allocator: {' '.join(unknown)} (each workload takes the allocators of "
+                     f"its suite, speed_suite.py's or train_suite.py's)")
     args.device = "cuda"              # for speed_suite.command: a fraction only means something on a CUDA device
     return args
 

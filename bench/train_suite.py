@@ -52,6 +52,7 @@ ALLOCATORS = {
     **CANDIDATES,                                           # for the default: larger pages; blocks kept per stream
 }
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake")
+MIN_BATCH, MAX_BATCH = 2, 8         # the default batch range of a single-GPU run (bench/cap_search.py's probes too)
 
 
 def command(workload: str, allocator: str, args, out: str, probe: int | None = None) -> tuple[list[str], dict]:
@@ -140,8 +141,8 @@ def main() -> None:
     parser.add_argument("--runs", nargs="*", metavar="WORKLOAD:ALLOCATOR",
                         help="these pairs only, in this order (instead of every workload under every allocator)")
     parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--min-batch", type=int, default=2)
-    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--min-batch", type=int, default=MIN_BATCH)
+    parser.add_argument("--max-batch", type=int, default=MAX_BATCH)
     parser.add_argument("--cap-gib", type=float, default=24.0, help="0: skip the max-batch search")
     parser.add_argument("--fsdp-batch-search", action="store_true",
                         help="also bisect for the FSDP workload's largest batch under --cap-gib, a job per probe")

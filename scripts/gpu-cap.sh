@@ -4,9 +4,13 @@
 # command at 600).
 #   TOTAL=540 WORKLOADS="vit bert t5 cnn" ALLOCATORS="expandable gmlake" STEPS=20 RESOLUTION=0.01 \
 #     scripts/gpu-cap.sh [more cap_search args, e.g. --bounds-from bench/results/train/speed-.../summary.json]
+#   TOTAL=540 WORKLOADS="gpt2xl-lora-ckpt opt1.3b-lora-ckpt opt1.3b-offload" ALLOCATORS="expandable gmlake" \
+#     scripts/gpu-cap.sh [--bounds-from bench/results/train/call1-gpu1.json]
+# WORKLOADS takes speed_suite.py's dynamic-shape workloads (dynamic.py) and train_suite.py's single-GPU LLM ones
+# (train_hf.py; they need transformers, and peft for LoRA).
 # SKIP_BUILD=1 uses the gmlake already installed (for a smoke test of this script on a machine without CUDA).
 # Returns in $OUT (8 files at most come back): machine.txt, build.log, cap.log (the search's progress and table),
-# cap/cap.json (environment, every probe, every pair's outcome) and cap/probes.tar.gz (dynamic.py's summary of
+# cap/cap.json (environment, every probe, every pair's outcome) and cap/probes.tar.gz (the workload's summary of
 # each probe, per-step times included).
 set -uo pipefail
 TOTAL=${TOTAL:-540}

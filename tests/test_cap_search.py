@@ -1,6 +1,6 @@
 """bench/cap_search.py without a GPU: the bisection as a pure coroutine against fake "fits(f)" oracles, the search's
-order, bookkeeping and deadline with a fake probe runner, the command line's refusals, and dynamic.py's
---memory-fraction checks."""
+order, bookkeeping and deadline with a fake probe runner, the command line's refusals, the probes' command lines
+(dynamic.py's and train_hf.py's), and the workloads' --memory-fraction checks and out-of-memory exit."""
 from __future__ import annotations
 
 import importlib.util
@@ -18,6 +18,10 @@ sys.path.insert(0, str(ROOT / "bench" / "workloads"))
 cap_search = pytest.importorskip("cap_search")
 # dynamic.py and the run environment import torch; CI's machine has none (the bookkeeping tests run there)
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+# train_hf.py builds its models with transformers
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("torch") is None
+                                        or importlib.util.find_spec("transformers") is None,
+                                        reason="needs torch and transformers")
 
 GIB = 1 << 30
 TOTAL = 140 * GIB
@@ -209,9 +213,86 @@ def one_line_exit_2(cmd: list[str]) -> str:
     (["--resolution", "0"], "--resolution"), (["--resolution", "x"], "--resolution"),
     (["--workloads", "gpt"], "invalid choice"), (["--allocators", "tcmalloc"], "invalid choice"),
     (["--steps", "0"], "--steps"), (["--deadline", "-1"], "--deadline"),
-    (["--bounds-from", "/no/such/summary.json"], "no such file"), (["--bogus"], "unrecognized")])
+    (["--bounds-from", "/no/such/summary.json"], "no such file"), (["--bogus"], "unrecognized"),
+    (["--workloads", "opt1.3b-fsdp-lora-ckpt"], "invalid choice"),          # two GPUs: not a cap-search workload
+    (["--workloads", "vit", "opt1.3b-lora", "--allocators", "gmlake", "gmlake-paper-8m"],
+     "no such workload and allocator: vit:gmlake-paper-8m (")])             # train_suite.py's alone
 def test_cap_search_refuses_bad_input_in_one_line(args, says):
     assert says in one_line_exit_2(["bench/cap_search.py", *args])
+
+
+def test_cap_search_takes_both_suites_workloads_each_with_its_own_allocators():
+    args = cap_search.parse_args(["--workloads", "vit", "gpt2xl-lora-ckpt", "opt1.3b-offload", "--allocators",
+                                  "expandable", "gmlake"])
+    assert args.workloads == ["vit", "gpt2xl-lora-ckpt", "opt1.3b-offload"]
+    assert cap_search.parse_args(["--workloads", "opt1.3b-lora", "--allocators", "gmlake-paper-8m"]).allocators == [
+        "gmlake-paper-8m"]
+    assert cap_search.parse_args([]).workloads == ["vit", "bert", "t5", "cnn"]      # the default stays the quick ones
+
+
+def flag(cmd: list[str], name: str) -> str:
+    """The value after `name` in a command line."""
+    return cmd[cmd.index(name) + 1]
+
+
+def captured_probe(monkeypatch, tmp_path, workload: str, allocator: str, fraction: float | None,
+                   settings_args: list[str]) -> tuple[list[str], dict, dict]:
+    """run_probe with subprocess.run faked: the command and environment it started, and its probe record (the fake
+    answers as a workload out of memory under the cap at step 2 does)."""
+    started = {}
+
+    def fake_run(cmd, env, **kwargs):
+        started.update(cmd=cmd, env=env)
+        Path(flag(cmd, "--json")).write_text(json.dumps({"oom": True, "oom_step": 2, "max_memory_allocated": 1,
+                                                         "max_memory_reserved": 2}))
+        return subprocess.CompletedProcess(cmd, cap_search.OOM_EXIT, "", "train_hf.py: out of memory at step 2")
+
+    monkeypatch.setattr(cap_search.subprocess, "run", fake_run)
+    settings = cap_search.parse_args(["--workloads", workload, "--allocators", allocator, *settings_args])
+    probe = cap_search.run_probe(workload, allocator, "bisect", fraction, 60, settings=settings, out=tmp_path,
+                                 index=4)
+    return started["cmd"], started["env"], probe
+
+
+@pytest.mark.parametrize("allocator, launcher, alloc_conf", [
+    ("gmlake", ["-m", "gmlake", "run"], ""),
+    ("gmlake-paper-8m", ["-m", "gmlake", "run", "--policy", "gmlake-paper", "--chunk-size", str(8 << 20)], ""),
+    ("expandable", [], "expandable_segments:True"),
+    ("native", [], "")])
+def test_a_train_workload_probe_is_train_hf_started_as_the_train_suite_starts_it(monkeypatch, tmp_path, allocator,
+                                                                                 launcher, alloc_conf):
+    cmd, env, probe = captured_probe(monkeypatch, tmp_path, "gpt2xl-lora-ckpt", allocator, 0.06,
+                                     ["--steps", "12", "--seed", "7"])
+    script = cmd.index(str(ROOT / "bench" / "workloads" / "train_hf.py"))
+    assert cmd[:script] == [sys.executable, *launcher] and env["PYTORCH_CUDA_ALLOC_CONF"] == alloc_conf
+    assert cmd[script + 1:script + 5] == ["--model", "gpt2-xl", "--lora", "--ckpt"]
+    assert (flag(cmd, "--steps"), flag(cmd, "--warmup"), flag(cmd, "--seed")) == ("12", "3", "7")
+    assert (flag(cmd, "--min-batch"), flag(cmd, "--max-batch")) == ("2", "8")        # train_suite.py's defaults
+    assert flag(cmd, "--json") == str(tmp_path / "probes" / f"004-gpt2xl-lora-ckpt-{allocator}-bisect.json")
+    assert flag(cmd, "--gpu-time-steps") == "0" and cmd[-2:] == ["--memory-fraction", "0.06"]
+    assert "--max-batch-search" not in cmd and "--cap-gib" not in cmd and "--offload" not in cmd
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert probe["oom"] and not probe["fit"] and probe["oom_step"] == 2 and "error" not in probe
+
+
+def test_a_reference_probe_runs_uncapped_and_a_dynamic_workload_still_runs_dynamic_py(monkeypatch, tmp_path):
+    cmd, _, _ = captured_probe(monkeypatch, tmp_path, "opt1.3b-offload", "gmlake", None, [])
+    assert "--memory-fraction" not in cmd and cmd[cmd.index("--model") + 1:cmd.index("--steps")] == [
+        "opt-1.3b", "--offload"]
+    cmd, env, _ = captured_probe(monkeypatch, tmp_path, "t5", "expandable", 0.1, ["--warmup", "2"])
+    assert cmd[1] == str(ROOT / "bench" / "workloads" / "dynamic.py") and flag(cmd, "--workload") == "t5"
+    assert flag(cmd, "--warmup") == "2" and flag(cmd, "--gpu-time-steps") == "0" and cmd[-1] == "0.1"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and "--min-batch" not in cmd
+
+
+def test_bounds_are_read_from_a_train_suite_results_file(tmp_path):
+    results = {"environment": {}, "runs": [
+        {"workload": "opt1.3b-offload", "allocator": "gmlake", "returncode": 0, "max_memory_reserved": 14 * GIB,
+         "max_batch_under_cap": 40},
+        {"workload": "gpt2xl-lora-ckpt", "allocator": "gmlake", "returncode": 1, "error": "Traceback ..."}]}
+    (tmp_path / "train.json").write_text(json.dumps(results))
+    assert cap_search.read_bounds(str(tmp_path / "train.json"), TOTAL) == {
+        ("opt1.3b-offload", "gmlake"): pytest.approx(0.1)}
 
 
 @needs_torch
@@ -226,6 +307,114 @@ def test_dynamic_refuses_a_memory_fraction_on_the_cpu():
     err = one_line_exit_2(["bench/workloads/dynamic.py", "--workload", "cnn", "--device", "cpu", "--size", "small",
                            "--memory-fraction", "0.5"])
     assert "needs --device cuda" in err
+
+
+@needs_torch
+@pytest.mark.parametrize("args, says", [
+    (["--memory-fraction", "2", "--device", "cpu"], "--memory-fraction needs a number in (0, 1], got 2"),
+    (["--memory-fraction", "x"], "--memory-fraction needs a number in (0, 1], got 'x'"),
+    (["--memory-fraction", "0.5", "--device", "cpu"], "--memory-fraction needs --device cuda"),
+    (["--memory-fraction", "0.5", "--max-batch-search"], "--memory-fraction takes neither --max-batch-search"),
+    (["--memory-fraction", "0.5", "--gpu-time-steps", "2"], "nor --gpu-time-steps above 0")])
+def test_train_hf_refuses_a_bad_memory_fraction_in_one_line(args, says):
+    err = one_line_exit_2(["bench/workloads/train_hf.py", "--model", "tiny-gpt2", *args])
+    assert err.startswith("train_hf.py: --memory-fraction ") and says in err and "Traceback" not in err
+
+
+def run_train_hf(tmp_path, *args: str) -> dict:
+    """A CPU smoke run of train_hf.py on the tiny GPT-2, its summary."""
+    out = tmp_path / "train.json"
+    proc = subprocess.run([sys.executable, "bench/workloads/train_hf.py", "--model", "tiny-gpt2", "--device", "cpu",
+                           "--min-batch", "1", "--max-batch", "2", "--min-seq", "16", "--max-seq", "64",
+                           "--json", str(out), *args], check=False, capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@needs_transformers
+@pytest.mark.parametrize("args, warmup", [([], 1), (["--warmup", "3"], 3)])
+def test_train_hf_times_the_steps_after_warmup(tmp_path, args, warmup):
+    summary = run_train_hf(tmp_path, "--steps", "5", "--gpu-time-steps", "1", *args)
+    timed = summary["per_step"][warmup:]
+    assert summary["warmup_steps"] == warmup and len(summary["per_step"]) == 5
+    assert summary["timed_s"] == pytest.approx(sum(s["step_s"] for s in timed), rel=1e-12)
+    assert summary["timed_s"] < sum(s["step_s"] for s in summary["per_step"])
+    assert summary["tokens_per_s"] == pytest.approx(sum(s["batch"] * s["seq"] for s in timed) / summary["timed_s"])
+    assert len(summary["gpu_time"]) == 1 and "oom" not in summary and "memory_fraction" not in summary
+
+
+@pytest.fixture
+def capped_train_hf(monkeypatch, tmp_path):
+    """train_hf.main() as under `--memory-fraction 0.06` on a CUDA device, with CUDA faked: the cap is recorded and
+    training replaced by `fake_train` (set by the test); returns (run, calls)."""
+    pytest.importorskip("torch")
+    train_hf = pytest.importorskip("train_hf")
+    import common
+
+    calls: list = []
+    peaks = {"max_memory_allocated": 3 * GIB, "max_memory_reserved": 4 * GIB}
+    monkeypatch.setattr(train_hf.torch.cuda, "set_per_process_memory_fraction", lambda f: calls.append(("cap", f)))
+    monkeypatch.setattr(common, "memory_peaks", lambda: peaks)
+    monkeypatch.setattr(train_hf, "memory_peaks", lambda: peaks)
+
+    def run(fake_train, *args: str) -> dict:
+        monkeypatch.setattr(train_hf, "train", fake_train)
+        monkeypatch.setattr(sys, "argv", ["train_hf.py", "--model", "tiny-gpt2", "--steps", "8", "--memory-fraction",
+                                          "0.06", "--json", str(tmp_path / "out.json"), *args])
+        train_hf.main()
+        return json.loads((tmp_path / "out.json").read_text())
+
+    return run, calls
+
+
+def fake_steps(calls: list, steps: list[dict], count: int) -> None:
+    """What train() appends for `count` completed steps, noting that training began."""
+    calls.append(("train",))
+    steps += [{"batch": 2, "seq": 64, "step_s": 0.5, "loss": 1.0} for _ in range(count)]
+
+
+@needs_torch
+def test_train_hf_out_of_memory_under_its_cap_writes_the_summary_and_exits_3(capped_train_hf, tmp_path, capsys):
+    import torch
+
+    run, calls = capped_train_hf
+
+    def out_of_memory(args, device, steps):
+        fake_steps(calls, steps, 3)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
+    with pytest.raises(SystemExit) as stopped:
+        run(out_of_memory)
+    assert stopped.value.code == 3 == cap_search.OOM_EXIT
+    assert calls[:2] == [("cap", 0.06), ("train",)]                   # the cap before the model is built
+    summary = json.loads((tmp_path / "out.json").read_text())
+    assert summary["oom"] is True and summary["oom_step"] == 3 and summary["memory_fraction"] == 0.06
+    assert summary["max_memory_reserved"] == 4 * GIB and summary["model"] == "tiny-gpt2"
+    assert summary["warmup_steps"] == 2 and len(summary["per_step"]) == 3
+    assert summary["error"] == "CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert capsys.readouterr().err == "train_hf.py: out of memory at step 3 under memory fraction 0.06\n"
+
+
+@needs_torch
+def test_train_hf_under_a_cap_raises_any_other_error_and_runs_nothing_after_training(capped_train_hf):
+    run, calls = capped_train_hf
+
+    def crash(args, device, steps):
+        fake_steps(calls, steps, 1)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        run(crash)
+
+    def fits(args, device, steps):
+        fake_steps(calls, steps, args.steps)
+        return (lambda batch, seq: calls.append(("extra step", batch, seq))), None
+
+    summary = run(fits)
+    assert summary["oom"] is False and summary["memory_fraction"] == 0.06 and summary["timed_s"] == 3.0
+    assert "gpu_time" not in summary and summary["max_batch_under_cap"] is None
+    assert not [c for c in calls if c[0] == "extra step"]             # no profiled steps, no batch search
 
 
 def test_dynamic_knows_gmlakes_out_of_memory_error_and_torchs():

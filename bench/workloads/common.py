@@ -1,14 +1,17 @@
-"""Helpers shared by the training workloads: which allocator this process runs under, its memory peaks, and
-gmlake's own counters.
+"""Helpers shared by the training workloads: which allocator this process runs under, its memory peaks, gmlake's
+own counters, and running under a memory cap (--memory-fraction).
 
 Under gmlake (a pluggable allocator) torch.cuda.memory_stats() and its peaks raise; these helpers read gmlake's
 figures through gmlake.torch instead, under torch's names.
 """
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 
@@ -148,3 +151,62 @@ class MachineProbe:
             total += i & 7
         t3 = time.perf_counter()
         return {"gpu_spin_ms": (t1 - t0) * 1e3, "launch_ms": (t2 - t1) * 1e3, "cpu_ms": (t3 - t2) * 1e3}
+
+
+# ---- under a memory cap (--memory-fraction; bench/cap_search.py bisects on the answer) -------------------------
+
+OOM_EXIT = 3        # the exit status of a run that ran out of memory under --memory-fraction
+
+
+def parse_fraction(text: str | None) -> float | None:
+    """--memory-fraction's value: None when absent, else a number in (0, 1] (torch rejects others, and a typo should
+    stop the run before minutes of model building). Raises ValueError saying why."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"--memory-fraction needs a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:                    # also refuses nan
+        raise ValueError(f"--memory-fraction needs a number in (0, 1], got {text}")
+    return value
+
+
+def refuse(script: str, why: str) -> NoReturn:
+    """A bad command line: one line on stderr, naming the script, and exit status 2 (no traceback)."""
+    print(f"{script}: {why}", file=sys.stderr)
+    sys.exit(2)
+
+
+def memory_fraction(script: str, text: str | None, device: str) -> float | None:
+    """--memory-fraction checked as the workloads take it: parse_fraction's value, which needs a CUDA device (it caps
+    that device's memory). Anything else is refused (exit 2) before the model is built."""
+    try:
+        fraction = parse_fraction(text)
+    except ValueError as exc:
+        refuse(script, str(exc))
+    if fraction is not None and device != "cuda":
+        refuse(script, "--memory-fraction needs --device cuda (it caps a CUDA device's memory)")
+    return fraction
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation failure: torch.OutOfMemoryError under torch's allocator, a RuntimeError
+    saying "out of memory" under gmlake (a pluggable allocator's error reaches Python as a RuntimeError)."""
+    return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
+
+
+def exit_out_of_memory(script: str, head: dict, records: list[dict], fraction: float, exc: BaseException,
+                       json_path: str | None) -> NoReturn:
+    """End a capped run whose step ran out of memory: the summary (`head`, what ran; then oom, the step, the error's
+    first line, the peaks so far and the steps that completed) to `json_path`, one line on stderr, exit status
+    OOM_EXIT. The step is the number of records, so step 0 with none also covers building the model."""
+    step = len(records)
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+    summary = {**head, "memory_fraction": fraction, "oom": True, "oom_step": step, "error": first_line,
+               **memory_peaks(), "per_step": records}
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(summary, f, indent=1)
+    print(f"{script}: out of memory at step {step} under memory fraction {fraction}", file=sys.stderr)
+    sys.exit(OOM_EXIT)

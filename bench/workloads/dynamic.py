@@ -36,13 +36,14 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, NoReturn
+from typing import Callable
 
 import torch
 from torch import nn
 
-from common import (MachineProbe, allocator_name, counters_since, gmlake_policy_name, gmlake_stats, gpu_time,
-                    memory_peaks)
+from common import (MachineProbe, allocator_name, counters_since, exit_out_of_memory, gmlake_policy_name, gmlake_stats,
+                    gpu_time, memory_fraction, memory_peaks, out_of_memory)
+from common import OOM_EXIT, parse_fraction  # noqa: F401  (where they were defined before common.py; tests read them)
 
 # Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive, in steps of
 # `batch_step` and `shape_step`; `shape` is the image side in pixels or the padded sequence length). The full sizes
@@ -346,29 +347,6 @@ def preset(workload: str, size: str, batch: list[int] | None, shape: list[int] |
     return cfg
 
 
-OOM_EXIT = 3      # the exit status of a run that ran out of memory under --memory-fraction
-
-
-def parse_fraction(text: str | None) -> float | None:
-    """--memory-fraction's value: None when absent, else a number in (0, 1] (torch rejects others, and a typo should
-    stop the run before minutes of model building). Raises ValueError saying why."""
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"--memory-fraction needs a number in (0, 1], got {text!r}") from None
-    if not 0.0 < value <= 1.0:                    # also refuses nan
-        raise ValueError(f"--memory-fraction needs a number in (0, 1], got {text}")
-    return value
-
-
-def out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` is an allocation failure: torch.OutOfMemoryError under torch's allocator, a RuntimeError
-    saying "out of memory" under gmlake (a pluggable allocator's error reaches Python as a RuntimeError)."""
-    return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
-
-
 def header(args: argparse.Namespace, cfg: dict, warmup: int) -> dict:
     """The summary's first keys: what ran, under which allocator."""
     return {
@@ -376,21 +354,6 @@ def header(args: argparse.Namespace, cfg: dict, warmup: int) -> dict:
         "allocator": allocator_name() if args.device == "cuda" else "cpu", "gmlake_policy": gmlake_policy_name(),
         "torch": torch.__version__, "steps": args.steps, "warmup_steps": warmup,
     }
-
-
-def exit_out_of_memory(args: argparse.Namespace, cfg: dict, warmup: int, fraction: float, records: list[dict],
-                       exc: BaseException) -> NoReturn:
-    """End a capped run whose step ran out of memory: the --json summary (oom, the step, the peaks so far), one
-    line on stderr, exit status OOM_EXIT. Step 0 with no records also covers building the model."""
-    step = len(records)
-    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
-    summary = {**header(args, cfg, warmup), "memory_fraction": fraction, "oom": True, "oom_step": step,
-               "error": first_line, **memory_peaks(), "per_step": records}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
-    print(f"dynamic.py: out of memory at step {step} under memory fraction {fraction}", file=sys.stderr)
-    sys.exit(OOM_EXIT)
 
 
 def main() -> None:
@@ -416,14 +379,7 @@ def main() -> None:
         parser.error("need --steps >= 1 and 0 <= --warmup < --steps")
     if args.gpu_time_steps < 0:
         parser.error("need --gpu-time-steps >= 0")
-    try:
-        fraction = parse_fraction(args.memory_fraction)
-    except ValueError as exc:
-        print(f"dynamic.py: {exc}", file=sys.stderr)
-        sys.exit(2)
-    if fraction is not None and args.device != "cuda":
-        print("dynamic.py: --memory-fraction needs --device cuda (it caps a CUDA device's memory)", file=sys.stderr)
-        sys.exit(2)
+    fraction = memory_fraction("dynamic.py", args.memory_fraction, args.device)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("dynamic.py: CUDA is not available here; use --device cpu (with --size small) for a smoke test")
 
@@ -440,7 +396,7 @@ def main() -> None:
     except Exception as exc:
         if fraction is None or not out_of_memory(exc):
             raise
-        exit_out_of_memory(args, cfg, warmup, fraction, records, exc)
+        exit_out_of_memory("dynamic.py", header(args, cfg, warmup), records, fraction, exc, args.json)
 
     summary = {
         **header(args, cfg, warmup),

@@ -3,7 +3,14 @@
     python bench/workloads/train_hf.py --model gpt2-large --lora --ckpt --steps 40 --json out.json
 
 The conditions that fragment memory: LoRA (peft), gradient checkpointing, optimizer offload, and batch sizes and
-sequence lengths drawn afresh each step, as a real data loader produces them.
+sequence lengths drawn afresh each step, as a real data loader produces them. The summary's times are over the steps
+after --warmup (the first quarter by default): `timed_s`, their sum, and tokens/s.
+
+--memory-fraction F (0 < F <= 1, CUDA only) caps the process with torch.cuda.set_per_process_memory_fraction(F) before
+the model is built, as dynamic.py does: building the model or a step that runs out of memory under the cap ends the
+run with one line on stderr and exit status 3 (OOM_EXIT), the --json summary saying "oom": true, the step and the
+peaks so far (bench/cap_search.py bisects on that answer). Under a cap nothing runs after the timed steps: no
+profiled --gpu-time-steps (0 by default there) and no --max-batch-search, either of which could fail a run that fit.
 """
 from __future__ import annotations
 
@@ -12,11 +19,13 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
 from common import (MachineProbe, allocator_name, gmlake_stats, gpu_time,  # fsdp_train.py imports them from here too
                     memory_peaks)
+from common import exit_out_of_memory, memory_fraction, out_of_memory, refuse
 
 MODELS = {
     # name: (family, hidden, layers, heads, ffn, word_embed_proj_dim)
@@ -113,40 +122,15 @@ def add_lora(model, targets: list[str], ckpt: bool):
     return model
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
-    p.add_argument("--lora", action="store_true")
-    p.add_argument("--ckpt", action="store_true", help="gradient checkpointing (recomputation)")
-    p.add_argument("--offload", action="store_true", help="optimizer states on the CPU")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--min-batch", type=int, default=4)
-    p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--min-seq", type=int, default=128)
-    p.add_argument("--max-seq", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no memory figures)")
-    p.add_argument("--json", help="write a summary here")
-    p.add_argument("--snapshot", help="record the training phase's allocator events into this snapshot (slows it)")
-    p.add_argument("--gpu-time-steps", type=int, default=4, metavar="N",
-                   help="after the run, time the kernels of N more steps (the last N shapes) with the profiler "
-                        "(Note [GPU time] in common.py; at most --steps; 0: none)")
-    p.add_argument("--max-batch-search", action="store_true",
-                   help="after training, find the largest batch that fits under --cap-gib (bisection)")
-    p.add_argument("--cap-gib", type=float, default=24.0, help="memory cap for the batch search, GiB")
-    p.add_argument("--search-seq", type=int, default=1024, help="sequence length for the batch search")
-    p.add_argument("--search-max", type=int, default=512, help="upper bound of the batch search")
-    args = p.parse_args()
-    if args.gpu_time_steps < 0:
-        p.error("need --gpu-time-steps >= 0")
-
-    cuda = args.device == "cuda"
+def train(args: argparse.Namespace, device: torch.device,
+          steps: list[dict]) -> tuple[Callable[[int, int], None], torch.nn.Module]:
+    """Build the model and its optimizer and run --steps steps of shapes drawn from --seed, each step's record
+    appended to `steps` as it completes (so that a caller whose step ran out of memory knows how many did). Returns
+    a function that runs one more step of a given batch and length (for gpu_time and the batch search), and the
+    model."""
+    cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    device = torch.device(args.device)
-    if args.snapshot:
-        start_snapshot()
     model, vocab, targets = build_model(args.model, device)
     if args.ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -163,9 +147,8 @@ def main() -> None:
     else:
         optim = torch.optim.AdamW(params, lr=1e-4)
     model.train()
-    steps = []
     probe = MachineProbe(cuda)
-    for step in range(args.steps):
+    for _ in range(args.steps):
         batch = rng.randint(args.min_batch, args.max_batch)
         seq = rng.randint(args.min_seq // 8, args.max_seq // 8) * 8
         ids = torch.randint(0, vocab, (batch, seq), device=device)
@@ -186,8 +169,6 @@ def main() -> None:
             optim.zero_grad(set_to_none=True)
         sync()
         steps.append({"batch": batch, "seq": seq, "step_s": time.perf_counter() - t0, "loss": loss.item(), **probe()})
-    if args.snapshot:
-        dump_snapshot(args.snapshot)
 
     def train_step(batch: int, seq: int) -> None:
         ids = torch.randint(0, vocab, (batch, seq), device=device)
@@ -200,19 +181,82 @@ def main() -> None:
             optim.zero_grad(set_to_none=True)
         sync()
 
-    timed = steps[max(1, len(steps) // 4):] or steps[-1:]     # past warm-up: the first quarter is not timed
-    summary = {
-        "model": args.model, "lora": args.lora, "ckpt": args.ckpt, "offload": args.offload, "steps": args.steps,
-        "median_step_s": statistics.median(s["step_s"] for s in timed),
-        "tokens_per_s": sum(s["batch"] * s["seq"] for s in timed) / sum(s["step_s"] for s in timed),
-        "allocator": allocator_name() if cuda else "cpu",
-    }
+    return train_step, model
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
+    p.add_argument("--lora", action="store_true")
+    p.add_argument("--ckpt", action="store_true", help="gradient checkpointing (recomputation)")
+    p.add_argument("--offload", action="store_true", help="optimizer states on the CPU")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int,
+                   help="steps not timed (default: the first quarter, and at least one where there are two or more)")
+    p.add_argument("--min-batch", type=int, default=4)
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--min-seq", type=int, default=128)
+    p.add_argument("--max-seq", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no memory figures)")
+    p.add_argument("--json", help="write a summary here")
+    p.add_argument("--snapshot", help="record the training phase's allocator events into this snapshot (slows it)")
+    p.add_argument("--gpu-time-steps", type=int, metavar="N",
+                   help="after the run, time the kernels of N more steps (the last N shapes) with the profiler "
+                        "(Note [GPU time] in common.py; at most --steps; 0: none; default 4, or 0 under "
+                        "--memory-fraction, which refuses more)")
+    p.add_argument("--max-batch-search", action="store_true",
+                   help="after training, find the largest batch that fits under --cap-gib (bisection)")
+    p.add_argument("--cap-gib", type=float, default=24.0, help="memory cap for the batch search, GiB")
+    p.add_argument("--search-seq", type=int, default=1024, help="sequence length for the batch search")
+    p.add_argument("--search-max", type=int, default=512, help="upper bound of the batch search")
+    p.add_argument("--memory-fraction", metavar="F",
+                   help="cap this process at F (0 < F <= 1) of the device's memory; out of memory: exit 3")
+    args = p.parse_args()
+    # as it was before --warmup: the first quarter, at least the first step, never every step
+    warmup = min(max(1, args.steps // 4), args.steps - 1) if args.warmup is None else args.warmup
+    if args.steps < 1 or not 0 <= warmup < args.steps:
+        p.error("need --steps >= 1 and 0 <= --warmup < --steps")
+    fraction = memory_fraction("train_hf.py", args.memory_fraction, args.device)
+    gpu_time_steps = (4 if fraction is None else 0) if args.gpu_time_steps is None else args.gpu_time_steps
+    if gpu_time_steps < 0:
+        p.error("need --gpu-time-steps >= 0")
+    if fraction is not None and (gpu_time_steps or args.max_batch_search):
+        # they run after the timed steps, the profiled steps under the cap and the search under a cap of its own:
+        # either could fail a run whose training fit
+        refuse("train_hf.py", "--memory-fraction takes neither --max-batch-search nor --gpu-time-steps above 0")
+
+    cuda = args.device == "cuda"
+    if fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(fraction)     # initialises CUDA; the cap holds from the first byte
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    head = {"model": args.model, "lora": args.lora, "ckpt": args.ckpt, "offload": args.offload, "steps": args.steps,
+            "warmup_steps": warmup, "seed": args.seed, "allocator": allocator_name() if cuda else "cpu"}
+    if args.snapshot:
+        start_snapshot()
+    steps: list[dict] = []
+    try:
+        train_step, model = train(args, device, steps)
+    except Exception as exc:
+        if fraction is None or not out_of_memory(exc):
+            raise
+        exit_out_of_memory("train_hf.py", head, steps, fraction, exc, args.json)
+    if args.snapshot:
+        dump_snapshot(args.snapshot)
+
+    timed = steps[warmup:]
+    timed_s = sum(s["step_s"] for s in timed)
+    summary = {**head, "timed_s": timed_s, "median_step_s": statistics.median(s["step_s"] for s in timed),
+               "tokens_per_s": sum(s["batch"] * s["seq"] for s in timed) / timed_s}
+    if fraction is not None:
+        summary.update(memory_fraction=fraction, oom=False)
     if cuda:
         summary.update(memory_peaks())
         summary["gmlake"] = gmlake_stats()
-    if args.gpu_time_steps:         # after the peaks and counters are read: these steps are not part of them
+    if gpu_time_steps:              # after the peaks and counters are read: these steps are not part of them
         summary["gpu_time"] = [gpu_time(lambda s=s: train_step(s["batch"], s["seq"]), cuda=cuda)
-                               for s in steps[-args.gpu_time_steps:]]
+                               for s in steps[-gpu_time_steps:]]
     if cuda:
         summary["max_batch_under_cap"] = search_max_batch(train_step, args, model) if args.max_batch_search else None
         summary["cap_gib"] = args.cap_gib if args.max_batch_search else None
