@@ -195,13 +195,13 @@ def main() -> None:
         parser.exit(2, f"report_training: not a training-suite result (bench/train_suite.py --out): {exc}\n")
     if not runs:
         parser.exit(2, "report_training: no successful run in the results given\n")
+    if args.speed:          # per run: needs no pooling, so repeats that reserved differently (FSDP) are fine
+        speed(runs, sorted({r["workload"] for r in runs}))
+        return
     rows = pool(runs)
     workloads = sorted({w for w, _ in rows})
     if args.compact:
         compact(rows, workloads)
-        return
-    if args.speed:
-        speed(runs, workloads)
         return
     env = envs[0]
     dates = sorted(e.get("date", "?") for e in envs)

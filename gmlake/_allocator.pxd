@@ -207,11 +207,13 @@ cdef struct Knobs:
     size_t max_split_size
     size_t max_non_split_rounding
     bint cross_stream
+    bint cap_counts_request
     size_t large_segment_size
     size_t min_large_alloc
     size_t round_large
     size_t page_small
     size_t page_large
+    size_t page_large_capped      # a large-pool range made under a cap: Note [Finer pages under a cap]
     size_t expandable_reserve
     # Which seams the policy overrides in Python (read once, at construction): the core calls Python only there.
     bint hook_allow_stitch

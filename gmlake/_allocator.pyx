@@ -195,11 +195,13 @@ cdef class Allocator:
         self.k.max_split_size = policy.max_split_size
         self.k.max_non_split_rounding = policy.max_non_split_rounding
         self.k.cross_stream = policy.cross_stream
+        self.k.cap_counts_request = policy.cap_counts_request
         self.k.large_segment_size = policy.large_segment_size
         self.k.min_large_alloc = policy.min_large_alloc
         self.k.round_large = policy.round_large
         self.k.page_small = round_up(policy.expandable_page_small, gran)
         self.k.page_large = round_up(policy.expandable_page_large, gran)
+        self.k.page_large_capped = round_up(policy.capped_page_large, gran) or self.k.page_large
         reserve = policy.expandable_reserve or (driver.capacity + driver.capacity // 8 if driver.capacity else 1 << 40)
         self.k.expandable_reserve = reserve
         seams = policy.cython_seams()
@@ -305,6 +307,8 @@ cdef class Allocator:
         if self.err != ERR_NONE:
             return NULL
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
+            if _request_over_cap(self, POOL_SMALL, size):
+                return NULL
             return _alloc_expandable(self, POOL_SMALL, size, stream)
         seg = _laid_out_segment(self, POOL_SMALL, size, self.k.small_segment_size, self.k.small_segment_size, stream)
         if seg == NULL:
@@ -335,6 +339,8 @@ cdef class Allocator:
         cdef size_t alloc_size
         cdef Segment* seg
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
+            if _request_over_cap(self, POOL_LARGE, size):
+                return NULL
             if self.k.hook_stitch or (self.k.stitch and size >= self.k.min_stitch_size):
                 b = _stitch_expandable(self, size, stream)
                 if b != NULL or self.err != ERR_NONE:
@@ -342,7 +348,7 @@ cdef class Allocator:
             return _alloc_expandable(self, POOL_LARGE, size, stream)
         if self.k.segment_rule == SEGMENTS_PYTORCH:
             # One handle per segment, sized as PyTorch's get_allocation_size does.
-            alloc_size = self.k.large_segment_size if size < self.k.min_large_alloc else round_up(size, self.k.round_large)
+            alloc_size = _pytorch_alloc_size(self, POOL_LARGE, size)
             seg = _laid_out_segment(self, POOL_LARGE, size, alloc_size, alloc_size, stream)
             if seg == NULL:
                 return NULL

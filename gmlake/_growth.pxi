@@ -55,6 +55,25 @@ cdef Block* _map_pages(Allocator self, Block* hole, size_t size) noexcept nogil:
     return b
 
 
+cdef inline size_t _page(Allocator self, int pool) noexcept nogil:
+    """The page a new expandable range of `pool` maps.
+
+    Note [Finer pages under a cap]: a handle maps only whole, so the free space left inside pages that also hold
+    live blocks is out of reach of growth and stitching alike; at 20 MiB pages that is what keeps a capped run
+    from fitting where PyTorch's expandable segments fit, whose releases under pressure repack their ranges
+    (Note [Releasing before the cap binds]). Finer pages cost driver time (cuMemSetAccess is priced per handle),
+    which a run with no cap should not pay, but under a cap memory is what binds. Replayed under caps on nine
+    traces (2026-11-30), 4 MiB pages fit every one in less than the expandable model, 0.3-1.6 % less, where
+    20 MiB pages needed up to 3.1 % more (FSDP, rank 0) and 0.6-1.0 % more on the two LoRA + recomputation
+    runs, as the GPU cap search measured; their driver time is 4-8x the 20 MiB pages' (under 15 ms a step).
+    A cap at or above the device's memory is none."""
+    if pool == POOL_SMALL:
+        return self.k.page_small
+    if self.limit_bytes and (self.driver.capacity == 0 or self.limit_bytes < self.driver.capacity):
+        return self.k.page_large_capped
+    return self.k.page_large
+
+
 cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
     """The lowest hole of `stream` (with the free block before it) that has `size` bytes of free or unmapped
     space in a row, or a new expandable segment's hole."""
@@ -79,7 +98,7 @@ cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stre
         if room >= size:
             return c
         inc(it)
-    cdef size_t page = self.k.page_small if pool == POOL_SMALL else self.k.page_large
+    cdef size_t page = _page(self, pool)
     cdef size_t reserve = round_up(self.k.expandable_reserve, page)
     if self.k.hook_layout:          # growth seam: the new range's size and page
         self.seams.layout(self, pool, size, stream, &reserve, &page)
@@ -88,6 +107,33 @@ cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stre
         return NULL
     seg = _new_segment(self, pool, reserve, page, stream, False)
     return seg.first if seg != NULL else NULL
+
+
+cdef size_t _pytorch_alloc_size(Allocator self, int pool, size_t size) noexcept nogil:
+    """The bytes PyTorch's get_allocation_size asks the device for to serve `size`: a small segment, a large
+    segment for requests under min_large_alloc, else the request rounded up to round_large."""
+    if pool == POOL_SMALL:
+        return self.k.small_segment_size
+    return self.k.large_segment_size if size < self.k.min_large_alloc else round_up(size, self.k.round_large)
+
+
+cdef bint _request_over_cap(Allocator self, int pool, size_t size) noexcept nogil:
+    """With cap_counts_request, whether a request that needs new memory would pass the cap counted whole; then
+    self.err is ERR_OOM, so that pressure is relieved before any page is mapped.
+
+    Note [Releasing before the cap binds]: PyTorch's alloc_block refuses new memory while reserved + the whole
+    request (get_allocation_size) passes the cap, even under expandable segments, where only the pages missing at
+    the end of a range are mapped. That stricter check makes PyTorch release every free page (release_cached_blocks)
+    whenever a large request arrives near the cap, long before the cap binds: the free space of the range's tail
+    goes back, and the next growth maps into the lowest hole with room, packing later blocks into the holes of
+    earlier ones. Counting only the pages mapped, the range keeps its free tail until the cap binds, by then in
+    pieces that no growth can join. On the GPU (2026-11-30, gpt2xl-lora-ckpt and opt1.3b-lora-ckpt, 20 steps),
+    expandable segments fit under caps 0.3-0.6 % lower than the exact count replays."""
+    if not (self.k.cap_counts_request and self.limit_bytes) or \
+            self.st.reserved + _pytorch_alloc_size(self, pool, size) <= self.limit_bytes:
+        return False
+    self.err = ERR_OOM
+    return True
 
 
 cdef Block* _alloc_expandable(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
@@ -121,7 +167,7 @@ cdef size_t _growth_bytes(Allocator self, int pool, size_t size, int64_t stream)
     cdef Block* c
     cdef Block* b
     cdef size_t room, unmapped
-    cdef size_t page = self.k.page_small if pool == POOL_SMALL else self.k.page_large
+    cdef size_t page = _page(self, pool)
     while it != holes.end() and deref(it).first.stream == stream:
         c = deref(it).second
         if c.prev != NULL and free_for(c.prev, stream):
@@ -147,7 +193,7 @@ cdef Block* _stitch_expandable(Allocator self, size_t size, int64_t stream) noex
     cdef vector[Piece] pieces
     cdef vector[Block*] blocks
     cdef Piece piece
-    cdef size_t page = self.k.page_large
+    cdef size_t page = _page(self, POOL_LARGE)
     cdef size_t remaining = _collect_pieces(self, size, stream, blocks, pieces)
     cdef size_t grow = _growth_bytes(self, POOL_LARGE, size, stream)
     cdef size_t fresh = round_up(remaining, page)

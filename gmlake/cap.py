@@ -82,8 +82,11 @@ def drive(search: Search[T], fits: Callable[[float], bool]) -> tuple[T, list[flo
 
 
 def smallest_device(trace, policy, resolution: float = 0.002, event_lag: int = 0) -> tuple[int, int, list[int]]:
-    """The smallest simulated device on which replaying `trace` through `policy` serves every request, to a relative
-    `resolution`: (smallest size that fit, largest that failed, every size probed), in bytes. The bounds need no
+    """The smallest memory cap under which replaying `trace` through `policy` serves every request, to a relative
+    `resolution`: (smallest cap that fit, largest that failed, every cap probed), in bytes. The cap is replayed as
+    torch.cuda.set_per_process_memory_fraction sets one (the allocator's limit), on the trace's device: what the
+    GPU cap search (bench/cap_search.py) measures. (Until 2026-11-30 it bisected the simulated device's size, which
+    PyTorch's expandable segments answer differently: Note [Releasing before the cap binds].) The bounds need no
     probe: the policy's own uncapped peak reserved fits, and one byte below its peak allocated cannot."""
     from gmlake.replay import replay
 
@@ -93,7 +96,7 @@ def smallest_device(trace, policy, resolution: float = 0.002, event_lag: int = 0
                          f"({uncapped.ooms} requests), so no cap can fit it")
     reserved = uncapped.peak_reserved
     size = lambda fraction: math.ceil(fraction * reserved)                    # noqa: E731
-    fits = lambda fraction: replay(trace, policy, device_memory=size(fraction), samples=0,  # noqa: E731
+    fits = lambda fraction: replay(trace, policy, cap=size(fraction), samples=0,  # noqa: E731
                                    event_lag=event_lag).ooms == 0
     floor = (uncapped.peak_allocated - 1) / reserved
     result, probed = drive(bisect_fraction(floor, 1.0, resolution, floor=floor), fits)

@@ -190,7 +190,7 @@ def cmd_replay(args) -> int:
 
     chosen = _policy_choices(args.policy, args.set)
     if args.smallest_device and args.device_memory is not None:
-        raise UsageError("--smallest-device searches for the device size itself; drop --device-memory")
+        raise UsageError("--smallest-device searches for the memory cap itself; drop --device-memory")
     (trace,) = _load([args.trace], args.device)
     if args.smallest_device:
         return _smallest_devices(trace, chosen, args.json, args.event_lag)
@@ -210,7 +210,7 @@ GiB = 1 << 30
 
 
 def _smallest_devices(trace, chosen: list, as_json: bool, event_lag: int = 0) -> int:
-    """`gmlake replay --smallest-device`: per policy, the smallest device the trace fits on (gmlake.cap)."""
+    """`gmlake replay --smallest-device`: per policy, the smallest memory cap the trace fits under (gmlake.cap)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -231,8 +231,8 @@ def _smallest_devices(trace, chosen: list, as_json: bool, event_lag: int = 0) ->
         for row in rows:
             print(json.dumps(row))
         return EXIT_OK
-    t = Table(title=f"{trace.name}: the smallest device per policy (GiB, by replay, to 0.2 %)")
-    for col in ("policy", "peak allocated", "smallest device", "largest that fails", "uncapped reserved", "replays"):
+    t = Table(title=f"{trace.name}: the smallest memory cap per policy (GiB, by replay, to 0.2 %)")
+    for col in ("policy", "peak allocated", "smallest cap", "largest that fails", "uncapped reserved", "replays"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
         t.add_row(Text(r["policy"]), *(f"{r[k] / GiB:.3f}" for k in ("peak_allocated", "smallest_device",
@@ -499,8 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "replay":
             p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
             p.add_argument("--smallest-device", action="store_true",
-                           help="instead: bisect, by replay, for the smallest device each policy serves every "
-                                "request on (what a job fits into under a cap)")
+                           help="instead: bisect, by replay, for the smallest memory cap each policy serves "
+                                "every request under (torch.cuda.set_per_process_memory_fraction's cap, on the "
+                                "trace's device: what a job fits into)")
         p.set_defaults(func=func)
 
     p = sub.add_parser("compare", help="replay traces (default: the bundled ones) under every policy; table + PNG")

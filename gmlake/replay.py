@@ -69,6 +69,7 @@ class ReplayResult:
     timeline: dict = field(repr=False, default_factory=dict)
     peak_requested: int = 0    # the most bytes live allocations asked for at once (before rounding)
     event_lag: int = 0         # requests between an event's recording and its completion (Note [Event lag in replay])
+    cap: int = 0               # the memory cap replayed (set_per_process_memory_fraction's, in bytes; 0: none)
     requested_at_peak_reserved: int = 0
     peak_growth_event: int = 0     # the moment of peak growth: the first request within PEAK_GROWTH_WITHIN of the peak
     reserved_at_peak_growth: int = 0
@@ -168,6 +169,7 @@ class ReplayResult:
             "requests": self.requests,
             "ooms": self.ooms,
             "event_lag": self.event_lag,
+            "cap": self.cap,
             "seconds": round(self.seconds, 6),
             "events_per_second": round(self.events / self.seconds) if self.seconds else None,
             "stitches": self.stats["stitches"],
@@ -179,7 +181,7 @@ class ReplayResult:
 
 
 def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
-           samples: int = 2000, event_lag: int = 0) -> ReplayResult:
+           samples: int = 2000, event_lag: int = 0, cap: int = 0) -> ReplayResult:
     """Run `trace`'s requests through `policy` (a spec such as "gmlake" or "my.py:Mine[knob=1]", a Policy, or a
     PolicyChoice) on a simulated device of `device_memory` bytes (default: the captured device's size where the
     trace records it, else MAX_DEVICE_MEMORY). A request the device cannot serve counts as an out-of-memory
@@ -191,7 +193,11 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
     first asked about: the GPU as far ahead as it can be, and sharing across streams as eager as it can be.
     `event_lag` = N completes each such event N requests after it was recorded instead, as if the GPU trailed the
     CPU by N requests; a very large N never completes one before a synchronize, which is what keeping blocks per
-    stream gives. Single-stream traces replay the same at any lag."""
+    stream gives. Single-stream traces replay the same at any lag.
+
+    `cap` (bytes, 0: none) replays a memory cap as torch.cuda.set_per_process_memory_fraction sets one, on the
+    modelled device: an allocator may answer a cap differently from a device that size (PyTorch's expandable
+    segments do, Note [Releasing before the cap binds])."""
     if event_lag < 0:
         raise ValueError(f"event_lag must be >= 0, got {event_lag}")
     choice = choice_of(policy)
@@ -199,14 +205,15 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
     n = len(trace.requests())
     # One sample per request (the reserved and allocated bytes right after it), to find the moment of peak growth;
     # the timeline kept is then cut to `samples` windows exactly as the replay loop would have sampled it.
-    alloc, out = run_requests(trace, policy, device_memory, samples=max(1, n), event_lag=event_lag)
+    alloc, out = run_requests(trace, policy, device_memory, samples=max(1, n), event_lag=event_lag, cap=cap)
     stats = alloc.stats()
     per_request = out["timeline"]
     out["timeline"] = _windows(per_request, n, samples)
     growth_event = peak_growth_moment(per_request["reserved"][:n]) if out["peak_reserved"] else 0
     at = {}
     for moment in {out["peak_event"], growth_event} if out["peak_reserved"] else ():
-        state, _ = run_requests(trace, policy, device_memory, upto=moment + 1, samples=1, event_lag=event_lag)
+        state, _ = run_requests(trace, policy, device_memory, upto=moment + 1, samples=1, event_lag=event_lag,
+                                cap=cap)
         at[moment] = state.stats()
         if (at[moment]["reserved_bytes"], at[moment]["allocated_bytes"]) != (
                 per_request["reserved"][moment], per_request["allocated"][moment]):
@@ -240,6 +247,7 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
         stats=stats,
         timeline=out["timeline"],
         event_lag=event_lag,
+        cap=cap,
     )
 
 
@@ -270,12 +278,15 @@ def _windows(per_request: dict, n: int, samples: int) -> dict:
 
 
 def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
-                 upto: int | None = None, samples: int = 2000, event_lag: int = 0) -> tuple[Allocator, dict]:
+                 upto: int | None = None, samples: int = 2000, event_lag: int = 0,
+                 cap: int = 0) -> tuple[Allocator, dict]:
     """Serve the trace's first `upto` requests (default: all) with a fresh allocator on the sim driver; return the
-    allocator, in the state they left it, and replay_events' result. `event_lag`: see `replay`."""
+    allocator, in the state they left it, and replay_events' result. `event_lag` and `cap`: see `replay`."""
     policy = choice_of(policy).policy
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+        raise ValueError(f"cap must be a whole number of bytes >= 0, got {cap!r}")
     alloc = Allocator(SimDriver(capacity=modelled_device_memory(trace, device_memory), granularity=GRANULARITY),
-                      policy)
+                      policy, limit=cap)
     req = trace.requests()[:upto]
     # Dense allocation ids (0..k-1), so the replay's id table is as long as the trace, whatever ids it carries.
     _, dense_ids = np.unique(req["id"], return_inverse=True)

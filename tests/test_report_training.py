@@ -66,3 +66,17 @@ def test_speed_table_prints_medians_and_spreads(tmp_path):
     assert "| 2 | 99, 109 | 0.945 | 0.945 | 10.1% | 1.040 (1.9%) | 10.00 | 0.990 |" in gmlake
     expandable = next(line for line in out.splitlines() if line.startswith("| w | expandable |"))
     assert "| 0.0% |  | 10.50 |" in expandable
+
+
+def test_speed_table_takes_repeats_that_reserved_differently(tmp_path):
+    """FSDP under cross-stream sharing reserves a little differently run to run; --speed reports per run, so it
+    must not refuse them as the pooled table does."""
+    path = tmp_path / "train.json"
+    runs = runs_of("w", {"native": [100], "expandable": [110], "gmlake": [99, 109]},
+                   {"native": 20, "expandable": 10.5, "gmlake": 10})
+    runs[-1]["max_memory_reserved"] += 1 << 20
+    path.write_text(json.dumps({"environment": {}, "runs": runs}))
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "report_training.py"), "--speed", str(path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert any(line.startswith("| w | gmlake | 2 | 99, 109 |") for line in out.stdout.splitlines())

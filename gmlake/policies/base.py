@@ -20,7 +20,8 @@ class Policy:
         "pytorch": PyTorch's native rule, one handle per segment: 2 MiB for the small pool, `large_segment_size`
           for requests under `min_large_alloc`, else the request rounded up to `round_large`.
         "expandable": PyTorch's expandable segments: one VA range per stream and pool that grows by mapping pages of
-          `expandable_page_small` / `expandable_page_large` bytes.
+          `expandable_page_small` / `expandable_page_large` bytes; `capped_page_large` (0: the same) for a
+          large-pool range made while a cap below the device's memory is set (Note [Finer pages under a cap]).
       stitch: whether to stitch free blocks at all (only with "chunks").
       min_stitch_size: requests below this size never stitch; they get new chunks instead.
       min_saved_chunks: a stitch that also needs new chunks must save at least this many of them (1: stitch only
@@ -29,6 +30,10 @@ class Policy:
         tails add up to several percent of reserved memory otherwise. Costs a stitch per growth.
       cross_stream: whether a block freed on one stream may serve another once the first stream's work is done
         (PyTorch keeps every block on its stream).
+      cap_counts_request: under a cap (a limit), a request that needs new memory needs room under the cap for all
+        of itself, sized as PyTorch's get_allocation_size does, not only for the pages it maps; else memory pressure
+        is relieved first (free pages unmapped). PyTorch's alloc_block checks so, also for expandable segments.
+        Note [Releasing before the cap binds].
       round_to: requests are rounded up to this many bytes (PyTorch: 512).
       small_size / small_segment_size: requests up to small_size use a small pool of small_segment_size segments,
         never stitched, so small tensors do not fragment the chunks that large ones stitch.
@@ -62,6 +67,7 @@ class Policy:
     min_stitch_size: int = 0
     min_saved_chunks: int = 1
     cross_stream: bool = True
+    cap_counts_request: bool = False
     large_split_min: int = 0
     max_split_size: int = 0
     max_non_split_rounding: int = 20 * MiB
@@ -70,6 +76,7 @@ class Policy:
     round_large: int = 2 * MiB
     expandable_page_small: int = 2 * MiB
     expandable_page_large: int = 20 * MiB
+    capped_page_large: int = 0
     expandable_reserve: int = 0
     max_cached_sblocks: int = 4096
     sblock_search_depth: int = 8
@@ -171,7 +178,7 @@ class Policy:
                       "expandable_page_large"):
             positive(field)
         for field in ("min_stitch_size", "min_saved_chunks", "max_cached_sblocks", "large_split_min",
-                      "max_split_size", "max_non_split_rounding", "expandable_reserve"):
+                      "max_split_size", "max_non_split_rounding", "expandable_reserve", "capped_page_large"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"gmlake: policy {self.name}: {field} must be an int >= 0, got {value!r}")
@@ -182,7 +189,7 @@ class Policy:
         if self.round_to & (self.round_to - 1):
             raise ValueError(f"gmlake: policy {self.name}: round_to must be a power of two, got {self.round_to}")
         for field in ("chunk_size", "small_segment_size", "large_segment_size", "round_large",
-                      "expandable_page_small", "expandable_page_large"):
+                      "expandable_page_small", "expandable_page_large", "capped_page_large"):
             if getattr(self, field) % granularity:
                 raise ValueError(
                     f"gmlake: policy {self.name}: {field} {getattr(self, field)} is not a multiple of the driver's "

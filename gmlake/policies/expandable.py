@@ -18,5 +18,6 @@ class ExpandablePolicy(Policy):
     segment_rule: str = "expandable"
     stitch: bool = False
     cross_stream: bool = False
+    cap_counts_request: bool = True     # PyTorch's alloc_block: Note [Releasing before the cap binds]
     large_split_min: int = 0
     max_cached_sblocks: int = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gmlake.policies.base import Policy
+from gmlake.policies.base import MiB, Policy
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class GMLakePolicy(Policy):
     min_saved_chunks: int = 3
     cross_stream: bool = True
     sblock_first: bool = False
+    capped_page_large: int = 4 * MiB        # Note [Finer pages under a cap] (gmlake/_growth.pxi)
 
 
 @dataclass(frozen=True)
