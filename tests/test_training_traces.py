@@ -42,3 +42,31 @@ def test_the_captured_traces_are_there():
 def test_replay_gives_the_gpu_runs_peak_to_the_byte(workload, allocator):
     trace = load(str(RESULTS / "traces" / f"{workload}-gmlake.gmtrace"))
     assert replay(trace, POLICIES[allocator]).peak_reserved == measured()[(workload, allocator)]
+
+
+# The GPU cap search (bench/cap_search.py, 20 steps, 2026-11-30; bench/results/train/cap-2026-11-30b and -c): per
+# workload and allocator, the largest memory fraction that ran out of memory and the smallest that fit, of a device
+# of DEVICE_TOTAL bytes. The traces were captured under expandable segments with the same seed and so the same
+# requests (scripts/gpu-cap-trace.sh; the opt1.3b one under its cap, which changes no request).
+DEVICE_TOTAL = 150109880320
+GPU_CAP_BRACKETS = {
+    "gpt2xl-lora-ckpt-20steps-expandable": {"expandable": (0.05607518083350842, 0.05642739899267649),
+                                            "gmlake": (0.055985276030235856, 0.05607225050624221)},
+    "opt1.3b-lora-ckpt-20steps-expandable-capped": {"expandable": (0.04997214984370024, 0.05031903824907477),
+                                                    "gmlake": (0.0497758532243449, 0.049924496200827395)},
+}
+
+
+@pytest.mark.parametrize("trace_name", sorted(GPU_CAP_BRACKETS))
+def test_replayed_caps_land_in_the_gpu_cap_search_brackets(trace_name):
+    """Replayed as a cap (not a smaller device), each allocator fits where the GPU run fit and fails where it
+    failed, and gmlake fits a cap at which expandable segments ran out of memory. Before the cap was replayed as
+    PyTorch checks it (Note [Releasing before the cap binds]), the expandable model needed 0.3-0.6 % more than the
+    GPU; before gmlake's finer pages under a cap (Note [Finer pages under a cap]), gmlake needed 0.6-1.0 % more
+    than expandable segments."""
+    trace = load(RESULTS / "traces" / f"{trace_name}.gmtrace")
+    for allocator, (failed, fit) in GPU_CAP_BRACKETS[trace_name].items():
+        assert replay(trace, allocator, cap=int(fit * DEVICE_TOTAL), samples=0).ooms == 0, allocator
+        assert replay(trace, allocator, cap=int(failed * DEVICE_TOTAL), samples=0).ooms > 0, allocator
+    assert replay(trace, "gmlake", cap=int(GPU_CAP_BRACKETS[trace_name]["expandable"][0] * DEVICE_TOTAL),
+                  samples=0).ooms == 0
