@@ -89,6 +89,7 @@ def _event_lag(text: str) -> int:
 
 
 _device_memory = _size_type("device memory", 1, MAX_DEVICE_MEMORY, round_down=True)   # 5.58GiB: about that
+_cap = _size_type("a memory cap", 1, MAX_DEVICE_MEMORY, round_down=True)
 _byte_count = _size_type("size", 0)
 
 
@@ -189,12 +190,14 @@ def cmd_replay(args) -> int:
     from gmlake.replay import replay
 
     chosen = _policy_choices(args.policy, args.set)
-    if args.smallest_device and args.device_memory is not None:
-        raise UsageError("--smallest-device searches for the memory cap itself; drop --device-memory")
+    if args.smallest_device and (args.device_memory is not None or args.cap is not None):
+        raise UsageError("--smallest-device searches for the memory cap itself; drop "
+                         + ("--device-memory" if args.device_memory is not None else "--cap"))
     (trace,) = _load([args.trace], args.device)
     if args.smallest_device:
         return _smallest_devices(trace, chosen, args.json, args.event_lag)
-    results = [replay(trace, choice, device_memory=args.device_memory, event_lag=args.event_lag) for choice in chosen]
+    results = [replay(trace, choice, device_memory=args.device_memory, event_lag=args.event_lag, cap=args.cap or 0)
+               for choice in chosen]
     _note_unsized([trace], args.device_memory)
     if args.json:
         for r in results:
@@ -498,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
         if name == "replay":
             p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
+            p.add_argument("--cap", type=_cap, metavar="SIZE",
+                           help="replay under this memory cap, as torch.cuda.set_per_process_memory_fraction or "
+                                "GMLAKE_LIMIT set one (bytes or with a unit, e.g. 7.9GiB), on the modelled device")
             p.add_argument("--smallest-device", action="store_true",
                            help="instead: bisect, by replay, for the smallest memory cap each policy serves "
                                 "every request under (torch.cuda.set_per_process_memory_fraction's cap, on the "

@@ -95,3 +95,21 @@ def test_replay_smallest_device_from_the_command_line():
 def test_replay_smallest_device_refuses_a_fixed_device_in_one_line():
     proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-device", "--device-memory", "20GiB")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "drop --device-memory" in proc.stderr
+
+
+def test_replay_under_a_cap_from_the_command_line():
+    """`gmlake replay --cap`: the cap is replayed and recorded; expandable segments' model fails under a cap that
+    gmlake fits (11.6 GiB on opt350m: 11.55 against 11.66), and a bad cap is one line, exit 2."""
+    import json
+
+    proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--cap", "11.6GiB", "--json",
+                      "--policy", "gmlake", "--policy", "expandable")
+    assert proc.returncode == 3, proc.stderr                    # a replay that ran out under the cap
+    rows = {row["policy"]: row for row in map(json.loads, proc.stdout.splitlines())}
+    assert rows["gmlake"]["cap"] == int(11.6 * (1 << 30)) and not rows["gmlake"]["failed"]
+    assert rows["expandable"]["failed"]
+    for bad in ("0", "-1", "12XB"):
+        proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--cap", bad)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--cap" in proc.stderr
+    proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-device", "--cap", "20GiB")
+    assert proc.returncode == 2 and "drop --cap" in proc.stderr
