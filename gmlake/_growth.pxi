@@ -66,7 +66,8 @@ cdef inline size_t _page(Allocator self, int pool) noexcept nogil:
     traces (2026-11-30), 4 MiB pages fit every one in less than the expandable model, 0.3-1.6 % less, where
     20 MiB pages needed up to 3.1 % more (FSDP, rank 0) and 0.6-1.0 % more on the two LoRA + recomputation
     runs, as the GPU cap search measured; their driver time is 4-8x the 20 MiB pages' (under 15 ms a step).
-    A cap at or above the device's memory is none."""
+    A cap at or above the device's memory is none. A range made before the cap keeps its pages (_map_pages rounds
+    to the range's own); the growth estimates of a stitch use this page all the same."""
     if pool == POOL_SMALL:
         return self.k.page_small
     if self.limit_bytes and (self.driver.capacity == 0 or self.limit_bytes < self.driver.capacity):
@@ -128,7 +129,8 @@ cdef bint _request_over_cap(Allocator self, int pool, size_t size) noexcept nogi
     goes back, and the next growth maps into the lowest hole with room, packing later blocks into the holes of
     earlier ones. Counting only the pages mapped, the range keeps its free tail until the cap binds, by then in
     pieces that no growth can join. On the GPU (2026-11-30, gpt2xl-lora-ckpt and opt1.3b-lora-ckpt, 20 steps),
-    expandable segments fit under caps 0.3-0.6 % lower than the exact count replays."""
+    expandable segments fit under caps 0.2-0.6 % lower than the exact count replays, and inside the GPU's brackets
+    with this check (tests/test_training_traces.py)."""
     if not (self.k.cap_counts_request and self.limit_bytes) or \
             self.st.reserved + _pytorch_alloc_size(self, pool, size) <= self.limit_bytes:
         return False
