@@ -62,8 +62,8 @@ cdef inline size_t _page(Allocator self, int pool) noexcept nogil:
     live blocks is out of reach of growth and stitching alike; at 20 MiB pages that is what keeps a capped run
     from fitting where PyTorch's expandable segments fit, whose releases under pressure repack their ranges
     (Note [Releasing before the cap binds]). Finer pages cost driver time (cuMemSetAccess is priced per handle),
-    which a run with no cap should not pay, but under a cap memory is what binds. Replayed under caps on nine
-    traces (2026-11-30), 4 MiB pages fit every one in less than the expandable model, 0.3-1.6 % less, where
+    which a run with no cap should not pay, but under a cap memory is what binds. Replayed under caps on eleven
+    traces (2026-11-30), 4 MiB pages fit every one in less than the expandable model, 0.2-1.6 % less, where
     20 MiB pages needed up to 3.1 % more (FSDP, rank 0) and 0.6-1.0 % more on the two LoRA + recomputation
     runs, as the GPU cap search measured; their driver time is 4-8x the 20 MiB pages' (under 15 ms a step).
     A cap at or above the device's memory is none. A range made before the cap keeps its pages (_map_pages rounds
