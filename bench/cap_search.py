@@ -11,18 +11,19 @@ Why: the speed suite reports peak reserved memory with no cap, which is what an 
 it. Under a cap an allocator can release its cache and retry, so what a job fits into is the smallest cap it
 completes under: torch.cuda.set_per_process_memory_fraction(f), the cap a user sharing or sizing a GPU sets.
 
-Workloads: speed_suite.py's dynamic-shape ones (vit bert t5 cnn, the default) and train_suite.py's single-GPU LLM
-ones (opt1.3b-lora, opt1.3b-ckpt, opt1.3b-lora-ckpt, opt1.3b-offload, gpt2xl-lora, ...; not the FSDP one, which runs
-on two GPUs). Allocators by the names both suites give them; each workload takes those of its own suite (a pair
-that suite does not know is refused).
+Workloads: speed_suite.py's dynamic-shape ones (vit bert t5 cnn, the default), train_suite.py's single-GPU LLM
+ones (opt1.3b-lora, opt1.3b-ckpt, opt1.3b-lora-ckpt, opt1.3b-offload, gpt2xl-lora, ...) and its FSDP one
+(opt1.3b-fsdp-lora-ckpt, under torchrun on every visible GPU, each rank under the cap). Allocators by the names both
+suites give them; each workload takes those of its own suite (a pair that suite does not know is refused).
 
 Each probe is a fresh process of the workload's script, started exactly as its suite starts that allocator, with the
 same seed (so the same shapes) and `--steps 20`, plus `--memory-fraction f` (`probe_command`):
 bench/workloads/dynamic.py as speed_suite.py's `command` starts it, or bench/workloads/train_hf.py as train_suite.py's
 `command` does (the workload's model flags and the suite's default batch range, no max-batch search). Either times
 the steps after --warmup, and profiles no steps after the run (`--gpu-time-steps 0`: under the cap they could fail
-it). A probe fits when it exits 0 and fails when it exits 3 (out of memory under the cap). Any other failure ends
-that pair's search as an error, since bisecting on crashes would give a meaningless threshold. Per pair:
+it). A probe fits when it exits 0 and fails when it ran out of memory under the cap: it exits 3 with an `oom`
+summary, or, under FSDP, a rank wrote one (NAME.rank<r>.json) before torchrun stopped the job. Any other failure
+ends that pair's search as an error, since bisecting on crashes would give a meaningless threshold. Per pair:
 
 1. reference: an uncapped run. Its peak allocated / device total is the floor (below it nothing fits) and its peak
    reserved / total a fraction that fits (the same run capped there never meets the cap). With --bounds-from (a
@@ -63,7 +64,8 @@ from train_suite import environment
 
 HERE = Path(__file__).resolve().parent
 # workload -> the suite whose script runs it (and whose allocators it takes): dynamic.py's or train_hf.py's
-SUITES = {**dict.fromkeys(speed_suite.WORKLOADS, speed_suite), **dict.fromkeys(train_suite.WORKLOADS, train_suite)}
+SUITES = {**dict.fromkeys(speed_suite.WORKLOADS, speed_suite), **dict.fromkeys(train_suite.WORKLOADS, train_suite),
+          **dict.fromkeys(train_suite.FSDP_WORKLOADS, train_suite)}
 WORKLOADS = tuple(SUITES)
 ALLOCATORS = tuple(dict.fromkeys([*speed_suite.ALLOCATORS, *train_suite.ALLOCATORS]))
 # the workloads' exit status when a step runs out of memory under --memory-fraction (common.OOM_EXIT; not imported
@@ -212,7 +214,9 @@ def probe_command(workload: str, allocator: str, settings: argparse.Namespace,
         run = argparse.Namespace(gpus=None, steps=settings.steps, min_batch=train_suite.MIN_BATCH,
                                  max_batch=train_suite.MAX_BATCH, cap_gib=0)
         cmd, env = train_suite.command(workload, allocator, run, str(json_path))
-        cmd += ["--warmup", str(settings.warmup), "--seed", str(settings.seed)]
+        cmd += ["--warmup", str(settings.warmup)]
+        if workload not in train_suite.FSDP_WORKLOADS:      # FSDP ranks draw their shapes from their rank
+            cmd += ["--seed", str(settings.seed)]
     else:
         cmd, env = speed_suite.command(workload, allocator, settings, json_path)
     return [*cmd, "--gpu-time-steps", "0"], env
@@ -221,9 +225,11 @@ def probe_command(workload: str, allocator: str, settings: argparse.Namespace,
 def run_probe(workload: str, allocator: str, purpose: str, fraction: float | None, timeout_s: float, *,
               settings: argparse.Namespace, out: Path, index: int) -> dict:
     """One probe in a fresh process: fit (exit 0), out of memory under the cap (exit 3), or an error."""
-    json_path = out / "probes" / f"{index:03d}-{workload}-{allocator}-{purpose}.json"
+    # No dot before the suffix: FSDP's ranks r > 0 write NAME.rank<r>.json beside it (fsdp_train.rank_path).
+    json_path = out / "probes" / (f"{index:03d}-{workload}-{allocator}-{purpose}".replace(".", "_") + ".json")
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.unlink(missing_ok=True)
+    for stale in rank_summaries(json_path):
+        stale.unlink()
     cmd, env = probe_command(workload, allocator, settings, json_path)
     if fraction is not None:
         cmd += ["--memory-fraction", repr(fraction)]
@@ -234,18 +240,38 @@ def run_probe(workload: str, allocator: str, purpose: str, fraction: float | Non
     except subprocess.TimeoutExpired:
         killed = True
         proc = subprocess.CompletedProcess(cmd, -9, "", f"killed after {timeout_s:.0f} s (timeout or deadline)")
-    measured = (json.loads(json_path.read_text()) if proc.returncode in (0, OOM_EXIT) and json_path.exists()
-                else {})
+    measured = (json.loads(json_path.read_text()) if proc.returncode == 0 and json_path.exists()
+                else out_of_memory_summary(json_path) or {})
     probe = {"index": index, "workload": workload, "allocator": allocator, "purpose": purpose, "fraction": fraction,
              "fit": proc.returncode == 0 and bool(measured), "returncode": proc.returncode,
              "wall_s": round(time.perf_counter() - started, 1),
              **{k: measured.get(k) for k in ("timed_s", "max_memory_allocated", "max_memory_reserved", "oom_step")}}
-    if proc.returncode == OOM_EXIT and measured.get("oom"):
+    if not probe["fit"] and measured.get("oom"):
         probe["oom"] = True
     elif not probe["fit"]:
         probe["error"] = (proc.stderr or proc.stdout or "no output")[-2000:]
         probe["killed"] = killed
     return probe
+
+
+def rank_summaries(json_path: Path) -> list[Path]:
+    """The summary files a probe left: its own (where it exists) and those of FSDP's ranks r > 0."""
+    own = [json_path] if json_path.exists() else []
+    return own + sorted(json_path.parent.glob(f"{json_path.stem}.rank*{json_path.suffix}"))
+
+
+def out_of_memory_summary(json_path: Path) -> dict | None:
+    """The summary of a probe, or of one of its ranks, that ran out of memory under the cap (`"oom": true`), else
+    None. A single process says so with exit status OOM_EXIT; an FSDP job ends with torchrun's status, and the
+    rank's file is what tells an out-of-memory stop from a crash."""
+    for path in rank_summaries(json_path):
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(summary, dict) and summary.get("oom") is True:
+            return summary
+    return None
 
 
 def device_total_memory() -> int:

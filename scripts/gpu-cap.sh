@@ -6,8 +6,11 @@
 #     scripts/gpu-cap.sh [more cap_search args, e.g. --bounds-from bench/results/train/speed-.../summary.json]
 #   TOTAL=540 WORKLOADS="gpt2xl-lora-ckpt opt1.3b-lora-ckpt opt1.3b-offload" ALLOCATORS="expandable gmlake" \
 #     scripts/gpu-cap.sh [--bounds-from bench/results/train/call1-gpu1.json]
-# WORKLOADS takes speed_suite.py's dynamic-shape workloads (dynamic.py) and train_suite.py's single-GPU LLM ones
-# (train_hf.py; they need transformers, and peft for LoRA).
+#   TOTAL=540 WORKLOADS=opt1.3b-fsdp-lora-ckpt scripts/gpu-cap.sh          # on nvidia-h200-x2: both GPUs
+# WORKLOADS takes speed_suite.py's dynamic-shape workloads (dynamic.py), train_suite.py's single-GPU LLM ones
+# (train_hf.py; they need transformers, and peft for LoRA) and its FSDP one (fsdp_train.py under torchrun on every
+# visible GPU). The probes see GPU 0 alone unless CUDA_VISIBLE_DEVICES says otherwise, or WORKLOADS holds the FSDP
+# workload (then GPUs 0 and 1): one cap search per machine.
 # SKIP_BUILD=1 uses the gmlake already installed (for a smoke test of this script on a machine without CUDA).
 # Returns in $OUT (8 files at most come back): machine.txt, build.log, cap.log (the search's progress and table),
 # cap/cap.json (environment, every probe, every pair's outcome) and cap/probes.tar.gz (the workload's summary of
@@ -15,8 +18,9 @@
 set -uo pipefail
 TOTAL=${TOTAL:-540}
 . "$(dirname "$0")/gpu-common.sh"
+case " ${WORKLOADS:-} " in *fsdp*) GPUS=0,1 ;; *) GPUS=0 ;; esac
 # shellcheck disable=SC2086  # the word lists split on purpose
-CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} timeout $((DEADLINE + 10)) python3 bench/cap_search.py \
+CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$GPUS} timeout $((DEADLINE + 10)) python3 bench/cap_search.py \
   --out "$OUT/cap" --deadline "$DEADLINE" --steps "${STEPS:-20}" --resolution "${RESOLUTION:-0.01}" \
   --workloads ${WORKLOADS:-vit bert t5 cnn} --allocators ${ALLOCATORS:-expandable gmlake} "$@" \
   >"$OUT/cap.log" 2>&1

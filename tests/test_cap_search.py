@@ -214,7 +214,6 @@ def one_line_exit_2(cmd: list[str]) -> str:
     (["--workloads", "gpt"], "invalid choice"), (["--allocators", "tcmalloc"], "invalid choice"),
     (["--steps", "0"], "--steps"), (["--deadline", "-1"], "--deadline"),
     (["--bounds-from", "/no/such/summary.json"], "no such file"), (["--bogus"], "unrecognized"),
-    (["--workloads", "opt1.3b-fsdp-lora-ckpt"], "invalid choice"),          # two GPUs: not a cap-search workload
     (["--workloads", "vit", "opt1.3b-lora", "--allocators", "gmlake", "gmlake-paper-8m"],
      "no such workload and allocator: vit:gmlake-paper-8m (")])             # train_suite.py's alone
 def test_cap_search_refuses_bad_input_in_one_line(args, says):
@@ -269,6 +268,7 @@ def test_a_train_workload_probe_is_train_hf_started_as_the_train_suite_starts_it
     assert (flag(cmd, "--steps"), flag(cmd, "--warmup"), flag(cmd, "--seed")) == ("12", "3", "7")
     assert (flag(cmd, "--min-batch"), flag(cmd, "--max-batch")) == ("2", "8")        # train_suite.py's defaults
     assert flag(cmd, "--json") == str(tmp_path / "probes" / f"004-gpt2xl-lora-ckpt-{allocator}-bisect.json")
+    assert "." not in Path(flag(cmd, "--json")).stem       # no dot before the suffix: FSDP ranks add .rank<r>
     assert flag(cmd, "--gpu-time-steps") == "0" and cmd[-2:] == ["--memory-fraction", "0.06"]
     assert "--max-batch-search" not in cmd and "--cap-gib" not in cmd and "--offload" not in cmd
     assert env["NCCL_NVLS_ENABLE"] == "0"
@@ -283,6 +283,46 @@ def test_a_reference_probe_runs_uncapped_and_a_dynamic_workload_still_runs_dynam
     assert cmd[1] == str(ROOT / "bench" / "workloads" / "dynamic.py") and flag(cmd, "--workload") == "t5"
     assert flag(cmd, "--warmup") == "2" and flag(cmd, "--gpu-time-steps") == "0" and cmd[-1] == "0.1"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and "--min-batch" not in cmd
+
+
+def test_an_fsdp_probe_is_a_torchrun_job_whose_rank_tells_out_of_memory(monkeypatch, tmp_path):
+    """FSDP runs under torchrun on every visible GPU; a rank that runs out of memory under the cap writes its own
+    summary (rank r > 0 beside the probe's, as NAME.rank<r>.json) and torchrun ends the job with its own status:
+    the rank's file makes it an out-of-memory probe, its absence a crash."""
+    started = {}
+
+    def fake_run(cmd, env, **kwargs):
+        started.update(cmd=cmd)
+        json_path = Path(flag(cmd, "--json"))
+        if started.get("oom"):
+            rank1 = json_path.with_name(json_path.stem + ".rank1" + json_path.suffix)
+            rank1.write_text(json.dumps({"rank": 1, "oom": True, "oom_step": 5, "max_memory_allocated": 3,
+                                         "max_memory_reserved": 4}))
+        return subprocess.CompletedProcess(cmd, 1, "", "torch.distributed.elastic...ChildFailedError")
+
+    monkeypatch.setattr(cap_search.subprocess, "run", fake_run)
+    workload = "opt1.3b-fsdp-lora-ckpt"
+    settings = cap_search.parse_args(["--workloads", workload, "--allocators", "gmlake", "--steps", "12"])
+    started["oom"] = True
+    probe = cap_search.run_probe(workload, "gmlake", "bisect", 0.05, 60, settings=settings, out=tmp_path, index=7)
+    cmd = started["cmd"]
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    assert cmd[5:8] == ["-m", "gmlake", "run"] and cmd[8].endswith("fsdp_train.py")
+    assert (flag(cmd, "--steps"), flag(cmd, "--warmup")) == ("12", "3") and "--seed" not in cmd
+    assert flag(cmd, "--gpu-time-steps") == "0" and cmd[-2:] == ["--memory-fraction", "0.05"]
+    assert probe["oom"] and not probe["fit"] and probe["oom_step"] == 5 and "error" not in probe
+    started["oom"] = False                               # the same exit, no rank's summary: a crash, and stale
+    probe = cap_search.run_probe(workload, "gmlake", "bisect", 0.05, 60, settings=settings, out=tmp_path, index=7)
+    assert not probe.get("oom") and "ChildFailedError" in probe["error"]       # files of an earlier probe removed
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--memory-fraction", "2"], "needs a number in (0, 1]"), (["--memory-fraction", "x"], "needs a number"),
+    (["--memory-fraction", "0.5", "--gpu-time-steps", "2"], "--gpu-time-steps N > 0"),
+    (["--memory-fraction", "0.5", "--cap-gib", "9"], "--cap-gib"), (["--steps", "4", "--warmup", "4"], "--warmup")])
+def test_fsdp_train_refuses_bad_input_before_starting_in_one_line(args, says):
+    pytest.importorskip("torch")
+    assert says in one_line_exit_2(["bench/workloads/fsdp_train.py", *args])
 
 
 def test_bounds_are_read_from_a_train_suite_results_file(tmp_path):

@@ -3,8 +3,15 @@
     torchrun --nproc-per-node 2 bench/workloads/fsdp_train.py --model opt-1.3b --json out.json
     torchrun --nproc-per-node 2 -m gmlake run bench/workloads/fsdp_train.py --model opt-1.3b --json out.json
 
-Rank 0 writes the summary: each rank's peak allocated and reserved memory, the median step time, tokens per second.
-Each rank draws its own shapes, as each rank's data loader would.
+Rank 0 writes the summary: each rank's peak allocated and reserved memory, the median step time, tokens per second,
+and `timed_s`, the slowest rank's sum of step times after --warmup (the first quarter by default). Each rank draws
+its own shapes, as each rank's data loader would.
+
+--memory-fraction F (0 < F <= 1) caps each rank with torch.cuda.set_per_process_memory_fraction(F) before the model
+is built (bench/cap_search.py bisects on it). A rank that runs out of memory under it writes its own summary
+(`oom`, the step, its peaks; rank r > 0 to the --json path with `.rank<r>` before the suffixes) and ends its process
+at once with exit status 3, since the other rank waits in a collective that will never complete; torchrun then
+stops the job (with its own exit status), so the rank's file is what tells an out-of-memory stop from a crash.
 """
 from __future__ import annotations
 
@@ -14,11 +21,13 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
+from common import OOM_EXIT, memory_fraction, out_of_memory, refuse
 from train_hf import (MODELS, MachineProbe, add_lora, allocator_name, build_model, dump_snapshot, gmlake_stats,
                       gpu_time, memory_peaks, start_snapshot)
 
@@ -43,15 +52,27 @@ def main() -> None:
     p.add_argument("--max-seq", type=int, default=1024)
     p.add_argument("--cap-gib", type=float, help="cap each rank's memory (set_per_process_memory_fraction); the "
                                                  "suite's batch search runs each probe as its own job under a cap")
+    p.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter, at least one)")
+    p.add_argument("--memory-fraction", metavar="F",
+                   help="cap each rank at F (0 < F <= 1) of its device's memory; out of memory: exit 3 (see above)")
     p.add_argument("--json")
     p.add_argument("--snapshot", help="record every allocator event of each rank, model building included, into this "
                                       "snapshot (rank r > 0 writes NAME.rank<r> before the suffixes; slows the run)")
-    p.add_argument("--gpu-time-steps", type=int, default=4, metavar="N",
+    p.add_argument("--gpu-time-steps", type=int, metavar="N",
                    help="after the run, time the kernels of N more steps (the last N shapes) on each rank with the "
-                        "profiler (Note [GPU time] in common.py; 0: none)")
+                        "profiler (Note [GPU time] in common.py; 0: none; default 4, under --memory-fraction 0)")
     args = p.parse_args()
+    fraction = memory_fraction("fsdp_train.py", args.memory_fraction, "cuda")
+    if fraction is not None and (args.cap_gib or args.gpu_time_steps):
+        refuse("fsdp_train.py", "--memory-fraction takes neither --cap-gib nor --gpu-time-steps N > 0 (under the cap "
+                                "the profiled steps could fail the run)")
+    if args.gpu_time_steps is None:
+        args.gpu_time_steps = 0 if fraction is not None else 4
+    warmup = min(max(1, args.steps // 4), args.steps - 1) if args.warmup is None else args.warmup
+    if args.steps < 1 or not 0 <= warmup < args.steps:
+        refuse("fsdp_train.py", "need --steps >= 1 and 0 <= --warmup < --steps")
     if not 0 <= args.gpu_time_steps <= args.steps:
-        p.error("need 0 <= --gpu-time-steps <= --steps")
+        refuse("fsdp_train.py", "need 0 <= --gpu-time-steps <= --steps")
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl")
@@ -62,6 +83,33 @@ def main() -> None:
     if args.cap_gib:
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * (1 << 30) / total))
+    if fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(fraction)     # the cap holds from the first byte of the model
+    try:
+        train(args, rank, world, warmup, fraction)
+    except Exception as exc:
+        if fraction is None or not out_of_memory(exc):
+            raise
+        exit_rank_out_of_memory(args, rank, fraction, exc)
+    dist.destroy_process_group()
+
+
+def exit_rank_out_of_memory(args: argparse.Namespace, rank: int, fraction: float, exc: BaseException) -> None:
+    """This rank ran out of memory under --memory-fraction: its summary, one line on stderr, and the process ends at
+    once with OOM_EXIT (the other rank waits in a collective; torchrun stops it)."""
+    summary = {"model": args.model, "rank": rank, "memory_fraction": fraction, "oom": True,
+               "oom_step": getattr(exc, "gmlake_step", None),
+               "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500], **memory_peaks()}
+    if args.json:
+        with open(rank_path(args.json, rank), "w") as f:
+            json.dump(summary, f)
+    print(f"fsdp_train.py: rank {rank} out of memory under memory fraction {fraction}", file=sys.stderr, flush=True)
+    os._exit(OOM_EXIT)
+
+
+def train(args: argparse.Namespace, rank: int, world: int, warmup: int, fraction: float | None) -> None:
+    """Build the FSDP model, train --steps steps, and (rank 0) write the summary. An exception raised in a step
+    carries the step's index as `gmlake_step`."""
     torch.manual_seed(0)
     rng = random.Random(rank)
 
@@ -88,20 +136,24 @@ def main() -> None:
     for step in range(args.steps):
         batch = rng.randint(args.min_batch, args.max_batch)
         seq = rng.randint(args.min_seq // 8, args.max_seq // 8) * 8
-        ids = torch.randint(0, vocab, (batch, seq), device="cuda")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        train_step(ids)
-        torch.cuda.synchronize()
+        try:
+            ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+            train_step(ids)
+            torch.cuda.synchronize()
+        except Exception as exc:
+            exc.gmlake_step = step
+            raise
         times.append(time.perf_counter() - t0)
         tokens.append(batch * seq)
         shapes.append((batch, seq))
         probes.append(probe())
     if args.snapshot:
         dump_snapshot(rank_path(args.snapshot, rank))
-    warm = max(1, len(times) // 4)
-    mine = {**memory_peaks(), "gmlake": gmlake_stats(), "median_step_s": statistics.median(times[warm:]),
-            "tokens_per_s": sum(tokens[warm:]) / sum(times[warm:]), "step_s": times, "probes": probes}
+    mine = {**memory_peaks(), "gmlake": gmlake_stats(), "median_step_s": statistics.median(times[warmup:]),
+            "tokens_per_s": sum(tokens[warmup:]) / sum(times[warmup:]), "timed_s": sum(times[warmup:]),
+            "step_s": times, "probes": probes}
     if args.gpu_time_steps:         # after the peaks and counters are read: these steps are not part of them
         mine["gpu_time"] = [gpu_time(lambda b=b, s=s: train_step(torch.randint(0, vocab, (b, s), device="cuda")))
                             for b, s in shapes[-args.gpu_time_steps:]]
@@ -113,12 +165,14 @@ def main() -> None:
                    "max_memory_reserved": max(g["max_memory_reserved"] for g in gathered),
                    "max_memory_allocated": max(g["max_memory_allocated"] for g in gathered),
                    "median_step_s": max(g["median_step_s"] for g in gathered),
-                   "tokens_per_s": sum(g["tokens_per_s"] for g in gathered)}
+                   "tokens_per_s": sum(g["tokens_per_s"] for g in gathered),
+                   "timed_s": max(g["timed_s"] for g in gathered), "warmup_steps": warmup}
+        if fraction is not None:
+            summary.update(memory_fraction=fraction, oom=False)
         print(json.dumps(summary))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(summary, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
