@@ -23,6 +23,7 @@ import random
 import statistics
 import sys
 import time
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -94,7 +95,7 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def exit_rank_out_of_memory(args: argparse.Namespace, rank: int, fraction: float, exc: BaseException) -> None:
+def exit_rank_out_of_memory(args: argparse.Namespace, rank: int, fraction: float, exc: BaseException) -> NoReturn:
     """This rank ran out of memory under --memory-fraction: its summary, one line on stderr, and the process ends at
     once with OOM_EXIT (the other rank waits in a collective; torchrun stops it)."""
     summary = {"model": args.model, "rank": rank, "memory_fraction": fraction, "oom": True,
