@@ -9,7 +9,8 @@
 set -uo pipefail
 TOTAL=${TOTAL:-540}
 . "$(dirname "$0")/gpu-common.sh"
-for run in ${RUNS:?name the runs}; do
+[ -n "${RUNS:-}" ] || { echo "gpu-cap-trace.sh: name the runs: RUNS=\"WORKLOAD:ALLOCATOR:FRACTION ...\"" >&2; exit 2; }
+for run in $RUNS; do
   IFS=: read -r workload allocator fraction <<<"$run"
   name="$workload-$allocator-$fraction"
   flags=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import train_suite as t

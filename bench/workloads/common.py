@@ -196,15 +196,20 @@ def out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
 
 
+def oom_summary(head: dict, step: int | None, fraction: float, exc: BaseException) -> dict:
+    """The summary of a run that ran out of memory under its cap: `head` (what ran), then oom, the step, the error's
+    first line and the peaks so far."""
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+    return {**head, "memory_fraction": fraction, "oom": True, "oom_step": step, "error": first_line, **memory_peaks()}
+
+
 def exit_out_of_memory(script: str, head: dict, records: list[dict], fraction: float, exc: BaseException,
                        json_path: str | None) -> NoReturn:
     """End a capped run whose step ran out of memory: the summary (`head`, what ran; then oom, the step, the error's
     first line, the peaks so far and the steps that completed) to `json_path`, one line on stderr, exit status
     OOM_EXIT. The step is the number of records, so step 0 with none also covers building the model."""
     step = len(records)
-    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
-    summary = {**head, "memory_fraction": fraction, "oom": True, "oom_step": step, "error": first_line,
-               **memory_peaks(), "per_step": records}
+    summary = {**oom_summary(head, step, fraction, exc), "per_step": records}
     if json_path:
         with open(json_path, "w") as f:
             json.dump(summary, f, indent=1)

@@ -28,7 +28,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from common import OOM_EXIT, memory_fraction, out_of_memory, refuse
+from common import OOM_EXIT, memory_fraction, oom_summary, out_of_memory, refuse
 from train_hf import (MODELS, MachineProbe, add_lora, allocator_name, build_model, dump_snapshot, gmlake_stats,
                       gpu_time, memory_peaks, start_snapshot)
 
@@ -98,9 +98,7 @@ def main() -> None:
 def exit_rank_out_of_memory(args: argparse.Namespace, rank: int, fraction: float, exc: BaseException) -> NoReturn:
     """This rank ran out of memory under --memory-fraction: its summary, one line on stderr, and the process ends at
     once with OOM_EXIT (the other rank waits in a collective; torchrun stops it)."""
-    summary = {"model": args.model, "rank": rank, "memory_fraction": fraction, "oom": True,
-               "oom_step": getattr(exc, "gmlake_step", None),
-               "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500], **memory_peaks()}
+    summary = oom_summary({"model": args.model, "rank": rank}, getattr(exc, "gmlake_step", None), fraction, exc)
     if args.json:
         with open(rank_path(args.json, rank), "w") as f:
             json.dump(summary, f)
