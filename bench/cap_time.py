@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Time under a cap (issue 10: "step time at 1.05x its smallest cap <= 1.10x its uncapped step time"), with the
+rounds the cap search's single timed probe lacks.
+
+    python bench/cap_time.py --workload gpt2xl-lora-ckpt --allocator gmlake --fraction 0.0588759 --rounds 3
+    python bench/cap_time.py --from-cap bench/results/train/cap-2026-11-30c/cap.json --rounds 3
+
+One workload and allocator, each run a fresh process started exactly as a cap-search probe (bench/cap_search.py's
+`probe_command`: the suite's shapes, --steps, --seed), alternating uncapped and capped runs in A B B A order per
+round, so that a drift of the machine's speed falls on both. Time = the workload's `timed_s` (sum of the step times
+after warm-up). Reports the ratio of the capped runs' summed time to the uncapped runs', with each side's own spread
+(max / min - 1) beside it: a ratio whose distance from 1 is inside the spreads is not resolved.
+
+--from-cap takes every pair of a cap search's cap.json that found a smallest fit, at TIMED_MARGIN (1.05) x it.
+Output: DIR/cap-time.json (environment, every run, per pair the sums, ratio and spreads) and a line per pair.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+import cap_search
+from train_suite import environment
+
+HERE = Path(__file__).resolve().parent
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def pairs_from_cap(path: Path) -> list[tuple[str, str, float]]:
+    """(workload, allocator, fraction to time at) for every pair of a cap search that found a smallest fit."""
+    record = json.loads(path.read_text())
+    found = []
+    for pair in record["pairs"]:
+        fits = [f for f in (pair.get("smallest_fit"), pair.get("smallest_fit_probed")) if f is not None]
+        if fits:
+            found.append((pair["workload"], pair["allocator"], min(cap_search.TIMED_MARGIN * min(fits), 1.0)))
+    return found
+
+
+def spread(values: list[float]) -> float:
+    """max / min - 1 of a side's run times (0 for one run)."""
+    return max(values) / min(values) - 1 if values else 0.0
+
+
+def summarize(runs: list[dict]) -> dict:
+    """A pair's sums, ratio (capped / uncapped) and each side's spread, from its runs that fit."""
+    side = {name: [r["timed_s"] for r in runs if r["fit"] and r.get("timed_s") and (r["fraction"] is None) == uncapped]
+            for name, uncapped in (("uncapped", True), ("capped", False))}
+    out = {f"{name}_s": [round(v, 4) for v in values] for name, values in side.items()}
+    out.update({f"{name}_spread": round(spread(values), 4) for name, values in side.items()})
+    out["out_of_memory"] = sum(bool(r.get("oom")) for r in runs)
+    out["errors"] = sum(not r["fit"] and not r.get("oom") for r in runs)
+    if side["uncapped"] and side["capped"]:
+        uncapped = sum(side["uncapped"]) / len(side["uncapped"])
+        capped = sum(side["capped"]) / len(side["capped"])
+        out["ratio"] = round(capped / uncapped, 4)
+        out["resolved"] = abs(out["ratio"] - 1) > max(out["uncapped_spread"], out["capped_spread"])
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = OneLineParser(prog="cap_time.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=cap_search.WORKLOADS)
+    parser.add_argument("--allocator", choices=cap_search.ALLOCATORS)
+    parser.add_argument("--fraction", type=float, help="the cap to time at, a fraction of the device's memory")
+    parser.add_argument("--from-cap", metavar="CAP_JSON", help="a cap search's cap.json: time every pair it fit")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of uncapped, capped, capped, uncapped")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=("full", "small"), default="full", help="the dynamic workloads' models")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
+    parser.add_argument("--deadline", type=float, default=0, help="seconds from the start (0: none)")
+    parser.add_argument("--out", default=str(HERE / "results" / "train" / "cap-time"))
+    args = parser.parse_args(argv)
+    args.warmup = args.steps // 4 if args.warmup is None else args.warmup
+    if args.steps < 1 or not 0 <= args.warmup < args.steps:
+        parser.error("need --steps >= 1 and 0 <= --warmup < --steps")
+    if args.rounds < 1 or not args.timeout > 0 or not args.deadline >= 0:
+        parser.error("need --rounds >= 1, --timeout > 0 and --deadline >= 0")
+    if args.from_cap:
+        if args.workload or args.allocator or args.fraction is not None:
+            parser.error("give either --from-cap or --workload, --allocator and --fraction")
+        try:
+            args.pairs = pairs_from_cap(Path(args.from_cap))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--from-cap {args.from_cap}: not a cap search's cap.json ({type(exc).__name__}: {exc})")
+        if not args.pairs:
+            parser.error(f"--from-cap {args.from_cap}: no pair found a smallest fit")
+    else:
+        if not (args.workload and args.allocator and args.fraction is not None):
+            parser.error("need --workload, --allocator and --fraction (or --from-cap)")
+        if not 0 < args.fraction <= 1:
+            parser.error(f"--fraction needs a number in (0, 1], got {args.fraction}")
+        if args.allocator not in cap_search.SUITES[args.workload].ALLOCATORS:
+            parser.error(f"no such workload and allocator: {args.workload}:{args.allocator}")
+        args.pairs = [(args.workload, args.allocator, args.fraction)]
+    args.device = "cuda"
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record: dict = {"environment": environment(), "settings": {k: v for k, v in vars(args).items()},
+                    "runs": [], "pairs": []}
+
+    def save() -> None:
+        record["wall_s"] = round(time.perf_counter() - started, 1)
+        (out / "cap-time.json").write_text(json.dumps(record, indent=1) + "\n")
+
+    for workload, allocator, fraction in args.pairs:
+        runs = []
+        for round_ in range(args.rounds):
+            for capped in (False, True, True, False):
+                left = args.deadline - (time.perf_counter() - started) if args.deadline else args.timeout
+                walls = sorted(r.get("wall_s", 0.0) for r in runs if r["fit"])
+                if left < (walls[len(walls) // 2] if walls else 1.0):     # a run stopped at the deadline tells nothing
+                    record["stopped"] = f"deadline: {left:.0f} s left"
+                    break
+                run = cap_search.run_probe(workload, allocator, "capped" if capped else "uncapped",
+                                           fraction if capped else None, min(args.timeout, left), settings=args,
+                                           out=out, index=len(record["runs"]))
+                run["round"] = round_
+                runs.append(run)
+                record["runs"].append(run)
+                cap = f"capped at {fraction:.5f}" if capped else "uncapped"
+                print(f"{workload} / {allocator} round {round_} {cap}:"
+                      f" {'fit' if run['fit'] else 'OOM' if run.get('oom') else 'ERROR'}"
+                      + (f", timed {run['timed_s']:.2f} s" if run.get("timed_s") else ""), flush=True)
+                save()
+            if "stopped" in record:
+                break
+        summary = {"workload": workload, "allocator": allocator, "fraction": fraction, **summarize(runs)}
+        record["pairs"].append(summary)
+        save()
+        print(f"== {workload} / {allocator}: capped / uncapped "
+              + (f"{summary['ratio']:.3f}" if "ratio" in summary else "-")
+              + f" (spread uncapped {summary['uncapped_spread']:.1%}, capped {summary['capped_spread']:.1%}; "
+              + ("resolved" if summary.get("resolved") else "not resolved") + ")", flush=True)
+    print(f"results in {out / 'cap-time.json'}")
+
+
+if __name__ == "__main__":
+    main()
