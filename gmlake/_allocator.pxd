@@ -44,6 +44,7 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         size_t chunk_size
         int pool
         PrivatePool* owner
+        bint under_cap
         cmap[FreeKey, Block*]* free_index
         vector[uint64_t] handles
         vector[int] sblock_maps

@@ -66,13 +66,25 @@ cdef inline size_t _page(Allocator self, int pool) noexcept nogil:
     traces (2026-11-30), 4 MiB pages fit every one in less than the expandable model, 0.2-1.6 % less, where
     20 MiB pages needed up to 3.1 % more (FSDP, rank 0) and 0.6-1.0 % more on the two LoRA + recomputation
     runs, as the GPU cap search measured; their driver time is 4-8x the 20 MiB pages' (under 15 ms a step).
-    A cap at or above the device's memory is none. A range made before the cap keeps its pages (_map_pages rounds
-    to the range's own); the growth estimates of a stitch use this page all the same."""
+    A cap at or above the device's memory is none. A range made before the cap was set keeps its pages and what it
+    has mapped, but grows no more (_coarser_range): growth goes to a range of this page, so a cap set after the
+    model was loaded still gets finer pages for what comes after."""
     if pool == POOL_SMALL:
         return self.k.page_small
-    if self.limit_bytes and (self.driver.capacity == 0 or self.limit_bytes < self.driver.capacity):
+    if _cap_binds(self):
         return self.k.page_large_capped
     return self.k.page_large
+
+
+cdef inline bint _cap_binds(Allocator self) noexcept nogil:
+    """Whether a cap below the device's memory is set (a cap at or above it is none)."""
+    return self.limit_bytes != 0 and (self.driver.capacity == 0 or self.limit_bytes < self.driver.capacity)
+
+
+cdef inline bint _coarser_range(Allocator self, Segment* seg, size_t page) noexcept nogil:
+    """Whether a range made before a cap was set maps pages coarser than `page`, the page its pool grows by under
+    the cap now: it takes no more growth (Note [Finer pages under a cap])."""
+    return seg.chunk_size > page and not seg.under_cap and _cap_binds(self)
 
 
 cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
@@ -84,9 +96,11 @@ cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stre
     cdef Block* b
     cdef size_t room
     cdef Segment* seg
+    cdef size_t page = _page(self, pool)
     while it != holes.end() and deref(it).first.stream == stream:
         c = deref(it).second
-        if c.seg.owner != NULL:         # a released pool's segment, part unmapped: never the default pool's
+        # a released pool's segment, part unmapped, is never the default pool's; a coarser range grows no more
+        if c.seg.owner != NULL or _coarser_range(self, c.seg, page):
             inc(it)
             continue
         if c.prev != NULL and free_for(c.prev, stream):
@@ -99,7 +113,6 @@ cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stre
         if room >= size:
             return c
         inc(it)
-    cdef size_t page = _page(self, pool)
     cdef size_t reserve = round_up(self.k.expandable_reserve, page)
     if self.k.hook_layout:          # growth seam: the new range's size and page
         self.seams.layout(self, pool, size, stream, &reserve, &page)
@@ -172,6 +185,9 @@ cdef size_t _growth_bytes(Allocator self, int pool, size_t size, int64_t stream)
     cdef size_t page = _page(self, pool)
     while it != holes.end() and deref(it).first.stream == stream:
         c = deref(it).second
+        if c.seg.owner != NULL or _coarser_range(self, c.seg, page):     # as _find_expandable skips them
+            inc(it)
+            continue
         if c.prev != NULL and free_for(c.prev, stream):
             c = c.prev
         room = 0

@@ -48,6 +48,7 @@ cdef Segment* _new_segment(Allocator self, int pool, size_t size, size_t chunk_s
     seg.size = size
     seg.chunk_size = chunk_size
     seg.pool = pool
+    seg.under_cap = _cap_binds(self)
     seg.free_index = _index(self, pool)
     if mapped:
         seg.handles = handles

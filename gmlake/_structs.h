@@ -50,6 +50,7 @@ struct Segment {
     size_t chunk_size = 0;
     int pool = POOL_LARGE;
     PrivatePool* owner = nullptr;    // the private pool it belongs to (graph capture), or nullptr: the default pool
+    bool under_cap = false;   // made while a cap below the device's memory was set (Note [Finer pages under a cap])
     std::map<FreeKey, Block*>* free_index = nullptr;   // where its free blocks are indexed: its pool's, by kind
     std::vector<uint64_t> handles;   // 0: chunk released (an unmapped hole)
     std::vector<int> sblock_maps;    // how many sBlocks map each chunk: it can be released only at zero

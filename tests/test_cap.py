@@ -67,6 +67,28 @@ def test_a_range_made_under_a_cap_maps_finer_pages(limit, page):
     assert large["chunk_size"] == page and alloc.stats()["reserved_bytes"] == -(-30 * MiB // page) * page
 
 
+def test_a_cap_set_after_the_first_range_still_gets_finer_pages():
+    """A range made before the cap keeps what it mapped but grows no more under the cap: growth goes to a range of
+    4 MiB pages, as if the cap had been set first (a program that loads its model, then sets the fraction). Lifting
+    the cap lets the first range grow again."""
+    alloc = gmlake.Allocator(gmlake.SimDriver(capacity=1 << 30), GMLakePolicy())
+    first = alloc.malloc(30 * MiB)                          # two 20 MiB pages, 10 MiB free at the tail
+    alloc.set_limit(512 * MiB)
+    # Fits no free block: the old range's 10 MiB tail stitched with 20 MiB of new 4 MiB pages in a new range (an
+    # old-range page would have mapped 20 MiB as well, but the next growth would have been in 20 MiB pages too).
+    alloc.malloc(30 * MiB)
+    pages = sorted(s["chunk_size"] for s in alloc.segments_info() if s["pool"] == "large")
+    assert pages == [4 * MiB, 20 * MiB] and alloc.stats()["reserved_bytes"] == 40 * MiB + 20 * MiB
+    alloc.check()
+    alloc.free(first)
+    alloc.malloc(8 * MiB)                                   # a free block of the old range still serves requests
+    assert alloc.stats()["reserved_bytes"] == 60 * MiB
+    alloc.set_limit(0)
+    alloc.malloc(60 * MiB)                                  # uncapped: the 20 MiB range grows again
+    assert sorted(s["chunk_size"] for s in alloc.segments_info() if s["pool"] == "large") == [4 * MiB, 20 * MiB]
+    alloc.check()
+
+
 def test_a_policy_that_fails_uncapped_is_refused(gpt2l):
     from gmlake.trace import Trace
 

@@ -21,7 +21,8 @@ class Policy:
           for requests under `min_large_alloc`, else the request rounded up to `round_large`.
         "expandable": PyTorch's expandable segments: one VA range per stream and pool that grows by mapping pages of
           `expandable_page_small` / `expandable_page_large` bytes; `capped_page_large` (0: the same) for a
-          large-pool range made while a cap below the device's memory is set (Note [Finer pages under a cap]).
+          large-pool range made while a cap below the device's memory is set; a coarser range made before the cap
+          grows no more while it holds (Note [Finer pages under a cap]).
       stitch: whether to stitch free blocks at all (only with "chunks").
       min_stitch_size: requests below this size never stitch; they get new chunks instead.
       min_saved_chunks: a stitch that also needs new chunks must save at least this many of them (1: stitch only
