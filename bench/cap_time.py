@@ -18,23 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
 import cap_search
 from train_suite import environment
 
 HERE = Path(__file__).resolve().parent
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line (exit 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def pairs_from_cap(path: Path) -> list[tuple[str, str, float]]:
@@ -70,25 +60,19 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = OneLineParser(prog="cap_time.py", description=__doc__.splitlines()[0])
+    """The command line, checked: any bad value is one line on stderr and exit 2."""
+    parser = cap_search.OneLineParser(prog="cap_time.py", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=cap_search.WORKLOADS)
     parser.add_argument("--allocator", choices=cap_search.ALLOCATORS)
     parser.add_argument("--fraction", type=float, help="the cap to time at, a fraction of the device's memory")
     parser.add_argument("--from-cap", metavar="CAP_JSON", help="a cap search's cap.json: time every pair it fit")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of uncapped, capped, capped, uncapped")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size", choices=("full", "small"), default="full", help="the dynamic workloads' models")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
-    parser.add_argument("--deadline", type=float, default=0, help="seconds from the start (0: none)")
+    cap_search.add_run_options(parser)
     parser.add_argument("--out", default=str(HERE / "results" / "train" / "cap-time"))
     args = parser.parse_args(argv)
-    args.warmup = args.steps // 4 if args.warmup is None else args.warmup
-    if args.steps < 1 or not 0 <= args.warmup < args.steps:
-        parser.error("need --steps >= 1 and 0 <= --warmup < --steps")
-    if args.rounds < 1 or not args.timeout > 0 or not args.deadline >= 0:
-        parser.error("need --rounds >= 1, --timeout > 0 and --deadline >= 0")
+    cap_search.check_run_options(parser, args)
+    if args.rounds < 1:
+        parser.error("need --rounds >= 1")
     if args.from_cap:
         if args.workload or args.allocator or args.fraction is not None:
             parser.error("give either --from-cap or --workload, --allocator and --fraction")
@@ -106,7 +90,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.allocator not in cap_search.SUITES[args.workload].ALLOCATORS:
             parser.error(f"no such workload and allocator: {args.workload}:{args.allocator}")
         args.pairs = [(args.workload, args.allocator, args.fraction)]
-    args.device = "cuda"
     return args
 
 
