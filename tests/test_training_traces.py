@@ -70,3 +70,19 @@ def test_replayed_caps_land_in_the_gpu_cap_search_brackets(trace_name):
         assert replay(trace, allocator, cap=int(failed * DEVICE_TOTAL), samples=0).ooms > 0, allocator
     assert replay(trace, "gmlake", cap=int(GPU_CAP_BRACKETS[trace_name]["expandable"][0] * DEVICE_TOTAL),
                   samples=0).ooms == 0
+
+
+# FSDP's two ranks, 12 steps captured under the native allocator on two H200s (2026-11-30, session 8;
+# bench/results/train/fsdp-2026-11-30b): each rank's snapshot, with its own streams (compute, all-gather,
+# reduce-scatter), records the run's max_memory_reserved in its header.
+FSDP_RANKS = [f"opt1.3b-fsdp-lora-ckpt-12steps-native.rank{rank}" for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("trace_name", FSDP_RANKS)
+def test_the_fsdp_rank_traces_replay_the_native_runs_peak_to_the_byte(trace_name):
+    """The caching model, PyTorch's rule of keeping each block on its stream included, reserves what the captured
+    native run reserved, on each rank: 18,362,662,912 and 13,128,171,520 bytes (17.10 and 12.23 GiB; session 8
+    read them as GB, 18.36 and 13.13, and took them for a mismatch)."""
+    trace = load(RESULTS / "traces" / f"{trace_name}.gmtrace")
+    assert trace.name == trace_name
+    assert replay(trace, "caching", samples=0).peak_reserved == trace.meta["max_memory_reserved"]
