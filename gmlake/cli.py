@@ -1,8 +1,9 @@
 """The gmlake command: replay, explain, compare, traces, capture, convert, run.
 
-    gmlake replay TRACE [--policy POLICY ...] [--set [POLICY.]KNOB=VALUE ...] [--device-memory 80GiB] [--json]
-    gmlake explain TRACE [--policy POLICY ...] [--set [POLICY.]KNOB=VALUE ...] [--json]
-    gmlake compare [TRACE ...] [--out DIR]
+    gmlake replay TRACE [--policy POLICY ...] [--set [POLICY.]KNOB=VALUE ...] [--device-memory 80GiB] [--cap SIZE]
+                        [--json]
+    gmlake explain TRACE [--policy POLICY ...] [--set [POLICY.]KNOB=VALUE ...] [--cap SIZE] [--json]
+    gmlake compare [TRACE ...] [--cap SIZE] [--out DIR]
     gmlake traces                          (the bundled traces, usable by name as TRACE)
     gmlake capture -o run.pickle.gz -- python train.py ...
     gmlake convert SNAPSHOT [-o trace.gmtrace]
@@ -252,11 +253,12 @@ def cmd_explain(args) -> int:
     from rich.table import Table
     from rich.text import Text
 
+    from gmlake.compare import cap_words
     from gmlake.explain import explain
 
     chosen = _policy_choices(args.policy, args.set)
     (trace,) = _load([args.trace], args.device)
-    found = [explain(trace, policy, device_memory=args.device_memory) for policy in chosen]
+    found = [explain(trace, policy, device_memory=args.device_memory, cap=args.cap or 0) for policy in chosen]
     _note_unsized([trace], args.device_memory)
     status = EXIT_OUT_OF_MEMORY if any(b.ooms for b in found) else EXIT_OK
     if args.json:
@@ -265,10 +267,11 @@ def cmd_explain(args) -> int:
         return status
     caption = None
     if status:
-        caption = "[red]FAILED: " + "; ".join(f"{b.policy}: {b.ooms} requests out of memory" for b in found
+        where = " under the memory cap" if args.cap else ""
+        caption = "[red]FAILED: " + "; ".join(f"{b.policy}: {b.ooms} requests out of memory{where}" for b in found
                                               if b.ooms) + " (the peak covers the requests served)[/red]"
-    table = Table(title=Text(f"{trace.name}: reserved memory at each policy's peak growth (GiB, % of reserved)"),
-                  caption=caption)
+    table = Table(title=Text(f"{trace.name}: reserved memory at each policy's peak growth"
+                             f"{cap_words([args.cap or 0])} (GiB, % of reserved)"), caption=caption)
     table.add_column("")
     for b in found:
         table.add_column(Text(b.policy), justify="right")
@@ -304,7 +307,7 @@ def cmd_compare(args) -> int:
         raise UsageError("no traces given and none bundled")
     traces = _load(specs, args.device)
     results = compare.run(traces, chosen, progress=sys.stderr.isatty(), device_memory=args.device_memory,
-                          event_lag=args.event_lag)
+                          event_lag=args.event_lag, cap=args.cap or 0)
     _note_unsized(traces, args.device_memory)
     console = _console()
     console.print(compare.table(results, traces))
@@ -477,8 +480,18 @@ _DEVICE_MEMORY_HELP = ("simulated device size: bytes or with a unit, e.g. 80GiB 
                        f"or {MAX_DEVICE_MEMORY >> 40} TiB where the trace records none; at most "
                        f"{MAX_DEVICE_MEMORY >> 40} TiB)")
 _JSON_HELP = "one JSON object per line, one per policy"
+_CAP_HELP = ("replay under this memory cap, as torch.cuda.set_per_process_memory_fraction or GMLAKE_LIMIT set one "
+             "(bytes or with a unit, e.g. 7.9GiB), on the modelled device")
 _EVENT_LAG_HELP = ("complete each event the allocator records N requests after it (default 0: at once), as if the "
                    "GPU trailed the CPU; matters only where blocks are shared across streams (cross_stream)")
+
+
+def _add_device_options(p: argparse.ArgumentParser) -> None:
+    """The options that say what a replay models, defined once for replay, explain and compare: which device's
+    trace, the device's size, and a memory cap on it."""
+    p.add_argument("--device", type=int, help=_DEVICE_HELP)
+    p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
+    p.add_argument("--cap", type=_cap, metavar="SIZE", help=_CAP_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -497,13 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--policy", action="append", metavar="POLICY", help=_POLICY_HELP)
         p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
         p.add_argument("--json", action="store_true", help=_JSON_HELP)
-        p.add_argument("--device", type=int, help=_DEVICE_HELP)
-        p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
+        _add_device_options(p)
         if name == "replay":
             p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
-            p.add_argument("--cap", type=_cap, metavar="SIZE",
-                           help="replay under this memory cap, as torch.cuda.set_per_process_memory_fraction or "
-                                "GMLAKE_LIMIT set one (bytes or with a unit, e.g. 7.9GiB), on the modelled device")
             p.add_argument("--smallest-device", action="store_true",
                            help="instead: bisect, by replay, for the smallest memory cap each policy serves "
                                 "every request under (torch.cuda.set_per_process_memory_fraction's cap, on the "
@@ -514,8 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("traces", nargs="*", metavar="TRACE", help=_TRACE_HELP + "; default: every bundled trace")
     p.add_argument("--policy", action="append", metavar="POLICY", help=_POLICY_HELP)
     p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
-    p.add_argument("--device", type=int, help=_DEVICE_HELP)
-    p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
+    _add_device_options(p)
     p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
     p.add_argument("--out", default="gmlake-compare", metavar="DIR",
                    help="folder for compare.png and compare.jsonl, created if missing (default: gmlake-compare)")

@@ -1,6 +1,7 @@
 """Replay traces under several policies side by side: a table, and a plot of memory over time."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from gmlake.policies import Policy, PolicyChoice, choice_of
@@ -16,9 +17,9 @@ OTHER_COLORMAPS = ("tab10", "Dark2", "Set1", "tab20")
 
 
 def run(traces: list[Trace], policies: list[Policy | str | PolicyChoice], progress: bool = True,
-        device_memory: int | None = None, event_lag: int = 0) -> list[ReplayResult]:
+        device_memory: int | None = None, event_lag: int = 0, cap: int = 0) -> list[ReplayResult]:
     """Every trace under every policy (specs, Policy objects or PolicyChoices), with a progress bar on the
-    terminal. `event_lag`: see gmlake.replay.replay."""
+    terminal. `event_lag` and `cap` (bytes, 0: none): see gmlake.replay.replay."""
     from rich.progress import Progress
     from rich.text import Text
 
@@ -29,7 +30,8 @@ def run(traces: list[Trace], policies: list[Policy | str | PolicyChoice], progre
         for trace in traces:
             for choice in chosen:
                 bar.update(task, description=Text(f"{trace.name} / {choice.label}"))
-                results.append(replay(trace, choice, device_memory=device_memory, event_lag=event_lag))
+                results.append(replay(trace, choice, device_memory=device_memory, event_lag=event_lag,
+                                      cap=cap))
                 bar.advance(task)
     return results
 
@@ -57,9 +59,21 @@ def policy_colors(labels: list[str]) -> dict[str, str]:
     return out
 
 
+def cap_words(caps: Iterable[int]) -> str:
+    """The memory caps replayed, for a title: ' under a 1.900 GiB memory cap', '' where there was none (0), and
+    each cap (none included) where replays differ."""
+    distinct = sorted(set(caps))
+    if not any(distinct):
+        return ""
+    if len(distinct) == 1:
+        return f" under a {distinct[0] / GiB:.3f} GiB memory cap"
+    return " under memory caps of " + ", ".join(f"{c / GiB:.3f}" if c else "none" for c in distinct) + " GiB"
+
+
 def table(results: list[ReplayResult], traces: list[Trace]):
-    """A rich Table of the results, with each trace's real peak where the trace records it. A failed replay (some
-    requests out of memory) shows its out-of-memory count in red, no utilization, and a caption says so."""
+    """A rich Table of the results, with each trace's real peak where the trace records it, and the memory cap in
+    the title where replays had one. A failed replay (some requests out of memory) shows its out-of-memory count in
+    red, no utilization, and a caption says so."""
     from rich.table import Table
     from rich.text import Text   # names come from untrusted traces: plain text, never rich markup
 
@@ -67,16 +81,20 @@ def table(results: list[ReplayResult], traces: list[Trace]):
     failed = [r for r in results if r.failed]
     caption = None
     if failed:
-        caption = (f"[red]FAILED: {len(failed)} of {len(results)} replays ran out of the modelled device's memory "
+        # Under a cap the cap binds first, unless it is at or above the modelled device's memory.
+        where = ("memory under the memory cap on the modelled device" if any(r.cap for r in failed)
+                 else "the modelled device's memory")
+        caption = (f"[red]FAILED: {len(failed)} of {len(results)} replays ran out of {where} "
                    f"(requests OOM); their peaks cover only the requests served[/red]")
     if caption is None:
         caption = ("alloc/res: peak allocated / peak reserved; req/res: peak requested / peak reserved; int frag: "
                    "allocated - requested (MiB) and ext@peak: reserved - allocated, when reserved first peaked; ext@growth: "
                    "reserved - allocated after the request that brought reserved within 1 % of its peak (the moment "
                    "`gmlake explain` explains)")
-    t = Table(title="replay on the sim driver (peaks in GiB; driver time at H200 prices; time lost: driver time x "
-                    f"the stall factor fitted there, {driver_costs()['stall_factor']}, a rough estimate: the loss per "
-                    "driver second ranged 0.85-2.5x over six GPU runs)", caption=caption)
+    t = Table(title=f"replay on the sim driver{cap_words(r.cap for r in results)} (peaks in GiB; driver time at "
+                    "H200 prices; time lost: driver time x the stall factor fitted there, "
+                    f"{driver_costs()['stall_factor']}, a rough estimate: the loss per driver second ranged 0.85-2.5x "
+                    "over six GPU runs)", caption=caption)
     widest = {"trace": max((len(r.trace) for r in results), default=5),
               "policy": max((len(r.policy) for r in results), default=6)}
     for col in ("trace", "real reserved (under)", "policy", "OOMs", "allocated", "reserved", "alloc/res", "req/res",
@@ -144,7 +162,8 @@ def plot(results: list[ReplayResult], traces: list[Trace], out: Path, format: st
             ax.plot(np.arange(len(req_index)), curve[req_index] / GiB, color="black", linewidth=0.8,
                     linestyle="--", alpha=0.7, label=f"captured run ({trace.meta.get('allocator', '?')})")
         name = trace.name.replace("$", r"\$")   # an untrusted name, not matplotlib mathtext
-        ax.set_title(f"{name}: reserved (solid), allocated (dotted)", fontsize=10)
+        caps = cap_words(r.cap for r in results if r.trace == trace.name)
+        ax.set_title(f"{name}{caps}: reserved (solid), allocated (dotted)", fontsize=10)
         ax.set_xlabel("request")
         ax.set_ylabel("GiB")
         ax.legend(fontsize=7, loc="upper left")

@@ -14,7 +14,7 @@ large pool are split by what stitching can still do with them: whole free chunks
 pieces of chunks that also hold live blocks (a handle maps only whole, so such a piece can be only the first or the
 last piece of a stitch, or serve a request on its own).
 
-    gmlake explain run.gmtrace [--policy gmlake]
+    gmlake explain run.gmtrace [--policy gmlake] [--cap SIZE]
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gmlake.knobs import format_size
 from gmlake.policies import Policy, PolicyChoice, choice_of
 from gmlake.replay import PEAK_GROWTH_WITHIN, peak_growth_moment, run_requests
 from gmlake.trace import Trace
@@ -53,6 +54,7 @@ class PeakBreakdown:
     growth: int = 0             # reserved bytes the explained request added
     later_growth: int = 0       # reserved bytes added by requests after it (together under `within` of the peak)
     within: float = WITHIN
+    cap: int = 0                # the memory cap replayed (set_per_process_memory_fraction's, in bytes; 0: none)
     policy_spec: str = ""
     knobs: dict = field(default_factory=dict)
 
@@ -114,10 +116,11 @@ class NothingToExplain(ValueError):
 
 
 def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
-            within: float = WITHIN) -> PeakBreakdown:
-    """Account for `policy`'s reserved bytes at its moment of peak growth on `trace` (replayed on the sim driver):
-    the first request after which reserved memory is within `within` of its peak. Raises NothingToExplain if the
-    replay never reserved any memory."""
+            within: float = WITHIN, cap: int = 0) -> PeakBreakdown:
+    """Account for `policy`'s reserved bytes at its moment of peak growth on `trace` (replayed on the sim driver,
+    under a memory cap of `cap` bytes, 0: none, as gmlake.replay.replay takes it): the first request after which
+    reserved memory is within `within` of its peak. Raises NothingToExplain if the replay never reserved any
+    memory."""
     if not 0 <= within < 1:
         raise ValueError(f"within must be in [0, 1), got {within!r}")
     choice = choice_of(policy)
@@ -125,19 +128,22 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
     n = len(trace.requests())
     # One timeline sample per request: the replay samples each window's maximum, and a window of one request is
     # the reserved bytes right after it.
-    _, full = run_requests(trace, policy, device_memory, samples=max(1, n))
+    _, full = run_requests(trace, policy, device_memory, samples=max(1, n), cap=cap)
     if full["peak_reserved"] == 0:
         if not (trace.requests()["action"] == 0).any():
             raise NothingToExplain(f"{trace.name}: the trace has no allocations to explain")
+        where = f"under a {format_size(cap)} memory cap" if cap else "on the modelled device"
         raise NothingToExplain(f"{trace.name}: policy {choice.label} served no request ({full['ooms']} out of memory "
-                               f"on the modelled device), so no memory was reserved to explain")
+                               f"{where}), so no memory was reserved to explain")
     timeline = full["timeline"]
     if len(timeline["event"]) != n + 1 or not np.array_equal(timeline["event"][:n], np.arange(n)):
         raise RuntimeError("explain: the replay did not sample every request")
     reserved_after = timeline["reserved"][:n]
     moment = peak_growth_moment(reserved_after, within)
     growths = np.diff(reserved_after, prepend=0)
-    alloc, _ = run_requests(trace, policy, device_memory, upto=moment + 1, samples=1)
+    # The same cap again: replaying up to the moment without it could reserve differently (Note [Releasing before
+    # the cap binds]) and would not be the state the full replay had.
+    alloc, _ = run_requests(trace, policy, device_memory, upto=moment + 1, samples=1, cap=cap)
     stats = alloc.stats()
     if stats["reserved_bytes"] != reserved_after[moment]:   # the replay is deterministic; this guards the bookkeeping
         raise RuntimeError(f"explain: replaying {moment + 1} requests reached {stats['reserved_bytes']} reserved "
@@ -150,5 +156,5 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
         rounding=stats["allocated_bytes"] - stats["requested_bytes"], free_small=small, free_whole_chunks=whole,
         free_in_shared_chunks=shared, fragments=fragments, ooms=full["ooms"], peak_reserved=full["peak_reserved"],
         peak_request_index=full["peak_event"], growth=int(growths[moment]),
-        later_growth=int(growths[moment + 1:].clip(min=0).sum()), within=within, policy_spec=choice.spec,
+        later_growth=int(growths[moment + 1:].clip(min=0).sum()), within=within, cap=cap, policy_spec=choice.spec,
         knobs=choice.policy.knob_values())

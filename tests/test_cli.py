@@ -274,6 +274,76 @@ def test_explain_and_compare_exit_3_on_ooms(tmp_path, capsys):
     assert rows[0]["failed"] and not list(tmp_path.glob("*.tmp"))
 
 
+# ------------------------------------------------------------------------- --cap on compare and explain
+
+# As --cap reads it. On TINY expandable fits under it, below its uncapped peak, and caching runs out.
+CAP = parse_size("1.9GiB", round_down=True)
+
+
+def test_compare_under_a_cap_replays_each_policy_under_it(tmp_path, capsys):
+    """compare --cap: every row is replay(trace, policy, cap=...) and records the cap; the policy that runs out
+    under the cap is marked failed, and the title and caption say it was a cap."""
+    trace = load(TINY)
+    want = {p: replay(trace, p, cap=CAP) for p in ("caching", "expandable")}
+    assert want["caching"].failed and not want["expandable"].failed
+    assert want["expandable"].peak_reserved < replay(trace, "expandable").peak_reserved   # the cap binds
+    args = ["compare", TINY, "--policy", "caching", "--policy", "expandable", "--cap", "1.9GiB"]
+    assert main([*args, "--out", str(tmp_path)]) == EXIT_OUT_OF_MEMORY
+    out = " ".join(capsys.readouterr().out.split())
+    assert "under a 1.900 GiB memory cap" in out
+    assert "FAILED: 1 of 2 replays ran out of memory under the memory cap" in out
+    rows = {row["policy"]: row for row in map(json.loads, (tmp_path / "compare.jsonl").read_text().splitlines())}
+    for policy, result in want.items():
+        got = rows[policy]
+        assert got["cap"] == CAP and got["failed"] == result.failed and got["ooms"] == result.ooms, (policy, got)
+        assert (got["peak_reserved"], got["peak_allocated"]) == (result.peak_reserved, result.peak_allocated)
+    assert rows["caching"]["utilization"] is None
+
+
+def test_explain_under_a_cap_explains_the_capped_replay(capsys):
+    """explain --cap: both of its replays (the whole trace, then up to the moment) run under the cap, so its peak is
+    replay's under the cap; a policy that runs out under it exits 3 and says so."""
+    trace = load(TINY)
+    assert main(["explain", TINY, "--policy", "expandable", "--policy", "caching", "--cap", "1.9GiB",
+                 "--json"]) == EXIT_OUT_OF_MEMORY
+    rows = {row["policy"]: row for row in map(json.loads, capsys.readouterr().out.splitlines())}
+    for policy, row in rows.items():
+        result = replay(trace, policy, cap=CAP)
+        assert row["cap"] == CAP and row["ooms"] == result.ooms, (policy, row)
+        assert row["peak_reserved"] == result.peak_reserved and row["peak_request_index"] == result.peak_event
+        assert row["request_index"] == result.peak_growth_event
+        assert row["reserved"] == result.reserved_at_peak_growth <= CAP
+    assert rows["expandable"]["peak_reserved"] < replay(trace, "expandable").peak_reserved
+    assert main(["explain", TINY, "--policy", "caching", "--cap", "1.9GiB"]) == EXIT_OUT_OF_MEMORY
+    out = " ".join(capsys.readouterr().out.split())
+    assert "under a 1.900 GiB memory cap" in out and "caching: 1 requests out of memory under the memory cap" in out
+
+
+def test_explain_under_a_cap_too_small_for_any_request(capsys):
+    assert main(["explain", TINY, "--policy", "gmlake", "--cap", "1MiB"]) == EXIT_BAD_INPUT
+    one_error_line(capsys, "served no request", "under a 1 MiB memory cap")
+
+
+@pytest.mark.parametrize("command", ["replay", "explain", "compare"])
+@pytest.mark.parametrize("cap, words", [(["--cap", "0"], ["at least 1 B"]), (["--cap", "lots"], ["whole number"]),
+                                        (["--cap", "-1GiB"], []), (["--cap=-1GiB"], ["at least 1 B"]),
+                                        (["--cap", "5TiB"], ["at most 4 TiB"])])
+def test_a_bad_cap_is_one_line_and_exit_2_for_every_replaying_command(tmp_path, capsys, command, cap, words):
+    out = tmp_path / "out"
+    extra = ["--out", str(out)] if command == "compare" else []
+    assert main([command, TINY, "--policy", "caching", *cap, *extra]) == EXIT_BAD_INPUT
+    one_error_line(capsys, "argument --cap", *words)
+    assert not out.exists()
+
+
+def test_cap_words_name_every_cap():
+    from gmlake.compare import cap_words
+
+    assert cap_words([0, 0]) == ""
+    assert cap_words([CAP, CAP]) == " under a 1.900 GiB memory cap"
+    assert cap_words([CAP, 0, 1 << 30]) == " under memory caps of none, 1.000, 1.900 GiB"
+
+
 # ------------------------------------------------------------------------- item 7: messages
 
 
