@@ -114,11 +114,23 @@ def _policy_choices(specs: list[str] | None, settings: list[str] | None) -> list
 
 
 def _load(specs: list[str], device: int | None):
-    """Traces by path or by bundled name."""
+    """Traces by path or by bundled name, each under a name of its own: results, tables and plots are keyed by a
+    trace's name, so a second trace of the same name (two runs' `trace.gmtrace`, a rank's snapshot converted under
+    rank 0's name) is shown as `NAME (2)`, with a note on stderr, instead of taking the first one's rows."""
     from gmlake.replay import trace_path
-    from gmlake.trace import load
+    from gmlake.trace import Trace, load
 
-    return [load(trace_path(spec), device) for spec in specs]
+    traces, seen = [], {}
+    for spec in specs:
+        trace = load(trace_path(spec), device)
+        seen[trace.name] = seen.get(trace.name, 0) + 1
+        if seen[trace.name] > 1:
+            renamed = f"{trace.name} ({seen[trace.name]})"
+            print(f"gmlake: note: {spec} is named {trace.name!r} like an earlier trace; shown as {renamed!r}",
+                  file=sys.stderr)
+            trace = Trace(trace.events, {**trace.meta, "name": renamed})
+        traces.append(trace)
+    return traces
 
 
 def _note_unsized(traces, device_memory: int | None) -> None:

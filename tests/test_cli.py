@@ -444,3 +444,23 @@ def test_a_trace_without_a_device_size_is_noted_once(tmp_path, capsys):
     assert capsys.readouterr().err.count("records no device size") == 1
     assert main(["explain", str(path), "--policy", "gmlake", "--device-memory", "1GiB"]) == EXIT_OK
     assert "records no device size" not in capsys.readouterr().err
+
+
+def test_compare_keeps_traces_of_the_same_name_apart(tmp_path, capsys):
+    """Results, the real-reserved column and the plot are keyed by a trace's name: a second trace of the same name
+    (here two files whose header says the same name but different real peaks) is shown as `NAME (2)` with its own
+    rows, not under the first one's figures."""
+    from gmlake.trace import save_compact
+
+    trace = load(TINY)
+    paths = []
+    for i, peak in enumerate((3 << 30, 5 << 30)):
+        paths.append(save_compact(Trace(trace.events, {**trace.meta, "name": "run", "max_memory_reserved": peak}),
+                                  tmp_path / f"run{i}.gmtrace"))
+    assert main(["compare", *map(str, paths), "--policy", "expandable", "--out", str(tmp_path / "out")]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert "named 'run' like an earlier trace; shown as 'run (2)'" in captured.err
+    rows = [json.loads(line) for line in (tmp_path / "out" / "compare.jsonl").read_text().splitlines()]
+    assert [row["trace"] for row in rows] == ["run", "run (2)"]
+    table = captured.out
+    assert "3.000 (" in table and "5.000 (" in table     # each row shows its own trace's real peak
