@@ -1,5 +1,5 @@
 """The smallest cap a run fits under, found by bisection: the search itself (pure, so tests drive it with a fake
-oracle; bench/cap_search.py drives it with GPU processes) and replay's answer for a trace (`smallest_device`).
+oracle; bench/cap_search.py drives it with GPU processes) and replay's answer for a trace (`smallest_cap`).
 
 Why a cap and not peak reserved: peak reserved is what an allocator keeps when nothing presses it. Under a cap it
 can release cached memory and retry, so what a job fits into is the smallest cap it completes under.
@@ -81,7 +81,7 @@ def drive(search: Search[T], fits: Callable[[float], bool]) -> tuple[T, list[flo
 
 
 
-def smallest_device(trace, policy, resolution: float = 0.002, event_lag: int = 0) -> tuple[int, int, list[int]]:
+def smallest_cap(trace, policy, resolution: float = 0.002, event_lag: int = 0) -> tuple[int, int, list[int]]:
     """The smallest memory cap under which replaying `trace` through `policy` serves every request, to a relative
     `resolution`: (smallest cap that fit, largest that failed, every cap probed), in bytes. The cap is replayed as
     torch.cuda.set_per_process_memory_fraction sets one (the allocator's limit), on the trace's device: what the
@@ -101,3 +101,6 @@ def smallest_device(trace, policy, resolution: float = 0.002, event_lag: int = 0
     floor = (uncapped.peak_allocated - 1) / reserved
     result, probed = drive(bisect_fraction(floor, 1.0, resolution, floor=floor), fits)
     return size(result.smallest_fit), size(result.largest_fail), [size(f) for f in probed]
+
+
+smallest_device = smallest_cap    # its name until 2026-11-30, when it still bisected a device's size

@@ -203,12 +203,12 @@ def cmd_replay(args) -> int:
     from gmlake.replay import replay
 
     chosen = _policy_choices(args.policy, args.set)
-    if args.smallest_device and (args.device_memory is not None or args.cap is not None):
-        raise UsageError("--smallest-device searches for the memory cap itself; drop "
+    if args.smallest_cap and (args.device_memory is not None or args.cap is not None):
+        raise UsageError("--smallest-cap searches for the memory cap itself; drop "
                          + ("--device-memory" if args.device_memory is not None else "--cap"))
     (trace,) = _load([args.trace], args.device)
-    if args.smallest_device:
-        return _smallest_devices(trace, chosen, args.json, args.event_lag)
+    if args.smallest_cap:
+        return _smallest_caps(trace, chosen, args.json, args.event_lag)
     results = [replay(trace, choice, device_memory=args.device_memory, event_lag=args.event_lag, cap=args.cap or 0)
                for choice in chosen]
     _note_unsized([trace], args.device_memory)
@@ -225,12 +225,12 @@ def cmd_replay(args) -> int:
 GiB = 1 << 30
 
 
-def _smallest_devices(trace, chosen: list, as_json: bool, event_lag: int = 0) -> int:
-    """`gmlake replay --smallest-device`: per policy, the smallest memory cap the trace fits under (gmlake.cap)."""
+def _smallest_caps(trace, chosen: list, as_json: bool, event_lag: int = 0) -> int:
+    """`gmlake replay --smallest-cap`: per policy, the smallest memory cap the trace fits under (gmlake.cap)."""
     from rich.table import Table
     from rich.text import Text
 
-    from gmlake.cap import smallest_device
+    from gmlake.cap import smallest_cap
     from gmlake.replay import replay
 
     rows = []
@@ -239,9 +239,9 @@ def _smallest_devices(trace, chosen: list, as_json: bool, event_lag: int = 0) ->
         if uncapped.failed:
             raise UsageError(f"{trace.name}: {uncapped.policy} runs out of memory on the modelled device even "
                              f"uncapped; give a larger --device-memory to replay it")
-        fit, fail, probed = smallest_device(trace, choice, event_lag=event_lag)
-        rows.append({"trace": trace.name, "policy": uncapped.policy, "smallest_device": fit,
-                     "largest_failing_device": fail, "peak_allocated": uncapped.peak_allocated,
+        fit, fail, probed = smallest_cap(trace, choice, event_lag=event_lag)
+        rows.append({"trace": trace.name, "policy": uncapped.policy, "smallest_cap": fit,
+                     "largest_failing_cap": fail, "peak_allocated": uncapped.peak_allocated,
                      "uncapped_peak_reserved": uncapped.peak_reserved, "replays": len(probed) + 1})
     if as_json:
         for row in rows:
@@ -251,8 +251,8 @@ def _smallest_devices(trace, chosen: list, as_json: bool, event_lag: int = 0) ->
     for col in ("policy", "peak allocated", "smallest cap", "largest that fails", "uncapped reserved", "replays"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
-        t.add_row(Text(r["policy"]), *(f"{r[k] / GiB:.3f}" for k in ("peak_allocated", "smallest_device",
-                                                                     "largest_failing_device",
+        t.add_row(Text(r["policy"]), *(f"{r[k] / GiB:.3f}" for k in ("peak_allocated", "smallest_cap",
+                                                                     "largest_failing_cap",
                                                                      "uncapped_peak_reserved")), str(r["replays"]))
     _console().print(t)
     return EXIT_OK
@@ -525,7 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_device_options(p)
         if name == "replay":
             p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
-            p.add_argument("--smallest-device", action="store_true",
+            # --smallest-device: its name until 2026-11-30, when it still bisected a device's size
+            p.add_argument("--smallest-cap", "--smallest-device", dest="smallest_cap", action="store_true",
                            help="instead: bisect, by replay, for the smallest memory cap each policy serves "
                                 "every request under (torch.cuda.set_per_process_memory_fraction's cap, on the "
                                 "trace's device: what a job fits into)")

@@ -1,4 +1,4 @@
-"""gmlake.cap.smallest_device: replay's answer to "what is the smallest memory cap this run fits under with a
+"""gmlake.cap.smallest_cap: replay's answer to "what is the smallest memory cap this run fits under with a
 policy?" (issue 10's cap goal, predicted on the CPU before the GPU's bisection), and the two rules that make a cap
 differ from a device that size: PyTorch's whole-request check (Note [Releasing before the cap binds]) and gmlake's
 finer pages under a cap (Note [Finer pages under a cap])."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import gmlake
-from gmlake.cap import smallest_device
+from gmlake.cap import smallest_cap, smallest_device
 from gmlake.policies import ExpandablePolicy, GMLakePolicy
 from gmlake.replay import replay, trace_path
 from gmlake.trace import load
@@ -21,8 +21,8 @@ def gpt2l():
 
 
 @pytest.mark.parametrize("policy", ["expandable", "gmlake"])
-def test_the_smallest_device_fits_and_the_bracket_is_within_the_resolution(gpt2l, policy):
-    fit, fail, probed = smallest_device(gpt2l, policy, resolution=0.002)
+def test_the_smallest_cap_fits_and_the_bracket_is_within_the_resolution(gpt2l, policy):
+    fit, fail, probed = smallest_cap(gpt2l, policy, resolution=0.002)
     assert replay(gpt2l, policy, cap=fit, samples=0).ooms == 0
     assert replay(gpt2l, policy, cap=fail, samples=0).ooms > 0
     assert fail < fit <= fail * 1.002 + 1
@@ -35,9 +35,9 @@ def test_gmlake_fits_under_a_smaller_cap_than_expandable_segments(gpt2l):
     """Measured 2026-11-30: 11.84 GiB against 11.92 (0.6 % less). Under a cap, expandable segments release free
     pages and map them again, which comes within 1 % of the peak allocated (11.80 GiB); uncapped they keep 13.52.
     With 20 MiB pages under the cap too, gmlake needed 11.90 here and more than expandable on three other traces."""
-    ours, theirs = smallest_device(gpt2l, "gmlake")[0], smallest_device(gpt2l, "expandable")[0]
+    ours, theirs = smallest_cap(gpt2l, "gmlake")[0], smallest_cap(gpt2l, "expandable")[0]
     assert ours < theirs * 0.997
-    assert smallest_device(gpt2l, "gmlake[capped_page_large=20MiB]")[0] > ours
+    assert smallest_cap(gpt2l, "gmlake[capped_page_large=20MiB]")[0] > ours
 
 
 def test_expandable_segments_count_the_whole_request_against_a_cap():
@@ -94,7 +94,7 @@ def test_a_policy_that_fails_uncapped_is_refused(gpt2l):
 
     tiny = Trace(gpt2l.events, {**gpt2l.meta, "device_total": 1 << 30})
     with pytest.raises(ValueError, match="even uncapped"):
-        smallest_device(tiny, "gmlake")
+        smallest_cap(tiny, "gmlake")
 
 
 def gmlake_cli(*args: str):
@@ -104,18 +104,22 @@ def gmlake_cli(*args: str):
     return subprocess.run([sys.executable, "-m", "gmlake", *args], capture_output=True, text=True)
 
 
-def test_replay_smallest_device_from_the_command_line():
+def test_replay_smallest_cap_from_the_command_line():
     import json
 
-    proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-device", "--json", "--policy", "gmlake")
+    proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-cap", "--json", "--policy", "gmlake")
     assert proc.returncode == 0, proc.stderr
     (row,) = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert row["policy"] == "gmlake" and row["largest_failing_device"] < row["smallest_device"]
-    assert row["peak_allocated"] <= row["smallest_device"] <= row["uncapped_peak_reserved"]
+    assert row["policy"] == "gmlake" and row["largest_failing_cap"] < row["smallest_cap"]
+    assert row["peak_allocated"] <= row["smallest_cap"] <= row["uncapped_peak_reserved"]
+    assert row["smallest_cap"] == smallest_cap(load(trace_path("opt350m-full-ckpt-native")), "gmlake")[0]
+    # --smallest-device, its name until 2026-11-30, still answers the same
+    old = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-device", "--json", "--policy", "gmlake")
+    assert old.returncode == 0 and old.stdout == proc.stdout and smallest_device is smallest_cap
 
 
-def test_replay_smallest_device_refuses_a_fixed_device_in_one_line():
-    proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-device", "--device-memory", "20GiB")
+def test_replay_smallest_cap_refuses_a_fixed_device_in_one_line():
+    proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-cap", "--device-memory", "20GiB")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "drop --device-memory" in proc.stderr
 
 
@@ -133,5 +137,5 @@ def test_replay_under_a_cap_from_the_command_line():
     for bad in ("0", "-1", "12XB"):
         proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--cap", bad)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--cap" in proc.stderr
-    proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-device", "--cap", "20GiB")
+    proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-cap", "--cap", "20GiB")
     assert proc.returncode == 2 and "drop --cap" in proc.stderr
