@@ -18,11 +18,11 @@ from speed_suite import gpu_ms, spread_pct
 
 # "gmlake" and "gmlake-8m" in results of 2026-11-30 10:00 and before ran the paper's design (then the default).
 ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper", "gmlake-8m", "gmlake-paper-8m", "gmlake-64m",
-              "gmlake-xstream", "gmlake-perstream", "gmlake-page8m", "gmlake-page4m")
+              "gmlake-xstream", "gmlake-perstream", "gmlake-page8m", "gmlake-page4m", "gmlake-wait")
 COLORS = {"native": "tab:red", "expandable": "tab:blue", "gmlake": "tab:green", "gmlake-paper": "tab:olive",
           "gmlake-8m": "tab:olive", "gmlake-paper-8m": "tab:brown", "gmlake-64m": "tab:cyan",
           "gmlake-xstream": "tab:purple", "gmlake-perstream": "tab:pink",
-          "gmlake-page8m": "tab:gray", "gmlake-page4m": "tab:orange"}
+          "gmlake-page8m": "tab:gray", "gmlake-page4m": "tab:orange", "gmlake-wait": "tab:purple"}
 GiB = 1 << 30
 UTILIZATION_GOAL = 0.98     # issue 10: utilization >= 0.98 and peak reserved <= expandable segments'
 SPEED_GOAL = 0.99           # issue 10: tokens/s >= 0.99x native's and >= expandable segments'

@@ -132,6 +132,7 @@ cdef enum Call:
     CALL_EVENT_RECORD
     CALL_EVENT_QUERY
     CALL_EVENT_DESTROY
+    CALL_EVENT_WAIT
     NUM_CALLS
 
 cdef enum Err:
@@ -182,6 +183,7 @@ cdef struct Stats:
     uint64_t chunks_released
     uint64_t ooms
     uint64_t stream_migrations
+    uint64_t stream_waits         # blocks of another stream taken after a wait on the GPU (cross_stream_wait)
     uint64_t capture_queries          # cuStreamIsCapturing asked (Note [Unannounced capture]); not in `calls`
     uint64_t calls[<int>NUM_CALLS]
     uint64_t handles[<int>NUM_CALLS]
@@ -208,6 +210,7 @@ cdef struct Knobs:
     size_t max_split_size
     size_t max_non_split_rounding
     bint cross_stream
+    bint cross_stream_wait       # Note [Waiting for another stream's free block]
     bint cap_counts_request
     size_t large_segment_size
     size_t min_large_alloc

@@ -76,7 +76,7 @@ SEAM_HOOKS = {"choose_block": SEAM_PLACE, "should_split": SEAM_SPLIT, "choose_st
 EVICT_REASONS = ("all", "bound", "pressure")
 
 CALL_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
-              "event_record", "event_query", "event_destroy")
+              "event_record", "event_query", "event_destroy", "event_wait")
 
 
 cdef inline size_t round_up(size_t n, size_t m) noexcept nogil:
@@ -195,6 +195,7 @@ cdef class Allocator:
         self.k.max_split_size = policy.max_split_size
         self.k.max_non_split_rounding = policy.max_non_split_rounding
         self.k.cross_stream = policy.cross_stream
+        self.k.cross_stream_wait = policy.cross_stream and policy.cross_stream_wait
         self.k.cap_counts_request = policy.cap_counts_request
         self.k.large_segment_size = policy.large_segment_size
         self.k.min_large_alloc = policy.min_large_alloc
@@ -299,6 +300,8 @@ cdef class Allocator:
         cdef Segment* seg
         if b == NULL and _may_reclaim(self) and _reclaim_streams(self, stream, False):
             b = _best_free(self, POOL_SMALL, size, stream)
+        if b == NULL and self.k.cross_stream_wait and self.err == ERR_NONE and _may_reclaim(self):
+            b = _wait_for_other_stream(self, POOL_SMALL, size, stream)
         if self.k.hook_place and self.err == ERR_NONE:
             self.seams.place(self, POOL_SMALL, size, stream, &b, NULL)
         if b != NULL:
@@ -321,6 +324,8 @@ cdef class Allocator:
         cdef SBlock* sb = NULL
         if b == NULL and _may_reclaim(self) and _reclaim_streams(self, stream, False):
             b = _best_free(self, POOL_LARGE, size, stream)
+        if b == NULL and self.k.cross_stream_wait and self.err == ERR_NONE and _may_reclaim(self):
+            b = _wait_for_other_stream(self, POOL_LARGE, size, stream)
         if self.err != ERR_NONE:
             return NULL
         # Note [sBlocks only where no free block fits]: with sblock_first off, a cached sBlock serves a request only
@@ -803,6 +808,7 @@ cdef class Allocator:
             "chunks_released": s.chunks_released,
             "ooms": s.ooms,
             "stream_migrations": s.stream_migrations,
+            "stream_waits": s.stream_waits,
             "capture_queries": s.capture_queries,
             "calls": {name: s.calls[i] for i, name in enumerate(CALL_NAMES)},
             "handles": {name: s.handles[i] for i, name in enumerate(CALL_NAMES)},

@@ -89,6 +89,7 @@ cdef struct CudaApi:
     CUresult (*cuEventRecord)(CUevent event, CUstream stream) noexcept nogil
     CUresult (*cuEventQuery)(CUevent event) noexcept nogil
     CUresult (*cuEventDestroy)(CUevent event) noexcept nogil
+    CUresult (*cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags) noexcept nogil
     CUresult (*cuStreamIsCapturing)(CUstream stream, int* status) noexcept nogil      # CUstreamCaptureStatus
     CUresult (*cuThreadExchangeStreamCaptureMode)(int* mode) noexcept nogil           # CUstreamCaptureMode
     CUresult (*cuGetErrorName)(CUresult error, const char** text) noexcept nogil

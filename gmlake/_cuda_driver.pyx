@@ -48,6 +48,7 @@ cdef enum CudaCall:
     CALL_EVENT_RECORD
     CALL_EVENT_QUERY
     CALL_EVENT_DESTROY
+    CALL_STREAM_WAIT_EVENT
     CALL_STREAM_IS_CAPTURING
     CALL_EXCHANGE_CAPTURE_MODE
 
@@ -55,7 +56,7 @@ _CALL_NAMES = (
     "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuMemGetAllocationGranularity", "cuMemGetInfo",
     "cuMemCreate", "cuMemRelease", "cuMemAddressReserve", "cuMemAddressFree", "cuMemMap", "cuMemUnmap",
     "cuMemSetAccess", "cuCtxSynchronize", "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventDestroy",
-    "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode",
+    "cuStreamWaitEvent", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode",
 )
 
 
@@ -188,6 +189,7 @@ cdef int _load_api() except -1:
         _resolve(get_proc, "cuEventRecord", <void**>&resolved.cuEventRecord, requested)
         _resolve(get_proc, "cuEventQuery", <void**>&resolved.cuEventQuery, requested)
         _resolve(get_proc, "cuEventDestroy", <void**>&resolved.cuEventDestroy, requested)
+        _resolve(get_proc, "cuStreamWaitEvent", <void**>&resolved.cuStreamWaitEvent, requested)
         _resolve(get_proc, "cuStreamIsCapturing", <void**>&resolved.cuStreamIsCapturing, requested)
         _resolve(get_proc, "cuThreadExchangeStreamCaptureMode", <void**>&resolved.cuThreadExchangeStreamCaptureMode,
                  requested)
@@ -374,6 +376,13 @@ cdef class CudaDriver(Driver):
         self._leave(pushed)
         if rc == DRIVER_OK:
             self.live_events -= 1
+        return rc
+
+    cdef int wait_event(self, int64_t stream, uint64_t event) noexcept nogil:
+        cdef bint pushed = self._enter()
+        cdef int rc = _code(api.cuStreamWaitEvent(<CUstream><uintptr_t>stream, <CUevent><uintptr_t>event, 0),
+                            CALL_STREAM_WAIT_EVENT)
+        self._leave(pushed)
         return rc
 
     def mem_get_info(self) -> tuple[int, int]:

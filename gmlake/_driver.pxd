@@ -36,6 +36,9 @@ cdef class Driver:
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil
     cdef int query_event(self, uint64_t event) noexcept nogil
     cdef int destroy_event(self, uint64_t event) noexcept nogil
+    # Work queued on `stream` after this waits for `event` (recorded on another stream): an ordering on the GPU, no
+    # wait on the CPU (cuStreamWaitEvent).
+    cdef int wait_event(self, int64_t stream, uint64_t event) noexcept nogil
     # Graph capture (Note [Pools and graph capture]): is `stream` being captured; and the calling thread's capture
     # mode, swapped (CUstreamCaptureMode: 0 global, 1 thread-local, 2 relaxed). The models capture nothing unless a
     # test says so (ModelDriver.raw_captures) and have no mode.

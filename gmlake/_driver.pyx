@@ -59,6 +59,9 @@ cdef class Driver:
     cdef int destroy_event(self, uint64_t event) noexcept nogil:
         return NOT_IMPLEMENTED
 
+    cdef int wait_event(self, int64_t stream, uint64_t event) noexcept nogil:
+        return NOT_IMPLEMENTED
+
     cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil:
         capturing[0] = False
         return DRIVER_OK
@@ -131,6 +134,7 @@ class StreamModel:
         self.starts: list[int] = []                     # the mappings' VAs, sorted
         self.handle_vas: dict[int, set[int]] = {}       # handle -> the VAs it is mapped at
         self.queues: dict[int, deque] = {}              # stream -> queued kernels, oldest first
+        self.waited: dict[int, dict[int, int]] = {}     # stream -> {other stream: ticket its later work waits for}
         self.hazards: list[str] = []
 
     # ---- address translation
@@ -179,6 +183,27 @@ class StreamModel:
                         f"stream-ordering hazard: stream {stream} was handed handle {handle} bytes [{lo}, {hi}) "
                         f"(kernel {label or 'unnamed'} on 0x{va:x}+{size}) while {queued.describe()} still uses them")
         self.queues.setdefault(stream, deque()).append(kernel)
+
+    def wait(self, stream: int, other: int, ticket: int) -> None:
+        """An event wait: work queued on `stream` from now on is ordered after `other`'s work up to `ticket`, and so,
+        as on a GPU, after whatever `other` itself waited for by then."""
+        if other != stream:
+            self._merge(self.waited.setdefault(stream, {}), {**self.waited.get(other, {}), other: ticket}, stream)
+
+    def waits_of(self, stream: int, after) -> dict[int, int]:
+        """The waits of a kernel queued on `stream` now that also waits for all work queued so far on the streams in
+        `after`: the stream's own event waits, each stream in `after` up to now, and what those streams waited for."""
+        waits = dict(self.waited.get(stream, {}))
+        for other in after:
+            if other != stream:
+                self._merge(waits, {**self.waited.get(other, {}), other: self.driver.queued(other)}, stream)
+        return waits
+
+    @staticmethod
+    def _merge(into: dict, more: dict, stream: int) -> None:
+        for other, ticket in more.items():
+            if other != stream:
+                into[other] = max(into.get(other, 0), ticket)
 
     def run_until(self, stream: int, ticket: int) -> None:
         """Run `stream`'s kernels up to `ticket`, in order; the streams each one waited for run first."""
@@ -342,6 +367,19 @@ cdef class ModelDriver(Driver):
             return EVENT_DONE
         return EVENT_DONE if self.completed[entry.first] >= entry.second else EVENT_PENDING
 
+    cdef int wait_event(self, int64_t stream, uint64_t event) noexcept nogil:
+        cdef int rc = self.fault(FAULT_EVENT)
+        if rc != DRIVER_OK:
+            return rc
+        cdef unordered_map[uint64_t, pair[int64_t, uint64_t]].iterator it = self.events.find(event)
+        if it == self.events.end():
+            return -2
+        cdef pair[int64_t, uint64_t] entry = deref(it).second
+        if self.tracking:           # the stream's later kernels are ordered after the event's stream's work
+            with gil:
+                self.model.wait(stream, entry.first, entry.second)
+        return DRIVER_OK
+
     cdef int destroy_event(self, uint64_t event) noexcept nogil:
         if self.events.erase(event) == 0:
             return -2
@@ -427,10 +465,7 @@ cdef class ModelDriver(Driver):
         stream's queued work still touches the same physical bytes. Returns the kernel's ticket."""
         model = self._need_model()
         cdef int64_t s = stream
-        waits = {}
-        for other in after:
-            if other != stream:
-                waits[int(other)] = self.issued[<int64_t>other]
+        waits = model.waits_of(int(stream), [int(other) for other in after])
         ticket = self.issued[s] + 1
         model.launch(stream, ticket, ptr, size, write, expect, waits, label)
         self.issued[s] = ticket

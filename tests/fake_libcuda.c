@@ -20,7 +20,7 @@ typedef unsigned long long CUdeviceptr;
 
 enum {
     SUCCESS = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_DEVICE = 101, INVALID_CONTEXT = 201,
-    NOT_FOUND = 500,
+    NOT_FOUND = 500, NOT_READY = 600,
 };
 enum { SYMBOL_FOUND = 0, SYMBOL_NOT_FOUND = 1 };
 
@@ -187,7 +187,18 @@ static CUresult fake_cuEventCreate(void **event, unsigned int flags) {
 }
 
 static CUresult fake_cuEventRecord(void *event, void *stream) { (void)stream; ENTER("cuEventRecord"); return event ? SUCCESS : INVALID_VALUE; }
-static CUresult fake_cuEventQuery(void *event) { ENTER("cuEventQuery"); return event ? SUCCESS : INVALID_VALUE; }
+/* FAKE_CUDA_EVENTS_PENDING=1: no event ever completes (the GPU trails far behind), so fences never hand blocks over. */
+static CUresult fake_cuEventQuery(void *event) {
+    ENTER("cuEventQuery");
+    if (!event) return INVALID_VALUE;
+    return getenv("FAKE_CUDA_EVENTS_PENDING") ? NOT_READY : SUCCESS;
+}
+
+static CUresult fake_cuStreamWaitEvent(void *stream, void *event, unsigned int flags) {
+    (void)stream;                                   /* any stream, the legacy default (NULL) included */
+    ENTER("cuStreamWaitEvent");
+    return event && flags == 0 ? SUCCESS : INVALID_VALUE;
+}
 
 static CUresult fake_cuEventDestroy(void *event) {
     ENTER("cuEventDestroy");
@@ -258,6 +269,7 @@ static const struct { const char *name; void *function; } entry_points[] = {
     {"cuEventRecord", fake_cuEventRecord},
     {"cuEventQuery", fake_cuEventQuery},
     {"cuEventDestroy", fake_cuEventDestroy},
+    {"cuStreamWaitEvent", fake_cuStreamWaitEvent},
     {"cuStreamIsCapturing", fake_cuStreamIsCapturing},
     {"cuThreadExchangeStreamCaptureMode", fake_cuThreadExchangeStreamCaptureMode},
     {"cuGetErrorName", fake_cuGetErrorName},

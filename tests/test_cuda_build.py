@@ -174,13 +174,37 @@ def test_the_driver_runs_on_cuda_12_and_13_drivers(fake_libcuda, driver_version,
     assert got["stream_calls_timed"] == ["capture_query", "event_destroy", "event_query", "event_record", "iterations"]
     log = got["log"].splitlines()
     resolved = [line for line in log if line.startswith("resolve ")]
-    assert len(resolved) == 25 and all(line.endswith(f" {requested} flags=1") for line in resolved), resolved
+    assert len(resolved) == 26 and all(line.endswith(f" {requested} flags=1") for line in resolved), resolved
     # The synchronize variant must be the one the requested version defines (the fake rejects a wrong context).
     wanted, unwanted = ("cuCtxSynchronize(ctx)", "cuCtxSynchronize(void)")[:: 1 if requested >= 13000 else -1]
     assert wanted in log and unwanted not in log
     for call in ("cuInit", "cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
                  "cuMemRelease", "cuMemAddressFree", "cuEventCreate", "cuEventRecord", "cuEventDestroy"):
         assert call in log, f"{call} was never called"
+
+
+def test_another_streams_block_is_taken_after_a_wait_on_the_gpu(fake_libcuda):
+    """Note [Waiting for another stream's free block] through the CUDA driver: with no event ever done, a fence
+    never hands stream 1's freed block to stream 2, and the default grows; with cross_stream_wait, stream 2 waits
+    for stream 1's work (cuEventRecord on 1, cuStreamWaitEvent on 2) and takes the block at once."""
+    got = run_gmlake("""
+        drv = gmlake.cuda_driver(0)
+        out = {}
+        for wait in (False, True):
+            alloc = Allocator(drv, gmlake.policies.get("gmlake", cross_stream_wait=wait))
+            first = alloc.malloc(8 << 20, stream=1)
+            alloc.free(first)
+            second = alloc.malloc(8 << 20, stream=2)
+            stats = alloc.stats()
+            out[str(wait)] = {"same": second == first, "waits": stats["stream_waits"],
+                              "calls": stats["calls"]["event_wait"], "reserved": stats["reserved_bytes"]}
+            alloc.free(second)
+            alloc.close()
+        print(json.dumps({**out, "leaks": drv.leaks(), "log": fake_log()}))
+    """, GMLAKE_LIBCUDA=fake_libcuda, FAKE_CUDA_EVENTS_PENDING="1")
+    assert got["False"] == {"same": False, "waits": 0, "calls": 0, "reserved": 40 << 20}
+    assert got["True"] == {"same": True, "waits": 1, "calls": 1, "reserved": 20 << 20}
+    assert set(got["leaks"].values()) == {0} and "cuStreamWaitEvent" in got["log"]
 
 
 def test_an_unannounced_capture_is_refused_before_any_vmm_call(fake_libcuda):

@@ -153,6 +153,13 @@ class CrossStreamMachine(HostAllocatorMachine):
     policy = gmlake.policies.get("gmlake", max_cached_sblocks=6, cross_stream=True)
 
 
+class CrossStreamWaitMachine(HostAllocatorMachine):
+    """The default taking another stream's free block after a wait on the GPU (Note [Waiting for another stream's
+    free block]): the hazard model orders the waiting stream's later kernels after the other stream's work."""
+
+    policy = gmlake.policies.get("gmlake", max_cached_sblocks=6, cross_stream_wait=True)
+
+
 class CachingMachine(HostAllocatorMachine):
     policy = gmlake.policies.get("caching")
 
@@ -279,26 +286,35 @@ class PoolCachingMachine(PoolMachine):
     policy = gmlake.policies.get("caching")
 
 
+class PoolWaitMachine(PoolMachine):
+    """Pools beside the default waiting for other streams' blocks: no wait while a graph is being captured."""
+
+    policy = gmlake.policies.get("gmlake", max_cached_sblocks=3, cross_stream_wait=True)
+
+
 # derandomize: the same examples on every run, so a bug this finds fails every run, not one in a few.
 _settings = settings(max_examples=60, stateful_step_count=60, deadline=None, derandomize=True,
                      suppress_health_check=[HealthCheck.too_slow])
 HostAllocatorMachine.TestCase.settings = _settings
 CachingMachine.TestCase.settings = _settings
 CrossStreamMachine.TestCase.settings = _settings
+CrossStreamWaitMachine.TestCase.settings = _settings
 ExpandableMachine.TestCase.settings = _settings
 SeamsPaperMachine.TestCase.settings = _settings
 SeamsGMLakeMachine.TestCase.settings = _settings
 TestHostAllocator = HostAllocatorMachine.TestCase
 TestHostCaching = CachingMachine.TestCase
 TestHostCrossStream = CrossStreamMachine.TestCase
+TestHostCrossStreamWait = CrossStreamWaitMachine.TestCase
 TestHostExpandable = ExpandableMachine.TestCase
 TestHostPaperSeams = SeamsPaperMachine.TestCase
 TestHostGMLakeSeams = SeamsGMLakeMachine.TestCase
-for _machine in (PoolMachine, PoolPaperMachine, PoolCachingMachine):
+for _machine in (PoolMachine, PoolPaperMachine, PoolCachingMachine, PoolWaitMachine):
     _machine.TestCase.settings = _settings
 TestHostPools = PoolMachine.TestCase
 TestHostPoolsPaper = PoolPaperMachine.TestCase
 TestHostPoolsCaching = PoolCachingMachine.TestCase
+TestHostPoolsWait = PoolWaitMachine.TestCase
 
 
 def test_the_random_seam_policies_reach_every_seam():

@@ -341,3 +341,51 @@ def test_a_refused_call_is_described_by_the_hazard_it_found():
     h.free(p)
     driver.complete_stream(0)
     assert driver.describe_error(78).startswith("hazard: data race: ")
+
+
+# ---------------------------------------------------------------- waiting for another stream's block
+
+
+def test_a_wait_hands_another_streams_block_over_at_once_and_orders_the_work(harness_driver):
+    """Note [Waiting for another stream's free block]: with cross_stream_wait, stream 0 takes the block stream 2
+    freed while stream 2's last use of it is still queued; the wait orders stream 0's kernels after it, and after
+    them a third stream that waits for stream 0 (transitively after stream 2), so no kernel races and every byte
+    checks. Without the knob the block stays with stream 2 until an event says its work is done."""
+    for wait in (False, True):
+        driver = SimDriver() if isinstance(harness_driver, SimDriver) else HostDriver()
+        h = StreamHarness(driver, "gmlake", cross_stream_wait=wait)
+        a = h.malloc(4 * MiB, 2)
+        h.free(a)
+        b = h.malloc(4 * MiB, 0)
+        assert (b == a) is wait
+        assert h.alloc.stats()["stream_waits"] == h.alloc.stats()["calls"]["event_wait"] == int(wait)
+        h.use_on(b, 1)                    # stream 1 waits for stream 0, and so for stream 2's last use too
+        h.close()
+
+
+def test_no_wait_where_no_single_block_of_another_stream_fits(harness_driver):
+    """The wait is taken only for a block that serves the request whole: a larger request grows (or stitches
+    behind fences), leaving the other stream's work unordered."""
+    h = StreamHarness(harness_driver, "gmlake", cross_stream_wait=True)
+    a = h.malloc(4 * MiB, 2)
+    h.malloc(16 * MiB, 2)                 # the rest of stream 2's 20 MiB page: its free block stays 4 MiB
+    h.free(a)
+    b = h.malloc(6 * MiB, 0)
+    assert b != a and h.alloc.stats()["stream_waits"] == 0
+    h.close()
+
+
+def test_a_failed_wait_fails_the_request_with_its_call_and_leaks_nothing():
+    driver = SimDriver()
+    alloc = gmlake.Allocator(driver, gmlake.policies.get("gmlake", cross_stream_wait=True))
+    driver.auto_complete = False                      # stream 2's work never completes by itself
+    a = alloc.malloc(4 * MiB, stream=2)
+    alloc.free(a)
+    driver.inject_fault("event_record", nth=3)        # the fence and the event pass; the wait fails
+    with pytest.raises(gmlake.DriverError, match="event_wait"):
+        alloc.malloc(4 * MiB, stream=0)
+    b = alloc.malloc(4 * MiB, stream=0)               # the allocator stays usable: now it waits
+    assert b == a and alloc.stats()["stream_waits"] == 1
+    alloc.free(b)
+    alloc.close()
+    assert set(driver.leaks().values()) == {0}

@@ -31,6 +31,10 @@ class Policy:
         tails add up to several percent of reserved memory otherwise. Costs a stitch per growth.
       cross_stream: whether a block freed on one stream may serve another once the first stream's work is done
         (PyTorch keeps every block on its stream).
+      cross_stream_wait: with cross_stream, a request no free block of its own stream fits takes the best-fitting
+        free block of another stream at once, making its stream wait on the GPU (cuStreamWaitEvent) for the other
+        stream's work so far, instead of waiting until an event says that work is done. Memory as if the GPU never
+        trailed the CPU, at the price of ordering the two streams. Note [Waiting for another stream's free block].
       cap_counts_request: under a cap (a limit), a request that needs new memory needs room under the cap for all
         of itself, sized as PyTorch's get_allocation_size does, not only for the pages it maps; else memory pressure
         is relieved first (free pages unmapped). PyTorch's alloc_block checks so, also for expandable segments.
@@ -68,6 +72,7 @@ class Policy:
     min_stitch_size: int = 0
     min_saved_chunks: int = 1
     cross_stream: bool = True
+    cross_stream_wait: bool = False
     cap_counts_request: bool = False
     large_split_min: int = 0
     max_split_size: int = 0

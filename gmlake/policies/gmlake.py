@@ -32,6 +32,9 @@ class GMLakePolicy(Policy):
     stream cannot use them: on two H200s (opt-1.3b FSDP, 24 steps, 2026-11-30) blocks kept per stream reserved
     8.21 GiB a rank (utilization 0.80) at 1.10-1.14x native's step time, shared 7.14-7.29 GiB (0.90-0.92) at
     0.99-1.05x; expandable segments 9.38 GiB (0.70). Single-stream traces replay identically either way.
+    Handing blocks over only once an event is done costs memory while the GPU trails the CPU;
+    `cross_stream_wait=True` (off until its time is measured) takes them at once after a wait on the GPU: Note
+    [Waiting for another stream's free block] (gmlake/_streams.pxi).
     """
 
     name: ClassVar[str] = "gmlake"
