@@ -40,7 +40,7 @@ CANDIDATES = {
     # replayed on the real FSDP traces, 4 and 8 MiB pages fit caps below expandable's at 5-10x its driver time.
     "gmlake-page8m": ["--policy", "gmlake[expandable_page_large=8MiB]"],
     "gmlake-page4m": ["--policy", "gmlake[expandable_page_large=4MiB]"],
-    # replayed on the FSDP rank traces with events done 10-1,000 requests late, rank 1 reserved 6.96-7.22 GiB
+    # replayed on the FSDP rank traces with events done 10-1,000 requests late, rank 1 reserved 6.94-7.00 GiB
     # against the default's 7.57-8.29 (Note [Waiting for another stream's free block]); its time is unmeasured.
     "gmlake-wait": ["--policy", "gmlake[cross_stream_wait=true]"],
 }

@@ -363,6 +363,23 @@ def test_a_wait_hands_another_streams_block_over_at_once_and_orders_the_work(har
         h.close()
 
 
+def test_after_a_wait_every_block_the_other_stream_had_freed_is_the_waiting_streams(harness_driver):
+    """One wait covers all the other stream's work so far, so all it had freed moves over (as RMM merges the free
+    lists): the second request takes stream 2's other block with no second wait, and stream 2's work stays
+    ordered before both."""
+    h = StreamHarness(harness_driver, "gmlake", cross_stream_wait=True)
+    a = h.malloc(4 * MiB, 2)
+    guard = h.malloc(2 * MiB, 2)
+    c = h.malloc(8 * MiB, 2)
+    h.malloc(6 * MiB, 2)                  # fills stream 2's page: c's free block stays 8 MiB
+    h.free(a)
+    h.free(c)
+    assert h.malloc(4 * MiB, 0) == a
+    assert h.malloc(8 * MiB, 0) == c and h.alloc.stats()["stream_waits"] == 1
+    h.free(guard)
+    h.close()
+
+
 def test_no_wait_where_no_single_block_of_another_stream_fits(harness_driver):
     """The wait is taken only for a block that serves the request whole: a larger request grows (or stitches
     behind fences), leaving the other stream's work unordered."""
