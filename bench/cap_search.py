@@ -288,12 +288,15 @@ def device_total_memory() -> int:
 
 def read_bounds(path: str, total: int) -> dict[tuple[str, str], float]:
     """Per (workload, allocator), the largest peak reserved among the finished runs of a speed-suite summary or a
-    train-suite results JSON, as a fraction of `total` (at most 1)."""
+    train-suite results JSON, as a fraction of `total` (at most 1). An FSDP run records its peaks per rank; each
+    rank is capped alike, so its largest rank's counts."""
     bounds: dict[tuple[str, str], float] = {}
     for run in json.loads(Path(path).read_text())["runs"]:
-        if "error" not in run and run.get("max_memory_reserved"):
+        reserved = run.get("max_memory_reserved") or max(
+            (rank.get("max_memory_reserved") or 0 for rank in run.get("ranks") or ()), default=0)
+        if "error" not in run and reserved:
             key = (run["workload"], run["allocator"])
-            bounds[key] = min(max(bounds.get(key, 0.0), (run["max_memory_reserved"] + SLACK) / total), 1.0)
+            bounds[key] = min(max(bounds.get(key, 0.0), (reserved + SLACK) / total), 1.0)
     return bounds
 
 

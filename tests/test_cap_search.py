@@ -335,6 +335,17 @@ def test_bounds_are_read_from_a_train_suite_results_file(tmp_path):
         ("opt1.3b-offload", "gmlake"): pytest.approx(0.1)}
 
 
+def test_an_fsdp_runs_bound_is_its_largest_rank():
+    """The FSDP suite's JSON records peaks per rank (bench/results/train/fsdp-2026-11-30d: gmlake's ranks reserved
+    6.77 and 7.25 GiB in its first run, 6.71 and 7.33 in its second)."""
+    path = Path(__file__).parent.parent / "bench" / "results" / "train" / "fsdp-2026-11-30d" / "train-fsdp.json"
+    runs = json.loads(path.read_text())["runs"]
+    largest = max(rank["max_memory_reserved"] for run in runs if run["allocator"] == "gmlake" for rank in run["ranks"])
+    bounds = cap_search.read_bounds(str(path), TOTAL)
+    assert bounds[("opt1.3b-fsdp-lora-ckpt", "gmlake")] == pytest.approx((largest + cap_search.SLACK) / TOTAL)
+    assert set(bounds) == {("opt1.3b-fsdp-lora-ckpt", a) for a in ("native", "expandable", "gmlake", "gmlake-page4m")}
+
+
 @needs_torch
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.1", "nan", "abc", "inf"])
 def test_dynamic_refuses_a_memory_fraction_outside_0_1(value):
