@@ -270,7 +270,8 @@ def cmd_explain(args) -> int:
 
     chosen = _policy_choices(args.policy, args.set)
     (trace,) = _load([args.trace], args.device)
-    found = [explain(trace, policy, device_memory=args.device_memory, cap=args.cap or 0) for policy in chosen]
+    found = [explain(trace, policy, device_memory=args.device_memory, cap=args.cap or 0, event_lag=args.event_lag)
+             for policy in chosen]
     _note_unsized([trace], args.device_memory)
     status = EXIT_OUT_OF_MEMORY if any(b.ooms for b in found) else EXIT_OK
     if args.json:
@@ -500,10 +501,11 @@ _EVENT_LAG_HELP = ("complete each event the allocator records N requests after i
 
 def _add_device_options(p: argparse.ArgumentParser) -> None:
     """The options that say what a replay models, defined once for replay, explain and compare: which device's
-    trace, the device's size, and a memory cap on it."""
+    trace, the device's size, a memory cap on it, and how far its events trail the requests."""
     p.add_argument("--device", type=int, help=_DEVICE_HELP)
     p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
     p.add_argument("--cap", type=_cap, metavar="SIZE", help=_CAP_HELP)
+    p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -524,7 +526,6 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help=_JSON_HELP)
         _add_device_options(p)
         if name == "replay":
-            p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
             # --smallest-device: its name until 2026-11-30, when it still bisected a device's size
             p.add_argument("--smallest-cap", "--smallest-device", dest="smallest_cap", action="store_true",
                            help="instead: bisect, by replay, for the smallest memory cap each policy serves "
@@ -537,7 +538,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action="append", metavar="POLICY", help=_POLICY_HELP)
     p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
     _add_device_options(p)
-    p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
     p.add_argument("--out", default="gmlake-compare", metavar="DIR",
                    help="folder for compare.png and compare.jsonl, created if missing (default: gmlake-compare)")
     p.set_defaults(func=cmd_compare)

@@ -14,7 +14,7 @@ large pool are split by what stitching can still do with them: whole free chunks
 pieces of chunks that also hold live blocks (a handle maps only whole, so such a piece can be only the first or the
 last piece of a stitch, or serve a request on its own).
 
-    gmlake explain run.gmtrace [--policy gmlake] [--cap SIZE]
+    gmlake explain run.gmtrace [--policy gmlake] [--cap SIZE] [--event-lag N]
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ class PeakBreakdown:
     later_growth: int = 0       # reserved bytes added by requests after it (together under `within` of the peak)
     within: float = WITHIN
     cap: int = 0                # the memory cap replayed (set_per_process_memory_fraction's, in bytes; 0: none)
+    event_lag: int = 0          # requests between an event's recording and its completion (Note [Event lag in replay])
     policy_spec: str = ""
     knobs: dict = field(default_factory=dict)
 
@@ -116,9 +117,10 @@ class NothingToExplain(ValueError):
 
 
 def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
-            within: float = WITHIN, cap: int = 0) -> PeakBreakdown:
+            within: float = WITHIN, cap: int = 0, event_lag: int = 0) -> PeakBreakdown:
     """Account for `policy`'s reserved bytes at its moment of peak growth on `trace` (replayed on the sim driver,
-    under a memory cap of `cap` bytes, 0: none, as gmlake.replay.replay takes it): the first request after which
+    under a memory cap of `cap` bytes, 0: none, and with events completing `event_lag` requests after they are
+    recorded, as gmlake.replay.replay takes both): the first request after which
     reserved memory is within `within` of its peak. Raises NothingToExplain if the replay never reserved any
     memory."""
     if not 0 <= within < 1:
@@ -128,7 +130,7 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
     n = len(trace.requests())
     # One timeline sample per request: the replay samples each window's maximum, and a window of one request is
     # the reserved bytes right after it.
-    _, full = run_requests(trace, policy, device_memory, samples=max(1, n), cap=cap)
+    _, full = run_requests(trace, policy, device_memory, samples=max(1, n), cap=cap, event_lag=event_lag)
     if full["peak_reserved"] == 0:
         if not (trace.requests()["action"] == 0).any():
             raise NothingToExplain(f"{trace.name}: the trace has no allocations to explain")
@@ -143,7 +145,7 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
     growths = np.diff(reserved_after, prepend=0)
     # The same cap again: replaying up to the moment without it could reserve differently (Note [Releasing before
     # the cap binds]) and would not be the state the full replay had.
-    alloc, _ = run_requests(trace, policy, device_memory, upto=moment + 1, samples=1, cap=cap)
+    alloc, _ = run_requests(trace, policy, device_memory, upto=moment + 1, samples=1, cap=cap, event_lag=event_lag)
     stats = alloc.stats()
     if stats["reserved_bytes"] != reserved_after[moment]:   # the replay is deterministic; this guards the bookkeeping
         raise RuntimeError(f"explain: replaying {moment + 1} requests reached {stats['reserved_bytes']} reserved "
@@ -156,5 +158,5 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
         rounding=stats["allocated_bytes"] - stats["requested_bytes"], free_small=small, free_whole_chunks=whole,
         free_in_shared_chunks=shared, fragments=fragments, ooms=full["ooms"], peak_reserved=full["peak_reserved"],
         peak_request_index=full["peak_event"], growth=int(growths[moment]),
-        later_growth=int(growths[moment + 1:].clip(min=0).sum()), within=within, cap=cap, policy_spec=choice.spec,
+        later_growth=int(growths[moment + 1:].clip(min=0).sum()), within=within, cap=cap, event_lag=event_lag, policy_spec=choice.spec,
         knobs=choice.policy.knob_values())
