@@ -188,7 +188,7 @@ class StreamModel:
         """An event wait: work queued on `stream` from now on is ordered after `other`'s work up to `ticket`, and so,
         as on a GPU, after whatever `other` itself waited for by then."""
         if other != stream:
-            self._merge(self.waited.setdefault(stream, {}), {**self.waited.get(other, {}), other: ticket}, stream)
+            self._merge(self.waited.setdefault(stream, {}), self._through(other, ticket), stream)
 
     def waits_of(self, stream: int, after) -> dict[int, int]:
         """The waits of a kernel queued on `stream` now that also waits for all work queued so far on the streams in
@@ -196,8 +196,12 @@ class StreamModel:
         waits = dict(self.waited.get(stream, {}))
         for other in after:
             if other != stream:
-                self._merge(waits, {**self.waited.get(other, {}), other: self.driver.queued(other)}, stream)
+                self._merge(waits, self._through(other, self.driver.queued(other)), stream)
         return waits
+
+    def _through(self, other: int, ticket: int) -> dict[int, int]:
+        """What waiting for `other` up to `ticket` orders after: that, and what `other` had waited for."""
+        return {**self.waited.get(other, {}), other: ticket}
 
     @staticmethod
     def _merge(into: dict, more: dict, stream: int) -> None:
