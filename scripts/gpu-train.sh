@@ -5,7 +5,7 @@
 #   GPU0="opt1.3b-lora ..." GPU1="gpt2xl-lora ..." FSDP=1 CHECK=1 scripts/gpu-train.sh [train_suite args...]
 # GPU0/GPU1 take workload names (each runs under --allocators) or WORKLOAD:ALLOCATOR pairs; FSDP=1 runs the FSDP
 # workload under --allocators, FSDP="alloc ..." under those.
-# CHECK=1 first runs scripts/gpu-check.sh's GPU tests and micro benchmark on GPU 0.
+# CHECK=1 first runs the GPU tests and (unless MICRO=0) the micro benchmark on GPU 0.
 # Results land in $OUT: train-gpu0.json, train-gpu1.json, train-fsdp.json, and the logs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -35,9 +35,11 @@ if [ -n "${GPU0:-}" ] || [ "${CHECK:-0}" = 1 ]; then
       CUDA_VISIBLE_DEVICES=0 timeout "$(left)" python3 -m pytest -m gpu -p no:cacheprovider -q tests/ \
         -k "${CHECK_K:-not soak and not threads}" >"$LOGS/gpu-tests.log" 2>&1
       echo "gpu tests: exit $? at $((SECONDS - START)) s"; tail -3 "$LOGS/gpu-tests.log"
-      CUDA_VISIBLE_DEVICES=0 timeout "$(left)" python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" \
-        >"$LOGS/micro.log" 2>&1
-      echo "micro: exit $? at $((SECONDS - START)) s"
+      if [ "${MICRO:-1}" = 1 ]; then
+        CUDA_VISIBLE_DEVICES=0 timeout "$(left)" python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" \
+          >"$LOGS/micro.log" 2>&1
+        echo "micro: exit $? at $((SECONDS - START)) s"
+      fi
   fi
   [ -n "${GPU0:-}" ] && suite 0 train-gpu0 $GPU0
 fi
