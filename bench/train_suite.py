@@ -42,7 +42,8 @@ CANDIDATES = {
     "gmlake-page4m": ["--policy", "gmlake[expandable_page_large=4MiB]"],
     # replayed on the FSDP rank traces with events done 10-1,000 requests late, rank 1 reserved 6.94-7.00 GiB
     # against the default's 7.57-8.29 (Note [Waiting for another stream's free block]); its time is unmeasured.
-    "gmlake-wait": ["--policy", "gmlake[cross_stream_wait=true]"],
+    "gmlake-wait": ["--policy", "gmlake[cross_stream_wait=true]"],   # the default since 2026-12-01
+    "gmlake-nowait": ["--policy", "gmlake[cross_stream_wait=false]"],
 }
 # allocator name -> how to start it: torch's env setting, or gmlake's `run` flags
 ALLOCATORS = {

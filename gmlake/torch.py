@@ -173,7 +173,7 @@ def memory_stats(device=None) -> dict:
     s = allocator(d).stats()
     for key in ("stitches", "stitched_handles", "sblock_reuses", "sblock_evictions", "cached_sblocks",
                 "sblock_va_bytes", "segments_created", "chunks_released", "pending_frees", "stream_migrations",
-                "capture_queries"):
+                "stream_waits", "capture_queries"):
         out[f"gmlake.{key}"] = s[key]
     return dict(sorted(out.items()))
 

@@ -62,20 +62,23 @@ def test_with_the_gpu_behind_completed_frees_do_not_pile_up():
 
 
 def test_event_lag_brackets_sharing_between_at_once_and_never(tmp_path):
-    """Note [Event lag in replay]: with events complete at once the default shares the most; when they never
-    complete before a synchronize it reserves exactly what blocks kept per stream reserve; single-stream traces
-    replay the same at any lag."""
+    """Note [Event lag in replay]: with events complete at once sharing blocks by fences shares the most; when
+    they never complete before a synchronize it reserves exactly what blocks kept per stream reserve; the default's
+    wait on the GPU (cross_stream_wait) takes back part of that; single-stream traces replay the same at any lag."""
     from gmlake.replay import bundled_traces, replay
     from gmlake.trace import load
 
     path = tmp_path / "fsdp.pickle.gz"
     fsdp_pattern.write_trace(path, steps=3, layers=8, seed=0)
     trace = load(path)
-    at_once = replay(trace, "gmlake")
-    never = replay(trace, "gmlake", event_lag=1 << 40)
+    at_once = replay(trace, "gmlake[cross_stream_wait=false]")
+    never = replay(trace, "gmlake[cross_stream_wait=false]", event_lag=1 << 40)
+    waiting = replay(trace, "gmlake", event_lag=1 << 40)
     per_stream = replay(trace, "gmlake[cross_stream=false]")
     assert at_once.peak_reserved < never.peak_reserved == per_stream.peak_reserved
+    assert at_once.peak_reserved <= waiting.peak_reserved < never.peak_reserved
     assert never.stats["stream_migrations"] == 0 < at_once.stats["stream_migrations"]
+    assert never.stats["stream_waits"] == 0 < waiting.stats["stream_waits"]
     assert never.summary()["event_lag"] == 1 << 40
     single = load(bundled_traces()[0])
     assert replay(single, "gmlake", event_lag=100).peak_reserved == replay(single, "gmlake").peak_reserved

@@ -40,6 +40,15 @@ def test_record_stream_keeps_cross_stream_use_safe():
     assert "ok" in run("record_stream.py")
 
 
+@pytest.mark.parametrize("wait", [True, False])
+def test_cross_stream_wait_orders_the_side_streams_late_write_first(wait):
+    """Note [Waiting for another stream's free block] on the real driver (cuStreamWaitEvent): with the default
+    policy the default stream waits and takes blocks whose old stream still writes them, and every byte checks;
+    without the wait it never does (it grows)."""
+    env = {} if wait else {"GMLAKE_POLICY": "gmlake[cross_stream_wait=false]"}
+    assert "ok" in run("cross_stream_wait.py", "wait" if wait else "no-wait", env=env)
+
+
 def test_empty_cache_returns_memory_to_the_driver():
     run("empty_cache.py")
 

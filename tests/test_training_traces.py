@@ -90,14 +90,14 @@ def test_the_fsdp_rank_traces_replay_the_native_runs_peak_to_the_byte(trace_name
 
 def test_waiting_for_another_streams_block_keeps_fsdp_rank_1_near_its_lag_free_peak():
     """Note [Waiting for another stream's free block], replayed with events completing 100 requests after they
-    were recorded (the GPU trailing the CPU): rank 1 reserved 8.17 GiB under the default, whose fences hand blocks
-    over late, and 6.98 with cross_stream_wait (2026-11-30), against 6.75 with every event done at once. At lag 0
-    the two are the same replay."""
+    were recorded (the GPU trailing the CPU): rank 1 reserved 8.17 GiB without the wait, whose fences alone hand
+    blocks over late, and 6.98 with it (the default since 2026-12-01), against 6.75 with every event done at once.
+    At lag 0 the two are the same replay."""
     trace = load(RESULTS / "traces" / f"{FSDP_RANKS[1]}.gmtrace")
-    fenced = replay(trace, "gmlake", samples=0, event_lag=100)
-    waiting = replay(trace, "gmlake[cross_stream_wait=true]", samples=0, event_lag=100)
-    at_once = replay(trace, "gmlake", samples=0)
+    fenced = replay(trace, "gmlake[cross_stream_wait=false]", samples=0, event_lag=100)
+    waiting = replay(trace, "gmlake", samples=0, event_lag=100)
+    at_once = replay(trace, "gmlake[cross_stream_wait=false]", samples=0)
     assert waiting.peak_reserved < 0.9 * fenced.peak_reserved
     assert at_once.peak_reserved <= waiting.peak_reserved < 1.05 * at_once.peak_reserved
     assert waiting.stats["stream_waits"] > 0 and fenced.stats["stream_waits"] == 0
-    assert replay(trace, "gmlake[cross_stream_wait=true]", samples=0).peak_reserved == at_once.peak_reserved
+    assert replay(trace, "gmlake", samples=0).peak_reserved == at_once.peak_reserved
