@@ -53,14 +53,24 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Callable, Generator, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import speed_suite
 import train_suite
-from gmlake.cap import FLOOR, WIDEN, Bisection, Search, bisect_fraction, drive, step_until  # noqa: F401
 from speed_suite import GIB, expected_duration
 from train_suite import environment
+
+from gmlake.cap import (  # noqa: F401
+    FLOOR,
+    WIDEN,
+    Bisection,
+    Search,
+    bisect_fraction,
+    drive,
+    step_until,
+)
 
 HERE = Path(__file__).resolve().parent
 # workload -> the suite whose script runs it (and whose allocators it takes): dynamic.py's or train_hf.py's
@@ -236,7 +246,7 @@ def run_probe(workload: str, allocator: str, purpose: str, fraction: float | Non
     started = time.perf_counter()
     killed = False
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         killed = True
         proc = subprocess.CompletedProcess(cmd, -9, "", f"killed after {timeout_s:.0f} s (timeout or deadline)")
@@ -279,7 +289,7 @@ def device_total_memory() -> int:
     memory on the very device the probes measure."""
     proc = subprocess.run([sys.executable, "-c",
                            "import torch; print(torch.cuda.get_device_properties(0).total_memory)"],
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, check=False, text=True, timeout=180)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout or "no output").strip().splitlines()
         raise RuntimeError(lines[-1] if lines else "no output")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import platform
 import random
@@ -20,9 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+from gmlake._bench import time_driver_calls, time_stream_calls
+
 import gmlake
 from gmlake import Allocator, bench_cache_hits
-from gmlake._bench import time_driver_calls, time_stream_calls
 
 MiB = 1 << 20
 HANDLE_SIZES_MIB = (2, 4, 8, 16, 32, 64)
@@ -196,23 +198,21 @@ def environment(kind: str) -> dict:
         "command": " ".join(sys.argv),
     }
     try:
-        import importlib.metadata as md
-
-        env["cuda_bindings"] = md.version("cuda-bindings")
-    except Exception:
+        env["cuda_bindings"] = importlib.metadata.version("cuda-bindings")
+    except importlib.metadata.PackageNotFoundError:
         pass
     if kind == "cuda":
         try:
             smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                  capture_output=True, text=True, check=True).stdout.strip()
             env["gpu"], env["nvidia_driver"] = [x.strip() for x in smi.splitlines()[0].split(",")]
-        except Exception:
-            pass
+        except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+            pass    # no nvidia-smi, it failed, or it printed something else: the record goes without the GPU
         try:
             import torch
 
             env["torch"] = torch.__version__
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - torch is optional here, and a broken install fails in many ways
             pass
     return env
 

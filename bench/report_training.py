@@ -13,8 +13,9 @@ import json
 import statistics
 from pathlib import Path
 
-from gmlake.replay import driver_seconds
 from speed_suite import gpu_ms, spread_pct
+
+from gmlake.replay import driver_seconds
 
 # "gmlake" and "gmlake-8m" in results of 2026-11-30 10:00 and before ran the paper's design (then the default).
 ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper", "gmlake-8m", "gmlake-paper-8m", "gmlake-64m",
@@ -34,7 +35,8 @@ def load(paths: list[Path]) -> tuple[list[dict], list[dict]]:
     for path in paths:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-            raise ValueError(f"{path}: no list of runs")
+            # a file's content, not an argument's type: ValueError, as the docstring says and main() reports
+            raise ValueError(f"{path}: no list of runs")  # noqa: TRY004
         envs.append(data.get("environment") or {})
         runs += [r for r in data["runs"] if isinstance(r, dict) and r.get("returncode") == 0]
     return runs, envs

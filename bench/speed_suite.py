@@ -88,7 +88,7 @@ def run_one(index: int, round_: int, workload: str, allocator: str, args: argpar
     cmd, env = command(workload, allocator, args, json_path)
     started = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as exc:
         stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
         proc = subprocess.CompletedProcess(cmd, -9, stdout, f"killed after {timeout_s:.0f} s (timeout or deadline)")
@@ -168,9 +168,9 @@ def format_table(rows: list[dict], warmup: int, steps: int) -> str:
     header = (f"{'workload':<8} {'allocator':<13} {'runs':>4} {'vs native':>9} {'min-max':>13} {'spread':>7} "
               f"{'samples/s':>10} {'resv GiB':>9} {'util':>6} {'stitches':>9} {'drv calls':>10} {'GPU time':>9} "
               f"{'spread':>7}")
-    lines = [f"time = sum of step times after {warmup} warm-up steps of {steps}, median over runs, relative to "
-             f"native's median; min-max = each run's ratio; spread = (max - min) / median of the allocator's own runs; "
-             f"GPU time = the kernels' own time over the profiled extra steps against native's, and its spread",
+    lines = [(f"time = sum of step times after {warmup} warm-up steps of {steps}, median over runs, relative to "
+              f"native's median; min-max = each run's ratio; spread = (max - min) / median of the allocator's own runs; "
+              f"GPU time = the kernels' own time over the profiled extra steps against native's, and its spread"),
              header, "-" * len(header)]
     for row in rows:
         if not row["runs"]:

@@ -93,7 +93,7 @@ def fsdp_max_batch(workload: str, allocator: str, args) -> dict:
         cmd, env = command(workload, allocator, args, os.devnull, probe=mid)
         started = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
             proc = subprocess.CompletedProcess(cmd, -9, "", f"probe timed out after {args.timeout} s")
         fits = proc.returncode == 0
@@ -127,7 +127,7 @@ def environment() -> dict:
 
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip().splitlines()
+                             capture_output=True, check=False, text=True).stdout.strip().splitlines()
     except FileNotFoundError:
         smi = []
     gpu, driver = (smi[0].split(", ") + ["?"])[:2] if smi else ("?", "?")
@@ -174,7 +174,7 @@ def main() -> None:
         print(f"== {workload} / {allocator}", flush=True)
         started = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired as exc:
             proc = subprocess.CompletedProcess(cmd, -9, exc.stdout or "", f"timed out after {args.timeout} s")
         run = {"workload": workload, "allocator": allocator, "round": round_, "command": " ".join(cmd),

@@ -70,7 +70,7 @@ def torch_html(snapshot: dict, kind: str) -> str:
 
 def offline_html(html: str, memory_viz_js: str, d3_js: str) -> str:
     """torch's HTML with the viewer and d3 inline instead of imported from CDNs."""
-    viewer = re.sub(r"^import .* from \"https://cdn\.skypack\.dev/[^\"]+\";\n", "", memory_viz_js, flags=re.M)
+    viewer = re.sub(r"^import .* from \"https://cdn\.skypack\.dev/[^\"]+\";\n", "", memory_viz_js, flags=re.MULTILINE)
     viewer = viewer.replace("'use strict';", "'use strict';\nconst d3 = window.d3;\n"
                             "const {axisLeft, scaleLinear, zoom, zoomIdentity, brushX} = window.d3;", 1)
     page, n = re.subn(r"import \{add_local_files\} from \"[^\"]+MemoryViz\.js\"", lambda _: viewer, html)
@@ -90,7 +90,8 @@ def render(html: str, *, screenshot: Path | None = None, size: tuple[int, int] =
         common = [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp}/profile",
                   "--virtual-time-budget=10000", f"--window-size={size[0]},{size[1]}", "--enable-logging=stderr",
                   "--v=0"]
-        dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+        dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, check=False, text=True,
+                             timeout=120)
         if screenshot is not None:
             subprocess.run([*common, f"--screenshot={Path(screenshot).resolve()}", page.as_uri()],
                            capture_output=True, text=True, timeout=120, check=True)

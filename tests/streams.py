@@ -14,9 +14,11 @@ import functools
 import random
 from dataclasses import dataclass, field
 
+# the driver's own rule for two physical extents meeting
+from gmlake._driver import _overlap
+
 import gmlake
 from gmlake import Allocator, OutOfMemoryError
-from gmlake._driver import _overlap   # the driver's own rule for two physical extents meeting
 from gmlake.errors import HazardError
 
 

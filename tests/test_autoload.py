@@ -21,7 +21,7 @@ def python(code: str, env: dict | None = None, extra_path: Path | None = None, i
     if extra_path is not None:
         clean["PYTHONPATH"] = str(extra_path)
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", code]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**clean, **(env or {})})
+    return subprocess.run(cmd, capture_output=True, check=False, text=True, timeout=120, env={**clean, **(env or {})})
 
 
 @pytest.fixture

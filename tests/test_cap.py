@@ -101,7 +101,7 @@ def gmlake_cli(*args: str):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "gmlake", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "gmlake", *args], capture_output=True, check=False, text=True)
 
 
 def test_replay_smallest_cap_from_the_command_line():

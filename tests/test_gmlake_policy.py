@@ -54,7 +54,7 @@ def test_free_pages_are_stitched_instead_of_growing(driver):
 
 def test_no_stitch_where_growing_maps_as_few_pages(driver):
     alloc = Allocator(driver)
-    a, b, c, d = four_blocks(alloc)
+    _a, _b, _c, d = four_blocks(alloc)
     alloc.free(d)                                   # the free tail of the range, next to unmapped space
     alloc.malloc(50 * MiB)                          # growing maps 2 pages after D's; a stitch would too
     stats = alloc.stats()
@@ -65,7 +65,7 @@ def test_no_stitch_where_growing_maps_as_few_pages(driver):
 
 def test_a_stitch_must_save_min_saved_chunks_pages(driver):
     strict = Allocator(driver, gmlake.policies.get("gmlake", min_saved_chunks=10))
-    a, b, c, d = four_blocks(strict)
+    a, _b, c, _d = four_blocks(strict)
     strict.free(a)
     strict.free(c)
     strict.malloc(180 * MiB)                        # saves 9 pages: under the bar of 10, so the range grows

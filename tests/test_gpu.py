@@ -209,6 +209,6 @@ def test_the_core_alone_grows_stitches_and_fences_without_torch():
         t.start(); t.join()
         assert set(drv.leaks().values()) == {0}, drv.leaks()
     """)
-    proc = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", body], capture_output=True, check=False, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.split("\n")[:2] == ["ok main thread", "ok new thread"], \
         proc.stdout + proc.stderr

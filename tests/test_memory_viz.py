@@ -14,8 +14,16 @@ import re
 import pytest
 
 pytest.importorskip("torch")
-from memory_viz_render import (STATE_HISTORY, TIMELINE, chromium, offline_html, render, torch_html,  # noqa: E402
-                               training_like_snapshot, viewer_sources)
+from memory_viz_render import (
+    STATE_HISTORY,
+    TIMELINE,
+    chromium,
+    offline_html,
+    render,
+    torch_html,
+    training_like_snapshot,
+    viewer_sources,
+)
 
 
 @pytest.fixture(scope="module")

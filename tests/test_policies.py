@@ -1,4 +1,6 @@
 """The built-in policies' rules, and Python policy hooks."""
+import itertools
+
 import pytest
 
 import gmlake
@@ -117,7 +119,7 @@ def test_expandable_small_pool_uses_2mib_pages(driver):
     alloc = expandable(driver)
     ptrs = [alloc.malloc(600 * KiB) for _ in range(5)]
     assert alloc.stats()["reserved_bytes"] == 4 * MiB
-    assert all(q - p == 600 * KiB for p, q in zip(ptrs, ptrs[1:]))
+    assert all(q - p == 600 * KiB for p, q in itertools.pairwise(ptrs))
     for p in ptrs:
         alloc.free(p)
     alloc.check()

@@ -63,7 +63,7 @@ def test_replay_keeps_graph_memory_out_of_the_default_pool(tmp_path):
     plain = load(_snapshot(tmp_path, with_pool=False))
     for policy in ("caching", "expandable", "gmlake", "gmlake-paper"):
         a_pooled, r_pooled = run_requests(pooled, policy)
-        a_plain, r_plain = run_requests(plain, policy)
+        _a_plain, r_plain = run_requests(plain, policy)
         assert r_pooled["ooms"] == r_plain["ooms"] == 0
         info = a_pooled.pools_info()
         assert [p["id"] for p in info] == [KEY] and info[0]["reserved_bytes"] >= 64 * MiB, (policy, info)

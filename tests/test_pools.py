@@ -3,10 +3,17 @@ and the rules of graph capture (docs/graphs.md, Note [Private pools] and Note [P
 from __future__ import annotations
 
 import pytest
+from streams import StreamHarness
 
 import gmlake
-from gmlake import (Allocator, CaptureOutOfMemoryError, GraphCaptureError, HostDriver, OutOfMemoryError, SimDriver)
-from streams import StreamHarness
+from gmlake import (
+    Allocator,
+    CaptureOutOfMemoryError,
+    GraphCaptureError,
+    HostDriver,
+    OutOfMemoryError,
+    SimDriver,
+)
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -16,7 +16,15 @@ import pytest
 import gmlake
 from gmlake import Allocator, SimDriver
 from gmlake.replay import GRANULARITY, bundled_traces
-from gmlake.trace import ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, load
+from gmlake.trace import (
+    ALLOC,
+    FREE,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    load,
+)
 
 KiB, MiB = 1 << 10, 1 << 20
 MODEL = {"native": "caching", "expandable": "expandable"}
@@ -91,7 +99,7 @@ def test_expandable_large_pool_splits_with_512_bytes_left():
 # ---------------------------------------------------------------- the bundled traces, event by event
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _replay_events(name: str) -> dict:
     """Replay a bundled trace request by request through the policy modelling its allocator; per request, the
     reserved bytes our model grew and shrank by against the trace's own segment events since the previous request."""

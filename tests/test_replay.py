@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import pytest
 import gmlake
 from gmlake.cli import main as cli_main
 from gmlake.replay import bundled_traces, fidelity, replay
-from gmlake.trace import FREE, ALLOC, TraceError, load, load_snapshot, save_compact
+from gmlake.trace import ALLOC, FREE, TraceError, load, load_snapshot, save_compact
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 
@@ -113,8 +114,8 @@ def _write(path, obj, compress=True):
 
 
 @pytest.mark.parametrize("make", [
-    lambda p: p.write_bytes(gzip.decompress(open(TINY, "rb").read())[:5000]),               # truncated pickle
-    lambda p: p.write_bytes(open(TINY, "rb").read()[:3000]),                                # truncated gzip
+    lambda p: p.write_bytes(gzip.decompress(Path(TINY).read_bytes())[:5000]),               # truncated pickle
+    lambda p: p.write_bytes(Path(TINY).read_bytes()[:3000]),                                # truncated gzip
     lambda p: p.write_bytes(b"\x1f\x8b" + bytes(range(256)) * 4),                           # corrupted gzip
     lambda p: p.write_bytes(b"not a pickle at all"),
     lambda p: _write(p, {"segments": []}),                                                  # no device_traces

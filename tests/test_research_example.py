@@ -64,7 +64,7 @@ def test_replay_runs_the_example_from_the_command_line():
     """The example through the CLI, as docs/research.md runs it (on the small test trace)."""
     proc = subprocess.run([sys.executable, "-m", "gmlake", "replay", "tests/data/tiny-gpt2-native.pickle.gz", "--json",
                            "--policy", "gmlake", "--policy", f"{EXAMPLE.relative_to(ROOT)}:TLSFPlacement[sl_bits=2]"],
-                          capture_output=True, text=True, cwd=ROOT)
+                          capture_output=True, check=False, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     ours, theirs = (json.loads(line) for line in proc.stdout.splitlines())
     assert ours["policy"] == "gmlake"

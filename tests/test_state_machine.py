@@ -16,11 +16,18 @@ from dataclasses import dataclass, field
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    precondition,
+    rule,
+)
+from streams import StreamHarness
 
 import gmlake
 from gmlake import Allocator, HostDriver, OutOfMemoryError, SimDriver
-from streams import StreamHarness
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -11,11 +11,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from streams import StreamHarness
 
 import gmlake
 from gmlake import HostDriver, SimDriver
 from gmlake.errors import HazardError
-from streams import StreamHarness
 
 MiB = 1 << 20
 # The scenarios below stitch and hand blocks across streams at once, as the paper's policy does (the harness's

@@ -19,7 +19,7 @@ SCRIPTS = Path(__file__).parent / "gpu_scripts"
 def run(script: str, *args: str, gmlake: bool = True, env: dict | None = None, timeout: int = 300) -> str:
     cmd = [sys.executable, "-m", "gmlake", "run", str(SCRIPTS / script), *args] if gmlake else \
         [sys.executable, str(SCRIPTS / script), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+    proc = subprocess.run(cmd, capture_output=True, check=False, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
@@ -94,7 +94,7 @@ def test_environment_variables_configure_the_policy():
 
 def test_enable_after_cuda_init_is_a_clear_error():
     code = "import torch; torch.zeros(1, device='cuda'); import gmlake.torch as g; g.enable()"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, check=False, text=True, timeout=120)
     assert proc.returncode != 0 and "CUDA is already initialised" in proc.stderr
 
 
@@ -106,7 +106,7 @@ def test_two_gpus_under_torchrun_with_ddp():
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "gmlake", "run",
          str(SCRIPTS / "ddp_train.py")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, check=False, text=True, timeout=300,
         env={**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count(" ok, device ") == 2
@@ -141,7 +141,7 @@ def test_the_workloads_time_their_kernels_under_gmlake_and_native(tmp_path):
         path = tmp_path / f"{name}.json"
         cmd = [sys.executable, *(["-m", "gmlake", "run"] if gmlake else []), str(workload), "--workload", "cnn",
                "--size", "small", "--steps", "4", "--gpu-time-steps", "2", "--json", str(path)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(cmd, capture_output=True, check=False, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = json.loads(path.read_text())["gpu_time"]
     for name, steps in out.items():

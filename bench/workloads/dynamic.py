@@ -35,15 +35,25 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
+from common import (  # noqa: F401 - OOM_EXIT, parse_fraction: defined here before common.py; tests read them
+    OOM_EXIT,
+    MachineProbe,
+    allocator_name,
+    counters_since,
+    exit_out_of_memory,
+    gmlake_policy_name,
+    gmlake_stats,
+    gpu_time,
+    memory_fraction,
+    memory_peaks,
+    out_of_memory,
+    parse_fraction,
+)
 from torch import nn
-
-from common import (MachineProbe, allocator_name, counters_since, exit_out_of_memory, gmlake_policy_name, gmlake_stats,
-                    gpu_time, memory_fraction, memory_peaks, out_of_memory)
-from common import OOM_EXIT, parse_fraction  # noqa: F401  (where they were defined before common.py; tests read them)
 
 # Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive, in steps of
 # `batch_step` and `shape_step`; `shape` is the image side in pixels or the padded sequence length). The full sizes

@@ -27,10 +27,19 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-
 from common import OOM_EXIT, memory_fraction, oom_summary, out_of_memory, refuse
-from train_hf import (MODELS, MachineProbe, add_lora, allocator_name, build_model, dump_snapshot, gmlake_stats,
-                      gpu_time, memory_peaks, start_snapshot)
+from train_hf import (
+    MODELS,
+    MachineProbe,
+    add_lora,
+    allocator_name,
+    build_model,
+    dump_snapshot,
+    gmlake_stats,
+    gpu_time,
+    memory_peaks,
+    start_snapshot,
+)
 
 
 def rank_path(path: str, rank: int) -> str:

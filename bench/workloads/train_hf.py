@@ -22,10 +22,17 @@ import time
 from collections.abc import Callable
 
 import torch
-
-from common import (MachineProbe, allocator_name, gmlake_stats, gpu_time,  # fsdp_train.py imports them from here too
-                    memory_peaks)
-from common import exit_out_of_memory, memory_fraction, out_of_memory, refuse
+from common import (  # fsdp_train.py imports them from here too
+    MachineProbe,
+    allocator_name,
+    exit_out_of_memory,
+    gmlake_stats,
+    gpu_time,
+    memory_fraction,
+    memory_peaks,
+    out_of_memory,
+    refuse,
+)
 
 MODELS = {
     # name: (family, hidden, layers, heads, ffn, word_embed_proj_dim)

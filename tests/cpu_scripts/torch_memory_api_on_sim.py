@@ -18,7 +18,8 @@ _torch_bridge.configure(lambda device: gmlake.Allocator(gmlake.SimDriver(capacit
 torch.cuda.is_initialized = lambda: True
 torch.cuda.memory.is_initialized = lambda: True
 torch.cuda.current_device = lambda: 0
-from torch.cuda import max_memory_allocated  # bound before the patch: must still answer from gmlake
+# bound before the patch: must still answer from gmlake
+from torch.cuda import max_memory_allocated
 
 gt.install_memory_api(torch)
 alloc = _torch_bridge.allocator(0)

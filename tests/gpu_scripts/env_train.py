@@ -52,7 +52,7 @@ def main() -> int:
         failures += not ok
         print(f"{'PASS' if ok else 'FAIL'} rank {rank}: {name}{': ' + detail if detail else ''}", flush=True)
 
-    import gmlake.torch as gt   # only to verify; the script ran under whatever GMLAKE chose
+    import gmlake.torch as gt  # only to verify; the script ran under whatever GMLAKE chose
 
     check("gmlake is PyTorch's allocator", gt.is_enabled())
     if gt.is_enabled():

@@ -52,6 +52,7 @@ segments = torch.cuda.memory_snapshot()
 snapshot = torch.cuda.memory._snapshot()
 torch.cuda.memory._dump_snapshot(str(out_dir / "snapshot.pickle"))
 from torch.cuda import _memory_viz
+
 (out_dir / "trace.html").write_text(_memory_viz.trace_plot(snapshot))
 (out_dir / "segments.html").write_text(_memory_viz.segment_plot(snapshot))
 

@@ -1,8 +1,10 @@
 import dataclasses
+
 import gmlake
 from gmlake.cap import smallest_device
 from gmlake.replay import replay, trace_path
 from gmlake.trace import load
+
 GiB = 1 << 30
 MiB = 1 << 20
 base = gmlake.policies.get("gmlake")
