@@ -21,10 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from gmlake._bench import time_driver_calls, time_stream_calls
-
 import gmlake
 from gmlake import Allocator, bench_cache_hits
+from gmlake._bench import time_driver_calls, time_stream_calls
 
 MiB = 1 << 20
 HANDLE_SIZES_MIB = (2, 4, 8, 16, 32, 64)

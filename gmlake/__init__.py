@@ -13,8 +13,15 @@ from gmlake._allocator import CALL_NAMES, Allocator, bench_cache_hits
 from gmlake._driver import Driver
 from gmlake._host_driver import HostDriver
 from gmlake._sim_driver import SimDriver
-from gmlake.errors import (CaptureOutOfMemoryError, DriverError, GmlakeError, GraphCaptureError, InvalidPointerError,
-                           OutOfMemoryError, PolicyError)
+from gmlake.errors import (
+    CaptureOutOfMemoryError,
+    DriverError,
+    GmlakeError,
+    GraphCaptureError,
+    InvalidPointerError,
+    OutOfMemoryError,
+    PolicyError,
+)
 from gmlake.policies import CachingPolicy, ExpandablePolicy, GMLakePolicy, Policy
 
 __version__ = "0.1.0"
@@ -31,12 +38,29 @@ def cuda_available() -> bool:
     """Whether a CUDA driver with at least one device can be used here."""
     try:
         cuda_driver(0)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure to start the driver means "not usable here"
         return False
     return True
 
 
 __all__ = [
-    "Allocator", "Driver", "SimDriver", "HostDriver", "cuda_driver", "cuda_available", "Policy", "GMLakePolicy",
-    "CachingPolicy", "ExpandablePolicy", "PolicyError", "OutOfMemoryError", "CaptureOutOfMemoryError", "GraphCaptureError", "DriverError", "InvalidPointerError", "GmlakeError", "CALL_NAMES", "bench_cache_hits",
+    "CALL_NAMES",
+    "Allocator",
+    "CachingPolicy",
+    "CaptureOutOfMemoryError",
+    "Driver",
+    "DriverError",
+    "ExpandablePolicy",
+    "GMLakePolicy",
+    "GmlakeError",
+    "GraphCaptureError",
+    "HostDriver",
+    "InvalidPointerError",
+    "OutOfMemoryError",
+    "Policy",
+    "PolicyError",
+    "SimDriver",
+    "bench_cache_hits",
+    "cuda_available",
+    "cuda_driver",
 ]

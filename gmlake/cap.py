@@ -7,7 +7,8 @@ can release cached memory and retry, so what a job fits into is the smallest cap
 from __future__ import annotations
 
 import math
-from typing import Callable, Generator, NamedTuple, TypeVar
+from collections.abc import Callable, Generator
+from typing import NamedTuple, TypeVar
 
 WIDEN = 1.1             # a bound that turns out wrong moves by this factor per probe
 FLOOR = 1e-3            # the smallest fraction ever probed
@@ -95,8 +96,8 @@ def smallest_cap(trace, policy, resolution: float = 0.002, event_lag: int = 0) -
         raise ValueError(f"{trace.name}: {uncapped.policy} runs out of memory even uncapped "
                          f"({uncapped.ooms} requests), so no cap can fit it")
     reserved = uncapped.peak_reserved
-    size = lambda fraction: math.ceil(fraction * reserved)                    # noqa: E731
-    fits = lambda fraction: replay(trace, policy, cap=size(fraction), samples=0,  # noqa: E731
+    size = lambda fraction: math.ceil(fraction * reserved)
+    fits = lambda fraction: replay(trace, policy, cap=size(fraction), samples=0,
                                    event_lag=event_lag).ooms == 0
     floor = (uncapped.peak_allocated - 1) / reserved
     result, probed = drive(bisect_fraction(floor, 1.0, resolution, floor=floor), fits)

@@ -25,8 +25,8 @@ import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from gmlake import __version__, policies
 from gmlake.knobs import parse_size
@@ -517,8 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, func, text in (("replay", cmd_replay, "replay one trace through policies on the sim driver"),
                              ("explain", cmd_explain,
-                              "where a policy's reserved memory is at its moment of peak growth (the first request "
-                              "that brings reserved within 1 %% of its peak), replaying one trace")):
+                              ("where a policy's reserved memory is at its moment of peak growth (the first request "
+                               "that brings reserved within 1 %% of its peak), replaying one trace"))):
         p = sub.add_parser(name, help=text)
         p.add_argument("trace", help=_TRACE_HELP)
         p.add_argument("--policy", action="append", metavar="POLICY", help=_POLICY_HELP)
@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         # TraceError, knob and size errors are ValueErrors; OSError: a file that cannot be read or written.
         print(f"gmlake: error: {error_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line and exit status 1, never a traceback
         if os.environ.get("GMLAKE_TRACEBACK"):
             traceback.print_exc()
         print(f"gmlake: internal error (a bug, please report it; GMLAKE_TRACEBACK=1 shows where): "

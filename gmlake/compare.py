@@ -75,7 +75,7 @@ def table(results: list[ReplayResult], traces: list[Trace]):
     the title where replays had one. A failed replay (some requests out of memory) shows its out-of-memory count in
     red, no utilization, and a caption says so."""
     from rich.table import Table
-    from rich.text import Text   # names come from untrusted traces: plain text, never rich markup
+    from rich.text import Text  # names come from untrusted traces: plain text, never rich markup
 
     real = {t.name: t.meta for t in traces}
     failed = [r for r in results if r.failed]

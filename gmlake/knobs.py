@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 import re
 import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from fractions import Fraction
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gmlake.policies import Policy

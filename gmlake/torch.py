@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from gmlake import _torch_bridge, policies
-from gmlake.knobs import coerce_knobs, parse_bool, parse_size, split_settings
 from gmlake._allocator import Allocator
+from gmlake.knobs import coerce_knobs, parse_bool, parse_size, split_settings
 
 _enabled: dict[str, Any] = {}
 
@@ -230,8 +230,8 @@ def memory_summary(device=None) -> str:
         f"  reserved   {s['reserved_bytes'] / mib:12.1f} MiB   peak {s['peak_reserved_bytes'] / mib:12.1f} MiB",
         f"  active     {s['active_bytes'] / mib:12.1f} MiB   peak {s['peak_active_bytes'] / mib:12.1f} MiB",
         f"  utilization (peak allocated / peak reserved) {util:.4f}",
-        f"  stitches {s['stitches']}, sBlock reuses {s['sblock_reuses']}, evictions {s['sblock_evictions']}, "
-        f"cached sBlocks {s['cached_sblocks']}",
+        (f"  stitches {s['stitches']}, sBlock reuses {s['sblock_reuses']}, evictions {s['sblock_evictions']}, "
+         f"cached sBlocks {s['cached_sblocks']}"),
         "  driver calls: " + ", ".join(f"{k} {v}" for k, v in s["calls"].items() if v),
         f"  out-of-memory errors {s['ooms']}",
     ]
@@ -602,7 +602,7 @@ class MemPool:
         if allocator is not None:
             try:
                 allocator.release_pool(self._key)    # its blocks still allocated stay valid, as in PyTorch
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - a finalizer must not raise
                 pass
 
 

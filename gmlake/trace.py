@@ -159,7 +159,7 @@ def load_snapshot(path: str | Path, device: int | None = None) -> Trace:
         snapshot = _NoGlobals(io.BytesIO(data)).load()
     except TraceError:
         raise
-    except Exception as exc:  # truncated or corrupted pickles raise many kinds of error
+    except Exception as exc:  # noqa: BLE001 - truncated or corrupted pickles raise many kinds of error
         raise TraceError(f"{path}: not a readable snapshot pickle ({type(exc).__name__}: {exc})") from None
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("device_traces"), list):
         raise TraceError(f"{path}: not a PyTorch memory snapshot (no device_traces)")
@@ -303,7 +303,7 @@ def _as_int(value) -> int:
 def _short(value) -> str:
     try:
         text = repr(value)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any object's repr may raise
         text = f"<{type(value).__name__}>"
     return text[:80]
 

@@ -14,11 +14,11 @@ import functools
 import random
 from dataclasses import dataclass, field
 
-# the driver's own rule for two physical extents meeting
-from gmlake._driver import _overlap
-
 import gmlake
 from gmlake import Allocator, OutOfMemoryError
+
+# the driver's own rule for two physical extents meeting
+from gmlake._driver import _overlap
 from gmlake.errors import HazardError
 
 

@@ -192,7 +192,6 @@ def test_gmlake_run_checks_the_policy_before_the_program(tmp_path, monkeypatch, 
 def test_torch_snapshot_records_the_policy():
     from gmlake._allocator import Allocator
     from gmlake._sim_driver import SimDriver
-
     from gmlake.torch import snapshot_of
 
     choice = policies.resolve("gmlake[min_saved_chunks=0]")

@@ -9,10 +9,10 @@ from __future__ import annotations
 import ctypes
 
 import pytest
-from gmlake._driver import FAULT_NAMES
 
 import gmlake
 from gmlake import Allocator, DriverError, HostDriver, OutOfMemoryError
+from gmlake._driver import FAULT_NAMES
 
 # These tests exercise the chunk-and-stitch mechanics, so they run the paper's design, where every request
 # past the free blocks stitches; the default policy's own tests are in test_gmlake_policy.py.

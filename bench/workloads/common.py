@@ -17,7 +17,7 @@ import torch
 
 # gmlake's event counters that say how hard it worked (kept in every summary)
 GMLAKE_COUNTERS = ("stitches", "stitched_handles", "sblock_reuses", "sblock_evictions", "cached_sblocks",
-                   "segments_created", "chunks_released", "ooms")
+                   "segments_created", "chunks_released", "stream_migrations", "stream_waits", "ooms")
 
 
 def allocator_name() -> str:

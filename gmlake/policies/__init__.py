@@ -23,9 +23,9 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from gmlake.policies.base import Policy
 from gmlake.policies.caching import CachingPolicy
@@ -121,7 +121,7 @@ def _load_file(path_text: str, spec: str) -> object:
     sys.modules[name] = module
     try:
         module_spec.loader.exec_module(module)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the user's file may raise anything
         del sys.modules[name]
         raise ValueError(f"policy {spec!r}: running {path_text} failed: {type(exc).__name__}: {exc}") from None
     _loaded_files[path] = module
@@ -140,7 +140,7 @@ def _import_module(module_name: str, spec: str) -> object:
             raise ValueError(f"policy {spec!r}: no module named {exc.name!r} (not on sys.path nor in the current "
                              f"folder)") from None
         raise ValueError(f"policy {spec!r}: importing {module_name} failed: ModuleNotFoundError: {exc}") from None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the user's policy code may raise anything
         raise ValueError(f"policy {spec!r}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
     finally:
         if added and os.getcwd() in sys.path:
@@ -150,7 +150,8 @@ def _import_module(module_name: str, spec: str) -> object:
 def _checked_class(found: object, spec: str) -> type[Policy]:
     if not (isinstance(found, type) and issubclass(found, Policy)):
         what = f"a {type(found).__name__}" if not isinstance(found, type) else f"class {found.__name__}"
-        raise ValueError(f"policy {spec!r}: {what} is not a subclass of gmlake.policies.Policy")
+        raise ValueError(  # noqa: TRY004 - a ValueError is what every caller reports as bad input
+            f"policy {spec!r}: {what} is not a subclass of gmlake.policies.Policy")
     return found
 
 
@@ -165,7 +166,7 @@ def policy_class(base: str) -> type[Policy]:
         if base in plugins:
             try:
                 found = plugins[base].load()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the user's policy code may raise anything
                 raise ValueError(f"policy {base!r}: loading entry point {plugins[base].value} failed: "
                                  f"{type(exc).__name__}: {exc}") from None
             return _checked_class(found, base)
@@ -209,7 +210,7 @@ def resolve(spec: str, knobs: Mapping[str, object] | None = None,
         raise ValueError(text if text.startswith("policy ") else f"policy {spec.strip()}: {text}") from None
     try:
         policy = cls(**typed)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the user's policy code may raise anything
         raise ValueError(f"policy {spec!r}: constructing {cls.__name__} failed: {type(exc).__name__}: {exc}") \
             from None
     if granularity is not None:
@@ -293,6 +294,22 @@ def parse_knobs(items: Iterable[str]) -> dict:
     return knobs
 
 
-__all__ = ["Policy", "GMLakePolicy", "PaperPolicy", "CachingPolicy", "ExpandablePolicy", "PolicyChoice",
-           "ENTRY_POINT_GROUP", "choice_of", "choose", "get", "installed", "names", "parse_knobs", "policy_class", "resolve",
-           "split_spec", "split_targeted"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "CachingPolicy",
+    "ExpandablePolicy",
+    "GMLakePolicy",
+    "PaperPolicy",
+    "Policy",
+    "PolicyChoice",
+    "choice_of",
+    "choose",
+    "get",
+    "installed",
+    "names",
+    "parse_knobs",
+    "policy_class",
+    "resolve",
+    "split_spec",
+    "split_targeted",
+]

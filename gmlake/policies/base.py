@@ -234,4 +234,4 @@ class Policy:
         return f"{base}({', '.join(changed)})" if changed else base
 
 
-__all__ = ["Policy", "AllocatorState", "FreeBlock", "CachedSBlock", "PRESSURE_ACTIONS", "SEGMENT_RULES", "MiB"]
+__all__ = ["PRESSURE_ACTIONS", "SEGMENT_RULES", "AllocatorState", "CachedSBlock", "FreeBlock", "MiB", "Policy"]

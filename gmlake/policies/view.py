@@ -56,7 +56,7 @@ class FreeBlocks(Sequence):
     decision). Read after the hook returned, it raises: the allocator has moved on. A read inside the hook keeps the
     blocks, which can then be used after it as a plain copy."""
 
-    __slots__ = ("_walk", "_blocks")
+    __slots__ = ("_blocks", "_walk")
 
     def __init__(self, walk: Callable[[], tuple] | None = None, blocks: tuple | None = None):
         self._walk = walk
