@@ -4,6 +4,7 @@ completes, and the step time near it.
     python bench/cap_search.py [--workloads vit bert t5 cnn] [--allocators expandable gmlake] [--steps 20]
                                [--warmup N] [--resolution 0.01] [--deadline SECONDS] [--timeout SECONDS] [--out DIR]
                                [--bounds-from bench/results/train/speed-.../summary.json]
+                               [--predict WORKLOAD=TRACE ...]
     python bench/cap_search.py --workloads gpt2xl-lora-ckpt opt1.3b-lora-ckpt opt1.3b-offload \
                                [--bounds-from bench/results/train/call1-gpu1.json] ...
 
@@ -33,6 +34,12 @@ ends that pair's search as an error, since bisecting on crashes would give a mea
    uncapped time (a cap at or above a run's own peak never binds). A pair the file lacks gets an uncapped reference.
 2. bisection, geometric, between the two until hi / lo <= 1 + resolution: the smallest fraction that fit is then
    within the resolution of the threshold (it is the reference's peak reserved when no capped probe fit below it).
+   With --predict WORKLOAD=TRACE, replay first: `gmlake.cap.smallest_cap` of the trace under each allocator's
+   policy gives a bracket (largest cap that failed, smallest that fit, 0.2 % apart). The search probes that bracket
+   first, as bounds not known to hold (moved 1 % at a time while wrong), so where replay is right two probes settle
+   a pair to replay's resolution, however fine: two allocators whose brackets do not overlap are then told apart
+   even where they lie 0.4 % apart, which a 1 % bisection cannot. The pair's record keeps the prediction and
+   whether both its ends held (`prediction_held`).
 3. one timed run at 1.05 x that fraction: its time (sum of step times after warm-up, the workload's timed_s) against
    the reference's.
 
@@ -85,6 +92,7 @@ TIMED_MARGIN = 1.05     # the timed run's cap, over the smallest fraction that f
 
 
 SLACK = 4096            # bytes over a peak, so that f * total never rounds below it
+PREDICTED_WIDEN = 1.01  # a replayed bound that turns out wrong moves by 1 % per probe (replay is usually closer)
 
 T = TypeVar("T")
 Request = tuple[str, "float | None"]          # (purpose, fraction; None: uncapped)
@@ -94,10 +102,11 @@ class ProbeError(Exception):
     """A probe failed other than by running out of memory under its cap: the pair's search stops."""
 
 
-def as_probes(purpose: str, search: Search[T]) -> Generator[Request, dict, tuple[T, dict | None]]:
+def as_probes(purpose: str, search: Search[T], answers: list[tuple[float, bool]] | None = None,
+              ) -> Generator[Request, dict, tuple[T, dict | None]]:
     """A fraction search as probe requests: each fraction it asks for is a `purpose` probe, each probe's fit its
-    answer. Returns the search's result and the record of the last probe that fit (the smallest, as fits only
-    shrink in a bisection)."""
+    answer (appended to `answers` as (fraction, fit) when given). Returns the search's result and the record of the
+    last probe that fit (the smallest, as fits only shrink in a bisection)."""
     last_fit = None
     try:
         fraction = next(search)
@@ -106,15 +115,19 @@ def as_probes(purpose: str, search: Search[T]) -> Generator[Request, dict, tuple
             if "error" in probe:
                 raise ProbeError(probe["error"])
             last_fit = probe if probe["fit"] else last_fit
+            if answers is not None:
+                answers.append((fraction, probe["fit"]))
             fraction = search.send(probe["fit"])
     except StopIteration as stop:
         return stop.value, last_fit
 
 
-def pair_search(outcome: dict, total: int, resolution: float, bound: float | None) -> Generator[Request, dict, None]:
+def pair_search(outcome: dict, total: int, resolution: float, bound: float | None,
+                predicted: tuple[float, float] | None = None) -> Generator[Request, dict, None]:
     """One pair's probes as a coroutine: yields requests, is sent each probe's record, and keeps `outcome` up to
     date as it goes (so a pair stopped by the deadline keeps what it learnt). `bound`: a fraction from another run
-    that likely fits (--bounds-from), else None for an uncapped reference run."""
+    that likely fits (--bounds-from), else None for an uncapped reference run. `predicted`: replay's bracket
+    (a fraction that fails, one that fits; --predict), probed first."""
     try:
         failed = None
         if bound is None:
@@ -134,7 +147,10 @@ def pair_search(outcome: dict, total: int, resolution: float, bound: float | Non
         outcome.update(reference={k: reference[k] for k in ("fraction", "timed_s", "max_memory_allocated",
                                                             "max_memory_reserved")},
                        floor=lo, upper_bound=hi, smallest_fit=hi)
-        result, _ = yield from as_probes("bisect", bisect_fraction(lo, hi, resolution))
+        if predicted is not None and lo < predicted[1] and predicted[0] < hi:
+            result = yield from predicted_bisection(outcome, lo, hi, predicted, resolution)
+        else:
+            result, _ = yield from as_probes("bisect", bisect_fraction(lo, hi, resolution))
         outcome["smallest_fit"] = result.smallest_fit
         timed = yield "timed", min(TIMED_MARGIN * result.smallest_fit, 1.0)
         outcome.update(timed_fraction=timed["fraction"], timed_fit=timed["fit"], timed_s=timed.get("timed_s"))
@@ -143,6 +159,22 @@ def pair_search(outcome: dict, total: int, resolution: float, bound: float | Non
         outcome["status"] = "done"
     except ProbeError as exc:
         outcome.update(status="error", error=str(exc)[-500:])
+
+
+def predicted_bisection(outcome: dict, lo: float, hi: float, predicted: tuple[float, float], resolution: float,
+                        ) -> Generator[Request, dict, Bisection]:
+    """The bisection from replay's bracket: its two ends probed first, each moved by PREDICTED_WIDEN while wrong
+    (never past what the reference showed: `lo` fails, `hi` fits), then geometric bisection. Notes the prediction
+    and whether both ends held in `outcome`."""
+    fail_at, fit_at = max(predicted[0], lo), min(predicted[1], hi)
+    outcome["predicted"] = {"largest_fail": predicted[0], "smallest_fit": predicted[1]}
+    answers: list[tuple[float, bool]] = []
+    search = bisect_fraction(fail_at, fit_at, resolution, lo_fails=fail_at <= lo, hi_fits=fit_at >= hi, ceiling=hi,
+                             floor=lo, widen=PREDICTED_WIDEN)
+    result, _ = yield from as_probes("bisect", search, answers)
+    said = dict(answers)
+    outcome["prediction_held"] = said.get(fit_at, True) and not said.get(fail_at, False)
+    return result
 
 
 def note_probe(outcome: dict, probe: dict) -> None:
@@ -162,15 +194,18 @@ ProbeRunner = Callable[[str, str, str, "float | None", float], dict]   # workloa
 
 def search(workloads: list[str], allocators: list[str], total: int, resolution: float,
            bounds: dict[tuple[str, str], float], run_probe: ProbeRunner, time_left: Callable[[], float | None],
-           timeout: float, record: dict, save: Callable[[], None]) -> None:
+           timeout: float, record: dict, save: Callable[[], None],
+           predictions: dict[tuple[str, str], tuple[float, float]] | None = None) -> None:
     """Every pair's search, workloads in turn and each workload's allocators alternating (A B, B A, ...), probes
     appended to record["probes"], outcomes in record["pairs"], `save` called after every probe. Stops starting
-    probes when `time_left()` (None: no deadline) is shorter than a probe of that workload likely takes."""
+    probes when `time_left()` (None: no deadline) is shorter than a probe of that workload likely takes.
+    `predictions`: per pair, replay's bracket as fractions (see predict_brackets)."""
     outcomes = {(w, a): {"workload": w, "allocator": a, "status": "not started", "probes": 0}
                 for w in workloads for a in allocators}
     record["pairs"] = list(outcomes.values())
     for workload in workloads:
-        plans = {a: pair_search(outcomes[workload, a], total, resolution, bounds.get((workload, a)))
+        plans = {a: pair_search(outcomes[workload, a], total, resolution, bounds.get((workload, a)),
+                                (predictions or {}).get((workload, a)))
                  for a in allocators}
         pending = {a: next(plan) for a, plan in plans.items()}
         turn = 0
@@ -310,12 +345,51 @@ def read_bounds(path: str, total: int) -> dict[tuple[str, str], float]:
     return bounds
 
 
+def replay_policy(allocator: str) -> str:
+    """The replay policy that models a suite allocator: torch's two by gmlake's models of them, gmlake's by the
+    policy its `gmlake run` flags choose (with --chunk-size as a knob)."""
+    if allocator in ("native", "expandable"):
+        return {"native": "caching", "expandable": "expandable"}[allocator]
+    run_flags = {name: flags for name, flags in train_suite.ALLOCATORS.items() if isinstance(flags, list)}
+    if allocator not in run_flags:
+        raise ValueError(f"no replay policy for allocator {allocator!r}")
+    flags = run_flags[allocator]
+    options = dict(zip(flags[::2], flags[1::2], strict=True))
+    policy = options.pop("--policy", "gmlake")
+    knobs = {"--chunk-size": "chunk_size"}
+    extra = [f"{knobs[flag]}={value}" for flag, value in options.items()]
+    if len(extra) != len(options) or ("[" in policy and extra):
+        raise ValueError(f"no replay policy for allocator {allocator!r} (flags {flags})")
+    return f"{policy}[{','.join(extra)}]" if extra else policy
+
+
+def predict_brackets(traces: dict[str, str], allocators: list[str], total: int,
+                     ) -> tuple[dict[tuple[str, str], tuple[float, float]], list[dict]]:
+    """Replay's bracket per (workload, allocator): `gmlake.cap.smallest_cap` of the workload's trace under the
+    allocator's replay policy, as fractions of `total` (the fitting end with SLACK, so f * total never rounds
+    below it). Also the rows recorded in cap.json (bytes and policy)."""
+    from gmlake.cap import smallest_cap
+    from gmlake.trace import load
+
+    brackets: dict[tuple[str, str], tuple[float, float]] = {}
+    rows = []
+    for workload, path in traces.items():
+        trace = load(path)
+        for allocator in allocators:
+            policy = replay_policy(allocator)
+            fit, fail, _ = smallest_cap(trace, policy)
+            brackets[workload, allocator] = (fail / total, min((fit + SLACK) / total, 1.0))
+            rows.append({"workload": workload, "allocator": allocator, "trace": path, "policy": policy,
+                         "largest_fail": fail, "smallest_fit": fit})
+    return brackets, rows
+
+
 def table(record: dict) -> str:
     """The final table: per pair, the smallest fraction that fit (and in GiB), the uncapped peak reserved, and the
     time at 1.05 x that cap over the uncapped time."""
     total = record["device_total_memory"]
     columns = ("workload", "allocator", "status", "probes", "floor GiB", "smallest fit", "fit GiB",
-               "largest OOM GiB", "uncapped resv GiB", "time at 1.05x / uncapped")
+               "largest OOM GiB", "replay: OOM / fit GiB", "uncapped resv GiB", "time at 1.05x / uncapped")
 
     def gib(fraction: float | None) -> str:
         return "-" if fraction is None else f"{fraction * total / GIB:.2f}"
@@ -324,8 +398,12 @@ def table(record: dict) -> str:
     for p in record["pairs"]:
         ref = p.get("reference") or {}
         fit = min((f for f in (p.get("smallest_fit"), p.get("smallest_fit_probed")) if f is not None), default=None)
+        predicted = p.get("predicted")
+        replayed = "-" if predicted is None else (
+            f"{gib(predicted['largest_fail'])} / {gib(predicted['smallest_fit'])}"
+            + ("" if p.get("prediction_held", True) else " (missed)"))
         rows.append((p["workload"], p["allocator"], p["status"], str(p["probes"]), gib(p.get("floor")),
-                     "-" if fit is None else f"{fit:.5f}", gib(fit), gib(p.get("largest_fail")),
+                     "-" if fit is None else f"{fit:.5f}", gib(fit), gib(p.get("largest_fail")), replayed,
                      "-" if not ref.get("max_memory_reserved") else f"{ref['max_memory_reserved'] / GIB:.2f}",
                      f"{p['time_ratio']:.3f}" if "time_ratio" in p else "-"))
     title = (f"smallest memory fraction at which {record['settings']['steps']} steps complete (device "
@@ -384,6 +462,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_run_options(parser)
     parser.add_argument("--bounds-from", metavar="SUMMARY_JSON",
                         help="a speed-suite summary.json or a train-suite results JSON (see above)")
+    parser.add_argument("--predict", nargs="+", metavar="WORKLOAD=TRACE", default=[],
+                        help="replay TRACE (a snapshot or .gmtrace of the workload's run) under each allocator's "
+                             "policy first and probe its bracket first (see above)")
     parser.add_argument("--out", default=str(HERE / "results" / "train" / "cap"))
     args = parser.parse_args(argv)
     check_run_options(parser, args)
@@ -393,6 +474,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--bounds-from: no such file: {args.bounds_from}")
     args.workloads = list(dict.fromkeys(args.workloads))
     args.allocators = list(dict.fromkeys(args.allocators))
+    args.predict_traces = {}
+    for item in args.predict:
+        workload, sep, path = item.partition("=")
+        if not sep or workload not in args.workloads:
+            parser.error(f"--predict takes WORKLOAD=TRACE with WORKLOAD one of --workloads, got {item!r}")
+        if not Path(path).is_file():
+            parser.error(f"--predict {workload}: no such file: {path}")
+        args.predict_traces[workload] = path
+    if args.predict_traces:
+        try:
+            for allocator in args.allocators:
+                replay_policy(allocator)
+        except ValueError as exc:
+            parser.error(f"--predict: {exc}")
     unknown = [f"{w}:{a}" for w in args.workloads for a in args.allocators if a not in SUITES[w].ALLOCATORS]
     if unknown:
         parser.error(f"no such workload and allocator: {' '.join(unknown)} (each workload takes the allocators of "
@@ -413,10 +508,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"cap_search.py: --bounds-from {args.bounds_from}: not a speed-suite summary ({exc!r})",
               file=sys.stderr)
         sys.exit(2)
+    try:
+        predictions, predicted_rows = predict_brackets(args.predict_traces, args.allocators, total)
+    except (OSError, ValueError) as exc:        # TraceError is a ValueError
+        print(f"cap_search.py: --predict: {exc}", file=sys.stderr)
+        sys.exit(2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record: dict = {"environment": environment(), "settings": vars(args), "device_total_memory": total,
-                    "probes": [], "pairs": []}
+                    "predictions": predicted_rows, "probes": [], "pairs": []}
 
     def save() -> None:
         record["search_wall_s"] = round(time.perf_counter() - started, 1)
@@ -433,7 +533,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{total / GIB:.1f} GiB, resolution {args.resolution}, deadline {args.deadline or 'none'}"
           + (f", bounds from {args.bounds_from}" if args.bounds_from else ""), flush=True)
     search(args.workloads, args.allocators, total, args.resolution, bounds, runner, time_left, args.timeout, record,
-           save)
+           save, predictions)
     save()
     print(f"\ncap search: {len(record['probes'])} probes in {record['search_wall_s']:.0f} s; results in {out}")
     print(table(record))

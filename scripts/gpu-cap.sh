@@ -7,6 +7,9 @@
 #   TOTAL=540 WORKLOADS="gpt2xl-lora-ckpt opt1.3b-lora-ckpt opt1.3b-offload" ALLOCATORS="expandable gmlake" \
 #     scripts/gpu-cap.sh [--bounds-from bench/results/train/call1-gpu1.json]
 #   TOTAL=540 WORKLOADS=opt1.3b-fsdp-lora-ckpt scripts/gpu-cap.sh          # on nvidia-h200-x2: both GPUs
+#   TOTAL=540 WORKLOADS="gpt2xl-ckpt gpt2xl-lora" scripts/gpu-cap.sh \
+#     --predict gpt2xl-ckpt=bench/results/traces/gpt2xl-ckpt-gmlake.gmtrace \
+#               gpt2xl-lora=bench/results/traces/gpt2xl-lora-gmlake.gmtrace   # replay's brackets probed first
 # WORKLOADS takes speed_suite.py's dynamic-shape workloads (dynamic.py), train_suite.py's single-GPU LLM ones
 # (train_hf.py; they need transformers, and peft for LoRA) and its FSDP one (fsdp_train.py under torchrun on every
 # visible GPU). The probes see GPU 0 alone unless CUDA_VISIBLE_DEVICES says otherwise, or WORKLOADS holds the FSDP

@@ -200,6 +200,66 @@ def test_bounds_are_read_from_a_speed_suite_summary(tmp_path):
     assert bounds == {("vit", "gmlake"): pytest.approx(0.15)}
 
 
+# ---- replay's brackets, probed first (--predict) -----------------------------------------------------------------
+
+def test_a_replayed_bracket_that_holds_settles_a_pair_in_two_probes():
+    """Replay 0.1 % apart, right: the two ends are probed first and the search ends there, far finer than the
+    1 % bisection would have gone, so two allocators 0.4 % apart are told apart."""
+    device = FakeDevice({"expandable": 0.1069, "gmlake": 0.1065}, {"expandable": (0.104, 0.115),
+                                                                   "gmlake": (0.104, 0.107)})
+    predictions = {("vit", "expandable"): (0.10685, 0.10695), ("vit", "gmlake"): (0.10645, 0.10655)}
+    record: dict = {"probes": [], "pairs": []}
+    cap_search.search(["vit"], ["expandable", "gmlake"], TOTAL, 0.01, {}, device, lambda: None, 300, record,
+                      lambda: None, predictions)
+    pairs = {p["allocator"]: p for p in record["pairs"]}
+    for allocator, (fail, fit) in predictions.items():
+        pair = pairs[allocator[1]]
+        assert pair["status"] == "done" and pair["prediction_held"]
+        assert (pair["largest_fail"], pair["smallest_fit"]) == (fail, fit)
+        assert [c[2:] for c in device.calls if c[1] == allocator[1]] == [
+            ("reference", None), ("bisect", fit), ("bisect", fail), ("timed", pytest.approx(1.05 * fit))]
+    assert pairs["gmlake"]["smallest_fit"] < pairs["expandable"]["largest_fail"]
+    table = cap_search.table({**record, "device_total_memory": TOTAL, "settings": {"steps": 20, "resolution": 0.01}})
+    assert f"{0.10645 * 140:.2f} / {0.10655 * 140:.2f}" in table and "missed" not in table
+
+
+@pytest.mark.parametrize("threshold", [0.1031, 0.1081, 0.1149])
+def test_a_replayed_bracket_that_misses_is_moved_until_it_brackets_the_threshold(threshold):
+    device = FakeDevice({"gmlake": threshold}, {"gmlake": (0.1, 0.115)})
+    record: dict = {"probes": [], "pairs": []}
+    cap_search.search(["vit"], ["gmlake"], TOTAL, 0.002, {}, device, lambda: None, 300, record, lambda: None,
+                      {("vit", "gmlake"): (0.1059, 0.1061)})
+    pair = record["pairs"][0]
+    assert pair["status"] == "done" and not pair["prediction_held"]
+    assert pair["largest_fail"] < threshold <= pair["smallest_fit"] <= pair["largest_fail"] * 1.002
+    ceiling = 0.115 + cap_search.SLACK / TOTAL                                    # the reference's peak reserved
+    assert all(0.1 <= c[3] <= ceiling for c in device.calls if c[2] == "bisect")   # inside what it showed
+    assert "(missed)" in cap_search.table({**record, "device_total_memory": TOTAL,
+                                           "settings": {"steps": 20, "resolution": 0.002}})
+
+
+def test_replay_policies_of_the_suites_allocators():
+    assert [cap_search.replay_policy(a) for a in ("native", "expandable", "gmlake", "gmlake-paper-8m", "gmlake-wait")
+            ] == ["caching", "expandable", "gmlake", "gmlake-paper[chunk_size=8388608]",
+                  "gmlake[cross_stream_wait=true]"]
+    with pytest.raises(ValueError, match="no replay policy"):
+        cap_search.replay_policy("tcmalloc")
+
+
+def test_predicted_brackets_are_replays_smallest_caps_as_fractions():
+    from gmlake.cap import smallest_cap
+    from gmlake.trace import load
+
+    trace_path = str(ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz")
+    brackets, rows = cap_search.predict_brackets({"t5": trace_path}, ["expandable", "gmlake"], TOTAL)
+    for allocator, policy in (("expandable", "expandable"), ("gmlake", "gmlake")):
+        fit, fail, _ = smallest_cap(load(trace_path), policy)
+        lo, hi = brackets["t5", allocator]
+        assert int(lo * TOTAL) <= fail < fit <= int(hi * TOTAL) <= fit + cap_search.SLACK
+        assert {"workload": "t5", "allocator": allocator, "policy": policy, "largest_fail": fail,
+                "smallest_fit": fit}.items() <= next(r for r in rows if r["allocator"] == allocator).items()
+
+
 # ---- command lines ----------------------------------------------------------------------------------------------
 
 def one_line_exit_2(cmd: list[str]) -> str:
@@ -215,7 +275,10 @@ def one_line_exit_2(cmd: list[str]) -> str:
     (["--steps", "0"], "--steps"), (["--deadline", "-1"], "--deadline"),
     (["--bounds-from", "/no/such/summary.json"], "no such file"), (["--bogus"], "unrecognized"),
     (["--workloads", "vit", "opt1.3b-lora", "--allocators", "gmlake", "gmlake-paper-8m"],
-     "no such workload and allocator: vit:gmlake-paper-8m (")])             # train_suite.py's alone
+     "no such workload and allocator: vit:gmlake-paper-8m ("),              # train_suite.py's alone
+    (["--workloads", "t5", "--predict", "t5"], "WORKLOAD=TRACE"),
+    (["--workloads", "t5", "--predict", "vit=tests/data/tiny-gpt2-native.pickle.gz"], "one of --workloads"),
+    (["--workloads", "t5", "--predict", "t5=/no/such.gmtrace"], "no such file")])
 def test_cap_search_refuses_bad_input_in_one_line(args, says):
     assert says in one_line_exit_2(["bench/cap_search.py", *args])
 
