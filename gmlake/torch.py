@@ -232,6 +232,8 @@ def memory_summary(device=None) -> str:
         f"  utilization (peak allocated / peak reserved) {util:.4f}",
         (f"  stitches {s['stitches']}, sBlock reuses {s['sblock_reuses']}, evictions {s['sblock_evictions']}, "
          f"cached sBlocks {s['cached_sblocks']}"),
+        (f"  blocks another stream freed: taken after its work {s['stream_migrations']}, "
+         f"after a wait on the GPU {s['stream_waits']}"),
         "  driver calls: " + ", ".join(f"{k} {v}" for k, v in s["calls"].items() if v),
         f"  out-of-memory errors {s['ooms']}",
     ]
