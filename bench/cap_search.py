@@ -389,7 +389,7 @@ def table(record: dict) -> str:
     time at 1.05 x that cap over the uncapped time."""
     total = record["device_total_memory"]
     columns = ("workload", "allocator", "status", "probes", "floor GiB", "smallest fit", "fit GiB",
-               "largest OOM GiB", "replay: OOM / fit GiB", "uncapped resv GiB", "time at 1.05x / uncapped")
+               "largest OOM GiB", "replay OOM / fit GiB", "uncapped resv GiB", "time at 1.05x / uncapped")
 
     def gib(fraction: float | None) -> str:
         return "-" if fraction is None else f"{fraction * total / GIB:.2f}"
@@ -418,7 +418,7 @@ def table(record: dict) -> str:
         t.add_column(name, justify="left" if name in ("workload", "allocator", "status") else "right")
     for row in rows:
         t.add_row(*row)
-    console = Console(width=160, record=True)
+    console = Console(width=180, record=True)
     with console.capture() as captured:
         console.print(t)
     return captured.get()

@@ -573,3 +573,26 @@ def test_main_writes_cap_json_after_every_probe_and_prints_the_table(tmp_path, m
     assert [p["status"] for p in record["pairs"]] == ["done", "done"] and record["device_total_memory"] == TOTAL
     assert "torch" in record["environment"] and record["settings"]["resolution"] == 0.01
     assert "smallest memory fraction" in capsys.readouterr().out
+
+
+def test_main_with_predict_replays_the_trace_first_and_probes_its_bracket(tmp_path, monkeypatch, capsys):
+    """--predict end to end, with a fake device whose thresholds lie inside replay's brackets of the tiny trace: the
+    predictions land in cap.json, each pair is settled by its two predicted probes, and the table shows them."""
+    trace = str(ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz")
+    brackets, _ = cap_search.predict_brackets({"t5": trace}, ["expandable", "gmlake"], TOTAL)
+    middle = {a: math.sqrt(lo * hi) for (_, a), (lo, hi) in brackets.items()}
+    device = FakeDevice(middle, {a: (brackets["t5", a][0] * 0.99, brackets["t5", a][1] * 1.05) for a in middle})
+    monkeypatch.setattr(cap_search, "device_total_memory", lambda: TOTAL)
+    monkeypatch.setattr(cap_search, "environment", lambda: {"torch": "none"})
+    monkeypatch.setattr(cap_search, "run_probe", lambda *args, settings, out, index: {**device(*args), "index": index})
+    cap_search.main(["--workloads", "t5", "--out", str(tmp_path), "--predict", f"t5={trace}"])
+    record = json.loads((tmp_path / "cap.json").read_text())
+    assert {(r["allocator"], r["policy"]) for r in record["predictions"]} == {("expandable", "expandable"),
+                                                                             ("gmlake", "gmlake")}
+    for pair in record["pairs"]:
+        lo, hi = brackets["t5", pair["allocator"]]
+        assert pair["status"] == "done" and pair["prediction_held"]
+        assert (pair["largest_fail"], pair["smallest_fit"]) == (pytest.approx(lo), pytest.approx(hi))
+        assert [c[3] for c in device.calls if c[1] == pair["allocator"] and c[2] == "bisect"] == [
+            pytest.approx(hi), pytest.approx(lo)]
+    assert "replay OOM / fit GiB" in capsys.readouterr().out
