@@ -9,13 +9,13 @@ and driver time on replay). Markdown on stdout.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
 import numpy as np
 
+from gmlake.cli import OneLineParser
 from gmlake.explain import explain
 from gmlake.policies import get
 from gmlake.replay import driver_seconds, replay, run_requests
@@ -83,7 +83,7 @@ def paired_runs(workload: str) -> list[tuple[str, dict, dict]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path,
                         default=sorted((HERE / "results" / "traces").glob("*.gmtrace")))
     args = parser.parse_args()

@@ -62,7 +62,7 @@ import sys
 import time
 from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 import speed_suite
 import train_suite
@@ -78,6 +78,7 @@ from gmlake.cap import (  # noqa: F401
     drive,
     step_until,
 )
+from gmlake.cli import OneLineParser
 
 HERE = Path(__file__).resolve().parent
 # workload -> the suite whose script runs it (and whose allocators it takes): dynamic.py's or train_hf.py's
@@ -422,14 +423,6 @@ def table(record: dict) -> str:
     with console.capture() as captured:
         console.print(t)
     return captured.get()
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line (exit 2), not usage then message: the wrapper's log shows why at once."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:

@@ -24,13 +24,14 @@ under the caching policy (PyTorch's native allocator), that `gmlake replay`, `co
 """
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import pickle
 import random
 import sys
 from pathlib import Path
+
+from gmlake.cli import OneLineParser
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -132,7 +133,7 @@ def write_trace(path: Path, steps: int, layers: int, seed: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", action="append", help="a policy spec (repeatable; default: expandable, gmlake, "
                         "gmlake[cross_stream=false], gmlake-paper)")
     parser.add_argument("--steps", type=int, default=24)

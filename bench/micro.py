@@ -9,7 +9,6 @@ of a synthetic training loop after warm-up.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import importlib.metadata
 import json
@@ -24,6 +23,7 @@ from pathlib import Path
 import gmlake
 from gmlake import Allocator, bench_cache_hits
 from gmlake._bench import time_driver_calls, time_stream_calls
+from gmlake.cli import OneLineParser
 
 MiB = 1 << 20
 HANDLE_SIZES_MIB = (2, 4, 8, 16, 32, 64)
@@ -217,7 +217,7 @@ def environment(kind: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--driver", choices=["cuda", "host", "sim"], default="sim")
     parser.add_argument("--iterations", type=int, default=1_000_000)
     parser.add_argument("--out", type=Path)

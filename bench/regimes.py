@@ -13,12 +13,13 @@ then be compared on probe-matched steps, or the probe's regime reported beside t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from gmlake.cli import OneLineParser
 
 PROBES = ("gpu_spin_ms", "launch_ms", "cpu_ms")
 
@@ -109,7 +110,7 @@ def analyse(runs: list[dict]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--json", type=Path, help="also write the analysis here")
     args = parser.parse_args()

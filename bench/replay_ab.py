@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gmlake.cli import OneLineParser
+
 STATS_COMPARED = ("allocs", "frees", "ooms", "stitches", "sblock_reuses", "sblock_evictions", "segments_created",
                   "peak_reserved_bytes", "calls")
 
@@ -97,7 +99,7 @@ class Worker:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("old", nargs="?", type=Path)
     parser.add_argument("new", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--repeat", type=int, default=5)

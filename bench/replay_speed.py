@@ -4,16 +4,16 @@
 """
 from __future__ import annotations
 
-import argparse
 import platform
 
 from gmlake import policies
+from gmlake.cli import OneLineParser
 from gmlake.replay import bundled_traces, replay
 from gmlake.trace import load
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     from rich.console import Console

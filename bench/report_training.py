@@ -8,13 +8,13 @@ from the run's own driver-call counts at the per-call costs measured on the H200
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 
 from speed_suite import gpu_ms, spread_pct
 
+from gmlake.cli import OneLineParser
 from gmlake.replay import driver_seconds
 
 # "gmlake" and "gmlake-8m" in results of 2026-11-30 10:00 and before ran the paper's design (then the default).
@@ -181,7 +181,7 @@ def plot(rows: dict, workloads: list[str], png: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="*", type=Path,
                         default=sorted((Path(__file__).parent / "results" / "train").glob("*.json")))
     parser.add_argument("--png", default="docs/training.png")

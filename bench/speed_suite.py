@@ -34,6 +34,8 @@ from pathlib import Path
 
 from train_suite import CANDIDATES, environment
 
+from gmlake.cli import OneLineParser
+
 HERE = Path(__file__).resolve().parent
 WORKLOAD_SCRIPT = HERE / "workloads" / "dynamic.py"
 WORKLOADS = ("vit", "bert", "t5", "cnn")
@@ -201,7 +203,7 @@ def write_summary(path: Path, record: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(DEFAULT_ALLOCATORS))
     parser.add_argument("--rounds", type=int, default=2, help="each round runs every allocator once per workload")

@@ -21,13 +21,13 @@ the end: the prediction a researcher gets on a CPU.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import tarfile
 from pathlib import Path
 
+from gmlake.cli import OneLineParser
 from gmlake.replay import driver_costs, driver_seconds, run_requests
 from gmlake.trace import ALLOC, load
 
@@ -121,7 +121,7 @@ def check(runs: list[dict], tolerance: float, costs: dict | None = None, traces:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--traces", type=Path, help="price by replaying the traces in this folder")
     parser.add_argument("--tolerance", type=float, default=0.3)

@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 
+from gmlake.cli import OneLineParser
+
 SIZES = {"4KiB": 4096, "1MiB": 1 << 20, "64MiB": 64 << 20}
 
 
@@ -41,7 +43,7 @@ def inner(iterations: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=100_000)
     parser.add_argument("--out")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)

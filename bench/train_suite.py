@@ -12,7 +12,6 @@ versions, the date and each command; `bench/report_training.py` turns them into 
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -21,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gmlake.cli import OneLineParser
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = {
@@ -138,7 +139,7 @@ def environment() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=[*WORKLOADS, *FSDP_WORKLOADS],
                         choices=[*WORKLOADS, *FSDP_WORKLOADS])
     parser.add_argument("--allocators", nargs="*", default=list(DEFAULT_ALLOCATORS), choices=list(ALLOCATORS))

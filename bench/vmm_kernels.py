@@ -12,13 +12,14 @@ each kernel's time is the median of its iterations, timed with CUDA events; rati
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
 import statistics
 import sys
 from pathlib import Path
+
+from gmlake.cli import OneLineParser
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -86,7 +87,7 @@ def time_kernels(torch, buf, iterations: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=int, default=4, help="buffer size in GiB (default 4)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over every source (default 3)")
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations per kernel (default 20)")

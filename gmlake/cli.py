@@ -27,6 +27,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from gmlake import __version__, policies
 from gmlake.knobs import parse_size
@@ -44,6 +45,15 @@ _INSTALLED = ", ".join(sorted(policies.installed()))
 
 class UsageError(Exception):
     """Bad input: reported as one line, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr, `PROG: message`, and exit status 2, not argparse's usage block:
+    for scripts built on gmlake (bench/'s all use it), so that a bad input reads as clearly as in `gmlake` itself."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 class _Parser(argparse.ArgumentParser):

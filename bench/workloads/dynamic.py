@@ -55,6 +55,8 @@ from common import (  # noqa: F401 - OOM_EXIT, parse_fraction: defined here befo
 )
 from torch import nn
 
+from gmlake.cli import OneLineParser
+
 # Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive, in steps of
 # `batch_step` and `shape_step`; `shape` is the image side in pixels or the padded sequence length). The full sizes
 # are estimates, not measurements: about 0.05-0.1 s a step and a peak of 10-30 GB on an H200 under bf16 autocast
@@ -367,7 +369,7 @@ def header(args: argparse.Namespace, cfg: dict, warmup: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=sorted(BUILDERS), required=True)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")

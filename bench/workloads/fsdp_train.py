@@ -41,6 +41,8 @@ from train_hf import (
     start_snapshot,
 )
 
+from gmlake.cli import OneLineParser
+
 
 def rank_path(path: str, rank: int) -> str:
     """Rank 0 writes `path`; rank r writes it with `.rank<r>` before its suffixes: fsdp.pickle.gz becomes
@@ -53,7 +55,7 @@ def rank_path(path: str, rank: int) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(MODELS), default="opt-1.3b")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--min-batch", type=int, default=2)

@@ -34,6 +34,8 @@ from common import (  # fsdp_train.py imports them from here too
     refuse,
 )
 
+from gmlake.cli import OneLineParser
+
 MODELS = {
     # name: (family, hidden, layers, heads, ffn, word_embed_proj_dim)
     "gpt2": ("gpt2", 768, 12, 12, None, None),
@@ -192,7 +194,7 @@ def train(args: argparse.Namespace, device: torch.device,
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(MODELS), default="gpt2")
     p.add_argument("--lora", action="store_true")
     p.add_argument("--ckpt", action="store_true", help="gradient checkpointing (recomputation)")

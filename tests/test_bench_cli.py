@@ -1,0 +1,33 @@
+"""Every benchmark script refuses a bad command line as `gmlake` does: one line on stderr and exit status 2, never
+argparse's usage block or a traceback (gmlake.cli.OneLineParser)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# these import torch (through bench/workloads/common.py) before they parse their arguments
+NEED_TORCH = {"workloads/dynamic.py", "workloads/fsdp_train.py", "workloads/train_hf.py"}
+SCRIPTS = sorted(str(p.relative_to(ROOT / "bench")) for p in [*(ROOT / "bench").glob("*.py"),
+                                                               *(ROOT / "bench" / "workloads").glob("*.py")]
+                 if "__main__" in p.read_text() and p.name != "common.py")
+
+
+def test_every_script_with_a_command_line_is_covered():
+    assert {"cap_search.py", "cap_time.py", "train_suite.py", "speed_suite.py", "micro.py",
+            "workloads/dynamic.py"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_an_unknown_option_is_one_line_and_exit_2(script):
+    if script in NEED_TORCH and importlib.util.find_spec("torch") is None:
+        pytest.skip("imports torch before parsing")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--no-such-option"], capture_output=True,
+                          text=True, check=False, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(Path(script).name + ": "), proc.stderr[-2000:]
