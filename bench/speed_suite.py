@@ -158,6 +158,9 @@ def table_rows(runs: list[dict], workloads: list[str], allocators: list[str]) ->
             if after:
                 row.update(stitches_after_warmup=statistics.median(a["stitches"] for a in after),
                            driver_calls_after_warmup=statistics.median(a["driver_calls"] for a in after))
+                measured = [a["driver_busy_s"] for a in after if "driver_busy_s" in a]
+                if measured:            # seconds inside the driver's calls, measured (replay prices the same calls)
+                    row.update(driver_busy_s_after_warmup=statistics.median(measured))
             rows.append(row)
     return rows
 

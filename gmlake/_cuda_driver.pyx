@@ -17,6 +17,7 @@ from libc.string cimport memset
 from posix.dlfcn cimport dlopen, dlsym, dlclose, dlerror, RTLD_NOW, RTLD_LOCAL
 from gmlake._cuda_api cimport *
 from gmlake._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
+from gmlake._clock cimport monotonic_ns
 
 # The CUDA versions whose entry points _cuda_api.pxd declares (see there); the first is the default.
 SUPPORTED_API_VERSIONS = (12000, 13000)
@@ -221,6 +222,7 @@ cdef class CudaDriver(Driver):
         cdef size_t free_bytes = 0, total_bytes = 0
         cdef CUresult rc
         cdef bint pushed
+        cdef double started
         _load_api()
         self.driver_version = _driver_version
         self.api_version = api.version
@@ -240,9 +242,10 @@ cdef class CudaDriver(Driver):
         _check(api.cuMemGetAllocationGranularity(&granularity, &self.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
                CALL_GRANULARITY, "cannot read the VMM allocation granularity")
         self.granularity = granularity
-        pushed = self._enter()
+        pushed = self._enter(&started)
         rc = api.cuMemGetInfo(&free_bytes, &total_bytes)
-        self._leave(pushed)
+        self._leave(pushed, started)
+        self.busy_ns = 0                # the allocator's calls, not the driver's start
         if rc == CUDA_SUCCESS:
             self.capacity = total_bytes
 
@@ -250,26 +253,31 @@ cdef class CudaDriver(Driver):
         if self.context != NULL:
             api.cuDevicePrimaryCtxRelease(self.cu_device)
 
-    cdef inline bint _enter(self) noexcept nogil:
+    cdef inline bint _enter(self, double* started) noexcept nogil:
         """Make our device's primary context current for one call; True if it had to be pushed (then _leave pops
-        it). A thread's own current context, such as the one torch set for another device, is left as it was."""
+        it). A thread's own current context, such as the one torch set for another device, is left as it was.
+        Starts the call's clock: _leave adds the call's time, context switch included, to busy_ns."""
         cdef CUcontext current = NULL
+        started[0] = monotonic_ns()
         api.cuCtxGetCurrent(&current)
         if current == self.context:
             return False
         api.cuCtxPushCurrent(self.context)
         return True
 
-    cdef inline void _leave(self, bint pushed) noexcept nogil:
+    cdef inline void _leave(self, bint pushed, double started) noexcept nogil:
         cdef CUcontext popped = NULL
         if pushed:
             api.cuCtxPopCurrent(&popped)
+        # Not atomic: allocators sharing this driver on several threads may lose an addition (a statistic only).
+        self.busy_ns += monotonic_ns() - started
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
         cdef CUmemGenericAllocationHandle h = 0
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuMemCreate(&h, size, &self.prop, 0), CALL_MEM_CREATE)
-        self._leave(pushed)
+        self._leave(pushed, started)
         if rc == DRIVER_OK:
             handle[0] = <uint64_t>h
             self.live_chunks += 1
@@ -277,9 +285,10 @@ cdef class CudaDriver(Driver):
         return rc
 
     cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil:
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuMemRelease(<CUmemGenericAllocationHandle>handle), CALL_MEM_RELEASE)
-        self._leave(pushed)
+        self._leave(pushed, started)
         if rc == DRIVER_OK:
             self.live_chunks -= 1
             self.live_chunk_bytes -= size
@@ -287,58 +296,65 @@ cdef class CudaDriver(Driver):
 
     cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
         cdef CUdeviceptr ptr = 0
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuMemAddressReserve(&ptr, size, alignment, 0, 0), CALL_ADDRESS_RESERVE)
-        self._leave(pushed)
+        self._leave(pushed, started)
         if rc == DRIVER_OK:
             va[0] = <uintptr_t>ptr
             self.count_reservation(size, 1)
         return rc
 
     cdef int free_va(self, uintptr_t va, size_t size) noexcept nogil:
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuMemAddressFree(<CUdeviceptr>va, size), CALL_ADDRESS_FREE)
-        self._leave(pushed)
+        self._leave(pushed, started)
         if rc == DRIVER_OK:
             self.count_reservation(size, -1)
         return rc
 
     cdef int map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuMemMap(<CUdeviceptr>va, size, 0, <CUmemGenericAllocationHandle>handle, 0),
                             CALL_MEM_MAP)
-        self._leave(pushed)
+        self._leave(pushed, started)
         return rc
 
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil:
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuMemUnmap(<CUdeviceptr>va, size), CALL_MEM_UNMAP)
-        self._leave(pushed)
+        self._leave(pushed, started)
         return rc
 
     cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil:
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuMemSetAccess(<CUdeviceptr>va, size, &self.access, 1), CALL_MEM_SET_ACCESS)
-        self._leave(pushed)
+        self._leave(pushed, started)
         return rc
 
     cdef int synchronize(self) noexcept nogil:
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef CUresult result
         if api.cuCtxSynchronize_v13000 != NULL:
             result = api.cuCtxSynchronize_v13000(self.context)
         else:
             result = api.cuCtxSynchronize_v2000()
-        self._leave(pushed)
+        self._leave(pushed, started)
         return _code(result, CALL_CTX_SYNCHRONIZE)
 
     cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil:
         # Under our context like every other call: without a current one the driver answers CUDA_ERROR_INVALID_CONTEXT,
         # which the allocator must read as a capture (Note [Unannounced capture]).
         cdef int status = CU_STREAM_CAPTURE_STATUS_NONE
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuStreamIsCapturing(<CUstream><uintptr_t>stream, &status), CALL_STREAM_IS_CAPTURING)
-        self._leave(pushed)
+        self._leave(pushed, started)
         capturing[0] = status != CU_STREAM_CAPTURE_STATUS_NONE      # active, or invalidated: either way a capture
         return rc
 
@@ -347,13 +363,14 @@ cdef class CudaDriver(Driver):
 
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil:
         cdef CUevent ev = NULL
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CALL_EVENT_CREATE)
         if rc == DRIVER_OK:
             rc = _code(api.cuEventRecord(ev, <CUstream><uintptr_t>stream), CALL_EVENT_RECORD)
             if rc != DRIVER_OK:
                 api.cuEventDestroy(ev)
-        self._leave(pushed)
+        self._leave(pushed, started)
         if rc != DRIVER_OK:
             return rc
         event[0] = <uint64_t><uintptr_t>ev
@@ -361,9 +378,10 @@ cdef class CudaDriver(Driver):
         return DRIVER_OK
 
     cdef int query_event(self, uint64_t event) noexcept nogil:
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef CUresult rc = api.cuEventQuery(<CUevent><uintptr_t>event)
-        self._leave(pushed)
+        self._leave(pushed, started)
         if rc == CUDA_SUCCESS:
             return EVENT_DONE
         if rc == CUDA_ERROR_NOT_READY:
@@ -371,26 +389,29 @@ cdef class CudaDriver(Driver):
         return _code(rc, CALL_EVENT_QUERY)
 
     cdef int destroy_event(self, uint64_t event) noexcept nogil:
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuEventDestroy(<CUevent><uintptr_t>event), CALL_EVENT_DESTROY)
-        self._leave(pushed)
+        self._leave(pushed, started)
         if rc == DRIVER_OK:
             self.live_events -= 1
         return rc
 
     cdef int wait_event(self, int64_t stream, uint64_t event) noexcept nogil:
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuStreamWaitEvent(<CUstream><uintptr_t>stream, <CUevent><uintptr_t>event, 0),
                             CALL_STREAM_WAIT_EVENT)
-        self._leave(pushed)
+        self._leave(pushed, started)
         return rc
 
     def mem_get_info(self) -> tuple[int, int]:
         """(free, total) bytes of the device, from cuMemGetInfo."""
         cdef size_t free_bytes = 0, total_bytes = 0
-        cdef bint pushed = self._enter()
+        cdef double started
+        cdef bint pushed = self._enter(&started)
         cdef CUresult rc = api.cuMemGetInfo(&free_bytes, &total_bytes)
-        self._leave(pushed)
+        self._leave(pushed, started)
         _check(rc, CALL_MEM_GET_INFO, "cannot read the device's free memory")
         return free_bytes, total_bytes
 

@@ -24,6 +24,9 @@ cdef class Driver:
     cdef readonly int64_t live_events
     # Physical memory the device has (0: unbounded).
     cdef readonly size_t capacity
+    # Wall time spent inside driver calls, measured around each by the CUDA driver (the models leave it 0: replay
+    # prices their calls instead, gmlake.replay.driver_seconds). Shared by every allocator on this driver.
+    cdef readonly double busy_ns
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil
     cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil

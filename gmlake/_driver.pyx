@@ -25,6 +25,13 @@ cdef class Driver:
     def __cinit__(self):
         self.granularity = 0
         self.capacity = 0
+        self.busy_ns = 0
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds spent inside this driver's calls so far, measured around each call (the CUDA driver) or 0 (the
+        model drivers, whose calls replay prices instead): what a run's driver calls actually cost its CPU thread."""
+        return self.busy_ns * 1e-9
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
         return NOT_IMPLEMENTED

@@ -596,3 +596,20 @@ def test_main_with_predict_replays_the_trace_first_and_probes_its_bracket(tmp_pa
         assert [c[3] for c in device.calls if c[1] == pair["allocator"] and c[2] == "bisect"] == [
             pytest.approx(hi), pytest.approx(lo)]
     assert "replay OOM / fit GiB" in capsys.readouterr().out
+
+
+def test_counters_since_warm_up_carry_the_measured_driver_time():
+    """bench/workloads/common.py: the seconds measured inside the driver's calls (Driver.busy_seconds) are
+    differenced like the counters, beside the call counts replay prices."""
+    pytest.importorskip("torch")
+    import common
+
+    before = {**dict.fromkeys(common.GMLAKE_COUNTERS, 0), "calls": {"map": 3}, "handles": {"map": 3},
+              "driver_busy_s": 0.5}
+    after = {**before, "stitches": 2, "stream_waits": 1, "calls": {"map": 5, "event_wait": 1},
+             "handles": {"map": 7, "event_wait": 0}, "driver_busy_s": 0.75}
+    since = common.counters_since(before, after)
+    assert since["driver_busy_s"] == pytest.approx(0.25) and since["driver_calls"] == 3
+    assert since["stitches"] == 2 and since["stream_waits"] == 1
+    older = {k: v for k, v in before.items() if k != "driver_busy_s"}      # a reading from before it was recorded
+    assert "driver_busy_s" not in common.counters_since(older, after)

@@ -45,14 +45,16 @@ def memory_peaks() -> dict:
 
 
 def gmlake_stats() -> dict | None:
-    """gmlake's own counters for the run (stitches, sBlock reuses, driver calls and handles by kind), or None
-    under torch's allocator."""
+    """gmlake's own counters for the run (stitches, sBlock reuses, driver calls and handles by kind, and the
+    seconds measured inside the driver's calls), or None under torch's allocator."""
     if allocator_name() != "gmlake":
         return None
     import gmlake.torch as gt
 
-    s = gt.allocator().stats()
-    return {k: s[k] for k in (*GMLAKE_COUNTERS, "calls", "handles")} | {"chunk_size": gt.allocator().policy.chunk_size}
+    alloc = gt.allocator()
+    s = alloc.stats()
+    return {k: s[k] for k in (*GMLAKE_COUNTERS, "calls", "handles")} | {
+        "chunk_size": alloc.policy.chunk_size, "driver_busy_s": alloc.driver.busy_seconds}
 
 
 def gmlake_policy_name() -> str | None:
@@ -72,6 +74,8 @@ def counters_since(before: dict, after: dict) -> dict:
     for group in ("calls", "handles"):
         out[group] = {kind: after[group][kind] - before[group].get(kind, 0) for kind in after[group]}
     out["driver_calls"] = sum(out["calls"].values())
+    if "driver_busy_s" in after and "driver_busy_s" in before:     # measured, beside replay's priced time
+        out["driver_busy_s"] = after["driver_busy_s"] - before["driver_busy_s"]
     return out
 
 
