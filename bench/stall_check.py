@@ -18,6 +18,9 @@ With --traces DIR (as scripts/gpu-stall-data.sh writes it: WORKLOAD-native.pickl
 and WORKLOAD-capture.json, that run's summary with each step's `allocations_before`), the priced time comes from
 replaying the trace through the run's policy instead, from the first request of the first step after warm-up to
 the end: the prediction a researcher gets on a CPU.
+
+The "busy s" column is the time measured inside the driver's calls after warm-up (Driver.busy_seconds), for runs
+made since it is recorded (2026-12-01): beside "priced s" it checks the price table on that very run.
 """
 from __future__ import annotations
 
@@ -115,6 +118,8 @@ def check(runs: list[dict], tolerance: float, costs: dict | None = None, traces:
                      "priced_by": "GPU counts" if replayed is None else "replay",
                      "native_s": median, "native_spread": spread, "timed_s": run["timed_s"], "priced_s": priced,
                      "predicted_s": predicted, "measured_s": measured, "ratio": measured / priced if judged else None,
+                     # seconds measured inside the driver's calls after warm-up (runs since 2026-12-01), or None
+                     "busy_s": after.get("driver_busy_s"),
                      "judged": judged, "error": error,
                      "ok": (abs(error) <= tolerance) if judged and error is not None else None})
     return rows
@@ -138,20 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stall factor {factor}; loss = time after warm-up - the median of native's runs in the same source (a "
           f"single run JSON: of every source); judged where the prediction exceeds that baseline's spread")
     print(f"{'workload':8} {'allocator':13} {'source':20} {'baseline':15} {'priced by':10} {'native s':>8} "
-          f"{'spread':>7} {'priced s':>8} {'predicted':>9} {'measured':>8} {'x priced':>8}  verdict")
+          f"{'spread':>7} {'priced s':>8} {'busy s':>8} {'predicted':>9} {'measured':>8} {'x priced':>8}  verdict")
     for r in rows:
         source = Path(r["source"]).name if r["source"] else "-"
         if r["baseline"] is None:
             print(f"{r['workload']:8} {r['allocator']:13} {source:20} {'none':15} {'-':10} {'-':>8} {'-':>7} {'-':>8} "
-                  f"{'-':>9} {'-':>8} {'-':>8}  no native run in its source")
+                  f"{'-':>8} {'-':>9} {'-':>8} {'-':>8}  no native run in its source")
             continue
         verdict = ("not resolvable" if not r["judged"] else
                    f"{'ok' if r['ok'] else 'MISS'} ({r['error']:+.0%})")
         spread = f"{r['native_spread']:.1%}" if r["native_spread"] is not None else "-"
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         used = f"{r['baseline']} ({r['native_runs']})"
+        busy = f"{r['busy_s']:8.4f}" if r.get("busy_s") is not None else f"{'-':>8}"
         print(f"{r['workload']:8} {r['allocator']:13} {source:20} {used:15} {r['priced_by']:10} {r['native_s']:8.3f} "
-              f"{spread:>7} {r['priced_s']:8.4f} {r['predicted_s']:9.3f} {r['measured_s']:+8.3f} {ratio:>8}  {verdict}")
+              f"{spread:>7} {r['priced_s']:8.4f} {busy} {r['predicted_s']:9.3f} {r['measured_s']:+8.3f} {ratio:>8}  "
+              f"{verdict}")
     judged = [r for r in rows if r["judged"]]
     print(f"{sum(bool(r['ok']) for r in judged)} of {len(judged)} judged predictions within {args.tolerance:.0%}")
     if args.json:
