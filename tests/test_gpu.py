@@ -212,3 +212,17 @@ def test_the_core_alone_grows_stitches_and_fences_without_torch():
     proc = subprocess.run([sys.executable, "-c", body], capture_output=True, check=False, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.split("\n")[:2] == ["ok main thread", "ok new thread"], \
         proc.stdout + proc.stderr
+
+
+def test_the_driver_measures_the_time_inside_its_calls(cuda):
+    """Driver.busy_seconds on the real driver: 64 MiB as 32 handles of 2 MiB (create, map, set access, then unmap
+    and release) costs about 2 ms at the H200's prices (gmlake/data/driver_costs_h200.json); measured, it must be
+    more than nothing and far less than a second."""
+    before = cuda.busy_seconds
+    alloc = Allocator(cuda, PAPER)
+    p = alloc.malloc(64 * MiB)
+    alloc.free(p)
+    alloc.empty_cache()
+    alloc.close()
+    spent = cuda.busy_seconds - before
+    assert 0 < spent < 1.0, spent
