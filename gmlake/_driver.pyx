@@ -30,7 +30,8 @@ cdef class Driver:
     @property
     def busy_seconds(self) -> float:
         """Seconds spent inside this driver's calls so far, measured around each call (the CUDA driver) or 0 (the
-        model drivers, whose calls replay prices instead): what a run's driver calls actually cost its CPU thread."""
+        model drivers, whose calls replay prices instead): what a run's driver calls actually cost its CPU thread,
+        a synchronize's wait for the GPU included (replay prices no synchronize)."""
         return self.busy_ns * 1e-9
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
