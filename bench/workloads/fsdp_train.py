@@ -27,7 +27,7 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-from common import OOM_EXIT, memory_fraction, oom_summary, out_of_memory, refuse
+from common import OOM_EXIT, counters_since, memory_fraction, oom_summary, out_of_memory, refuse
 from train_hf import (
     MODELS,
     MachineProbe,
@@ -143,10 +143,13 @@ def train(args: argparse.Namespace, rank: int, world: int, warmup: int, fraction
 
     times, tokens, probes, shapes = [], [], [], []
     probe = MachineProbe(True)
+    at_warmup = None
     for step in range(args.steps):
         batch = rng.randint(args.min_batch, args.max_batch)
         seq = rng.randint(args.min_seq // 8, args.max_seq // 8) * 8
         torch.cuda.synchronize()
+        if step == warmup:
+            at_warmup = gmlake_stats()
         t0 = time.perf_counter()
         try:
             ids = torch.randint(0, vocab, (batch, seq), device="cuda")
@@ -161,7 +164,9 @@ def train(args: argparse.Namespace, rank: int, world: int, warmup: int, fraction
         probes.append(probe())
     if args.snapshot:
         dump_snapshot(rank_path(args.snapshot, rank))
-    mine = {**memory_peaks(), "gmlake": gmlake_stats(), "median_step_s": statistics.median(times[warmup:]),
+    end = gmlake_stats()
+    mine = {**memory_peaks(), "gmlake": end, "median_step_s": statistics.median(times[warmup:]),
+            "gmlake_after_warmup": counters_since(at_warmup, end) if end is not None and at_warmup else None,
             "tokens_per_s": sum(tokens[warmup:]) / sum(times[warmup:]), "timed_s": sum(times[warmup:]),
             "step_s": times, "probes": probes}
     if args.gpu_time_steps:         # after the peaks and counters are read: these steps are not part of them

@@ -25,6 +25,7 @@ import torch
 from common import (  # fsdp_train.py imports them from here too
     MachineProbe,
     allocator_name,
+    counters_since,
     exit_out_of_memory,
     gmlake_stats,
     gpu_time,
@@ -162,6 +163,8 @@ def train(args: argparse.Namespace, device: torch.device,
         seq = rng.randint(args.min_seq // 8, args.max_seq // 8) * 8
         ids = torch.randint(0, vocab, (batch, seq), device=device)
         sync()
+        # gmlake's counters as the first timed step starts: what it did after warm-up is the end's minus these
+        before = {"gmlake_before": gmlake_stats()} if cuda and len(steps) == args.warmup else {}
         t0 = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -177,7 +180,8 @@ def train(args: argparse.Namespace, device: torch.device,
             optim.step()
             optim.zero_grad(set_to_none=True)
         sync()
-        steps.append({"batch": batch, "seq": seq, "step_s": time.perf_counter() - t0, "loss": loss.item(), **probe()})
+        steps.append({"batch": batch, "seq": seq, "step_s": time.perf_counter() - t0, "loss": loss.item(), **probe(),
+                      **before})
 
     def train_step(batch: int, seq: int) -> None:
         ids = torch.randint(0, vocab, (batch, seq), device=device)
@@ -224,6 +228,7 @@ def main() -> None:
     args = p.parse_args()
     # as it was before --warmup: the first quarter, at least the first step, never every step
     warmup = min(max(1, args.steps // 4), args.steps - 1) if args.warmup is None else args.warmup
+    args.warmup = warmup                # train() reads gmlake's counters where the timed steps begin
     if args.steps < 1 or not 0 <= warmup < args.steps:
         p.error("need --steps >= 1 and 0 <= --warmup < --steps")
     fraction = memory_fraction("train_hf.py", args.memory_fraction, args.device)
@@ -263,6 +268,9 @@ def main() -> None:
     if cuda:
         summary.update(memory_peaks())
         summary["gmlake"] = gmlake_stats()
+        at_warmup = timed[0].get("gmlake_before") if timed else None
+        if summary["gmlake"] is not None and at_warmup is not None:
+            summary["gmlake_after_warmup"] = counters_since(at_warmup, summary["gmlake"])
     if gpu_time_steps:              # after the peaks and counters are read: these steps are not part of them
         summary["gpu_time"] = [gpu_time(lambda s=s: train_step(s["batch"], s["seq"]), cuda=cuda)
                                for s in steps[-gpu_time_steps:]]
