@@ -112,9 +112,11 @@ cdef Block* _wait_for_other_stream(Allocator self, int pool, size_t size, int64_
     list; replayed on FSDP at lags 10-1,000 that reserved up to 5 % less than moving the one block, whose stream
     then grew instead). The price is that ordering: work the requesting stream queues from now on cannot overlap
     what the other stream had queued (FSDP's prefetch stream can end up waiting for compute), so the wait is taken
-    only where a single block fits, not for a stitch. On two H200s (FSDP, 2026-12-01) the default reserved 3-6 %
-    less with the wait, at no cost in tokens/s the runs could resolve, so the default takes it; gmlake-paper does
-    not (cross_stream_wait=False, as the paper describes). Blocks freed on a stream are used
+    only where a single block fits, not for a stitch, and only on a miss: a stream that finds a block of its own
+    (a prefetching side stream reusing its buffers, say) never waits. On two H200s (FSDP, 2026-12-01) the default
+    reserved 3-6 % less with the wait, taking 20-28 waits a rank in 24 steps, at no cost in tokens/s the runs
+    could resolve, so the default takes it; gmlake-paper does not (cross_stream_wait=False, as the paper
+    describes). Blocks freed on a stream are used
     only by their stream's work (a record_stream'ed block enters the index once its other streams' events are
     done), so the one event covers all of them."""
     cdef FreeIndex* index = _index(self, pool)
