@@ -358,7 +358,7 @@ def replay_policy(allocator: str) -> str:
     options = dict(zip(flags[::2], flags[1::2], strict=True))
     policy = options.pop("--policy", "gmlake")
     knobs = {"--chunk-size": "chunk_size"}
-    extra = [f"{knobs[flag]}={value}" for flag, value in options.items()]
+    extra = [f"{knobs[flag]}={value}" for flag, value in options.items() if flag in knobs]
     if len(extra) != len(options) or ("[" in policy and extra):
         raise ValueError(f"no replay policy for allocator {allocator!r} (flags {flags})")
     return f"{policy}[{','.join(extra)}]" if extra else policy

@@ -244,6 +244,12 @@ def test_replay_policies_of_the_suites_allocators():
                   "gmlake[cross_stream_wait=true]"]
     with pytest.raises(ValueError, match="no replay policy"):
         cap_search.replay_policy("tcmalloc")
+    cap_search.train_suite.ALLOCATORS["odd"] = ["--policy", "gmlake", "--trace-to", "x"]     # a flag replay lacks
+    try:
+        with pytest.raises(ValueError, match="no replay policy for allocator 'odd'"):
+            cap_search.replay_policy("odd")
+    finally:
+        del cap_search.train_suite.ALLOCATORS["odd"]
 
 
 def test_predicted_brackets_are_replays_smallest_caps_as_fractions():
