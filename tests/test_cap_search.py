@@ -238,18 +238,15 @@ def test_a_replayed_bracket_that_misses_is_moved_until_it_brackets_the_threshold
                                            "settings": {"steps": 20, "resolution": 0.002}})
 
 
-def test_replay_policies_of_the_suites_allocators():
+def test_replay_policies_of_the_suites_allocators(monkeypatch):
     assert [cap_search.replay_policy(a) for a in ("native", "expandable", "gmlake", "gmlake-paper-8m", "gmlake-wait")
             ] == ["caching", "expandable", "gmlake", "gmlake-paper[chunk_size=8388608]",
                   "gmlake[cross_stream_wait=true]"]
     with pytest.raises(ValueError, match="no replay policy"):
         cap_search.replay_policy("tcmalloc")
-    cap_search.train_suite.ALLOCATORS["odd"] = ["--policy", "gmlake", "--trace-to", "x"]     # a flag replay lacks
-    try:
-        with pytest.raises(ValueError, match="no replay policy for allocator 'odd'"):
-            cap_search.replay_policy("odd")
-    finally:
-        del cap_search.train_suite.ALLOCATORS["odd"]
+    monkeypatch.setitem(cap_search.train_suite.ALLOCATORS, "odd", ["--policy", "gmlake", "--trace-to", "x"])
+    with pytest.raises(ValueError, match="no replay policy for allocator 'odd'"):     # a flag replay has no knob for
+        cap_search.replay_policy("odd")
 
 
 def test_predicted_brackets_are_replays_smallest_caps_as_fractions():
