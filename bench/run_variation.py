@@ -1,0 +1,70 @@
+"""How many runs resolving a speed difference would take, from the runs' own variation (issue 10, "Speed").
+
+    python bench/run_variation.py [RESULTS_DIR] [--gap 0.01 0.02]
+
+Reads every results JSON under RESULTS_DIR (default bench/results/train) that lists `runs` (the training suite's,
+the speed suite's summaries, cap-time records), groups the finished runs by file, workload and allocator (one
+group: repeats in one device call), and takes each group of two or more runs' coefficient of variation of its
+speed (tokens/s, else 1 / timed_s). Telling two allocators a relative gap `g` apart at two standard errors, with
+runs whose coefficient of variation is `cv`, takes about 8 cv^2 / g^2 runs of each (the standard error of a
+difference of two means of n runs is cv * sqrt(2 / n)); printed at the median and quartile CVs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from gmlake.cli import OneLineParser
+
+HERE = Path(__file__).resolve().parent
+
+
+def variations(root: Path) -> list[float]:
+    """The coefficient of variation of every group of repeated runs under `root`."""
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for path in sorted(root.rglob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        runs = record.get("runs") if isinstance(record, dict) else None
+        for run in runs if isinstance(runs, list) else ():
+            if not isinstance(run, dict) or run.get("error") or not run.get("workload") or not run.get("allocator"):
+                continue
+            speed = run.get("tokens_per_s") or (1 / run["timed_s"] if run.get("timed_s") else None)
+            if speed:
+                groups.setdefault((str(path), run["workload"], run["allocator"]), []).append(speed)
+    return sorted(statistics.stdev(v) / statistics.mean(v) for v in groups.values() if len(v) >= 2)
+
+
+def runs_needed(cv: float, gap: float) -> int:
+    """Runs of each allocator to resolve a relative `gap` at two standard errors, at coefficient of variation cv."""
+    return math.ceil(round(8 * cv * cv / (gap * gap), 6))      # round: 8 * 0.05**2 / 0.01**2 is 200.00000000000003
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="run_variation.py", description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="?", type=Path, default=HERE / "results" / "train")
+    parser.add_argument("--gap", type=float, nargs="+", default=[0.01, 0.02])
+    args = parser.parse_args(argv)
+    if not args.results.is_dir():
+        parser.error(f"no such results folder: {args.results}")
+    if not all(0 < g < 1 for g in args.gap):
+        parser.error("--gap takes fractions in (0, 1), e.g. 0.01")
+    cvs = variations(args.results)
+    if not cvs:
+        parser.error(f"no repeated runs under {args.results}")
+    quartiles = statistics.quantiles(cvs, n=4) if len(cvs) > 1 else [cvs[0]] * 3
+    print(f"{len(cvs)} groups of repeated runs; coefficient of variation {cvs[0]:.1%}-{cvs[-1]:.1%}, "
+          f"quartiles {quartiles[0]:.1%} / {quartiles[1]:.1%} / {quartiles[2]:.1%}")
+    for gap in args.gap:
+        print(f"runs of each allocator to resolve a {gap:.0%} gap: "
+              + ", ".join(f"{runs_needed(cv, gap)} at {cv:.1%}" for cv in quartiles))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
