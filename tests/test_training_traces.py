@@ -72,6 +72,47 @@ def test_replayed_caps_land_in_the_gpu_cap_search_brackets(trace_name):
                   samples=0).ooms == 0
 
 
+
+# Session 12's GPU cap searches (bench/cap_search.py --predict, 20 steps, one H200, 2026-12-01, code ba17e38;
+# bench/results/train/cap-2026-12-01{c,d,e}): every bracket came from the GPU, each pair's replayed bracket was
+# probed first and held. The traces: the training suite's captures under gmlake (same seed, same requests), and
+# two captured in that session's call (scripts/gpu-cap-trace.sh, uncapped, 20 steps).
+SESSION_12_SEARCHES = ["cap-2026-12-01c", "cap-2026-12-01d", "cap-2026-12-01e"]
+SESSION_12_TRACES = {"gpt2xl-ckpt": "gpt2xl-ckpt-gmlake", "gpt2xl-lora": "gpt2xl-lora-gmlake",
+                     "gpt2xl-lora-ckpt": "gpt2xl-lora-ckpt-gmlake", "opt1.3b-lora": "opt1.3b-lora-20steps-gmlake-nocap",
+                     "opt1.3b-ckpt": "opt1.3b-ckpt-20steps-gmlake-nocap"}
+
+
+def session_12_pairs() -> list[tuple[str, str, int, int | None]]:
+    """(workload, allocator, smallest cap that fit, largest that ran out of memory or None) in bytes, per pair."""
+    out = []
+    for search in SESSION_12_SEARCHES:
+        record = json.loads((RESULTS / "train" / search / "cap.json").read_text())
+        total = record["device_total_memory"]
+        for pair in record["pairs"]:
+            assert pair["status"] == "done" and pair["prediction_held"], pair
+            failed = pair.get("largest_fail")
+            out.append((pair["workload"], pair["allocator"], int(pair["smallest_fit"] * total),
+                        None if failed is None else int(failed * total)))
+    return out
+
+
+@pytest.mark.parametrize("workload, allocator, fit, failed", session_12_pairs())
+def test_replay_predicts_session_12s_gpu_cap_brackets(workload, allocator, fit, failed):
+    """Replayed under the cap the GPU run fit, the allocator's model fits; under the one it ran out of memory at,
+    it runs out (replay's bracket is 0.2 % wide, so this holds the model to the GPU to about that). Where the GPU
+    has no failure, replay's was below the peak allocated and never probed."""
+    trace = load(RESULTS / "traces" / f"{SESSION_12_TRACES[workload]}.gmtrace")
+    assert replay(trace, allocator, cap=fit, samples=0).ooms == 0
+    if failed is not None:
+        assert replay(trace, allocator, cap=failed, samples=0).ooms > 0
+
+
+def test_session_12s_searches_cover_five_workloads_and_both_allocators():
+    pairs = session_12_pairs()
+    assert sorted({w for w, *_ in pairs}) == sorted(SESSION_12_TRACES)
+    assert len(pairs) == 2 * len(SESSION_12_TRACES)
+
 # FSDP's two ranks, 12 steps captured under the native allocator on two H200s (2026-11-30, session 8;
 # bench/results/train/fsdp-2026-11-30b): each rank's snapshot, with its own streams (compute, all-gather,
 # reduce-scatter), records the run's max_memory_reserved in its header.
