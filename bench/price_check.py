@@ -1,0 +1,182 @@
+"""gmlake's driver price table against the time measured inside the driver's calls on the GPU, and the driver's
+steady-state share of step time.
+
+    python bench/price_check.py RESULTS... [--json OUT]
+
+Why: replay prices a run's driver calls with gmlake/data/driver_costs_h200.json (bench/micro.py's per-call costs,
+measured on calls in a tight loop); inside a training run the same calls may cost more (cold caches, a busier
+driver). Since 2026-12-01 every gmlake run records `driver_busy_s`, the seconds spent inside its driver calls
+(Driver.busy_seconds), for the whole run and after warm-up: this script holds the two side by side.
+
+RESULTS are cap-search folders (bench/results/train/cap-*: cap.json and probes.tar.gz or probes/), speed-suite
+folders (bench/results/train/speed-*: summary.json with runs.tar.gz or runs/, read by stall_check.load_runs) and
+single run JSONs (a workload summary, or a file with a list of them under "runs"). Every completed gmlake run, and
+under FSDP every rank, gives one row; runs under native or expandable segments (no gmlake counters) are left out,
+and so are runs from before `driver_busy_s` was recorded (counted in the summary).
+
+Prints one row per run/rank: its driver calls, priced and measured seconds over the whole run and their ratio
+(measured / priced), and after warm-up the measured seconds, their share of the timed steps (timed_s) and the
+priced seconds; then the median and quartiles of the whole-run ratio, and the after-warm-up share of step time of
+the uncapped runs (no memory_fraction). --json OUT writes the rows and that summary. Bad input: one line, exit 2.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tarfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from stall_check import load_runs
+
+from gmlake.cli import OneLineParser, error_line
+from gmlake.replay import driver_costs, driver_seconds
+
+
+def parse(text: str | bytes, where: str) -> dict:
+    """The JSON object in `text`; ValueError (not JSON) or TypeError (not an object) naming `where`."""
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{where}: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise TypeError(f"{where}: not a workload summary (a JSON {type(data).__name__})")
+    return data
+
+
+def cap_runs(folder: Path) -> list[dict]:
+    """The probe summaries of a cap-search folder, each tagged with its workload, allocator and purpose (from
+    cap.json's probe list, by index; else from the file name NNN-WORKLOAD-ALLOCATOR-PURPOSE.json) and source."""
+    listed = {}
+    if (folder / "cap.json").exists():
+        cap = parse((folder / "cap.json").read_text(), f"{folder}/cap.json")
+        listed = {p["index"]: p for p in cap.get("probes", [])}
+    found: list[tuple[str, dict]] = []
+    if (folder / "probes.tar.gz").exists():
+        with tarfile.open(folder / "probes.tar.gz") as tar:
+            found += [(Path(m.name).name, parse(tar.extractfile(m).read(), f"{folder}/probes.tar.gz:{m.name}"))
+                      for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")]
+    found += [(p.name, parse(p.read_text(), str(p))) for p in sorted((folder / "probes").glob("*.json"))]
+    runs = []
+    for name, run in sorted(found, key=lambda f: f[0]):
+        index, _, rest = name.removesuffix(".json").split(".rank")[0].partition("-")
+        workload, allocator, purpose = (rest.rsplit("-", 2) + ["?", "?"])[:3]
+        probe = listed.get(int(index), {}) if index.isdigit() else {}
+        runs.append({**run, "workload": probe.get("workload", workload), "purpose": probe.get("purpose", purpose),
+                     "allocator": run.get("allocator") or probe.get("allocator", allocator), "source": str(folder)})
+    return runs
+
+
+def load(paths: list[Path]) -> list[dict]:
+    """Every completed run (one with `timed_s`) in `paths`; FileNotFoundError or ValueError on bad input."""
+    runs: list[dict] = []
+    for path in paths:
+        if path.is_dir() and any((path / n).exists() for n in ("cap.json", "probes.tar.gz", "probes")):
+            runs += [r for r in cap_runs(path) if r.get("timed_s")]
+        elif path.is_dir() and any((path / n).exists() for n in ("summary.json", "runs.tar.gz", "runs")):
+            try:
+                runs += [{**r, "purpose": "suite"} for r in load_runs([path])]
+            except ValueError as err:
+                raise ValueError(f"{path}: a run that is not JSON ({err})") from None
+        elif path.is_dir():
+            raise ValueError(f"{path}: neither a cap-search folder (cap.json, probes.tar.gz) nor a speed-suite "
+                             f"folder (summary.json, runs.tar.gz or runs/)")
+        elif not path.exists():
+            raise FileNotFoundError(f"no such results: {path}")
+        elif isinstance((data := parse(path.read_text(), str(path))).get("runs"), list):
+            runs += [{**r, "purpose": "run", "source": str(path)} for r in data["runs"] if r.get("timed_s")]
+        elif data.get("timed_s"):
+            runs += [{**r, "purpose": "run"} for r in load_runs([path])]
+        else:
+            raise ValueError(f"{path}: not a workload summary (no timed_s)")
+    return runs
+
+
+def rows(runs: list[dict], costs: dict | None = None) -> tuple[list[dict], int]:
+    """One row per gmlake run (per rank under FSDP) that recorded `driver_busy_s`, and how many gmlake runs/ranks
+    were left out for lack of it (runs from before 2026-12-01)."""
+    costs = costs or driver_costs()
+    out, skipped = [], 0
+    for run in runs:
+        ranks = [(i, r) for i, r in enumerate(run["ranks"])] if run.get("ranks") else [(None, run)]
+        for rank, part in ranks:
+            whole, after = part.get("gmlake"), part.get("gmlake_after_warmup") or {}
+            if not whole:
+                continue
+            if whole.get("driver_busy_s") is None:
+                skipped += 1
+                continue
+            timed = part.get("timed_s") or run["timed_s"]
+            priced, busy = driver_seconds(whole, costs), whole["driver_busy_s"]
+            busy_after = after.get("driver_busy_s")
+            out.append({"workload": run["workload"], "allocator": run.get("gmlake_policy") or run["allocator"],
+                        "purpose": run.get("purpose"), "source": run["source"], "rank": rank,
+                        "memory_fraction": run.get("memory_fraction"), "capped": run.get("memory_fraction") is not None,
+                        "calls": sum(whole["calls"].values()), "priced_s": priced, "busy_s": busy,
+                        "ratio": busy / priced if priced else None, "timed_s": timed,
+                        "busy_after_s": busy_after, "priced_after_s": driver_seconds(after, costs) if after else None,
+                        "share_after_pct": 100 * busy_after / timed if busy_after is not None else None})
+    return out, skipped
+
+
+def summarize(table: list[dict], skipped: int) -> dict:
+    """Median, quartiles and range of measured / priced over whole runs; the uncapped runs' after-warm-up share."""
+    ratios = sorted(r["ratio"] for r in table if r["ratio"] is not None)
+    shares = [r["share_after_pct"] for r in table if not r["capped"] and r["share_after_pct"] is not None]
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios or [None]) * 3
+    return {"n": len(ratios), "skipped_without_busy": skipped, "ratio_median": statistics.median(ratios) if ratios
+            else None, "ratio_q1": q1, "ratio_q3": q3, "ratio_min": min(ratios, default=None),
+            "ratio_max": max(ratios, default=None), "uncapped_n": len(shares),
+            "uncapped_share_after_pct_min": min(shares, default=None),
+            "uncapped_share_after_pct_max": max(shares, default=None)}
+
+
+def num(v: float | None, fmt: str) -> str:
+    """`v` formatted, or "-" where it is None."""
+    return "-" if v is None else format(v, fmt)
+
+
+def render(table: list[dict], s: dict) -> str:
+    """The rows as a rich table, and the summary line."""
+    t = Table(title="driver time: gmlake's price table (priced) against the GPU (measured inside the calls)")
+    for name in ("workload", "allocator", "purpose", "source", "rank", "capped", "calls", "priced s", "measured s",
+                 "meas/priced", "after: meas s", "% of timed", "priced s"):
+        t.add_column(name, justify="left" if name in ("workload", "allocator", "purpose", "source") else "right")
+    for r in table:
+        t.add_row(r["workload"], r["allocator"], r["purpose"] or "-", Path(r["source"]).name,
+                  "-" if r["rank"] is None else str(r["rank"]), f"{r['memory_fraction']:.4f}" if r["capped"] else "no",
+                  str(r["calls"]), num(r["priced_s"], ".4f"), num(r["busy_s"], ".4f"), num(r["ratio"], ".2f"),
+                  num(r["busy_after_s"], ".4f"), num(r["share_after_pct"], ".2f"), num(r["priced_after_s"], ".4f"))
+    console = Console(width=200, record=True)
+    with console.capture() as captured:
+        console.print(t)
+    if not s["n"]:
+        return captured.get() + f"no gmlake run with driver_busy_s ({s['skipped_without_busy']} without it)"
+    share = ("no uncapped run" if not s["uncapped_n"] else f"{s['uncapped_share_after_pct_min']:.2f}-"
+             f"{s['uncapped_share_after_pct_max']:.2f} % over {s['uncapped_n']} uncapped runs/ranks")
+    return (captured.get() + f"measured / priced over whole runs: median {s['ratio_median']:.2f} (quartiles "
+            f"{s['ratio_q1']:.2f}-{s['ratio_q3']:.2f}, range {s['ratio_min']:.2f}-{s['ratio_max']:.2f}), n = "
+            f"{s['n']}; {s['skipped_without_busy']} gmlake runs/ranks without driver_busy_s skipped. Driver time "
+            f"after warm-up, share of step time: {share}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", type=Path)
+    parser.add_argument("--json", type=Path, help="write the rows and the summary here")
+    args = parser.parse_args(argv)
+    try:
+        table, skipped = rows(load(args.results))
+    except (OSError, ValueError, KeyError, TypeError, tarfile.TarError) as err:
+        parser.error(error_line(err) if not isinstance(err, KeyError) else f"missing key {err} in the results")
+    s = summarize(table, skipped)
+    print(render(table, s))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": table, "summary": s}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
