@@ -4,7 +4,7 @@ completes, and the step time near it.
     python bench/cap_search.py [--workloads vit bert t5 cnn] [--allocators expandable gmlake] [--steps 20]
                                [--warmup N] [--resolution 0.01] [--deadline SECONDS] [--timeout SECONDS] [--out DIR]
                                [--bounds-from bench/results/train/speed-.../summary.json]
-                               [--predict WORKLOAD=TRACE ...]
+                               [--predict WORKLOAD=TRACE ...] [--capture [WORKLOAD ...]]
     python bench/cap_search.py --workloads gpt2xl-lora-ckpt opt1.3b-lora-ckpt opt1.3b-offload \
                                [--bounds-from bench/results/train/call1-gpu1.json] ...
 
@@ -39,7 +39,11 @@ ends that pair's search as an error, since bisecting on crashes would give a mea
    first, as bounds not known to hold (moved 1 % at a time while wrong), so where replay is right two probes settle
    a pair to replay's resolution, however fine: two allocators whose brackets do not overlap are then told apart
    even where they lie 0.4 % apart, which a 1 % bisection cannot. The pair's record keeps the prediction and
-   whether both its ends held (`prediction_held`).
+   whether both its ends held (`prediction_held`). A workload of several traces (FSDP: `--predict W=rank0 W=rank1`)
+   takes its largest rank's bracket. With --capture [WORKLOAD ...] (no names: every workload without --predict),
+   the search first runs each workload once uncapped under torch's native allocator with `--snapshot`, started as
+   its probes are (same seed, steps and so requests), keeps the trace (OUT/traces/, one per FSDP rank) and predicts
+   from it: one extra run buys the 0.2 % brackets where no trace exists yet.
 3. one timed run at 1.05 x that fraction: its time (sum of step times after warm-up, the workload's timed_s) against
    the reference's.
 
@@ -94,6 +98,7 @@ TIMED_MARGIN = 1.05     # the timed run's cap, over the smallest fraction that f
 
 SLACK = 4096            # bytes over a peak, so that f * total never rounds below it
 PREDICTED_WIDEN = 1.01  # a replayed bound that turns out wrong moves by 1 % per probe (replay is usually closer)
+CAPTURE_MIN_S = 30      # no capture starts with less time than this before the deadline
 
 T = TypeVar("T")
 Request = tuple[str, "float | None"]          # (purpose, fraction; None: uncapped)
@@ -364,25 +369,82 @@ def replay_policy(allocator: str) -> str:
     return f"{policy}[{','.join(extra)}]" if extra else policy
 
 
-def predict_brackets(traces: dict[str, str], allocators: list[str], total: int,
+def predict_brackets(traces: dict[str, list[str]], allocators: list[str], total: int,
                      ) -> tuple[dict[tuple[str, str], tuple[float, float]], list[dict]]:
     """Replay's bracket per (workload, allocator): `gmlake.cap.smallest_cap` of the workload's trace under the
     allocator's replay policy, as fractions of `total` (the fitting end with SLACK, so f * total never rounds
-    below it). Also the rows recorded in cap.json (bytes and policy)."""
+    below it). A workload of several traces (FSDP's ranks, each under the same cap) takes its largest rank's
+    bracket: the job fails as soon as one rank does. Also the rows recorded in cap.json (bytes and policy, one per
+    trace)."""
     from gmlake.cap import smallest_cap
     from gmlake.trace import load
 
     brackets: dict[tuple[str, str], tuple[float, float]] = {}
     rows = []
-    for workload, path in traces.items():
-        trace = load(path)
+    for workload, paths in traces.items():
+        loaded = [(path, load(path)) for path in paths]
         for allocator in allocators:
             policy = replay_policy(allocator)
-            fit, fail, _ = smallest_cap(trace, policy)
+            worst = (0, 0)
+            for path, trace in loaded:
+                fit, fail, _ = smallest_cap(trace, policy)
+                worst = max(worst, (fit, fail))
+                rows.append({"workload": workload, "allocator": allocator, "trace": path, "policy": policy,
+                             "largest_fail": fail, "smallest_fit": fit})
+            fit, fail = worst
             brackets[workload, allocator] = (fail / total, min((fit + SLACK) / total, 1.0))
-            rows.append({"workload": workload, "allocator": allocator, "trace": path, "policy": policy,
-                         "largest_fail": fail, "smallest_fit": fit})
     return brackets, rows
+
+
+def capture_traces(workloads: list[str], settings: argparse.Namespace, out: Path, timeout_s: float,
+                   time_left: Callable[[], float | None]) -> tuple[dict[str, list[str]], list[dict]]:
+    """--capture: per workload, one uncapped run under torch's native allocator with `--snapshot`, started as its
+    probes are (`probe_command`: same script, seed and steps, so the same requests), its snapshot (one per FSDP
+    rank) kept as OUT/traces/WORKLOAD*.gmtrace for `predict_brackets`. A capture that fails, or that the deadline
+    leaves no time for, only leaves its workload unpredicted (its record says why)."""
+    from gmlake.trace import load, save_compact
+
+    folder = out / "traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    traces: dict[str, list[str]] = {}
+    records = []
+    for workload in workloads:
+        # No dot in the name: FSDP's rank r writes NAME.rank<r>.pickle.gz, split at the first dot
+        name = workload.replace(".", "_")
+        snapshot = folder / f"{name}.pickle.gz"
+        record: dict = {"workload": workload, "allocator": "native"}
+        records.append(record)
+        left = time_left()
+        if left is not None and left < CAPTURE_MIN_S:
+            record["error"] = f"deadline: {left:.0f} s left"
+            continue
+        cmd, env = probe_command(workload, "native", settings, folder / f"{name}.json")
+        cmd += ["--snapshot", str(snapshot)]
+        print(f"== capture {workload} (native, uncapped, --snapshot)", flush=True)
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True,
+                                  timeout=timeout_s if left is None else min(timeout_s, left))
+            returncode, why = proc.returncode, (proc.stderr or proc.stdout or "no output")[-500:]
+        except subprocess.TimeoutExpired:
+            returncode, why = -9, "killed at its timeout or the deadline"
+        record.update(returncode=returncode, wall_s=round(time.perf_counter() - started, 1))
+        snapshots = [p for p in [snapshot, *sorted(folder.glob(f"{name}.rank*.pickle.gz"))] if p.exists()]
+        if returncode != 0 or not snapshots:
+            record["error"] = why if returncode != 0 else "the run wrote no snapshot"
+            print(f"   capture failed: {record['error'][-200:]}", flush=True)
+            continue
+        try:
+            paths = [str(save_compact(load(p), p.with_name(p.name.removesuffix(".pickle.gz") + ".gmtrace")))
+                     for p in snapshots]
+        except (OSError, ValueError) as exc:        # TraceError is a ValueError
+            record["error"] = f"unreadable snapshot: {exc}"
+            continue
+        for p in snapshots:
+            p.unlink()
+        record["traces"] = traces[workload] = paths
+        print(f"   {len(paths)} trace(s) in {record['wall_s']:.0f} s", flush=True)
+    return traces, records
 
 
 def table(record: dict) -> str:
@@ -458,6 +520,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--predict", nargs="+", metavar="WORKLOAD=TRACE", default=[],
                         help="replay TRACE (a snapshot or .gmtrace of the workload's run) under each allocator's "
                              "policy first and probe its bracket first (see above)")
+    parser.add_argument("--capture", nargs="*", metavar="WORKLOAD",
+                        help="capture each WORKLOAD's trace first (no names: every workload without --predict) in "
+                             "one uncapped native run with --snapshot, then predict from it as --predict does")
     parser.add_argument("--out", default=str(HERE / "results" / "train" / "cap"))
     args = parser.parse_args(argv)
     check_run_options(parser, args)
@@ -474,8 +539,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--predict takes WORKLOAD=TRACE with WORKLOAD one of --workloads, got {item!r}")
         if not Path(path).is_file():
             parser.error(f"--predict {workload}: no such file: {path}")
-        args.predict_traces[workload] = path
-    if args.predict_traces:
+        args.predict_traces.setdefault(workload, []).append(path)      # FSDP: one trace per rank
+    if args.capture is not None:
+        args.capture = list(dict.fromkeys(args.capture or [w for w in args.workloads if w not in args.predict_traces]))
+        for workload in args.capture:
+            if workload not in args.workloads or workload in args.predict_traces:
+                parser.error(f"--capture {workload}: not one of --workloads, or already given to --predict")
+        if not args.capture:
+            parser.error("--capture: every workload already has a --predict trace")
+    if args.predict_traces or args.capture:
         try:
             for allocator in args.allocators:
                 replay_policy(allocator)
@@ -501,7 +573,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"cap_search.py: --bounds-from {args.bounds_from}: not a speed-suite summary ({exc!r})",
               file=sys.stderr)
         sys.exit(2)
-    try:
+    try:                                        # the traces given first: a bad one costs no device time
         predictions, predicted_rows = predict_brackets(args.predict_traces, args.allocators, total)
     except (OSError, ValueError) as exc:        # TraceError is a ValueError
         print(f"cap_search.py: --predict: {exc}", file=sys.stderr)
@@ -517,6 +589,13 @@ def main(argv: list[str] | None = None) -> None:
 
     def time_left() -> float | None:
         return args.deadline - (time.perf_counter() - started) if args.deadline else None
+
+    if args.capture:
+        captured, record["captures"] = capture_traces(args.capture, args, out, args.timeout, time_left)
+        more, rows = predict_brackets(captured, args.allocators, total)     # each trace just loaded fine
+        predictions.update(more)
+        record["predictions"] += rows
+        save()
 
     def runner(workload: str, allocator: str, purpose: str, fraction: float | None, timeout_s: float) -> dict:
         return run_probe(workload, allocator, purpose, fraction, timeout_s, settings=args, out=out,

@@ -10,14 +10,16 @@
 #   TOTAL=540 WORKLOADS="gpt2xl-ckpt gpt2xl-lora" scripts/gpu-cap.sh \
 #     --predict gpt2xl-ckpt=bench/results/traces/gpt2xl-ckpt-gmlake.gmtrace \
 #               gpt2xl-lora=bench/results/traces/gpt2xl-lora-gmlake.gmtrace   # replay's brackets probed first
+#   TOTAL=540 WORKLOADS="vit bert cnn" scripts/gpu-cap.sh --capture    # a trace per workload first, then predicted
+#   TOTAL=540 WORKLOADS=opt1.3b-fsdp-lora-ckpt RESOLUTION=0.002 scripts/gpu-cap.sh --capture    # on two GPUs
 # WORKLOADS takes speed_suite.py's dynamic-shape workloads (dynamic.py), train_suite.py's single-GPU LLM ones
 # (train_hf.py; they need transformers, and peft for LoRA) and its FSDP one (fsdp_train.py under torchrun on every
 # visible GPU). The probes see GPU 0 alone unless CUDA_VISIBLE_DEVICES says otherwise, or WORKLOADS holds the FSDP
 # workload (then GPUs 0 and 1): one cap search per machine.
 # SKIP_BUILD=1 uses the gmlake already installed (for a smoke test of this script on a machine without CUDA).
 # Returns in $OUT (8 files at most come back): machine.txt, build.log, cap.log (the search's progress and table),
-# cap/cap.json (environment, every probe, every pair's outcome) and cap/probes.tar.gz (the workload's summary of
-# each probe, per-step times included).
+# cap/cap.json (environment, every probe, every pair's outcome), cap/probes.tar.gz (the workload's summary of
+# each probe, per-step times included) and, with --capture, cap/traces.tar.gz (the captured .gmtrace files).
 set -uo pipefail
 TOTAL=${TOTAL:-540}
 . "$(dirname "$0")/gpu-common.sh"
@@ -28,8 +30,10 @@ CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-$GPUS} timeout $((DEADLINE + 10)) p
   --workloads ${WORKLOADS:-vit bert t5 cnn} --allocators ${ALLOCATORS:-expandable gmlake} "$@" \
   >"$OUT/cap.log" 2>&1
 echo "search: exit $? at $((SECONDS - START)) s"
-if [ -d "$OUT/cap/probes" ]; then
-  tar -czf "$OUT/cap/probes.tar.gz" -C "$OUT/cap" probes && rm -rf "$OUT/cap/probes"
-fi
-grep -E "^(== |   (fit|OOM|ERROR)|deadline|cap search:|cap_search.py:)" "$OUT/cap.log" | tail -80 | cut -c1-200
+for kept in probes traces; do
+  if [ -d "$OUT/cap/$kept" ]; then
+    tar -czf "$OUT/cap/$kept.tar.gz" -C "$OUT/cap" "$kept" && rm -rf "${OUT:?}/cap/$kept"
+  fi
+done
+grep -E "^(== |   (fit|OOM|ERROR|capture|[0-9]+ trace)|deadline|cap search:|cap_search.py:)" "$OUT/cap.log" | tail -80 | cut -c1-200
 sed -n '/smallest memory fraction/,$p' "$OUT/cap.log"

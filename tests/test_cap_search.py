@@ -254,13 +254,99 @@ def test_predicted_brackets_are_replays_smallest_caps_as_fractions():
     from gmlake.trace import load
 
     trace_path = str(ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz")
-    brackets, rows = cap_search.predict_brackets({"t5": trace_path}, ["expandable", "gmlake"], TOTAL)
+    brackets, rows = cap_search.predict_brackets({"t5": [trace_path]}, ["expandable", "gmlake"], TOTAL)
     for allocator, policy in (("expandable", "expandable"), ("gmlake", "gmlake")):
         fit, fail, _ = smallest_cap(load(trace_path), policy)
         lo, hi = brackets["t5", allocator]
         assert int(lo * TOTAL) <= fail < fit <= int(hi * TOTAL) <= fit + cap_search.SLACK
         assert {"workload": "t5", "allocator": allocator, "policy": policy, "largest_fail": fail,
                 "smallest_fit": fit}.items() <= next(r for r in rows if r["allocator"] == allocator).items()
+
+
+
+def test_a_workload_of_several_rank_traces_takes_its_largest_ranks_bracket(tmp_path):
+    """FSDP: every rank runs under the same cap, so the job's smallest cap is its largest rank's. The tiny trace's
+    requests doubled in size make the larger rank; whichever order the ranks come in, its bracket is the one."""
+    from gmlake.trace import load, save_compact
+
+    small = load(ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz")
+    large = type(small)(small.events.copy(), dict(small.meta))
+    large.events["size"] *= 2
+    paths = [str(save_compact(t, tmp_path / f"rank{i}.gmtrace")) for i, t in enumerate((small, large))]
+    alone, _ = cap_search.predict_brackets({"fsdp": [paths[1]]}, ["expandable", "gmlake"], TOTAL)
+    for ranks in (paths, paths[::-1]):
+        brackets, rows = cap_search.predict_brackets({"fsdp": ranks}, ["expandable", "gmlake"], TOTAL)
+        assert brackets == alone and len(rows) == 4
+    smaller, _ = cap_search.predict_brackets({"fsdp": [paths[0]]}, ["gmlake"], TOTAL)
+    assert smaller["fsdp", "gmlake"][1] < alone["fsdp", "gmlake"][1]
+
+
+def fake_capture_run(snapshot_for_rank: dict[int, Path], returncode: int = 0):
+    """A subprocess.run that plays a capture run: writes the given snapshot of each rank where the command's
+    --snapshot puts it (ranks r > 0 as fsdp_train.py names them, for an FSDP job only), and records the command."""
+    calls = []
+
+    def run(cmd, env, **kwargs):
+        calls.append((cmd, env))
+        target = cmd[cmd.index("--snapshot") + 1]
+        if returncode == 0:
+            sys.path.insert(0, str(ROOT / "bench" / "workloads"))
+            from fsdp_train import rank_path
+
+            for rank, source in snapshot_for_rank.items():
+                if rank == 0 or any(arg.endswith("fsdp_train.py") for arg in cmd):    # ranks: FSDP's alone
+                    Path(rank_path(target, rank)).write_bytes(source.read_bytes())
+        return subprocess.CompletedProcess(cmd, returncode, "", "" if returncode == 0 else "Traceback...\nboom")
+    return run, calls
+
+
+@needs_torch
+def test_capture_runs_each_workload_once_uncapped_under_native_and_keeps_its_traces(tmp_path, monkeypatch):
+    tiny = ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz"
+    run, calls = fake_capture_run({0: tiny, 1: tiny})
+    monkeypatch.setattr(cap_search.subprocess, "run", run)
+    settings = cap_search.parse_args(["--workloads", "t5", "opt1.3b-fsdp-lora-ckpt", "--capture"])
+    traces, records = cap_search.capture_traces(settings.capture, settings, tmp_path, 60, lambda: None)
+    assert [c[0][c[0].index("--snapshot") + 1] for c in calls] == [
+        str(tmp_path / "traces" / "t5.pickle.gz"), str(tmp_path / "traces" / "opt1_3b-fsdp-lora-ckpt.pickle.gz")]
+    for cmd, env in calls:
+        assert "--memory-fraction" not in cmd and "gmlake" not in cmd           # torch's native allocator, no cap
+        assert "expandable" not in env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    assert calls[0][0][calls[0][0].index("--steps") + 1] == "20"               # as its probes run
+    assert [len(traces[w]) for w in ("t5", "opt1.3b-fsdp-lora-ckpt")] == [1, 2]
+    assert traces["opt1.3b-fsdp-lora-ckpt"][1].endswith("opt1_3b-fsdp-lora-ckpt.rank1.gmtrace")
+    assert not list((tmp_path / "traces").glob("*.pickle.gz"))                 # kept compact
+    assert [r["returncode"] for r in records] == [0, 0] and all("traces" in r for r in records)
+
+
+@needs_torch
+def test_a_capture_that_fails_or_has_no_time_leaves_its_workload_unpredicted(tmp_path, monkeypatch):
+    run, _ = fake_capture_run({}, returncode=1)
+    monkeypatch.setattr(cap_search.subprocess, "run", run)
+    settings = cap_search.parse_args(["--workloads", "t5", "--capture", "t5"])
+    traces, records = cap_search.capture_traces(["t5"], settings, tmp_path, 60, lambda: None)
+    assert traces == {} and "boom" in records[0]["error"]
+    traces, records = cap_search.capture_traces(["t5"], settings, tmp_path, 60, lambda: 5.0)
+    assert traces == {} and records[0]["error"].startswith("deadline")
+
+
+@needs_torch
+def test_main_with_capture_predicts_from_the_captured_trace(tmp_path, monkeypatch, capsys):
+    tiny = ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz"
+    brackets, _ = cap_search.predict_brackets({"t5": [str(tiny)]}, ["expandable", "gmlake"], TOTAL)
+    middle = {a: math.sqrt(lo * hi) for (_, a), (lo, hi) in brackets.items()}
+    device = FakeDevice(middle, {a: (brackets["t5", a][0] * 0.99, brackets["t5", a][1] * 1.05) for a in middle})
+    run, calls = fake_capture_run({0: tiny})
+    monkeypatch.setattr(cap_search.subprocess, "run", run)
+    monkeypatch.setattr(cap_search, "device_total_memory", lambda: TOTAL)
+    monkeypatch.setattr(cap_search, "environment", lambda: {"torch": "none"})
+    monkeypatch.setattr(cap_search, "run_probe", lambda *args, settings, out, index: {**device(*args), "index": index})
+    cap_search.main(["--workloads", "t5", "--out", str(tmp_path), "--capture"])
+    record = json.loads((tmp_path / "cap.json").read_text())
+    assert len(calls) == 1 and record["captures"][0]["traces"] == [str(tmp_path / "traces" / "t5.gmtrace")]
+    assert all(p["status"] == "done" and p["prediction_held"] for p in record["pairs"])
+    assert {r["trace"] for r in record["predictions"]} == {str(tmp_path / "traces" / "t5.gmtrace")}
+    assert "capture t5" in capsys.readouterr().out
 
 
 # ---- command lines ----------------------------------------------------------------------------------------------
@@ -281,7 +367,10 @@ def one_line_exit_2(cmd: list[str]) -> str:
      "no such workload and allocator: vit:gmlake-paper-8m ("),              # train_suite.py's alone
     (["--workloads", "t5", "--predict", "t5"], "WORKLOAD=TRACE"),
     (["--workloads", "t5", "--predict", "vit=tests/data/tiny-gpt2-native.pickle.gz"], "one of --workloads"),
-    (["--workloads", "t5", "--predict", "t5=/no/such.gmtrace"], "no such file")])
+    (["--workloads", "t5", "--predict", "t5=/no/such.gmtrace"], "no such file"),
+    (["--workloads", "t5", "--capture", "vit"], "--capture vit"),
+    (["--workloads", "t5", "--predict", "t5=tests/data/tiny-gpt2-native.pickle.gz", "--capture", "t5"], "--capture t5"),
+    (["--workloads", "t5", "--predict", "t5=tests/data/tiny-gpt2-native.pickle.gz", "--capture"], "every workload")])
 def test_cap_search_refuses_bad_input_in_one_line(args, says):
     assert says in one_line_exit_2(["bench/cap_search.py", *args])
 
@@ -424,6 +513,13 @@ def test_dynamic_refuses_a_memory_fraction_on_the_cpu():
     err = one_line_exit_2(["bench/workloads/dynamic.py", "--workload", "cnn", "--device", "cpu", "--size", "small",
                            "--memory-fraction", "0.5"])
     assert "needs --device cuda" in err
+
+
+@needs_torch
+def test_dynamic_refuses_a_snapshot_on_the_cpu():
+    err = one_line_exit_2(["bench/workloads/dynamic.py", "--workload", "cnn", "--device", "cpu", "--size", "small",
+                           "--snapshot", "x.pickle.gz"])
+    assert "--snapshot" in err and "needs --device cuda" in err
 
 
 @needs_torch
@@ -582,7 +678,7 @@ def test_main_with_predict_replays_the_trace_first_and_probes_its_bracket(tmp_pa
     """--predict end to end, with a fake device whose thresholds lie inside replay's brackets of the tiny trace: the
     predictions land in cap.json, each pair is settled by its two predicted probes, and the table shows them."""
     trace = str(ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz")
-    brackets, _ = cap_search.predict_brackets({"t5": trace}, ["expandable", "gmlake"], TOTAL)
+    brackets, _ = cap_search.predict_brackets({"t5": [trace]}, ["expandable", "gmlake"], TOTAL)
     middle = {a: math.sqrt(lo * hi) for (_, a), (lo, hi) in brackets.items()}
     device = FakeDevice(middle, {a: (brackets["t5", a][0] * 0.99, brackets["t5", a][1] * 1.05) for a in middle})
     monkeypatch.setattr(cap_search, "device_total_memory", lambda: TOTAL)

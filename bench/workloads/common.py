@@ -57,6 +57,30 @@ def gmlake_stats() -> dict | None:
         "chunk_size": alloc.policy.chunk_size, "driver_busy_s": alloc.driver.busy_seconds}
 
 
+def start_snapshot() -> None:
+    """Record every allocator event from here on: gmlake's own history under gmlake, torch's otherwise."""
+    if allocator_name() == "gmlake":
+        import gmlake.torch as gt
+
+        gt.record_memory_history()
+    else:
+        from gmlake import capture
+
+        capture.start()
+
+
+def dump_snapshot(path: str) -> None:
+    """Write the recorded events as a snapshot that `gmlake replay` reads."""
+    if allocator_name() == "gmlake":
+        import gmlake.torch as gt
+
+        gt.dump_snapshot(path)
+    else:
+        from gmlake import capture
+
+        capture.dump(path)
+
+
 def gmlake_policy_name() -> str | None:
     """The name of the gmlake policy in use ("gmlake", "gmlake-paper", ...), or None under torch's allocator."""
     if allocator_name() != "gmlake":

@@ -44,6 +44,7 @@ from common import (  # noqa: F401 - OOM_EXIT, parse_fraction: defined here befo
     MachineProbe,
     allocator_name,
     counters_since,
+    dump_snapshot,
     exit_out_of_memory,
     gmlake_policy_name,
     gmlake_stats,
@@ -52,6 +53,7 @@ from common import (  # noqa: F401 - OOM_EXIT, parse_fraction: defined here befo
     memory_peaks,
     out_of_memory,
     parse_fraction,
+    start_snapshot,
 )
 from torch import nn
 
@@ -385,12 +387,17 @@ def main() -> None:
                              "(Note [GPU time]; at most --steps; 0: none)")
     parser.add_argument("--memory-fraction", metavar="F",
                         help="cap this process at F (0 < F <= 1) of the device's memory; out of memory: exit 3")
+    parser.add_argument("--snapshot", metavar="PATH",
+                        help="record every allocator event, the model's building included, into this snapshot "
+                             "(.pickle.gz; slows the run): a trace for replay (`gmlake replay`, cap_search.py)")
     args = parser.parse_args()
     warmup = args.steps // 4 if args.warmup is None else args.warmup
     if args.steps < 1 or not 0 <= warmup < args.steps:
         parser.error("need --steps >= 1 and 0 <= --warmup < --steps")
     if args.gpu_time_steps < 0:
         parser.error("need --gpu-time-steps >= 0")
+    if args.snapshot and args.device != "cuda":
+        parser.error("--snapshot records the CUDA allocator's events: it needs --device cuda")
     fraction = memory_fraction("dynamic.py", args.memory_fraction, args.device)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("dynamic.py: CUDA is not available here; use --device cpu (with --size small) for a smoke test")
@@ -401,6 +408,8 @@ def main() -> None:
     cfg = preset(args.workload, args.size, args.batch, args.shape)
     torch.manual_seed(args.seed)
     records: list[dict] = []
+    if args.snapshot:
+        start_snapshot()
     try:
         workload = BUILDERS[args.workload](cfg, device)
         schedule = shape_schedule(workload, args.steps, args.seed)
@@ -409,6 +418,8 @@ def main() -> None:
         if fraction is None or not out_of_memory(exc):
             raise
         exit_out_of_memory("dynamic.py", header(args, cfg, warmup), records, fraction, exc, args.json)
+    if args.snapshot:
+        dump_snapshot(args.snapshot)
 
     summary = {
         **header(args, cfg, warmup),

@@ -26,6 +26,7 @@ from common import (  # fsdp_train.py imports them from here too
     MachineProbe,
     allocator_name,
     counters_since,
+    dump_snapshot,
     exit_out_of_memory,
     gmlake_stats,
     gpu_time,
@@ -33,6 +34,7 @@ from common import (  # fsdp_train.py imports them from here too
     memory_peaks,
     out_of_memory,
     refuse,
+    start_snapshot,
 )
 
 from gmlake.cli import OneLineParser
@@ -95,30 +97,6 @@ def search_max_batch(train_step, args, model) -> int:
             torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(1.0)
     return lo
-
-
-def start_snapshot() -> None:
-    """Record every allocator event from here on: gmlake's own history under gmlake, torch's otherwise."""
-    if allocator_name() == "gmlake":
-        import gmlake.torch as gt
-
-        gt.record_memory_history()
-    else:
-        from gmlake import capture
-
-        capture.start()
-
-
-def dump_snapshot(path: str) -> None:
-    """Write the recorded events as a snapshot that `gmlake replay` reads."""
-    if allocator_name() == "gmlake":
-        import gmlake.torch as gt
-
-        gt.dump_snapshot(path)
-    else:
-        from gmlake import capture
-
-        capture.dump(path)
 
 
 def add_lora(model, targets: list[str], ckpt: bool):
