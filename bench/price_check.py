@@ -149,11 +149,11 @@ def render(table: list[dict], s: dict) -> str:
                   "-" if r["rank"] is None else str(r["rank"]), f"{r['memory_fraction']:.4f}" if r["capped"] else "no",
                   str(r["calls"]), num(r["priced_s"], ".4f"), num(r["busy_s"], ".4f"), num(r["ratio"], ".2f"),
                   num(r["busy_after_s"], ".4f"), num(r["share_after_pct"], ".2f"), num(r["priced_after_s"], ".4f"))
+    if not s["n"]:                  # no table of empty rows
+        return f"no gmlake run with driver_busy_s ({s['skipped_without_busy']} without it)"
     console = Console(width=200, record=True)
     with console.capture() as captured:
         console.print(t)
-    if not s["n"]:
-        return captured.get() + f"no gmlake run with driver_busy_s ({s['skipped_without_busy']} without it)"
     share = ("no uncapped run" if not s["uncapped_n"] else f"{s['uncapped_share_after_pct_min']:.2f}-"
              f"{s['uncapped_share_after_pct_max']:.2f} % over {s['uncapped_n']} uncapped runs/ranks")
     return (captured.get() + f"measured / priced over whole runs: median {s['ratio_median']:.2f} (quartiles "
@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--json", type=Path, help="write the rows and the summary here")
     args = parser.parse_args(argv)
+    if args.json and not args.json.parent.is_dir():
+        parser.error(f"--json {args.json}: no such folder: {args.json.parent}")
     try:
         table, skipped = rows(load(args.results))
     except (OSError, ValueError, KeyError, TypeError, tarfile.TarError) as err:

@@ -98,3 +98,21 @@ def test_bad_input_is_one_line_and_exit_2(bad, tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("price_check.py: ") and bad in lines[0], proc.stderr
+
+
+def test_a_json_output_in_no_folder_is_refused_before_any_work(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "price_check.py"),
+                           str(ROOT / "bench" / "results" / "train" / "cap-2026-12-01c"),
+                           "--json", str(tmp_path / "no" / "such" / "x.json")],
+                          capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "no such folder" in proc.stderr
+
+
+def test_runs_without_measured_driver_time_say_so_in_one_line(tmp_path):
+    """Results from before driver_busy_s was recorded (2026-12-01): a line saying so, no table of empty rows."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "price_check.py"),
+                           str(ROOT / "bench" / "results" / "train" / "speed-2026-11-30c")],
+                          capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.startswith("no gmlake run with driver_busy_s (") and \
+        proc.stdout.count("\n") == 1, proc.stdout
