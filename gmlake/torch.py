@@ -166,16 +166,27 @@ def allocator(device=None) -> Allocator:
     return _torch_bridge.allocator(_device(device))
 
 
+# gmlake's own counters in memory_stats(), as gmlake.<name>
+GMLAKE_STAT_KEYS = ("stitches", "stitched_handles", "sblock_reuses", "sblock_evictions", "cached_sblocks",
+                    "sblock_va_bytes", "segments_created", "chunks_released", "pending_frees", "stream_migrations",
+                    "stream_waits", "capture_queries")
+
+
 def memory_stats(device=None) -> dict:
     """torch.cuda.memory_stats()'s keys, answered from gmlake, plus gmlake's own counters (gmlake.*)."""
     d = _device(device)
     out = dict(_flatten(nested_memory_stats(d)))
-    s = allocator(d).stats()
-    for key in ("stitches", "stitched_handles", "sblock_reuses", "sblock_evictions", "cached_sblocks",
-                "sblock_va_bytes", "segments_created", "chunks_released", "pending_frees", "stream_migrations",
-                "stream_waits", "capture_queries"):
-        out[f"gmlake.{key}"] = s[key]
+    out.update(gmlake_stats_of(allocator(d)))
     return dict(sorted(out.items()))
+
+
+def gmlake_stats_of(alloc: Allocator) -> dict:
+    """An allocator's own counters as memory_stats() names them (gmlake.stitches, ...), and gmlake.driver_seconds:
+    the time measured inside its driver's calls (0 on the model drivers), what the allocator has cost the CPU
+    thread that called it."""
+    s = alloc.stats()
+    return {**{f"gmlake.{key}": s[key] for key in GMLAKE_STAT_KEYS},
+            "gmlake.driver_seconds": alloc.driver.busy_seconds}
 
 
 def _flatten(nested: dict, prefix: str = ""):
@@ -221,11 +232,16 @@ def empty_cache() -> None:
 def memory_summary(device=None) -> str:
     """A short text report of the allocator's state."""
     d = _device(device)
-    s = allocator(d).stats()
+    return summary_of(allocator(d), f"device {d}, policy {_enabled['choice'].label} ({_enabled['choice'].spec})")
+
+
+def summary_of(alloc: Allocator, title: str) -> str:
+    """memory_summary()'s report of any allocator (on any driver), under `title`."""
+    s = alloc.stats()
     mib = 1 << 20
     util = s["peak_allocated_bytes"] / s["peak_reserved_bytes"] if s["peak_reserved_bytes"] else 1.0
     lines = [
-        f"gmlake memory summary, device {d}, policy {_enabled['choice'].label} ({_enabled['choice'].spec})",
+        f"gmlake memory summary, {title}",
         f"  allocated  {s['allocated_bytes'] / mib:12.1f} MiB   peak {s['peak_allocated_bytes'] / mib:12.1f} MiB",
         f"  reserved   {s['reserved_bytes'] / mib:12.1f} MiB   peak {s['peak_reserved_bytes'] / mib:12.1f} MiB",
         f"  active     {s['active_bytes'] / mib:12.1f} MiB   peak {s['peak_active_bytes'] / mib:12.1f} MiB",
@@ -235,6 +251,7 @@ def memory_summary(device=None) -> str:
         (f"  blocks another stream freed: taken after its work {s['stream_migrations']}, "
          f"after a wait on the GPU {s['stream_waits']}"),
         "  driver calls: " + ", ".join(f"{k} {v}" for k, v in s["calls"].items() if v),
+        f"  time inside driver calls {alloc.driver.busy_seconds:.3f} s (measured; 0 on a model driver)",
         f"  out-of-memory errors {s['ooms']}",
     ]
     return "\n".join(lines)

@@ -71,3 +71,23 @@ def test_snapshot_and_dump_snapshot_in_torchs_format(run):
     # every requested byte is counted once: the stitched pieces carry no request of their own
     assert sum(b["requested_size"] for s in dumped["segments"] for b in s["blocks"]) == 2 * 64 * MiB + 100 * MiB
     assert out["snapshot_segments"] == json.loads(json.dumps(dumped["segments"]))
+
+
+def test_gmlakes_own_counters_and_summary_on_any_driver():
+    """gmlake.torch.memory_stats()'s gmlake.* keys and memory_summary()'s report come from the allocator alone, so
+    a sim allocator answers them too: its stitch counted, and the driver's measured time, 0 on a model driver (the
+    GPU test checks it is measured on the CUDA driver)."""
+    import gmlake
+    from gmlake.torch import GMLAKE_STAT_KEYS, gmlake_stats_of, summary_of
+
+    alloc = gmlake.Allocator(gmlake.SimDriver(capacity=1 << 30), gmlake.policies.get("gmlake-paper"))
+    ptrs = [alloc.malloc(64 * MiB) for _ in range(4)]
+    for p in ptrs[::2]:
+        alloc.free(p)
+    alloc.malloc(100 * MiB)
+    stats = gmlake_stats_of(alloc)
+    assert set(stats) == {f"gmlake.{k}" for k in GMLAKE_STAT_KEYS} | {"gmlake.driver_seconds"}
+    assert stats["gmlake.stitches"] == 1 and stats["gmlake.driver_seconds"] == 0.0
+    text = summary_of(alloc, "sim")
+    assert text.startswith("gmlake memory summary, sim\n") and "stitches 1," in text
+    assert "time inside driver calls 0.000 s" in text and "utilization (peak allocated / peak reserved) " in text

@@ -72,6 +72,9 @@ if under_gmlake:
           and results["max_memory_reserved"] == gt.max_memory_reserved())
     check("the 100 MiB tensor was stitched", stats and gt.memory_stats()["gmlake.stitches"] >= 1,
           f"{gt.memory_stats()['gmlake.stitches']} stitches")
+    check("gmlake.driver_seconds measures the time inside the CUDA driver's calls",
+          0 < gt.memory_stats()["gmlake.driver_seconds"] < 60 and "time inside driver calls" in gt.memory_summary(),
+          str(gt.memory_stats()["gmlake.driver_seconds"]))
     check("the stitched tensor sits in a stitched segment of the snapshot at its true size",
           any(b["requested_size"] == 100 * MiB for s in snapshot["segments"] if s.get("gmlake_stitched")
               for b in s["blocks"]))
