@@ -45,7 +45,9 @@ ends that pair's search as an error, since bisecting on crashes would give a mea
    its probes are (same seed, steps and so requests), keeps the trace (OUT/traces/, one per FSDP rank) and predicts
    from it: one extra run buys the 0.2 % brackets where no trace exists yet.
 3. one timed run at 1.05 x that fraction: its time (sum of step times after warm-up, the workload's timed_s) against
-   the reference's.
+   the reference's, and under gmlake the seconds its driver calls added over the timed steps (`driver_added_s`,
+   measured inside the calls, the largest rank's under FSDP): on these shared machines a single capped run's time
+   moves by more than the goal's 10 %, and this says how much of it the allocator could have caused.
 
 Order: workloads in turn; within one, the allocators' probes alternate (A B, then B A, ...), so a drift in the
 machine's speed falls on both and a deadline leaves them about equally far. --deadline stops starting probes that
@@ -150,8 +152,8 @@ def pair_search(outcome: dict, total: int, resolution: float, bound: float | Non
         hi = (reference["max_memory_reserved"] + SLACK) / total
         if reference["fraction"] is not None:       # a capped reference: its cap fit; a failed one below it bounds lo
             hi = min(hi, reference["fraction"]) if hi > lo else reference["fraction"]
-        outcome.update(reference={k: reference[k] for k in ("fraction", "timed_s", "max_memory_allocated",
-                                                            "max_memory_reserved")},
+        outcome.update(reference={k: reference.get(k) for k in ("fraction", "timed_s", "max_memory_allocated",
+                                                                "max_memory_reserved", "driver_busy_after_s")},
                        floor=lo, upper_bound=hi, smallest_fit=hi)
         if predicted is not None and lo < predicted[1] and predicted[0] < hi:
             result = yield from predicted_bisection(outcome, lo, hi, predicted, resolution)
@@ -162,6 +164,10 @@ def pair_search(outcome: dict, total: int, resolution: float, bound: float | Non
         outcome.update(timed_fraction=timed["fraction"], timed_fit=timed["fit"], timed_s=timed.get("timed_s"))
         if timed["fit"] and timed.get("timed_s") and reference.get("timed_s"):
             outcome["time_ratio"] = timed["timed_s"] / reference["timed_s"]
+            if timed.get("driver_busy_after_s") is not None and reference.get("driver_busy_after_s") is not None:
+                # what the allocator's own calls added to the timed steps at the cap: beside the ratio, it bounds
+                # how much of a slower capped run can be the allocator's (the rest is the machine's noise)
+                outcome["driver_added_s"] = timed["driver_busy_after_s"] - reference["driver_busy_after_s"]
         outcome["status"] = "done"
     except ProbeError as exc:
         outcome.update(status="error", error=str(exc)[-500:])
@@ -296,13 +302,22 @@ def run_probe(workload: str, allocator: str, purpose: str, fraction: float | Non
     probe = {"index": index, "workload": workload, "allocator": allocator, "purpose": purpose, "fraction": fraction,
              "fit": proc.returncode == 0 and bool(measured), "returncode": proc.returncode,
              "wall_s": round(time.perf_counter() - started, 1),
-             **{k: measured.get(k) for k in ("timed_s", "max_memory_allocated", "max_memory_reserved", "oom_step")}}
+             **{k: measured.get(k) for k in ("timed_s", "max_memory_allocated", "max_memory_reserved", "oom_step")},
+             "driver_busy_after_s": driver_busy_after_warmup(measured)}
     if not probe["fit"] and measured.get("oom"):
         probe["oom"] = True
     elif not probe["fit"]:
         probe["error"] = (proc.stderr or proc.stdout or "no output")[-2000:]
         probe["killed"] = killed
     return probe
+
+
+def driver_busy_after_warmup(summary: dict) -> float | None:
+    """Seconds measured inside gmlake's driver calls over the timed steps (the largest rank's under FSDP), or None
+    under torch's allocators and in runs from before it was recorded."""
+    parts = [part.get("gmlake_after_warmup") or {} for part in (summary.get("ranks") or [summary])]
+    busy = [p["driver_busy_s"] for p in parts if "driver_busy_s" in p]
+    return max(busy) if busy else None
 
 
 def rank_summaries(json_path: Path) -> list[Path]:
@@ -452,7 +467,8 @@ def table(record: dict) -> str:
     time at 1.05 x that cap over the uncapped time."""
     total = record["device_total_memory"]
     columns = ("workload", "allocator", "status", "probes", "floor GiB", "smallest fit", "fit GiB",
-               "largest OOM GiB", "replay OOM / fit GiB", "uncapped resv GiB", "time at 1.05x / uncapped")
+               "largest OOM GiB", "replay OOM / fit GiB", "uncapped resv GiB", "time at 1.05x / uncapped",
+               "driver s added")
 
     def gib(fraction: float | None) -> str:
         return "-" if fraction is None else f"{fraction * total / GIB:.2f}"
@@ -468,7 +484,8 @@ def table(record: dict) -> str:
         rows.append((p["workload"], p["allocator"], p["status"], str(p["probes"]), gib(p.get("floor")),
                      "-" if fit is None else f"{fit:.5f}", gib(fit), gib(p.get("largest_fail")), replayed,
                      "-" if not ref.get("max_memory_reserved") else f"{ref['max_memory_reserved'] / GIB:.2f}",
-                     f"{p['time_ratio']:.3f}" if "time_ratio" in p else "-"))
+                     f"{p['time_ratio']:.3f}" if "time_ratio" in p else "-",
+                     f"{p['driver_added_s']:+.3f}" if "driver_added_s" in p else "-"))
     title = (f"smallest memory fraction at which {record['settings']['steps']} steps complete (device "
              f"{total / GIB:.1f} GiB, resolution {record['settings']['resolution']})")
     try:
@@ -481,7 +498,7 @@ def table(record: dict) -> str:
         t.add_column(name, justify="left" if name in ("workload", "allocator", "status") else "right")
     for row in rows:
         t.add_row(*row)
-    console = Console(width=180, record=True)
+    console = Console(width=200, record=True)
     with console.capture() as captured:
         console.print(t)
     return captured.get()

@@ -107,7 +107,9 @@ class FakeDevice:
             return {**probe, "fit": False, "returncode": 3, "oom": True, "oom_step": 7}
         allocated, reserved = self.peaks[allocator]
         return {**probe, "fit": True, "timed_s": 2.0 if fraction is None else 2.2,
-                "max_memory_allocated": int(allocated * TOTAL), "max_memory_reserved": int(reserved * TOTAL)}
+                "max_memory_allocated": int(allocated * TOTAL), "max_memory_reserved": int(reserved * TOTAL),
+                # gmlake's driver time over the timed steps, more under a cap; torch's allocators measure none
+                "driver_busy_after_s": None if allocator == "expandable" else 0.01 if fraction is None else 0.05}
 
 
 def run_search(device: FakeDevice, workloads=("vit",), allocators=("expandable", "gmlake"), bounds=None,
@@ -183,6 +185,24 @@ def test_the_deadline_stops_new_probes_and_marks_what_is_left():
     assert "unfinished" in table and "not started" in table
 
 
+def test_a_timed_pair_under_gmlake_says_how_much_driver_time_the_cap_added():
+    device = FakeDevice({"expandable": 0.155, "gmlake": 0.152}, {"expandable": (0.15, 0.16), "gmlake": (0.15, 0.16)})
+    record = run_search(device)
+    pairs = {p["allocator"]: p for p in record["pairs"]}
+    assert pairs["gmlake"]["driver_added_s"] == pytest.approx(0.04)
+    assert pairs["gmlake"]["reference"]["driver_busy_after_s"] == 0.01
+    assert "driver_added_s" not in pairs["expandable"]
+    record["device_total_memory"], record["settings"] = TOTAL, {"steps": 20, "resolution": 0.01}
+    assert "+0.040" in cap_search.table(record) and "driver s added" in cap_search.table(record)
+
+
+def test_driver_time_after_warm_up_is_the_largest_ranks_and_none_where_unmeasured():
+    one = {"gmlake_after_warmup": {"driver_busy_s": 0.2}}
+    assert cap_search.driver_busy_after_warmup(one) == 0.2
+    assert cap_search.driver_busy_after_warmup({"ranks": [one, {"gmlake_after_warmup": {"driver_busy_s": 0.5}}]}) == 0.5
+    assert cap_search.driver_busy_after_warmup({"gmlake_after_warmup": {"stitches": 1}}) is None     # before 12-01
+    assert cap_search.driver_busy_after_warmup({"gmlake_after_warmup": None}) is None                # torch's
+    assert cap_search.driver_busy_after_warmup({}) is None
 def test_the_table_shows_each_pairs_cap_in_gib_and_its_time_ratio():
     device = FakeDevice({"gmlake": 0.155}, {"gmlake": (0.15, 0.16)})
     record = run_search(device, allocators=("gmlake",))
