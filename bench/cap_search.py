@@ -400,13 +400,12 @@ def predict_brackets(traces: dict[str, list[str]], allocators: list[str], total:
         loaded = [(path, load(path)) for path in paths]
         for allocator in allocators:
             policy = replay_policy(allocator)
-            worst = (0, 0)
+            fit = fail = 0              # the job's: a cap fits once every rank fits, fails where any rank fails
             for path, trace in loaded:
-                fit, fail, _ = smallest_cap(trace, policy)
-                worst = max(worst, (fit, fail))
+                rank_fit, rank_fail, _ = smallest_cap(trace, policy)
+                fit, fail = max(fit, rank_fit), max(fail, rank_fail)
                 rows.append({"workload": workload, "allocator": allocator, "trace": path, "policy": policy,
-                             "largest_fail": fail, "smallest_fit": fit})
-            fit, fail = worst
+                             "largest_fail": rank_fail, "smallest_fit": rank_fit})
             brackets[workload, allocator] = (fail / total, min((fit + SLACK) / total, 1.0))
     return brackets, rows
 
