@@ -92,7 +92,8 @@ def table(results: list[ReplayResult], traces: list[Trace]):
                    "reserved - allocated after the request that brought reserved within 1 % of its peak (the moment "
                    "`gmlake explain` explains)")
     t = Table(title=f"replay on the sim driver{cap_words(r.cap for r in results)} (peaks in GiB; driver time at "
-                    "H200 prices; time lost: driver time x the stall factor fitted there, "
+                    "H200 micro-benchmark prices, which calls made inside training took a median "
+                    f"{driver_costs()['in_training_factor']}x of (bench/price_check.py); time lost: driver time x the stall factor fitted there, "
                     f"{driver_costs()['stall_factor']}, a rough estimate: the loss per driver second ranged 0.85-2.5x "
                     "over six GPU runs)", caption=caption)
     widest = {"trace": max((len(r.trace) for r in results), default=5),
