@@ -11,36 +11,18 @@ cdef Block* _map_pages(Allocator self, Block* hole, size_t size) noexcept nogil:
     cdef size_t C = seg.chunk_size
     cdef size_t n = min_size((size + C - 1) // C, hole.size // C)
     cdef size_t first = (hole.addr - seg.va) // C
-    cdef size_t i, j
-    cdef uint64_t handle = 0
-    cdef int rc = DRIVER_OK
+    cdef size_t i
+    cdef vector[uint64_t] handles
     if self.limit_bytes and self.st.reserved + n * C > self.limit_bytes:
         self.err = ERR_OOM
         return NULL
     if _refuse_unannounced_capture(self):
         return NULL
-    for i in range(n):
-        rc = _call(self, CALL_CREATE, self.driver.create_chunk(C, &handle), 1)
-        if rc == DRIVER_OK:
-            rc = _call(self, CALL_MAP, self.driver.map(hole.addr + i * C, C, handle), 1)
-            if rc != DRIVER_OK:
-                _release_handle(self, handle, C)
-        if rc != DRIVER_OK:
-            break
-        seg.handles[first + i] = handle
-    if rc == DRIVER_OK:
-        rc = _call(self, CALL_SET_ACCESS, self.driver.set_access(hole.addr, n * C), n)
-        i = n
-    if rc != DRIVER_OK:
-        if rc == DRIVER_OOM and self.err == ERR_NONE:
-            self.err = ERR_OOM
-        if i:
-            # The hole's VA belongs to the segment: unmap only (the segment frees its reservation).
-            _discard_range(self, hole.addr, i * C, i * C, i, False)
-        for j in range(i):
-            _release_handle(self, seg.handles[first + j], C)
-            seg.handles[first + j] = 0
+    # The hole's VA belongs to the segment: a failure unmaps only (the segment frees its reservation).
+    if _map_new_chunks(self, hole.addr, n, C, handles, n * C, False) != DRIVER_OK:
         return NULL
+    for i in range(n):
+        seg.handles[first + i] = handles[i]
     seg.mapped_chunks += n
     self._record(TRACE_SEGMENT_MAP, hole.addr, n * C, hole.stream)
     self.st.reserved += n * C

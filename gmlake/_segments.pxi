@@ -8,9 +8,7 @@ cdef Segment* _new_segment(Allocator self, int pool, size_t size, size_t chunk_s
     """Reserve VA and map fresh chunks into it (unless not `mapped`: then the whole range is one unmapped hole,
     as an expandable segment starts). NULL with self.err set on failure; nothing is left behind."""
     cdef size_t n = size // chunk_size if mapped else 0
-    cdef size_t i, j
     cdef uintptr_t va = 0
-    cdef uint64_t handle = 0
     cdef int rc
     cdef vector[uint64_t] handles
     if mapped and self.limit_bytes and self.st.reserved + size > self.limit_bytes:
@@ -23,24 +21,8 @@ cdef Segment* _new_segment(Allocator self, int pool, size_t size, size_t chunk_s
         if rc == DRIVER_OOM:
             self.err = ERR_OOM
         return NULL
-    for i in range(n):
-        rc = _call(self, CALL_CREATE, self.driver.create_chunk(chunk_size, &handle), 1)
-        if rc == DRIVER_OK:
-            rc = _call(self, CALL_MAP, self.driver.map(va + i * chunk_size, chunk_size, handle), 1)
-            if rc != DRIVER_OK:
-                _release_handle(self, handle, chunk_size)
-        if rc != DRIVER_OK:
-            break
-        handles.push_back(handle)
-    if rc == DRIVER_OK and n:
-        rc = _call(self, CALL_SET_ACCESS, self.driver.set_access(va, size), n)
-    if rc != DRIVER_OK:
-        if rc == DRIVER_OOM and self.err == ERR_NONE:
-            self.err = ERR_OOM
-        _discard_range(self, va, size, handles.size() * chunk_size, handles.size(), True)
-        for j in range(handles.size()):
-            _release_handle(self, handles[j], chunk_size)
-        return NULL
+    if _map_new_chunks(self, va, n, chunk_size, handles, size, True) != DRIVER_OK:
+        return NULL                 # the reservation is freed too
     cdef Segment* seg = new Segment()
     seg.serial = self.next_serial
     self.next_serial += 1

@@ -1,5 +1,5 @@
-# The allocator core, room "vmm": driver calls, each counted, and what the driver refused to take back (orphans),
-# retried later.
+# The allocator core, room "vmm": driver calls, each counted; new chunks created and mapped with rollback; and what the
+# driver refused to take back (orphans), retried later.
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
 
 
@@ -79,6 +79,41 @@ cdef void _discard_range(Allocator self, uintptr_t va, size_t size, size_t mappe
     orphan.handles = 0
     if release_va and _call(self, CALL_FREE_VA, self.driver.free_va(va, size), 0) != DRIVER_OK:
         self.orphan_ranges.push_back(orphan)
+
+
+cdef int _map_new_chunks(Allocator self, uintptr_t va, size_t n, size_t chunk_size, vector[uint64_t]& handles,
+                         size_t va_size, bint release_va) noexcept nogil:
+    """Create `n` chunks and map them back to back from `va`, then grant access to the run in one call; on success
+    `handles` holds them in order. On failure nothing is left behind: what was mapped is unmapped (and the range's
+    reservation of `va_size` bytes freed, if `release_va`), every chunk created is released, `handles` is empty and
+    self.err is ERR_OOM where the driver ran out of memory. Returns the driver's code. The one place new memory is
+    created and mapped (a segment mapped at once, pages mapped onto an expandable range's hole)."""
+    cdef size_t i, mapped
+    cdef uint64_t handle = 0
+    cdef int rc = DRIVER_OK
+    handles.clear()
+    for i in range(n):
+        rc = _call(self, CALL_CREATE, self.driver.create_chunk(chunk_size, &handle), 1)
+        if rc == DRIVER_OK:
+            rc = _call(self, CALL_MAP, self.driver.map(va + i * chunk_size, chunk_size, handle), 1)
+            if rc != DRIVER_OK:
+                _release_handle(self, handle, chunk_size)
+        if rc != DRIVER_OK:
+            break
+        handles.push_back(handle)
+    if rc == DRIVER_OK and n:
+        # cuMemSetAccess is priced per handle in the range, so one call over the run costs what n calls would
+        rc = _call(self, CALL_SET_ACCESS, self.driver.set_access(va, n * chunk_size), n)
+    if rc == DRIVER_OK:
+        return rc
+    if rc == DRIVER_OOM and self.err == ERR_NONE:
+        self.err = ERR_OOM
+    mapped = handles.size() * chunk_size
+    _discard_range(self, va, va_size if release_va else mapped, mapped, handles.size(), release_va)
+    for i in range(handles.size()):
+        _release_handle(self, handles[i], chunk_size)
+    handles.clear()
+    return rc
 
 
 cdef void _destroy_event(Allocator self, uint64_t event) noexcept nogil:
