@@ -18,3 +18,7 @@ fi
 BUILT=$((SECONDS - START))
 DEADLINE=$((TOTAL - BUILT - PACK_S))
 echo "built in $BUILT s; suite deadline $DEADLINE s"
+if [ "$DEADLINE" -lt 30 ]; then    # a negative `timeout` would fail at once, and the call's device time is spent
+  echo "TOTAL=$TOTAL leaves $DEADLINE s after the build ($BUILT s) and packing ($PACK_S s): give a larger TOTAL" >&2
+  exit 2
+fi
