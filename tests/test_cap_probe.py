@@ -1,0 +1,80 @@
+"""bench/cap_probe.py without a GPU: caps given as fractions or bytes reach the probes in order and as fractions of
+the device, outcomes are recorded per probe, and bad input is one line and exit 2."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "workloads"))
+cap_probe = pytest.importorskip("cap_probe")
+TOTAL = 150109880320        # an H200's total memory as torch reports it
+
+
+def test_caps_in_bytes_and_fractions_are_probed_in_order(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_probe(workload, allocator, purpose, fraction, timeout_s, *, settings, out, index):
+        calls.append((workload, allocator, purpose, fraction))
+        fit = allocator == "gmlake"
+        return {"index": index, "workload": workload, "allocator": allocator, "purpose": purpose,
+                "fraction": fraction, "fit": fit, "oom": not fit, "oom_step": None if fit else 3,
+                "max_memory_reserved": 13_539_000_000 if fit else None, "wall_s": 12.0}
+
+    monkeypatch.setattr(cap_probe.cap_search, "device_total_memory", lambda: TOTAL)
+    monkeypatch.setattr(cap_probe.cap_search, "run_probe", fake_probe)
+    cap_probe.main(["cnn:gmlake@13540000000", "cnn:expandable@13540000000", "vit:expandable@0.15201",
+                    "--out", str(tmp_path)])
+    assert [(w, a, p) for w, a, p, _ in calls] == [("cnn", "gmlake", "fixed"), ("cnn", "expandable", "fixed"),
+                                                   ("vit", "expandable", "fixed")]
+    assert calls[0][3] == pytest.approx(13540000000 / TOTAL) and calls[2][3] == 0.15201
+    record = json.loads((tmp_path / "cap-probe.json").read_text())
+    assert record["device_total_memory"] == TOTAL
+    assert [p["fit"] for p in record["probes"]] == [True, False, False]
+    assert abs(record["probes"][0]["cap_bytes"] - 13540000000) <= 1
+
+
+def test_no_probe_starts_that_the_deadline_would_cut(monkeypatch, tmp_path):
+    clock = iter(range(0, 1000, 10))
+    monkeypatch.setattr(cap_probe.time, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(cap_probe.cap_search, "device_total_memory", lambda: TOTAL)
+
+    def fake_probe(workload, allocator, purpose, fraction, timeout_s, *, settings, out, index):
+        return {"index": index, "workload": workload, "fraction": fraction, "fit": True, "wall_s": 40.0}
+
+    monkeypatch.setattr(cap_probe.cap_search, "run_probe", fake_probe)
+    cap_probe.main(["bert:gmlake@0.1", "bert:gmlake@0.1", "bert:gmlake@0.1", "--deadline", "45",
+                    "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "cap-probe.json").read_text())
+    assert record["stopped"].startswith("deadline") and 1 <= len(record["probes"]) < 3
+
+
+@pytest.mark.parametrize("args, says", [
+    ([], "the following arguments are required"),
+    (["vit:gmlake"], "expected WORKLOAD:ALLOCATOR@CAP"),
+    (["vit@0.1"], "expected WORKLOAD:ALLOCATOR@CAP"),
+    (["nosuch:gmlake@0.1"], "no such workload"),
+    (["vit:gmlake-paper-8m@0.1"], "takes no allocator"),
+    (["vit:gmlake@x"], "CAP must be"),
+    (["vit:gmlake@-1"], "CAP must be"),
+    (["vit:gmlake@nan"], "CAP must be"),
+    (["vit:gmlake@0.1", "--steps", "0"], "--steps"),
+    (["vit:gmlake@0.1", "--bogus"], "unrecognized"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, says):
+    proc = subprocess.run([sys.executable, "bench/cap_probe.py", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, proc.stderr
+    assert says in proc.stderr
+
+
+def test_a_cap_in_bytes_over_the_device_is_refused():
+    with pytest.raises(ValueError, match="more than the device"):
+        cap_probe.as_fraction(2.0 * TOTAL, TOTAL)
+    assert cap_probe.as_fraction(0.5, TOTAL) == 0.5
