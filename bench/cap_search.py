@@ -49,6 +49,13 @@ ends that pair's search as an error, since bisecting on crashes would give a mea
    measured inside the calls, the largest rank's under FSDP): on these shared machines a single capped run's time
    moves by more than the goal's 10 %, and this says how much of it the allocator could have caused.
 
+4. settling probes (with --predict or --capture), once a workload's pairs are done: where the GPU has not shown
+   one allocator below another (its smallest fit above the other's largest failure, the two within the
+   resolution) but replay's thresholds, to 0.01 %, part them, one or two probes at a cap between those thresholds
+   show the order (`settle_plan`, Note [Settling probes]). BERT and ResNet-50 needed two such probes by hand in
+   session 13 (bench/cap_probe.py). The record's "verdicts" list, per workload, which allocator fit a cap at or
+   below one at which another ran out of memory; they are printed after the table.
+
 Order: workloads in turn; within one, the allocators' probes alternate (A B, then B A, ...), so a drift in the
 machine's speed falls on both and a deadline leaves them about equally far. --deadline stops starting probes that
 would likely end after it (a probe still running at it is stopped) and marks the pairs left "unfinished" (with the
@@ -100,6 +107,9 @@ TIMED_MARGIN = 1.05     # the timed run's cap, over the smallest fraction that f
 
 SLACK = 4096            # bytes over a peak, so that f * total never rounds below it
 PREDICTED_WIDEN = 1.01  # a replayed bound that turns out wrong moves by 1 % per probe (replay is usually closer)
+SETTLE_RESOLUTION = 1e-4    # replay's thresholds for settling probes, relative
+SETTLE_MARGIN = 2e-4    # a settling probe of a lies at least this far above a's replayed threshold (replay and the
+                        # GPU differed by up to 0.024 % in session 13)
 CAPTURE_MIN_S = 30      # no capture starts with less time than this before the deadline
 
 T = TypeVar("T")
@@ -194,7 +204,7 @@ def note_probe(outcome: dict, probe: dict) -> None:
     and the largest that failed (out of memory)."""
     outcome["probes"] += 1
     if probe["purpose"] == "timed" or probe["fraction"] is None or "error" in probe:
-        return
+        return          # (a settling probe counts as a bisection's does: it shows a fit or a failure at its cap)
     if probe["fit"]:
         outcome["smallest_fit_probed"] = min(probe["fraction"], outcome.get("smallest_fit_probed") or 1.0)
     else:
@@ -207,14 +217,43 @@ ProbeRunner = Callable[[str, str, str, "float | None", float], dict]   # workloa
 def search(workloads: list[str], allocators: list[str], total: int, resolution: float,
            bounds: dict[tuple[str, str], float], run_probe: ProbeRunner, time_left: Callable[[], float | None],
            timeout: float, record: dict, save: Callable[[], None],
-           predictions: dict[tuple[str, str], tuple[float, float]] | None = None) -> None:
+           predictions: dict[tuple[str, str], tuple[float, float]] | None = None,
+           thresholds: dict[tuple[str, str], float] | None = None) -> None:
     """Every pair's search, workloads in turn and each workload's allocators alternating (A B, B A, ...), probes
     appended to record["probes"], outcomes in record["pairs"], `save` called after every probe. Stops starting
     probes when `time_left()` (None: no deadline) is shorter than a probe of that workload likely takes.
-    `predictions`: per pair, replay's bracket as fractions (see predict_brackets)."""
+    `predictions`: per pair, replay's bracket as fractions (see predict_brackets). `thresholds`: per pair,
+    replay's threshold to SETTLE_RESOLUTION (replay_thresholds): once a workload's searches end, the settling
+    probes of `settle_plan` run, and record["verdicts"] says which allocator the GPU showed below which."""
     outcomes = {(w, a): {"workload": w, "allocator": a, "status": "not started", "probes": 0}
                 for w in workloads for a in allocators}
     record["pairs"] = list(outcomes.values())
+    record["verdicts"] = []
+
+    def probe_once(workload: str, allocator: str, purpose: str, fraction: float | None) -> dict | None:
+        """One probe, noted in the pair's outcome and the record; None (the search stopped) at the deadline."""
+        left, expected = time_left(), expected_duration(workload, record["probes"])
+        if left is not None and left < max(expected, 1.0):
+            stop(record, f"deadline: {left:.0f} s left, a {workload} probe takes about {expected:.0f} s")
+            save()
+            return None
+        outcome = outcomes[workload, allocator]
+        limit = timeout if left is None else min(timeout, left)
+        print(f"== [{len(record['probes']) + 1}] {workload} / {allocator}: {purpose} at "
+              f"{'no cap' if fraction is None else f'{fraction:.5f} ({fraction * total / GIB:.3f} GiB)'}",
+              flush=True)
+        probe = run_probe(workload, allocator, purpose, fraction, limit)
+        record["probes"].append(probe)
+        note_probe(outcome, probe)
+        print("   " + ("fit" if probe["fit"] else "OOM" if probe.get("oom") else "ERROR")
+              + f" in {probe['wall_s']:.0f} s" + (f", timed {probe['timed_s']:.2f} s" if probe.get("timed_s") else "")
+              + (f": {probe['error'][-300:]}" if "error" in probe else ""), flush=True)
+        if probe.get("killed") and left is not None and limit < timeout:
+            stop(record, f"deadline: a {workload} / {allocator} probe was stopped at it")
+            save()
+            return None
+        return probe
+
     for workload in workloads:
         plans = {a: pair_search(outcomes[workload, a], total, resolution, bounds.get((workload, a)),
                                 (predictions or {}).get((workload, a)))
@@ -223,28 +262,9 @@ def search(workloads: list[str], allocators: list[str], total: int, resolution: 
         turn = 0
         while pending:
             for allocator in (list(pending) if turn % 2 == 0 else list(pending)[::-1]):
-                left, expected = time_left(), expected_duration(workload, record["probes"])
-                if left is not None and left < max(expected, 1.0):
-                    stop(record, f"deadline: {left:.0f} s left, a {workload} probe takes about {expected:.0f} s")
-                    save()
-                    return
-                outcome = outcomes[workload, allocator]
-                outcome["status"] = "unfinished"
-                purpose, fraction = pending[allocator]
-                limit = timeout if left is None else min(timeout, left)
-                print(f"== [{len(record['probes']) + 1}] {workload} / {allocator}: {purpose} at "
-                      f"{'no cap' if fraction is None else f'{fraction:.5f} ({fraction * total / GIB:.2f} GiB)'}",
-                      flush=True)
-                probe = run_probe(workload, allocator, purpose, fraction, limit)
-                record["probes"].append(probe)
-                note_probe(outcome, probe)
-                print("   " + ("fit" if probe["fit"] else "OOM" if probe.get("oom") else "ERROR")
-                      + f" in {probe['wall_s']:.0f} s" + (f", timed {probe['timed_s']:.2f} s"
-                                                           if probe.get("timed_s") else "")
-                      + (f": {probe['error'][-300:]}" if "error" in probe else ""), flush=True)
-                if probe.get("killed") and left is not None and limit < timeout:
-                    stop(record, f"deadline: a {workload} / {allocator} probe was stopped at it")
-                    save()
+                outcomes[workload, allocator]["status"] = "unfinished"
+                probe = probe_once(workload, allocator, *pending[allocator])
+                if probe is None:
                     return
                 try:
                     pending[allocator] = plans[allocator].send(probe)
@@ -252,6 +272,16 @@ def search(workloads: list[str], allocators: list[str], total: int, resolution: 
                     del pending[allocator]
                 save()
             turn += 1
+        mine = {a: outcomes[workload, a] for a in allocators}
+        replayed = {a: t for (w, a), t in (thresholds or {}).items() if w == workload}
+        for cap, allocators_there, a, b in settle_plan(mine, replayed):
+            print(f"   settling {a} against {b}: replay has {a} fit at {cap:.6f} and {b} fail there", flush=True)
+            for allocator in allocators_there:
+                if probe_once(workload, allocator, "settle", cap) is None:
+                    return
+                save()
+        record["verdicts"] += verdicts(workload, mine)
+        save()
 
 
 def stop(record: dict, why: str) -> None:
@@ -391,7 +421,7 @@ def predict_brackets(traces: dict[str, list[str]], allocators: list[str], total:
     below it). A workload of several traces (FSDP's ranks, each under the same cap) takes its largest rank's
     bracket: the job fails as soon as one rank does. Also the rows recorded in cap.json (bytes and policy, one per
     trace)."""
-    from gmlake.cap import smallest_cap
+    from gmlake.cap import refine_cap, smallest_cap
     from gmlake.trace import load
 
     brackets: dict[tuple[str, str], tuple[float, float]] = {}
@@ -404,10 +434,65 @@ def predict_brackets(traces: dict[str, list[str]], allocators: list[str], total:
             for path, trace in loaded:
                 rank_fit, rank_fail, _ = smallest_cap(trace, policy)
                 fit, fail = max(fit, rank_fit), max(fail, rank_fail)
+                # the threshold itself, to 0.01 %, for settling probes placed between two allocators' thresholds
+                threshold, _ = refine_cap(trace, policy, rank_fail, rank_fit, SETTLE_RESOLUTION)
                 rows.append({"workload": workload, "allocator": allocator, "trace": path, "policy": policy,
-                             "largest_fail": rank_fail, "smallest_fit": rank_fit})
+                             "largest_fail": rank_fail, "smallest_fit": rank_fit, "threshold": threshold})
             brackets[workload, allocator] = (fail / total, min((fit + SLACK) / total, 1.0))
     return brackets, rows
+
+
+def replay_thresholds(rows: list[dict], total: int) -> dict[tuple[str, str], float]:
+    """Per (workload, allocator), replay's threshold (the smallest cap that fit, to SETTLE_RESOLUTION) as a fraction
+    of `total`, from predict_brackets' rows: a workload of several rank traces takes its largest rank's."""
+    out: dict[tuple[str, str], float] = {}
+    for row in rows:
+        if row.get("threshold") is not None:
+            key = (row["workload"], row["allocator"])
+            out[key] = max(out.get(key, 0.0), row["threshold"] / total)
+    return out
+
+
+def settle_plan(outcomes: dict[str, dict], thresholds: dict[str, float]) -> list[tuple[float, list[str], str, str]]:
+    """Note [Settling probes]: per ordered pair of one workload's allocators (a, b) whose searches ended without
+    showing a below b (a's smallest fit is above b's largest failure, both within the resolution of each other)
+    while replay puts a's threshold below b's, one cap that tells them apart: b's largest failure where replay has
+    a fit there with room to spare (then only a is probed), else the midpoint of the two replayed thresholds (a and
+    b probed, each where replay expects it, fit and failure, as far from its threshold as the other's allows).
+    Returns (cap, allocators to probe there, a, b) per pair worth a probe, as fractions. A bisection to 0.2 %
+    cannot separate two thresholds 0.1 % apart; replay places them to 0.01 %, and one or two probes then settle
+    the order on the GPU (BERT and ResNet-50, session 13)."""
+    plan = []
+    for a, oa in outcomes.items():
+        for b, ob in outcomes.items():
+            if a == b or oa.get("status") != "done" or ob.get("status") != "done":
+                continue
+            ta, tb = thresholds.get(a), thresholds.get(b)
+            fits = [f for f in (oa.get("smallest_fit"), oa.get("smallest_fit_probed")) if f is not None]
+            if ta is None or tb is None or ta >= tb or not fits:
+                continue
+            fit_a, fail_a, fail_b = min(fits), oa.get("largest_fail") or 0.0, ob.get("largest_fail") or 0.0
+            if fit_a <= fail_b:
+                continue                                    # already shown: a fit where b ran out of memory
+            cap = fail_b if fail_b >= ta * (1 + SETTLE_MARGIN) else min((ta + tb) / 2, fit_a)
+            if cap >= tb or cap <= fail_a or cap < ta * (1 + SETTLE_MARGIN):
+                continue        # replay has b fit there or a too close to failing, or a already failed there
+            probes = ([a] if cap < fit_a else []) + ([b] if cap > fail_b else [])
+            plan.append((cap, probes, a, b))
+    return plan
+
+
+def verdicts(workload: str, outcomes: dict[str, dict]) -> list[dict]:
+    """Per ordered pair of a workload's allocators, where the GPU showed a below b: a completed under a cap at
+    or below one at which b ran out of memory."""
+    out = []
+    for a, oa in outcomes.items():
+        fits = [f for f in (oa.get("smallest_fit"), oa.get("smallest_fit_probed")) if f is not None]
+        for b, ob in outcomes.items():
+            if a != b and fits and ob.get("largest_fail") is not None and min(fits) <= ob["largest_fail"]:
+                out.append({"workload": workload, "below": a, "above": b, "fit": min(fits),
+                            "other_failed": ob["largest_fail"]})
+    return out
 
 
 def capture_traces(workloads: list[str], settings: argparse.Namespace, out: Path, timeout_s: float,
@@ -621,10 +706,14 @@ def main(argv: list[str] | None = None) -> None:
           f"{total / GIB:.1f} GiB, resolution {args.resolution}, deadline {args.deadline or 'none'}"
           + (f", bounds from {args.bounds_from}" if args.bounds_from else ""), flush=True)
     search(args.workloads, args.allocators, total, args.resolution, bounds, runner, time_left, args.timeout, record,
-           save, predictions)
+           save, predictions, replay_thresholds(record["predictions"], total))
     save()
     print(f"\ncap search: {len(record['probes'])} probes in {record['search_wall_s']:.0f} s; results in {out}")
     print(table(record))
+    for verdict in record["verdicts"]:
+        print(f"{verdict['workload']}: {verdict['below']} below {verdict['above']}, shown: it fit "
+              f"{verdict['fit'] * total / GIB:.3f} GiB where {verdict['above']} ran out of memory at "
+              f"{verdict['other_failed'] * total / GIB:.3f}")
 
 
 if __name__ == "__main__":

@@ -104,4 +104,15 @@ def smallest_cap(trace, policy, resolution: float = 0.002, event_lag: int = 0) -
     return size(result.smallest_fit), size(result.largest_fail), [size(f) for f in probed]
 
 
+def refine_cap(trace, policy, failed: int, fit: int, resolution: float = 1e-4, event_lag: int = 0) -> tuple[int, int]:
+    """A bracket of `smallest_cap` (a cap in bytes that fails, one that fits) narrowed by replay to a relative
+    `resolution`: (smallest cap that fit, largest that failed). A few replays where a whole search from the floor
+    would take a dozen: what bench/cap_search.py uses to place a probe between two allocators' thresholds."""
+    from gmlake.replay import replay
+
+    fits = lambda cap: replay(trace, policy, cap=math.ceil(cap), samples=0, event_lag=event_lag).ooms == 0
+    result, _ = drive(bisect_fraction(failed, fit, resolution, floor=failed), fits)
+    return math.ceil(result.smallest_fit), math.ceil(result.largest_fail)
+
+
 smallest_device = smallest_cap    # its name until 2026-11-30, when it still bisected a device's size

@@ -35,5 +35,5 @@ for kept in probes traces; do
     tar -czf "$OUT/cap/$kept.tar.gz" -C "$OUT/cap" "$kept" && rm -rf "${OUT:?}/cap/$kept"
   fi
 done
-grep -E "^(== |   (fit|OOM|ERROR|capture|[0-9]+ trace)|deadline|cap search:|cap_search.py:)" "$OUT/cap.log" | tail -80 | cut -c1-200
+grep -E "^(== |   (fit|OOM|ERROR|capture|[0-9]+ trace|settling)|deadline|cap search:|cap_search.py:)" "$OUT/cap.log" | tail -80 | cut -c1-200
 sed -n '/smallest memory fraction/,$p' "$OUT/cap.log"

@@ -243,6 +243,82 @@ def test_a_replayed_bracket_that_holds_settles_a_pair_in_two_probes():
     assert f"{0.10645 * 140:.2f} / {0.10655 * 140:.2f}" in table and "missed" not in table
 
 
+# ---- settling probes: replay's thresholds tell apart what a bisection calls a tie (Note [Settling probes]) ------
+
+def settle_search(device: FakeDevice, predictions: dict, thresholds: dict, resolution: float = 0.002) -> dict:
+    record: dict = {"probes": [], "pairs": []}
+    cap_search.search(["bert"], ["expandable", "gmlake"], TOTAL, resolution, {}, device, lambda: None, 300, record,
+                      lambda: None, predictions, thresholds)
+    return record
+
+
+def test_a_probe_at_the_others_failure_settles_what_the_bisection_left_a_tie():
+    """BERT in session 13: gmlake's uncapped peak was within 0.2 % of its floor, so it was never probed lower, and
+    expandable segments failed at 0.14938, under gmlake's fit (0.14946). Replay has gmlake fit from 0.149342: one
+    probe of gmlake at expandable segments' failure shows it below."""
+    device = FakeDevice({"expandable": 0.14949, "gmlake": 0.14934}, {"expandable": (0.14917, 0.15002),
+                                                                     "gmlake": (0.14917, 0.14946)})
+    predictions = {("bert", "expandable"): (0.14938, 0.14959), ("bert", "gmlake"): (0.149167, 0.14946)}
+    thresholds = {("bert", "expandable"): 0.149503, ("bert", "gmlake"): 0.149342}
+    without = settle_search(FakeDevice(device.thresholds, device.peaks), predictions, {})
+    assert without["verdicts"] == []                                  # the bisection alone: a tie
+    record = settle_search(device, predictions, thresholds)
+    settles = [c for c in device.calls if c[2] == "settle"]
+    fail_b = next(p for p in record["pairs"] if p["allocator"] == "expandable")["largest_fail"]
+    assert settles == [("bert", "gmlake", "settle", fail_b)]
+    assert [(v["below"], v["above"]) for v in record["verdicts"]] == [("gmlake", "expandable")]
+    gmlake = next(p for p in record["pairs"] if p["allocator"] == "gmlake")
+    assert gmlake["smallest_fit_probed"] == fail_b and gmlake["probes"] == 1 + len(
+        [c for c in device.calls if c[1] == "gmlake" and c[2] != "reference"])
+
+
+def test_two_probes_at_the_midpoint_settle_two_allocators_that_fit_at_the_same_cap():
+    """ResNet-50 in session 13: both fit 0.090274 and nothing below was probed for gmlake. Replay's thresholds
+    (0.09018 and 0.09029; the GPU's expandable threshold 0.04 % under replay's) put the probe at their midpoint:
+    gmlake fits there and expandable segments run out of memory."""
+    device = FakeDevice({"expandable": 0.09025, "gmlake": 0.09018}, {"expandable": (0.09010, 0.09044),
+                                                                     "gmlake": (0.09010, 0.09044)})
+    predictions = {("bert", "expandable"): (0.090274, 0.090447), ("bert", "gmlake"): (0.090101, 0.090274)}
+    thresholds = {("bert", "expandable"): 0.09029, ("bert", "gmlake"): 0.09018}
+    record = settle_search(device, predictions, thresholds)
+    settles = [c[1:] for c in device.calls if c[2] == "settle"]
+    assert {a for a, _, _ in settles} == {"gmlake", "expandable"}
+    assert all(f == pytest.approx(0.090235) for _, _, f in settles)
+    assert [(v["below"], v["above"]) for v in record["verdicts"]] == [("gmlake", "expandable")]
+
+
+@pytest.mark.parametrize("case, thresholds", [
+    ("already shown below", {"a": 0.100, "b": 0.102}),
+    ("replay has a above b", {"a": 0.1021, "b": 0.1020}),
+    ("replay's thresholds closer than its margin", {"a": 0.10150, "b": 0.10151}),
+])
+def test_no_settling_probe_where_none_can_tell(case, thresholds):
+    a = {"status": "done", "smallest_fit": 0.1016, "largest_fail": 0.1012}
+    b = {"status": "done", "smallest_fit": 0.1017, "largest_fail": 0.1014}
+    if case == "already shown below":
+        a["smallest_fit"] = 0.1013
+    assert cap_search.settle_plan({"a": a, "b": b}, thresholds) == [], case
+
+
+def test_a_settling_probe_is_planned_only_for_finished_pairs_and_where_replay_has_the_other_fail():
+    a = {"status": "done", "smallest_fit": 0.1016}
+    b = {"status": "done", "smallest_fit": 0.1017, "largest_fail": 0.1014}
+    assert cap_search.settle_plan({"a": a, "b": b}, {"a": 0.1010, "b": 0.1015}) == [(0.1014, ["a"], "a", "b")]
+    assert cap_search.settle_plan({"a": a, "b": {**b, "status": "unfinished"}}, {"a": 0.1010, "b": 0.1015}) == []
+    assert cap_search.settle_plan({"a": a, "b": b}, {"a": 0.1010, "b": 0.1013}) == []     # b would fit at 0.1014
+    assert cap_search.settle_plan({"a": a, "b": b}, {"a": 0.1010}) == []                  # nothing replayed for b
+    # b's failure too close to a's threshold: the midpoint instead, both probed
+    (cap, probes, *_), = cap_search.settle_plan({"a": a, "b": b}, {"a": 0.10139, "b": 0.1016})
+    assert cap == pytest.approx((0.10139 + 0.1016) / 2) and probes == ["a", "b"]
+
+
+def test_verdicts_say_who_fit_where_the_other_ran_out_of_memory():
+    outcomes = {"a": {"smallest_fit": 0.2, "smallest_fit_probed": 0.19, "largest_fail": 0.18},
+                "b": {"smallest_fit": 0.21, "largest_fail": 0.19}}
+    assert cap_search.verdicts("w", outcomes) == [{"workload": "w", "below": "a", "above": "b", "fit": 0.19,
+                                                   "other_failed": 0.19}]
+
+
 @pytest.mark.parametrize("threshold", [0.1031, 0.1081, 0.1149])
 def test_a_replayed_bracket_that_misses_is_moved_until_it_brackets_the_threshold(threshold):
     device = FakeDevice({"gmlake": threshold}, {"gmlake": (0.1, 0.115)})
@@ -271,6 +347,7 @@ def test_replay_policies_of_the_suites_allocators(monkeypatch):
 
 def test_predicted_brackets_are_replays_smallest_caps_as_fractions():
     from gmlake.cap import smallest_cap
+    from gmlake.replay import replay
     from gmlake.trace import load
 
     trace_path = str(ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz")
@@ -279,8 +356,16 @@ def test_predicted_brackets_are_replays_smallest_caps_as_fractions():
         fit, fail, _ = smallest_cap(load(trace_path), policy)
         lo, hi = brackets["t5", allocator]
         assert int(lo * TOTAL) <= fail < fit <= int(hi * TOTAL) <= fit + cap_search.SLACK
+        row = next(r for r in rows if r["allocator"] == allocator)
         assert {"workload": "t5", "allocator": allocator, "policy": policy, "largest_fail": fail,
-                "smallest_fit": fit}.items() <= next(r for r in rows if r["allocator"] == allocator).items()
+                "smallest_fit": fit}.items() <= row.items()
+        # replay's threshold to 0.01 %, for settling probes: inside the bracket, and replay fits there
+        assert fail < row["threshold"] <= fit
+        assert replay(load(trace_path), policy, cap=row["threshold"], samples=0).ooms == 0
+        assert replay(load(trace_path), policy, cap=int(row["threshold"] / (1 + 2 * cap_search.SETTLE_RESOLUTION)),
+                      samples=0).ooms > 0
+    thresholds = cap_search.replay_thresholds(rows, TOTAL)
+    assert thresholds == {("t5", r["allocator"]): r["threshold"] / TOTAL for r in rows}
 
 
 
@@ -732,3 +817,28 @@ def test_counters_since_warm_up_carry_the_measured_driver_time():
     assert since["stitches"] == 2 and since["stream_waits"] == 1
     older = {k: v for k, v in before.items() if k != "driver_busy_s"}      # a reading from before it was recorded
     assert "driver_busy_s" not in common.counters_since(older, after)
+
+
+def test_settling_plans_session_13s_hand_placed_probes_from_its_real_searches():
+    """Session 13's BERT and ResNet-50 searches (bench/results/train/cap-2026-12-01h), with replay's thresholds from
+    the traces they captured: the plan is the probes placed by hand there (bench/cap_probe.py, at 22,421,000,000 and
+    13,540,000,000 bytes), and replay expects each planned probe to settle the order."""
+    from gmlake.replay import replay
+    from gmlake.trace import load
+
+    record = json.loads((ROOT / "bench" / "results" / "train" / "cap-2026-12-01h" / "cap.json").read_text())
+    total = record["device_total_memory"]
+    planned = {}
+    for workload in ("bert", "cnn"):
+        trace = str(ROOT / "bench" / "results" / "traces" / f"{workload}-20steps-native.gmtrace")
+        _, rows = cap_search.predict_brackets({workload: [trace]}, ["expandable", "gmlake"], total)
+        thresholds = {a: t for (_, a), t in cap_search.replay_thresholds(rows, total).items()}
+        outcomes = {p["allocator"]: p for p in record["pairs"] if p["workload"] == workload}
+        (cap, probes, below, above), = cap_search.settle_plan(outcomes, thresholds)
+        assert (below, above) == ("gmlake", "expandable")
+        planned[workload] = (int(cap * total), probes)
+        assert replay(load(trace), "gmlake", cap=int(cap * total), samples=0).ooms == 0
+        assert replay(load(trace), "expandable", cap=int(cap * total), samples=0).ooms > 0
+    assert planned["bert"] == (pytest.approx(22_423_378_995, abs=1), ["gmlake"])      # expandable's failure there
+    assert planned["cnn"][1] == ["gmlake", "expandable"]                              # the midpoint, both probed
+    assert 13_537_191_484 < planned["cnn"][0] < 13_550_976_220
