@@ -555,7 +555,7 @@ def table(record: dict) -> str:
                "driver s added")
 
     def gib(fraction: float | None) -> str:
-        return "-" if fraction is None else f"{fraction * total / GIB:.2f}"
+        return "-" if fraction is None else f"{fraction * total / GIB:.3f}"
 
     rows = []
     for p in record["pairs"]:

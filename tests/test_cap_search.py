@@ -208,7 +208,7 @@ def test_the_table_shows_each_pairs_cap_in_gib_and_its_time_ratio():
     record = run_search(device, allocators=("gmlake",))
     table = cap_search.table({**record, "device_total_memory": TOTAL, "settings": {"steps": 20, "resolution": 0.01}})
     pair = record["pairs"][0]
-    assert f"{pair['smallest_fit'] * 140:.2f}" in table and "1.100" in table and "22.40" in table   # 0.16 x 140
+    assert f"{pair['smallest_fit'] * 140:.3f}" in table and "1.100" in table and "22.40" in table   # 0.16 x 140
 
 
 def test_bounds_are_read_from_a_speed_suite_summary(tmp_path):
@@ -240,7 +240,7 @@ def test_a_replayed_bracket_that_holds_settles_a_pair_in_two_probes():
             ("reference", None), ("bisect", fit), ("bisect", fail), ("timed", pytest.approx(1.05 * fit))]
     assert pairs["gmlake"]["smallest_fit"] < pairs["expandable"]["largest_fail"]
     table = cap_search.table({**record, "device_total_memory": TOTAL, "settings": {"steps": 20, "resolution": 0.01}})
-    assert f"{0.10645 * 140:.2f} / {0.10655 * 140:.2f}" in table and "missed" not in table
+    assert f"{0.10645 * 140:.3f} / {0.10655 * 140:.3f}" in table and "missed" not in table
 
 
 # ---- settling probes: replay's thresholds tell apart what a bisection calls a tie (Note [Settling probes]) ------

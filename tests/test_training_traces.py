@@ -206,3 +206,17 @@ def test_session_13s_fixed_cap_probes_agree_with_replay():
     expandable_fails["cnn"] = max(expandable_fails["cnn"], *(p["cap_bytes"] for p in record["probes"]
                                                              if p["allocator"] == "expandable" and not p["fit"]))
     assert all(gmlake_fits[w] <= expandable_fails[w] for w in ("bert", "cnn")), (gmlake_fits, expandable_fails)
+
+
+def test_the_settling_probes_on_the_gpu_agree_with_replay():
+    """bench/cap_search.py's settling probes on the GPU (2026-12-01, code bb5d41a, ResNet-50 predicted from its
+    bundled trace; bench/results/train/cap-2026-12-01j): at the midpoint of replay's two thresholds gmlake fit and
+    expandable segments ran out of memory, as replay has it, and the search's verdict says so."""
+    record = json.loads((RESULTS / "train" / "cap-2026-12-01j" / "cap.json").read_text())
+    total = record["device_total_memory"]
+    settles = [p for p in record["probes"] if p["purpose"] == "settle"]
+    assert [(p["allocator"], p["fit"]) for p in settles] == [("gmlake", True), ("expandable", False)]
+    for probe in settles:
+        ooms = replay(native_trace("cnn"), probe["allocator"], cap=int(probe["fraction"] * total), samples=0).ooms
+        assert (ooms == 0) == probe["fit"]
+    assert [(v["workload"], v["below"], v["above"]) for v in record["verdicts"]] == [("cnn", "gmlake", "expandable")]
