@@ -151,8 +151,9 @@ cdef enum CaptureCheck:
     CAPTURE_CLEAR
     CAPTURE_FOUND
 
-# Why one call failed, filled in under the allocator's lock and handed to the caller, so an error travels with the
-# call that raised it (another thread's call cannot overwrite it). The byte counts are the moment of failure.
+# Why one call failed: each call that can fail keeps its own on its stack and passes it down to every function on
+# its path (Note [A call's failure]); the caller gets a copy, so an error travels with the call that raised it. The
+# byte counts are the moment of failure.
 cdef struct Failure:
     int err
     int code            # the driver's return code (ERR_DRIVER)
@@ -307,10 +308,6 @@ cdef class Allocator:
     cdef uint64_t next_serial
     cdef uint64_t tick
     cdef uint64_t free_seq
-    # Why the call in progress is failing; valid only under the lock (callers get a copy in their Failure).
-    cdef int err
-    cdef int err_code
-    cdef int err_call
     # Private pools (_pools.pxi): by id, the active ones in the order they began, and the one serving the request in
     # progress (under the lock; NULL: the default pool). While `capturing` > 0 the core calls no event or
     # synchronize function (Note [Pools and graph capture]); frees that would need one wait in deferred_frees.
@@ -331,8 +328,8 @@ cdef class Allocator:
     cdef int empty_cache_nogil(self, Failure* why) noexcept nogil
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil
     cdef object failure(self, size_t size, Failure* why)
-    cdef void _fill_failure(self, Failure* why) noexcept nogil
-    cdef int _free_locked(self, uintptr_t ptr) noexcept nogil
+    cdef void _report(self, Failure* why, Failure* out) noexcept nogil
+    cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil
     cdef void _debug_check(self) noexcept nogil
     cdef void _verify_invariants(self) noexcept with gil
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil
@@ -340,11 +337,11 @@ cdef class Allocator:
 
     # internals, in the order _allocator.pyx defines them
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_small(self, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_large(self, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_under_pressure(self, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _try_alloc(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _alloc_under_pressure(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
     cdef void _retire(self, Block* b) noexcept nogil
 
 

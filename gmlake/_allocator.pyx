@@ -89,6 +89,22 @@ cdef inline void peak_update(size_t* peak, size_t current) noexcept nogil:
         peak[0] = current
 
 
+cdef inline void no_failure(Failure* why) noexcept nogil:
+    """A call's failure, cleared at its start.
+
+    Note [A call's failure]: every call into the core that can fail (malloc, empty_cache, release_pool, ...) keeps
+    a Failure on its own stack and passes a pointer to it down to every function on its path; the driver-call funnel
+    (_call, room vmm) writes the first driver error there, the request's decisions write ERR_OOM, ERR_CAPTURE and
+    the like, and the entry point hands a copy to its caller (_report). Nothing about a failure is kept in the
+    allocator between calls, so no call can see, or overwrite, another's."""
+    why.err = ERR_NONE
+    why.code = 0
+    why.call = 0
+    why.reserved = 0
+    why.allocated = 0
+    why.limit = 0
+
+
 cdef inline size_t min_size(size_t a, size_t b) noexcept nogil:
     return a if a < b else b
 
@@ -290,38 +306,39 @@ cdef class Allocator:
 
     # ------------------------------------------------------------------ malloc
 
-    cdef Block* _alloc_small(self, size_t size, int64_t stream) noexcept nogil:
+    cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
         cdef Block* b = _best_free(self, POOL_SMALL, size, stream)
         cdef Segment* seg
-        if b == NULL and _may_reclaim(self) and _reclaim_streams(self, stream, False):
+        if b == NULL and _may_reclaim(self) and _reclaim_streams(self, why, stream, False):
             b = _best_free(self, POOL_SMALL, size, stream)
-        if b == NULL and self.k.cross_stream_wait and self.err == ERR_NONE and _may_reclaim(self):
-            b = _wait_for_other_stream(self, POOL_SMALL, size, stream)
-        if self.k.hook_place and self.err == ERR_NONE:
+        if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self):
+            b = _wait_for_other_stream(self, why, POOL_SMALL, size, stream)
+        if self.k.hook_place and why.err == ERR_NONE:
             self.seams.place(self, POOL_SMALL, size, stream, &b, NULL)
         if b != NULL:
             _erase_free(self, b)
             return _take(self, b, size, stream)
-        if self.err != ERR_NONE:
+        if why.err != ERR_NONE:
             return NULL
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
-            if _request_over_cap(self, POOL_SMALL, size):
+            if _request_over_cap(self, why, POOL_SMALL, size):
                 return NULL
-            return _alloc_expandable(self, POOL_SMALL, size, stream)
-        seg = _laid_out_segment(self, POOL_SMALL, size, self.k.small_segment_size, self.k.small_segment_size, stream)
+            return _alloc_expandable(self, why, POOL_SMALL, size, stream)
+        seg = _laid_out_segment(self, why, POOL_SMALL, size, self.k.small_segment_size, self.k.small_segment_size,
+                                stream)
         if seg == NULL:
             return NULL
         return _take(self, seg.first, size, stream)
 
-    cdef Block* _alloc_large(self, size_t size, int64_t stream) noexcept nogil:
+    cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
         # Steps 1-2: best fit among free pBlocks and cached sBlocks, then split.
         cdef Block* b = _best_free(self, POOL_LARGE, size, stream)
         cdef SBlock* sb = NULL
-        if b == NULL and _may_reclaim(self) and _reclaim_streams(self, stream, False):
+        if b == NULL and _may_reclaim(self) and _reclaim_streams(self, why, stream, False):
             b = _best_free(self, POOL_LARGE, size, stream)
-        if b == NULL and self.k.cross_stream_wait and self.err == ERR_NONE and _may_reclaim(self):
-            b = _wait_for_other_stream(self, POOL_LARGE, size, stream)
-        if self.err != ERR_NONE:
+        if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self):
+            b = _wait_for_other_stream(self, why, POOL_LARGE, size, stream)
+        if why.err != ERR_NONE:
             return NULL
         # Note [sBlocks only where no free block fits]: with sblock_first off, a cached sBlock serves a request only
         # when no free block can. Checking whether an sBlock's pieces are free costs a lookup per piece, and an
@@ -339,43 +356,43 @@ cdef class Allocator:
         cdef size_t alloc_size
         cdef Segment* seg
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
-            if _request_over_cap(self, POOL_LARGE, size):
+            if _request_over_cap(self, why, POOL_LARGE, size):
                 return NULL
             if self.k.hook_stitch or (self.k.stitch and size >= self.k.min_stitch_size):
-                b = _stitch_expandable(self, size, stream)
-                if b != NULL or self.err != ERR_NONE:
+                b = _stitch_expandable(self, why, size, stream)
+                if b != NULL or why.err != ERR_NONE:
                     return b
-            return _alloc_expandable(self, POOL_LARGE, size, stream)
+            return _alloc_expandable(self, why, POOL_LARGE, size, stream)
         if self.k.segment_rule == SEGMENTS_PYTORCH:
             # One handle per segment, sized as PyTorch's get_allocation_size does.
             alloc_size = _pytorch_alloc_size(self, POOL_LARGE, size)
-            seg = _laid_out_segment(self, POOL_LARGE, size, alloc_size, alloc_size, stream)
+            seg = _laid_out_segment(self, why, POOL_LARGE, size, alloc_size, alloc_size, stream)
             if seg == NULL:
                 return NULL
             return _take(self, seg.first, size, stream)
         # Steps 3-4: stitch free pBlocks, adding new chunks for the shortfall only.
-        return _stitch_or_grow(self, size, stream)
+        return _stitch_or_grow(self, why, size, stream)
 
-    cdef Block* _try_alloc(self, int pool, size_t size, int64_t stream) noexcept nogil:
-        self.err = ERR_NONE
+    cdef Block* _try_alloc(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
+        why.err = ERR_NONE
         if unlikely(self.target != NULL):
-            return _alloc_in_pool(self, pool, size, stream)
-        return self._alloc_small(size, stream) if pool == POOL_SMALL else self._alloc_large(size, stream)
+            return _alloc_in_pool(self, why, pool, size, stream)
+        return self._alloc_small(why, size, stream) if pool == POOL_SMALL else self._alloc_large(why, size, stream)
 
-    cdef Block* _alloc(self, size_t size, int64_t stream) noexcept nogil:
+    cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
         cdef int pool = POOL_SMALL if size <= self.k.small_size else POOL_LARGE
-        cdef Block* b = self._try_alloc(pool, size, stream)
-        if b != NULL or self.err != ERR_OOM:
+        cdef Block* b = self._try_alloc(why, pool, size, stream)
+        if b != NULL or why.err != ERR_OOM:
             return b
         if self.capturing:
             # Every stage of relief synchronizes: Note [Pools and graph capture].
-            self.err = ERR_CAPTURE
+            why.err = ERR_CAPTURE
             return NULL
-        if _refuse_unannounced_capture(self):
+        if _refuse_unannounced_capture(self, why):
             return NULL
-        return self._alloc_under_pressure(pool, size, stream)
+        return self._alloc_under_pressure(why, pool, size, stream)
 
-    cdef Block* _alloc_under_pressure(self, int pool, size_t size, int64_t stream) noexcept nogil:
+    cdef Block* _alloc_under_pressure(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
         """Step 5: relieve memory pressure, retrying the request after each attempt that changed something, until
         it is served or relief runs out. The built-in relief has two stages (_relieve); a policy that overrides
         relieve_pressure chooses an action per attempt instead (_relieve_action), up to MAX_PRESSURE_ATTEMPTS."""
@@ -392,18 +409,18 @@ cdef class Allocator:
                     action = default            # a Cython seam's answer out of range: the built-in's
                 if action == PRESSURE_GIVE_UP:
                     break
-                changed = _relieve_action(self, pool, size, action)
+                changed = _relieve_action(self, why, pool, size, action)
             elif attempt >= 2:
                 break
             else:
-                changed = _relieve(self, pool, size, attempt)
+                changed = _relieve(self, why, pool, size, attempt)
             if changed:
-                b = self._try_alloc(pool, size, stream)
-                if b != NULL or self.err != ERR_OOM:
+                b = self._try_alloc(why, pool, size, stream)
+                if b != NULL or why.err != ERR_OOM:
                     return b
-            elif self.err != ERR_NONE:
+            elif why.err != ERR_NONE:
                 return NULL
-        self.err = ERR_OOM
+        why.err = ERR_OOM
         return NULL
 
     cdef void _lock(self) noexcept nogil:
@@ -421,46 +438,50 @@ cdef class Allocator:
         else:
             self.mutex.lock()
 
-    cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil:
-        """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `why` is given, says why there."""
+    cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* out) noexcept nogil:
+        """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `out` is given, says why there."""
         self._lock()
         if unlikely(self.active_pools.size() != 0):    # else target is NULL (reset when the last pool ends)
             self.target = _pool_for(self, stream)
-        return _serve(self, size, stream, why)
+        return _serve(self, size, stream, out)
 
     cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
-                                        Failure* why) noexcept nogil:
+                                        Failure* out) noexcept nogil:
         """Allocate from active private pool `pool_id` whatever the stream (0: the default pool), for a caller that
         routes requests itself, as the torch bridge does with PyTorch's stream filters."""
+        cdef Failure why
         self._lock()
         self.target = NULL
         if pool_id != 0:
             it = self.pools.find(pool_id)
             if it == self.pools.end() or not deref(it).second.active:
-                self.err = ERR_NO_POOL
-                self._fill_failure(why)
+                no_failure(&why)
+                why.err = ERR_NO_POOL
+                self._report(&why, out)
                 self.mutex.unlock()
                 return 0
             self.target = deref(it).second
-        return _serve(self, size, stream, why)
+        return _serve(self, size, stream, out)
 
-    cdef void _fill_failure(self, Failure* why) noexcept nogil:
-        if why == NULL:
+    cdef void _report(self, Failure* why, Failure* out) noexcept nogil:
+        """Hand a call's failure to its caller (`out`, if given), with the byte counts at this moment. Under the
+        lock, at the end of the call."""
+        if out == NULL:
             return
-        why.err = self.err
-        why.code = self.err_code
-        why.call = self.err_call
         why.reserved = self.st.reserved
         why.allocated = self.st.allocated
         why.limit = self.limit_bytes
+        out[0] = why[0]
 
     # ------------------------------------------------------------------ free
 
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil:
         """Free an allocation; ERR_INVALID_FREE (state untouched) if ptr is not live. If other streams used it
         (record_stream), its memory returns only once events recorded on them now have completed."""
+        cdef Failure why                    # a driver error while freeing leaves an orphan to retry, not a failure
+        no_failure(&why)
         self._lock()
-        cdef int rc = self._free_locked(ptr)
+        cdef int rc = self._free_locked(&why, ptr)
         self._debug_check()
         self.mutex.unlock()
         return rc
@@ -511,7 +532,7 @@ cdef class Allocator:
         """How many operations ended with a full invariant check."""
         return self.checks_run
 
-    cdef int _free_locked(self, uintptr_t ptr) noexcept nogil:
+    cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil:
         it = self.live.find(ptr)
         if it == self.live.end():
             return ERR_INVALID_FREE
@@ -527,7 +548,7 @@ cdef class Allocator:
             if self.capturing:
                 _defer_uses(self, b, deref(uses).second)
             else:
-                _await_uses(self, b, deref(uses).second)
+                _await_uses(self, why, b, deref(uses).second)
             self.stream_uses.erase(uses)
             return ERR_NONE
         self._retire(b)
@@ -582,24 +603,26 @@ cdef class Allocator:
         self.mutex.unlock()
         return ERR_NONE
 
-    cdef int empty_cache_nogil(self, Failure* why) noexcept nogil:
+    cdef int empty_cache_nogil(self, Failure* out) noexcept nogil:
         """Return every cached sBlock range and every fully free chunk to the driver."""
+        cdef Failure failure
+        cdef Failure* why = &failure
+        no_failure(why)
         self._lock()
-        self.err = ERR_NONE
         self.target = NULL                  # no request in progress: hooks asked here see the default pool
         if self.capturing:
-            self.err = ERR_CAPTURE          # it synchronizes: Note [Pools and graph capture]
-            self._fill_failure(why)
+            why.err = ERR_CAPTURE          # it synchronizes: Note [Pools and graph capture]
+            self._report(why, out)
             self.mutex.unlock()
             return ERR_CAPTURE
         # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
-        _reclaim_streams(self, ANY_STREAM, True)
-        _retry_orphans(self)
-        if self.err == ERR_NONE:
-            _release_pool(self, POOL_SMALL, 0, EVICT_ALL)
-            _release_pool(self, POOL_LARGE, 0, EVICT_ALL)
-        cdef int err = self.err
-        self._fill_failure(why)
+        _reclaim_streams(self, why, ANY_STREAM, True)
+        _retry_orphans(self, why)
+        if why.err == ERR_NONE:
+            _release_pool(self, why, POOL_SMALL, 0, EVICT_ALL)
+            _release_pool(self, why, POOL_LARGE, 0, EVICT_ALL)
+        cdef int err = why.err
+        self._report(why, out)
         self._debug_check()
         self.mutex.unlock()
         return err
@@ -912,9 +935,11 @@ cdef class Allocator:
         pid = self._pool_id(pool_id)
         cdef uint64_t p = pid
         cdef int rc
+        cdef Failure why                    # the deferred frees' events: one that fails waits for the device
+        no_failure(&why)
         with nogil:
             self._lock()
-            rc = _end_pool(self, p)
+            rc = _end_pool(self, &why, p)
             self._debug_check()
             self.mutex.unlock()
         self._raise_invariant_error()
@@ -931,10 +956,11 @@ cdef class Allocator:
         cdef size_t released = 0
         cdef int rc
         cdef Failure why
+        no_failure(&why)
         with nogil:
             self._lock()
-            rc = _release_private_pool(self, p, &released)
-            self._fill_failure(&why)
+            rc = _release_private_pool(self, &why, p, &released)
+            self._report(&why, &why)
             self._debug_check()
             self.mutex.unlock()
         self._raise_invariant_error()
@@ -1038,35 +1064,37 @@ cdef class Allocator:
         return out
 
 
-cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failure* why) noexcept nogil:
-    """malloc once the lock is held and self.target chosen; releases the lock."""
+cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failure* out) noexcept nogil:
+    """malloc once the lock is held and self.target chosen; releases the lock. Note [A call's failure]."""
     cdef size_t rounded
     cdef Block* b = NULL
-    self.err = ERR_NONE
+    cdef Failure failure
+    cdef Failure* why = &failure
+    no_failure(why)
     self.hook_failed = False
     self.request_stream = stream
     self.capture_check = CAPTURE_UNCHECKED
     if self.pending.size() and self.capturing == 0 and not _unannounced_capture(self):
-        _process_pending(self)
-    self.err = ERR_NONE
+        _process_pending(self, why)
+    why.err = ERR_NONE
     # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
     # chunks, no vector that large, no memory released for nothing.
     if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
-        self.err = ERR_OOM
-        self._fill_failure(why)
+        why.err = ERR_OOM
+        self._report(why, out)
         self.mutex.unlock()
         return 0
     rounded = round_up(size, self.k.round_to)
-    b = self._alloc(rounded, stream)
+    b = self._alloc(why, rounded, stream)
     if b == NULL:
         if self.hook_failed:
-            self.err = ERR_POLICY
-        elif self.err == ERR_NONE:
-            self.err = ERR_OOM
-        if self.err == ERR_OOM or self.err == ERR_CAPTURE:
+            why.err = ERR_POLICY
+        elif why.err == ERR_NONE:
+            why.err = ERR_OOM
+        if why.err == ERR_OOM or why.err == ERR_CAPTURE:
             self.st.ooms += 1
             self._record(TRACE_OOM, 0, size, stream)
-        self._fill_failure(why)
+        self._report(why, out)
         self._debug_check()
         self.mutex.unlock()
         return 0
@@ -1083,9 +1111,9 @@ cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failur
     peak_update(&self.st.peak_active, self.st.active)
     if self.hook_failed:
         # A hook raised: the allocation completed with the built-in answer; undo it and fail the request.
-        self._free_locked(b.addr)
-        self.err = ERR_POLICY
-        self._fill_failure(why)
+        self._free_locked(why, b.addr)
+        why.err = ERR_POLICY
+        self._report(why, out)
         self._debug_check()
         self.mutex.unlock()
         return 0

@@ -1,11 +1,12 @@
 # The allocator core, room "growth": how new memory is laid out: expandable ranges grown by pages, and the stitch that
 # beats growing them.
-# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
+# fail, the call's Failure (Note [A call's failure]).
 
 
-cdef Block* _map_pages(Allocator self, Block* hole, size_t size) noexcept nogil:
+cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) noexcept nogil:
     """Map new chunks over the first `size` bytes (rounded up to whole chunks) of an unmapped hole. The mapped
-    part becomes free, merged with its free neighbours and indexed; it is returned. NULL with self.err set on
+    part becomes free, merged with its free neighbours and indexed; it is returned. NULL with why.err set on
     failure, leaving the hole as it was."""
     cdef Segment* seg = hole.seg
     cdef size_t C = seg.chunk_size
@@ -14,12 +15,12 @@ cdef Block* _map_pages(Allocator self, Block* hole, size_t size) noexcept nogil:
     cdef size_t i
     cdef vector[uint64_t] handles
     if self.limit_bytes and self.st.reserved + n * C > self.limit_bytes:
-        self.err = ERR_OOM
+        why.err = ERR_OOM
         return NULL
-    if _refuse_unannounced_capture(self):
+    if _refuse_unannounced_capture(self, why):
         return NULL
     # The hole's VA belongs to the segment: a failure unmaps only (the segment frees its reservation).
-    if _map_new_chunks(self, hole.addr, n, C, handles, n * C, False) != DRIVER_OK:
+    if _map_new_chunks(self, why, hole.addr, n, C, handles, n * C, False) != DRIVER_OK:
         return NULL
     for i in range(n):
         seg.handles[first + i] = handles[i]
@@ -69,7 +70,7 @@ cdef inline bint _coarser_range(Allocator self, Segment* seg, size_t page) noexc
     return seg.chunk_size > page and not seg.under_cap and _cap_binds(self)
 
 
-cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _find_expandable(Allocator self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
     """The lowest hole of `stream` (with the free block before it) that has `size` bytes of free or unmapped
     space in a row, or a new expandable segment's hole."""
     cdef FreeIndex* holes = _holes(self, pool)
@@ -99,9 +100,9 @@ cdef Block* _find_expandable(Allocator self, int pool, size_t size, int64_t stre
     if self.k.hook_layout:          # growth seam: the new range's size and page
         self.seams.layout(self, pool, size, stream, &reserve, &page)
     if reserve < size:
-        self.err = ERR_OOM
+        why.err = ERR_OOM
         return NULL
-    seg = _new_segment(self, pool, reserve, page, stream, False)
+    seg = _new_segment(self, why, pool, reserve, page, stream, False)
     return seg.first if seg != NULL else NULL
 
 
@@ -113,9 +114,9 @@ cdef size_t _pytorch_alloc_size(Allocator self, int pool, size_t size) noexcept 
     return self.k.large_segment_size if size < self.k.min_large_alloc else round_up(size, self.k.round_large)
 
 
-cdef bint _request_over_cap(Allocator self, int pool, size_t size) noexcept nogil:
+cdef bint _request_over_cap(Allocator self, Failure* why, int pool, size_t size) noexcept nogil:
     """With cap_counts_request, whether a request that needs new memory would pass the cap counted whole; then
-    self.err is ERR_OOM, so that pressure is relieved before any page is mapped.
+    why.err is ERR_OOM, so that pressure is relieved before any page is mapped.
 
     Note [Releasing before the cap binds]: PyTorch's alloc_block refuses new memory while reserved + the whole
     request (get_allocation_size) passes the cap, even under expandable segments, where only the pages missing at
@@ -129,26 +130,26 @@ cdef bint _request_over_cap(Allocator self, int pool, size_t size) noexcept nogi
     if not (self.k.cap_counts_request and self.limit_bytes) or \
             self.st.reserved + _pytorch_alloc_size(self, pool, size) <= self.limit_bytes:
         return False
-    self.err = ERR_OOM
+    why.err = ERR_OOM
     return True
 
 
-cdef Block* _alloc_expandable(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _alloc_expandable(Allocator self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
     """Grow an expandable segment by mapping pages until `size` bytes in a row are free, then take them."""
-    cdef Block* c = _find_expandable(self, pool, size, stream)
+    cdef Block* c = _find_expandable(self, why, pool, size, stream)
     cdef Block* m
     cdef Segment* seg
     if c == NULL:
         return NULL
     if c.state == BLOCK_UNMAPPED:
         seg = c.seg
-        c = _map_pages(self, c, min_size(c.size, size))
+        c = _map_pages(self, why, c, min_size(c.size, size))
         if c == NULL:
             if seg.mapped_chunks == 0:
-                _drop_segment(self, seg)     # a segment with nothing mapped holds only VA: give it back
+                _drop_segment(self, why, seg)     # a segment with nothing mapped holds only VA: give it back
             return NULL
     while c.size < size:
-        m = _map_pages(self, c.next, min_size(size - c.size, c.next.size))
+        m = _map_pages(self, why, c.next, min_size(size - c.size, c.next.size))
         if m == NULL:
             return NULL
         c = m
@@ -186,7 +187,7 @@ cdef size_t _growth_bytes(Allocator self, int pool, size_t size, int64_t stream)
     return round_up(size, page)
 
 
-cdef Block* _stitch_expandable(Allocator self, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _stitch_expandable(Allocator self, Failure* why, size_t size, int64_t stream) noexcept nogil:
     """Expandable base with stitching: serve `size` by stitching free pages (plus new pages for the shortfall)
     when that maps at least `min_saved_chunks` fewer new pages than growing the range would. NULL with no
     error: growing is as good, the caller grows."""
@@ -213,7 +214,7 @@ cdef Block* _stitch_expandable(Allocator self, size_t size, int64_t stream) noex
         return NULL
     if remaining:
         # The shortfall as new pages at the lowest hole with room, stitched last.
-        hole = _find_expandable(self, POOL_LARGE, fresh, stream)
+        hole = _find_expandable(self, why, POOL_LARGE, fresh, stream)
         if hole == NULL:
             return NULL
         while hole.state != BLOCK_UNMAPPED:
@@ -223,23 +224,23 @@ cdef Block* _stitch_expandable(Allocator self, size_t size, int64_t stream) noex
         piece.addr = hole.addr
         piece.size = remaining
         seg = hole.seg
-        if _map_pages(self, hole, fresh) == NULL:
+        if _map_pages(self, why, hole, fresh) == NULL:
             if seg.mapped_chunks == 0:
-                _drop_segment(self, seg)     # a segment with nothing mapped holds only VA: give it back
+                _drop_segment(self, why, seg)     # a segment with nothing mapped holds only VA: give it back
             return NULL
         pieces.push_back(piece)
-    return _stitch(self, pieces, size, stream)
+    return _stitch(self, why, pieces, size, stream)
 
 
-cdef Segment* _grow(Allocator self, size_t size, int64_t stream) noexcept nogil:
+cdef Segment* _grow(Allocator self, Failure* why, size_t size, int64_t stream) noexcept nogil:
     """A new segment of whole chunks for `size` bytes (the "chunks" segment rule)."""
-    return _laid_out_segment(self, POOL_LARGE, size, round_up(size, self.k.chunk_size), self.k.chunk_size, stream)
+    return _laid_out_segment(self, why, POOL_LARGE, size, round_up(size, self.k.chunk_size), self.k.chunk_size, stream)
 
 
-cdef Segment* _laid_out_segment(Allocator self, int pool, size_t size, size_t segment_size, size_t handle_size,
-                                int64_t stream) noexcept nogil:
+cdef Segment* _laid_out_segment(Allocator self, Failure* why, int pool, size_t size, size_t segment_size,
+                                size_t handle_size, int64_t stream) noexcept nogil:
     """Growth seam: a new mapped segment for `size` bytes, `segment_size` bytes in handles of `handle_size` unless
     the policy's segment_layout lays it out otherwise."""
     if self.k.hook_layout:
         self.seams.layout(self, pool, size, stream, &segment_size, &handle_size)
-    return _new_segment(self, pool, segment_size, handle_size, stream, True)
+    return _new_segment(self, why, pool, segment_size, handle_size, stream, True)

@@ -1,6 +1,7 @@
 # The allocator core, room "pools": private memory pools, as PyTorch's CUDA graphs use them (its PrivatePool,
 # beginAllocateToPool, endAllocateToPool, releasePool), and what graph capture forbids.
-# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
+# fail, the call's Failure (Note [A call's failure]).
 #
 # Note [Private pools]: a graph replays the addresses it was captured with, so the memory it used must stay its own
 # for the graph's life. While a pool is active for a stream, that stream's requests are served from the pool's own
@@ -63,7 +64,7 @@ cdef PrivatePool* _pool_for(Allocator self, int64_t stream) noexcept nogil:
     return NULL
 
 
-cdef Block* _alloc_in_pool(Allocator self, int kind, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _alloc_in_pool(Allocator self, Failure* why, int kind, size_t size, int64_t stream) noexcept nogil:
     """Serve a request from the private pool self.target: best fit among its free blocks of `stream`, else a new
     segment of its own (never a stitch: Note [Private pools])."""
     cdef PrivatePool* p = self.target
@@ -83,7 +84,7 @@ cdef Block* _alloc_in_pool(Allocator self, int kind, size_t size, int64_t stream
         # stream, but a pool's segments are fixed, and in whole 20 MiB pages a 22 MiB request would take 40 MiB.
         segment_size = self.k.large_segment_size if size < self.k.min_large_alloc else round_up(size, self.k.round_large)
         handle_size = segment_size
-    seg = _laid_out_segment(self, kind, size, segment_size, handle_size, stream)
+    seg = _laid_out_segment(self, why, kind, size, segment_size, handle_size, stream)
     if seg == NULL:
         return NULL
     seg.owner = p
@@ -93,20 +94,20 @@ cdef Block* _alloc_in_pool(Allocator self, int kind, size_t size, int64_t stream
     return _take(self, seg.first, size, stream)
 
 
-cdef void _await_uses(Allocator self, Block* b, vector[int64_t]& streams) noexcept nogil:
+cdef void _await_uses(Allocator self, Failure* why, Block* b, vector[int64_t]& streams) noexcept nogil:
     """A free whose block other streams used: it returns once events recorded on them now have completed."""
     cdef PendingFree pend
     cdef uint64_t event = 0
     cdef size_t i
     pend.block = b
     for i in range(streams.size()):
-        if _call(self, CALL_EVENT_RECORD, self.driver.record_event(streams[i], &event), 0) == DRIVER_OK:
+        if _call(self, why, CALL_EVENT_RECORD, self.driver.record_event(streams[i], &event), 0) == DRIVER_OK:
             pend.events.push_back(event)
             pend.streams.push_back(streams[i])
             self.pending_per_stream[streams[i]] += 1
         else:
             # No event: the only safe course is to wait for the device.
-            _sync(self)
+            _sync(self, why)
     if pend.events.empty():             # waited for the device instead: nothing left to wait for
         self._retire(b)
         return
@@ -122,13 +123,13 @@ cdef void _defer_uses(Allocator self, Block* b, vector[int64_t]& streams) noexce
     self.deferred_frees.push_back(pend)
 
 
-cdef void _end_capture(Allocator self) noexcept nogil:
+cdef void _end_capture(Allocator self, Failure* why) noexcept nogil:
     """The last capture ended: the frees deferred during it record their events now."""
     cdef vector[PendingFree] deferred
     cdef size_t i
     deferred.swap(self.deferred_frees)
     for i in range(deferred.size()):
-        _await_uses(self, deferred[i].block, deferred[i].streams)
+        _await_uses(self, why, deferred[i].block, deferred[i].streams)
 
 
 cdef int _begin_pool(Allocator self, uint64_t pool_id, vector[int64_t]& streams, bint all_streams,
@@ -165,7 +166,7 @@ cdef int _retain_pool(Allocator self, uint64_t pool_id) noexcept nogil:
     return POOL_OK
 
 
-cdef int _end_pool(Allocator self, uint64_t pool_id) noexcept nogil:
+cdef int _end_pool(Allocator self, Failure* why, uint64_t pool_id) noexcept nogil:
     cdef size_t i
     it = self.pools.find(pool_id)
     if it == self.pools.end() or not deref(it).second.active:
@@ -183,7 +184,7 @@ cdef int _end_pool(Allocator self, uint64_t pool_id) noexcept nogil:
         p.capturing = False
         self.capturing -= 1
         if self.capturing == 0:
-            _end_capture(self)
+            _end_capture(self, why)
     return POOL_OK
 
 
@@ -221,7 +222,7 @@ cdef void _forget_pool(Allocator self, PrivatePool* p) noexcept nogil:
     del p
 
 
-cdef size_t _release_pool_segments(Allocator self, PrivatePool* p) noexcept nogil:
+cdef size_t _release_pool_segments(Allocator self, Failure* why, PrivatePool* p) noexcept nogil:
     """Return a released pool's wholly free segments (the caller has synchronized). p may be forgotten (freed) by
     the time this returns. Returns the bytes released."""
     cdef vector[Segment*] segs
@@ -232,11 +233,11 @@ cdef size_t _release_pool_segments(Allocator self, PrivatePool* p) noexcept nogi
             segs.push_back(entry.second)
     for i in range(segs.size()):
         _merge_whole(self, segs[i])
-        released += _release_chunks(self, segs[i], 0)
+        released += _release_chunks(self, why, segs[i], 0)
     return released
 
 
-cdef int _release_private_pool(Allocator self, uint64_t pool_id, size_t* released) noexcept nogil:
+cdef int _release_private_pool(Allocator self, Failure* why, uint64_t pool_id, size_t* released) noexcept nogil:
     """Drop one use of a pool; the last returns its wholly free segments now, unless a capture is running (then at
     the next empty_cache or memory pressure)."""
     released[0] = 0
@@ -255,8 +256,8 @@ cdef int _release_private_pool(Allocator self, uint64_t pool_id, size_t* release
     if self.capturing:
         return POOL_OK
     # Replays of the pool's graphs may still be queued: wait for them before unmapping.
-    self.err = ERR_NONE
-    if _sync(self) != DRIVER_OK:
+    why.err = ERR_NONE
+    if _sync(self, why) != DRIVER_OK:
         return POOL_SYNC_FAILED
-    released[0] = _release_pool_segments(self, p)
-    return POOL_SYNC_FAILED if self.err != ERR_NONE else POOL_OK
+    released[0] = _release_pool_segments(self, why, p)
+    return POOL_SYNC_FAILED if why.err != ERR_NONE else POOL_OK

@@ -1,6 +1,7 @@
 # The allocator core, room "sblocks": stitching and the sBlock cache: which pieces, the stitch itself, reuse,
 # eviction.
-# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
+# fail, the call's Failure (Note [A call's failure]).
 
 
 cdef bint _sblock_fits(Allocator self, SBlock* sb, size_t size, int64_t stream) noexcept nogil:
@@ -74,13 +75,13 @@ cdef SBlock* _best_cached(Allocator self, size_t size, size_t below, int64_t str
     return NULL
 
 
-cdef int _evict(Allocator self, SBlock* sb) noexcept nogil:
+cdef int _evict(Allocator self, Failure* why, SBlock* sb) noexcept nogil:
     """Unmap a cached sBlock and free its VA. The caller has synchronized."""
     cdef size_t i
-    cdef int rc = _call(self, CALL_UNMAP, self.driver.unmap(sb.va, sb.va_size), sb.chunks.size())
+    cdef int rc = _call(self, why, CALL_UNMAP, self.driver.unmap(sb.va, sb.va_size), sb.chunks.size())
     if rc != DRIVER_OK:
         return rc
-    _discard_range(self, sb.va, sb.va_size, 0, 0, True)
+    _discard_range(self, why, sb.va, sb.va_size, 0, 0, True)
     for i in range(sb.chunks.size()):
         sb.chunks[i].seg.sblock_maps[sb.chunks[i].index] -= 1
     self.cached.erase(sblock_key(sb))
@@ -92,7 +93,7 @@ cdef int _evict(Allocator self, SBlock* sb) noexcept nogil:
     return DRIVER_OK
 
 
-cdef int _evict_lru(Allocator self, size_t keep, bint synced, int reason) noexcept nogil:
+cdef int _evict_lru(Allocator self, Failure* why, size_t keep, bint synced, int reason) noexcept nogil:
     """Evict cached sBlocks until at most `keep` remain: the least recently used first, or the policy's choice (its
     evict_victim hook, asked over the bound and under pressure, one victim at a time; it may decline, which stops
     the eviction here). Synchronizes first unless the caller has (queued kernels may still use a freed sBlock's
@@ -101,7 +102,7 @@ cdef int _evict_lru(Allocator self, size_t keep, bint synced, int reason) noexce
     cdef SBlock* victim
     while self.lru.size() > keep:
         if not synced:
-            rc = _sync(self)
+            rc = _sync(self, why)
             if rc != DRIVER_OK:
                 return rc
             synced = True
@@ -110,7 +111,7 @@ cdef int _evict_lru(Allocator self, size_t keep, bint synced, int reason) noexce
             victim = self.seams.evict(self, victim, reason)
             if victim == NULL:          # the policy declined: keep the rest
                 return DRIVER_OK
-        rc = _evict(self, victim)
+        rc = _evict(self, why, victim)
         if rc != DRIVER_OK:
             return rc
     return DRIVER_OK
@@ -127,7 +128,7 @@ cdef bint _sblock_all_free(Allocator self, SBlock* sb) noexcept nogil:
     return True
 
 
-cdef Block* _stitch(Allocator self, vector[Piece]& pieces, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t size, int64_t stream) noexcept nogil:
     """Map the chunks under `pieces` (in order) into one new VA range and serve `size` bytes through it."""
     cdef SBlock* sb
     cdef vector[ChunkRef] chunks
@@ -137,11 +138,11 @@ cdef Block* _stitch(Allocator self, vector[Piece]& pieces, size_t size, int64_t 
     cdef size_t i, c, c_end, va_size = 0, mapped = 0, capacity = 0
     cdef uintptr_t va = 0, at
     cdef int rc
-    if _refuse_unannounced_capture(self):
+    if _refuse_unannounced_capture(self, why):
         return NULL
     # Trimming the cache synchronizes, which graph capture forbids: the cache may exceed its bound until it ends.
     if self.k.max_cached_sblocks and self.lru.size() >= self.k.max_cached_sblocks and self.capturing == 0:
-        if _evict_lru(self, self.k.max_cached_sblocks - 1, False, EVICT_BOUND) != DRIVER_OK:
+        if _evict_lru(self, why, self.k.max_cached_sblocks - 1, False, EVICT_BOUND) != DRIVER_OK:
             return NULL
     for i in range(pieces.size()):
         b = _containing(self, pieces[i].addr)
@@ -155,25 +156,25 @@ cdef Block* _stitch(Allocator self, vector[Piece]& pieces, size_t size, int64_t 
             va_size += seg.chunk_size
             c += 1
         capacity += pieces[i].size
-    rc = _call(self, CALL_RESERVE, self.driver.reserve(va_size, self.driver.granularity, &va), 0)
+    rc = _call(self, why, CALL_RESERVE, self.driver.reserve(va_size, self.driver.granularity, &va), 0)
     if rc != DRIVER_OK:
         if rc == DRIVER_OOM:
-            self.err = ERR_OOM
+            why.err = ERR_OOM
         return NULL
     at = va
     for i in range(chunks.size()):
         seg = chunks[i].seg
-        rc = _call(self, CALL_MAP, self.driver.map(at, seg.chunk_size, seg.handles[chunks[i].index]), 1)
+        rc = _call(self, why, CALL_MAP, self.driver.map(at, seg.chunk_size, seg.handles[chunks[i].index]), 1)
         if rc != DRIVER_OK:
             break
         at += seg.chunk_size
         mapped += 1
     if rc == DRIVER_OK:
-        rc = _call(self, CALL_SET_ACCESS, self.driver.set_access(va, va_size), chunks.size())
+        rc = _call(self, why, CALL_SET_ACCESS, self.driver.set_access(va, va_size), chunks.size())
     if rc != DRIVER_OK:
-        if rc == DRIVER_OOM and self.err == ERR_NONE:
-            self.err = ERR_OOM
-        _discard_range(self, va, va_size, at - va, mapped, True)
+        if rc == DRIVER_OOM and why.err == ERR_NONE:
+            why.err = ERR_OOM
+        _discard_range(self, why, va, va_size, at - va, mapped, True)
         return NULL
     sb = new SBlock()
     sb.serial = self.next_serial
@@ -277,7 +278,7 @@ cdef bint _stitch_allowed(Allocator self, size_t size, int64_t stream, vector[Pi
     return True
 
 
-cdef Block* _stitch_or_grow(Allocator self, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t stream) noexcept nogil:
     cdef vector[Piece] pieces
     cdef vector[Block*] blocks
     cdef Piece piece
@@ -295,23 +296,23 @@ cdef Block* _stitch_or_grow(Allocator self, size_t size, int64_t stream) noexcep
         pieces.clear()
     _choose_stitch(self, size, stream, blocks, pieces, &remaining)
     if not _stitch_allowed(self, size, stream, pieces, remaining):
-        seg = _grow(self, size, stream)
+        seg = _grow(self, why, size, stream)
         if seg == NULL:
             return NULL
         return _take(self, seg.first, size, stream)
     seg = NULL
     if remaining:
-        seg = _grow(self, remaining, stream)
+        seg = _grow(self, why, remaining, stream)
         if seg == NULL:
             return NULL
         _insert_free(self, seg.first)
         piece.addr = seg.va
         piece.size = remaining
         pieces.push_back(piece)
-    b = _stitch(self, pieces, size, stream)
+    b = _stitch(self, why, pieces, size, stream)
     if b == NULL and seg != NULL:
         # Give back what this request took: its new chunks were never handed out, so no sync is owed.
-        _release_chunks(self, seg, 0)
+        _release_chunks(self, why, seg, 0)
     return b
 
 

@@ -1,27 +1,28 @@
 # The allocator core, room "segments": segments and their handles: create (with rollback), release free chunks, drop;
 # memory pressure.
-# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
+# fail, the call's Failure (Note [A call's failure]).
 
 
-cdef Segment* _new_segment(Allocator self, int pool, size_t size, size_t chunk_size, int64_t stream,
+cdef Segment* _new_segment(Allocator self, Failure* why, int pool, size_t size, size_t chunk_size, int64_t stream,
                            bint mapped) noexcept nogil:
     """Reserve VA and map fresh chunks into it (unless not `mapped`: then the whole range is one unmapped hole,
-    as an expandable segment starts). NULL with self.err set on failure; nothing is left behind."""
+    as an expandable segment starts). NULL with why.err set on failure; nothing is left behind."""
     cdef size_t n = size // chunk_size if mapped else 0
     cdef uintptr_t va = 0
     cdef int rc
     cdef vector[uint64_t] handles
     if mapped and self.limit_bytes and self.st.reserved + size > self.limit_bytes:
-        self.err = ERR_OOM
+        why.err = ERR_OOM
         return NULL
-    if _refuse_unannounced_capture(self):
+    if _refuse_unannounced_capture(self, why):
         return NULL
-    rc = _call(self, CALL_RESERVE, self.driver.reserve(size, self.driver.granularity, &va), 0)
+    rc = _call(self, why, CALL_RESERVE, self.driver.reserve(size, self.driver.granularity, &va), 0)
     if rc != DRIVER_OK:
         if rc == DRIVER_OOM:
-            self.err = ERR_OOM
+            why.err = ERR_OOM
         return NULL
-    if _map_new_chunks(self, va, n, chunk_size, handles, size, True) != DRIVER_OK:
+    if _map_new_chunks(self, why, va, n, chunk_size, handles, size, True) != DRIVER_OK:
         return NULL                 # the reservation is freed too
     cdef Segment* seg = new Segment()
     seg.serial = self.next_serial
@@ -57,7 +58,7 @@ cdef Segment* _new_segment(Allocator self, int pool, size_t size, size_t chunk_s
     return seg
 
 
-cdef size_t _release_chunks(Allocator self, Segment* seg, size_t wanted) noexcept nogil:
+cdef size_t _release_chunks(Allocator self, Failure* why, Segment* seg, size_t wanted) noexcept nogil:
     """Return to the driver chunks of seg that lie wholly in free blocks and that no sBlock maps, until
     `wanted` bytes are released (0: all). The caller has synchronized. Returns the bytes released."""
     cdef size_t C = seg.chunk_size
@@ -83,11 +84,11 @@ cdef size_t _release_chunks(Allocator self, Segment* seg, size_t wanted) noexcep
                     j += 1
                 lo = seg.va + i * C
                 hi = seg.va + j * C
-                rc = _call(self, CALL_UNMAP, self.driver.unmap(lo, hi - lo), j - i)
+                rc = _call(self, why, CALL_UNMAP, self.driver.unmap(lo, hi - lo), j - i)
                 if rc != DRIVER_OK:
                     return released
                 for k in range(i, j):
-                    _release_handle(self, seg.handles[k], C)
+                    _release_handle(self, why, seg.handles[k], C)
                     seg.handles[k] = 0
                     self.st.chunks_released += 1
                 seg.mapped_chunks -= j - i
@@ -110,11 +111,11 @@ cdef size_t _release_chunks(Allocator self, Segment* seg, size_t wanted) noexcep
                 break   # continue from the block after the hole
         b = nxt
     if seg.mapped_chunks == 0:
-        _drop_segment(self, seg)
+        _drop_segment(self, why, seg)
     return released
 
 
-cdef void _drop_segment(Allocator self, Segment* seg) noexcept nogil:
+cdef void _drop_segment(Allocator self, Failure* why, Segment* seg) noexcept nogil:
     """Forget a segment whose chunks are all released; frees its VA."""
     cdef Block* b = seg.first
     cdef Block* nxt
@@ -125,7 +126,7 @@ cdef void _drop_segment(Allocator self, Segment* seg) noexcept nogil:
         self.by_addr.erase(b.addr)
         del b
         b = nxt
-    _discard_range(self, seg.va, seg.size, 0, 0, True)
+    _discard_range(self, why, seg.va, seg.size, 0, 0, True)
     self.segments.erase(seg.serial)
     cdef PrivatePool* owner = seg.owner
     if owner != NULL:
@@ -136,14 +137,14 @@ cdef void _drop_segment(Allocator self, Segment* seg) noexcept nogil:
     del seg
 
 
-cdef size_t _release_pool(Allocator self, int pool, size_t wanted, int reason) noexcept nogil:
+cdef size_t _release_pool(Allocator self, Failure* why, int pool, size_t wanted, int reason) noexcept nogil:
     """Release fully free chunks of `pool` (large: evicting cached sBlocks first, for `reason`, an EvictReason).
     The caller has synchronized."""
     cdef vector[Segment*] segs
     cdef pair[uint64_t, Segment*] entry
     cdef size_t released = 0, i
     if pool == POOL_LARGE and self.lru.size():
-        if _evict_lru(self, 0, True, reason) != DRIVER_OK:
+        if _evict_lru(self, why, 0, True, reason) != DRIVER_OK:
             return 0
     for entry in self.segments:
         if entry.second.pool == pool and _releasable(entry.second):
@@ -151,48 +152,48 @@ cdef size_t _release_pool(Allocator self, int pool, size_t wanted, int reason) n
     for i in range(segs.size()):
         if segs[i].owner != NULL:
             _merge_whole(self, segs[i])
-        released += _release_chunks(self, segs[i], 0 if wanted == 0 else wanted - released)
+        released += _release_chunks(self, why, segs[i], 0 if wanted == 0 else wanted - released)
         if wanted and released >= wanted:
             break
     return released
 
 
-cdef bint _relieve(Allocator self, int pool, size_t size, int stage) noexcept nogil:
+cdef bint _relieve(Allocator self, Failure* why, int pool, size_t size, int stage) noexcept nogil:
     """Step 5. Stage 0: wait for all streams so every free block serves any stream, and return what the other
     pool holds free. Stage 1: return everything free. True if anything changed."""
     cdef size_t changed
-    self.err = ERR_NONE
+    why.err = ERR_NONE
     if stage == 0 and not self.k.cross_stream:
         # PyTorch: synchronize, then release every free segment (both pools) and retry once.
-        changed = _reclaim_streams(self, ANY_STREAM, True)
-        if self.err != ERR_NONE:
+        changed = _reclaim_streams(self, why, ANY_STREAM, True)
+        if why.err != ERR_NONE:
             return False
-        changed += _release_pool(self, POOL_SMALL, 0, EVICT_PRESSURE) + \
-            _release_pool(self, POOL_LARGE, 0, EVICT_PRESSURE)
+        changed += _release_pool(self, why, POOL_SMALL, 0, EVICT_PRESSURE) + \
+            _release_pool(self, why, POOL_LARGE, 0, EVICT_PRESSURE)
     elif stage == 0:
-        changed = _reclaim_streams(self, ANY_STREAM, True)
-        if self.err != ERR_NONE:
+        changed = _reclaim_streams(self, why, ANY_STREAM, True)
+        if why.err != ERR_NONE:
             return False
-        changed += _release_pool(self, POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size, EVICT_PRESSURE)
+        changed += _release_pool(self, why, POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size, EVICT_PRESSURE)
     else:
-        if _sync(self) != DRIVER_OK:
+        if _sync(self, why) != DRIVER_OK:
             return False
-        changed = _release_pool(self, POOL_SMALL, 0, EVICT_PRESSURE) + \
-            _release_pool(self, POOL_LARGE, 0, EVICT_PRESSURE)
-    return changed > 0 and self.err == ERR_NONE
+        changed = _release_pool(self, why, POOL_SMALL, 0, EVICT_PRESSURE) + \
+            _release_pool(self, why, POOL_LARGE, 0, EVICT_PRESSURE)
+    return changed > 0 and why.err == ERR_NONE
 
 
-cdef bint _relieve_action(Allocator self, int pool, size_t size, int action) noexcept nogil:
+cdef bint _relieve_action(Allocator self, Failure* why, int pool, size_t size, int action) noexcept nogil:
     """Release-under-pressure seam: carry out what the policy's relieve_pressure chose (a PressureAction). Each
     action first waits for every stream. True if anything changed."""
     cdef size_t changed
-    self.err = ERR_NONE
-    changed = _reclaim_streams(self, ANY_STREAM, True)
-    if self.err != ERR_NONE:
+    why.err = ERR_NONE
+    changed = _reclaim_streams(self, why, ANY_STREAM, True)
+    if why.err != ERR_NONE:
         return False
     if action == PRESSURE_RELEASE_OTHER:
-        changed += _release_pool(self, POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size, EVICT_PRESSURE)
+        changed += _release_pool(self, why, POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size, EVICT_PRESSURE)
     elif action == PRESSURE_RELEASE_ALL:
-        changed += _release_pool(self, POOL_SMALL, 0, EVICT_PRESSURE) + \
-            _release_pool(self, POOL_LARGE, 0, EVICT_PRESSURE)
-    return changed > 0 and self.err == ERR_NONE
+        changed += _release_pool(self, why, POOL_SMALL, 0, EVICT_PRESSURE) + \
+            _release_pool(self, why, POOL_LARGE, 0, EVICT_PRESSURE)
+    return changed > 0 and why.err == ERR_NONE

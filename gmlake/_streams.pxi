@@ -1,6 +1,7 @@
 # The allocator core, room "streams": stream ordering: fences that hand other streams' free blocks over, and frees
 # deferred by record_stream.
-# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
+# fail, the call's Failure (Note [A call's failure]).
 
 
 cdef inline size_t _migrate(Allocator self, int64_t stream, uint64_t upto) noexcept nogil:
@@ -46,7 +47,7 @@ cdef inline bint _may_reclaim(Allocator self) noexcept nogil:
     return self.capturing == 0 and not _unannounced_capture(self)
 
 
-cdef size_t _reclaim_streams(Allocator self, int64_t stream, bint wait) noexcept nogil:
+cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint wait) noexcept nogil:
     """Make blocks other streams freed usable by `stream` once their work is done. With wait, synchronize
     and make every free block usable by any stream. Returns how many blocks moved."""
     cdef FreeIndex* index
@@ -59,16 +60,16 @@ cdef size_t _reclaim_streams(Allocator self, int64_t stream, bint wait) noexcept
     cdef pair[int64_t, Fence] entry
     if not self.k.cross_stream:
         # Blocks stay with their stream, as in PyTorch; only a synchronize is owed under pressure.
-        if wait and _sync(self) == DRIVER_OK and self.pending.size():
+        if wait and _sync(self, why) == DRIVER_OK and self.pending.size():
             moved = self.pending.size()
-            _process_pending(self)
+            _process_pending(self, why)
         return moved
     if wait:
-        if _sync(self) != DRIVER_OK:
+        if _sync(self, why) != DRIVER_OK:
             return 0
-        _process_pending(self)
+        _process_pending(self, why)
         for entry in self.fences:
-            _destroy_event(self, entry.second.event)
+            _destroy_event(self, why, entry.second.event)
         self.fences.clear()
         return _migrate(self, ANY_STREAM, self.free_seq)
     # Fence each other stream that holds free blocks: an event now covers all work queued before its frees.
@@ -79,27 +80,27 @@ cdef size_t _reclaim_streams(Allocator self, int64_t stream, bint wait) noexcept
             s = deref(it).first.stream
             if s != ANY_STREAM and s != stream and self.fences.count(s) == 0:
                 fence.seq = self.free_seq
-                rc = _call(self, CALL_EVENT_RECORD, self.driver.record_event(s, &fence.event), 0)
+                rc = _call(self, why, CALL_EVENT_RECORD, self.driver.record_event(s, &fence.event), 0)
                 if rc != DRIVER_OK:
                     return moved
                 self.fences[s] = fence
             it = index.lower_bound(make_key(s + 1, 0))
     for entry in self.fences:
-        rc = _call(self, CALL_EVENT_QUERY, self.driver.query_event(entry.second.event), 0)
+        rc = _call(self, why, CALL_EVENT_QUERY, self.driver.query_event(entry.second.event), 0)
         if rc == EVENT_DONE:
             done.push_back(entry.first)
     for i in range(done.size()):
         fence = self.fences[done[i]]
         moved += _migrate(self, done[i], fence.seq)
-        _destroy_event(self, fence.event)
+        _destroy_event(self, why, fence.event)
         self.fences.erase(done[i])
     return moved
 
 
-cdef Block* _wait_for_other_stream(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _wait_for_other_stream(Allocator self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
     """With cross_stream_wait: a free block another stream held that fits a request no block of its own stream (or
     of none) fits, made safe for `stream` by a wait on the GPU, with every block that stream had freed; NULL if no
-    other stream's block fits, or with self.err set if a driver call failed. The block stays in the free index.
+    other stream's block fits, or with why.err set if a driver call failed. The block stays in the free index.
 
     Note [Waiting for another stream's free block]: a fence (_reclaim_streams) hands another stream's free blocks
     over only once an event says that stream's work is done, which is late whenever the GPU trails the CPU: on
@@ -135,10 +136,10 @@ cdef Block* _wait_for_other_stream(Allocator self, int pool, size_t size, int64_
         it = index.lower_bound(make_key(s + 1, 0))
     if best == NULL:
         return NULL
-    if _call(self, CALL_EVENT_RECORD, self.driver.record_event(best.stream, &event), 0) != DRIVER_OK:
+    if _call(self, why, CALL_EVENT_RECORD, self.driver.record_event(best.stream, &event), 0) != DRIVER_OK:
         return NULL
-    rc = _call(self, CALL_EVENT_WAIT, self.driver.wait_event(stream, event), 0)
-    _destroy_event(self, event)
+    rc = _call(self, why, CALL_EVENT_WAIT, self.driver.wait_event(stream, event), 0)
+    _destroy_event(self, why, event)
     if rc != DRIVER_OK:
         return NULL
     self.st.stream_waits += 1
@@ -154,7 +155,7 @@ cdef inline void _count_pending_event_done(Allocator self, int64_t stream) noexc
         self.pending_per_stream.erase(stream)
 
 
-cdef void _process_pending(Allocator self) noexcept nogil:
+cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
     """Retire the deferred frees whose events have all completed.
 
     Note [Polling pending frees]: events on one stream complete in order, so once an event of stream S is found
@@ -201,12 +202,12 @@ cdef void _process_pending(Allocator self) noexcept nogil:
             if busy_stream:
                 j += 1
                 continue
-            rc = _call(self, CALL_EVENT_QUERY, self.driver.query_event(entry.events[j]), 0)
+            rc = _call(self, why, CALL_EVENT_QUERY, self.driver.query_event(entry.events[j]), 0)
             if rc != EVENT_DONE:
                 busy.push_back(entry.streams[j])
                 j += 1
                 continue
-            _destroy_event(self, entry.events[j])
+            _destroy_event(self, why, entry.events[j])
             _count_pending_event_done(self, entry.streams[j])
             entry.events.erase(entry.events.begin() + j)       # in order: the entry's events are per stream
             entry.streams.erase(entry.streams.begin() + j)
@@ -218,4 +219,4 @@ cdef void _process_pending(Allocator self) noexcept nogil:
             kept += 1
         i += 1
     self.pending.resize(kept)
-    self.err = ERR_NONE
+    why.err = ERR_NONE

@@ -1,15 +1,16 @@
 # The allocator core, room "vmm": driver calls, each counted; new chunks created and mapped with rollback; and what the
 # driver refused to take back (orphans), retried later.
-# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+# Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
+# fail, the call's Failure (Note [A call's failure]).
 
 
-cdef int _call(Allocator self, int kind, int rc, uint64_t handles) noexcept nogil:
+cdef int _call(Allocator self, Failure* why, int kind, int rc, uint64_t handles) noexcept nogil:
     self.st.calls[kind] += 1
     self.st.handles[kind] += handles
-    if rc != DRIVER_OK and rc != DRIVER_OOM and self.err == ERR_NONE:
-        self.err = ERR_DRIVER
-        self.err_code = rc
-        self.err_call = kind
+    if rc != DRIVER_OK and rc != DRIVER_OOM and why.err == ERR_NONE:
+        why.err = ERR_DRIVER
+        why.code = rc
+        why.call = kind
     return rc
 
 
@@ -40,29 +41,29 @@ cdef bint _unannounced_capture(Allocator self) noexcept nogil:
     return self.capture_check == CAPTURE_FOUND
 
 
-cdef bint _refuse_unannounced_capture(Allocator self) noexcept nogil:
+cdef bint _refuse_unannounced_capture(Allocator self, Failure* why) noexcept nogil:
     """_unannounced_capture for a step that cannot go on without the driver: it fails with ERR_RAW_CAPTURE."""
     if _unannounced_capture(self):
-        self.err = ERR_RAW_CAPTURE
+        why.err = ERR_RAW_CAPTURE
         return True
     return False
 
 
-cdef int _sync(Allocator self) noexcept nogil:
-    return _call(self, CALL_SYNC, self.driver.synchronize(), 0)
+cdef int _sync(Allocator self, Failure* why) noexcept nogil:
+    return _call(self, why, CALL_SYNC, self.driver.synchronize(), 0)
 
 
-cdef void _release_handle(Allocator self, uint64_t handle, size_t size) noexcept nogil:
+cdef void _release_handle(Allocator self, Failure* why, uint64_t handle, size_t size) noexcept nogil:
     """Give a chunk back to the driver; if the driver refuses, keep it as an orphan to retry later, so nothing
     leaks (it still counts in the driver's memory, not in reserved)."""
     cdef OrphanChunk orphan
-    if _call(self, CALL_RELEASE, self.driver.release_chunk(handle, size), 1) != DRIVER_OK:
+    if _call(self, why, CALL_RELEASE, self.driver.release_chunk(handle, size), 1) != DRIVER_OK:
         orphan.handle = handle
         orphan.size = size
         self.orphan_chunks.push_back(orphan)
 
 
-cdef void _discard_range(Allocator self, uintptr_t va, size_t size, size_t mapped, size_t handles,
+cdef void _discard_range(Allocator self, Failure* why, uintptr_t va, size_t size, size_t mapped, size_t handles,
                          bint release_va) noexcept nogil:
     """Unmap the first `mapped` bytes of a range and free its reservation (if `release_va`); what the driver
     refuses becomes an orphan to retry."""
@@ -72,56 +73,56 @@ cdef void _discard_range(Allocator self, uintptr_t va, size_t size, size_t mappe
     orphan.mapped = mapped
     orphan.handles = handles
     orphan.release_va = release_va
-    if mapped and _call(self, CALL_UNMAP, self.driver.unmap(va, mapped), handles) != DRIVER_OK:
+    if mapped and _call(self, why, CALL_UNMAP, self.driver.unmap(va, mapped), handles) != DRIVER_OK:
         self.orphan_ranges.push_back(orphan)
         return
     orphan.mapped = 0
     orphan.handles = 0
-    if release_va and _call(self, CALL_FREE_VA, self.driver.free_va(va, size), 0) != DRIVER_OK:
+    if release_va and _call(self, why, CALL_FREE_VA, self.driver.free_va(va, size), 0) != DRIVER_OK:
         self.orphan_ranges.push_back(orphan)
 
 
-cdef int _map_new_chunks(Allocator self, uintptr_t va, size_t n, size_t chunk_size, vector[uint64_t]& handles,
-                         size_t va_size, bint release_va) noexcept nogil:
+cdef int _map_new_chunks(Allocator self, Failure* why, uintptr_t va, size_t n, size_t chunk_size,
+                         vector[uint64_t]& handles, size_t va_size, bint release_va) noexcept nogil:
     """Create `n` chunks and map them back to back from `va`, then grant access to the run in one call; on success
     `handles` holds them in order. On failure nothing is left behind: what was mapped is unmapped (and the range's
     reservation of `va_size` bytes freed, if `release_va`), every chunk created is released, `handles` is empty and
-    self.err is ERR_OOM where the driver ran out of memory. Returns the driver's code. The one place new memory is
+    why.err is ERR_OOM where the driver ran out of memory. Returns the driver's code. The one place new memory is
     created and mapped (a segment mapped at once, pages mapped onto an expandable range's hole)."""
     cdef size_t i, mapped
     cdef uint64_t handle = 0
     cdef int rc = DRIVER_OK
     handles.clear()
     for i in range(n):
-        rc = _call(self, CALL_CREATE, self.driver.create_chunk(chunk_size, &handle), 1)
+        rc = _call(self, why, CALL_CREATE, self.driver.create_chunk(chunk_size, &handle), 1)
         if rc == DRIVER_OK:
-            rc = _call(self, CALL_MAP, self.driver.map(va + i * chunk_size, chunk_size, handle), 1)
+            rc = _call(self, why, CALL_MAP, self.driver.map(va + i * chunk_size, chunk_size, handle), 1)
             if rc != DRIVER_OK:
-                _release_handle(self, handle, chunk_size)
+                _release_handle(self, why, handle, chunk_size)
         if rc != DRIVER_OK:
             break
         handles.push_back(handle)
     if rc == DRIVER_OK and n:
         # cuMemSetAccess is priced per handle in the range, so one call over the run costs what n calls would
-        rc = _call(self, CALL_SET_ACCESS, self.driver.set_access(va, n * chunk_size), n)
+        rc = _call(self, why, CALL_SET_ACCESS, self.driver.set_access(va, n * chunk_size), n)
     if rc == DRIVER_OK:
         return rc
-    if rc == DRIVER_OOM and self.err == ERR_NONE:
-        self.err = ERR_OOM
+    if rc == DRIVER_OOM and why.err == ERR_NONE:
+        why.err = ERR_OOM
     mapped = handles.size() * chunk_size
-    _discard_range(self, va, va_size if release_va else mapped, mapped, handles.size(), release_va)
+    _discard_range(self, why, va, va_size if release_va else mapped, mapped, handles.size(), release_va)
     for i in range(handles.size()):
-        _release_handle(self, handles[i], chunk_size)
+        _release_handle(self, why, handles[i], chunk_size)
     handles.clear()
     return rc
 
 
-cdef void _destroy_event(Allocator self, uint64_t event) noexcept nogil:
-    if _call(self, CALL_EVENT_DESTROY, self.driver.destroy_event(event), 0) != DRIVER_OK:
+cdef void _destroy_event(Allocator self, Failure* why, uint64_t event) noexcept nogil:
+    if _call(self, why, CALL_EVENT_DESTROY, self.driver.destroy_event(event), 0) != DRIVER_OK:
         self.orphan_events.push_back(event)
 
 
-cdef size_t _retry_orphans(Allocator self) noexcept nogil:
+cdef size_t _retry_orphans(Allocator self, Failure* why) noexcept nogil:
     """Try again to return what the driver refused earlier. Returns how many are still held."""
     cdef vector[OrphanChunk] chunks
     cdef vector[OrphanRange] ranges
@@ -131,10 +132,10 @@ cdef size_t _retry_orphans(Allocator self) noexcept nogil:
     ranges.swap(self.orphan_ranges)
     events.swap(self.orphan_events)
     for i in range(ranges.size()):
-        _discard_range(self, ranges[i].va, ranges[i].size, ranges[i].mapped, ranges[i].handles,
+        _discard_range(self, why, ranges[i].va, ranges[i].size, ranges[i].mapped, ranges[i].handles,
                             ranges[i].release_va)
     for i in range(chunks.size()):
-        _release_handle(self, chunks[i].handle, chunks[i].size)
+        _release_handle(self, why, chunks[i].handle, chunks[i].size)
     for i in range(events.size()):
-        _destroy_event(self, events[i])
+        _destroy_event(self, why, events[i])
     return self.orphan_chunks.size() + self.orphan_ranges.size() + self.orphan_events.size()

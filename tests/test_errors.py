@@ -129,3 +129,21 @@ def test_limits_are_validated(driver):
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError):
             alloc.set_limit(bad)
+
+
+def test_a_driver_error_is_reported_by_its_own_call_and_by_no_later_one(driver):
+    """Note [A call's failure]: a request whose map fails raises DriverError naming map; the next request, and a
+    free whose event record fails (its memory then waits for the device instead), report nothing of it."""
+    alloc = Allocator(driver)
+    driver.inject_fault("map")
+    with pytest.raises(gmlake.DriverError, match="map") as info:
+        alloc.malloc(64 * MiB)
+    assert info.value.call == "map"
+    p = alloc.malloc(64 * MiB)                      # the fault fired once: this call has nothing to report
+    alloc.record_stream(p, 7)
+    driver.inject_fault("event_record")
+    alloc.free(p)                                   # no event: the free waits for the device, and fails nothing
+    q = alloc.malloc(64 * MiB)
+    alloc.free(q)
+    alloc.empty_cache()
+    alloc.check()
