@@ -14,11 +14,11 @@ install_data = Distribution().get_command_class("install_data")   # setuptools >
 
 # GMLAKE_DEBUG=1 at build time: a debug build, whose allocators check every invariant after every operation.
 debug_macros = [("GMLAKE_DEBUG", "1")] if os.environ.get("GMLAKE_DEBUG", "") not in ("", "0") else []
-common = dict(
-    language="c++",
-    extra_compile_args=["-O3", "-std=c++17", "-Wno-unused-function", "-Wno-deprecated-declarations"],
-    include_dirs=["gmlake"],
-)
+common = {
+    "language": "c++",
+    "extra_compile_args": ["-O3", "-std=c++17", "-Wno-unused-function", "-Wno-deprecated-declarations"],
+    "include_dirs": ["gmlake"],
+}
 extensions = [
     Extension("gmlake._driver", ["gmlake/_driver.pyx"], **common),
     Extension("gmlake._sim_driver", ["gmlake/_sim_driver.pyx"], **common),
