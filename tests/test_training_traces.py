@@ -224,9 +224,9 @@ def test_the_settling_probes_on_the_gpu_agree_with_replay():
 
 @pytest.mark.parametrize("trace_name", sorted(p.stem for p in (RESULTS / "traces").glob("*.gmtrace")))
 def test_issue_10s_replay_goal_holds_on_every_trace_captured_on_the_gpu(trace_name):
-    """Issue 10's replay goal, on each of the traces captured on the H200s (bench/results/traces, 13 of them on
-    2026-12-01): gmlake's priced driver time at most 2x the expandable model's (1.00-1.94x), its utilization at
-    least the expandable model's."""
+    """Issue 10's replay goal, on each of the 13 traces captured on the H200s (bench/results/traces on 2026-12-01:
+    seven single-GPU LLM workloads, FSDP's two ranks, ViT, BERT and ResNet-50): gmlake's priced driver time at most
+    2x the expandable model's (1.00-1.94x), its utilization at least the expandable model's."""
     from gmlake.replay import driver_seconds
 
     trace = load(RESULTS / "traces" / f"{trace_name}.gmtrace")
