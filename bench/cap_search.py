@@ -200,15 +200,21 @@ def predicted_bisection(outcome: dict, lo: float, hi: float, predicted: tuple[fl
 
 
 def note_probe(outcome: dict, probe: dict) -> None:
-    """A pair's bracket from its capped reference and bisection probes: the smallest fraction that fit in a probe
-    and the largest that failed (out of memory)."""
+    """A pair's bracket from its capped reference, bisection and settling probes: the smallest fraction that fit in
+    a probe and the largest that failed (out of memory)."""
     outcome["probes"] += 1
     if probe["purpose"] == "timed" or probe["fraction"] is None or "error" in probe:
-        return          # (a settling probe counts as a bisection's does: it shows a fit or a failure at its cap)
+        return
     if probe["fit"]:
         outcome["smallest_fit_probed"] = min(probe["fraction"], outcome.get("smallest_fit_probed") or 1.0)
     else:
         outcome["largest_fail"] = max(probe["fraction"], outcome.get("largest_fail") or 0.0)
+
+
+def smallest_fit_shown(outcome: dict) -> float | None:
+    """The smallest fraction a pair fit under: its search's result or any probe below it (a settling probe's)."""
+    return min((f for f in (outcome.get("smallest_fit"), outcome.get("smallest_fit_probed")) if f is not None),
+               default=None)
 
 
 ProbeRunner = Callable[[str, str, str, "float | None", float], dict]   # workload, allocator, purpose, fraction, timeout
@@ -467,11 +473,10 @@ def settle_plan(outcomes: dict[str, dict], thresholds: dict[str, float]) -> list
         for b, ob in outcomes.items():
             if a == b or oa.get("status") != "done" or ob.get("status") != "done":
                 continue
-            ta, tb = thresholds.get(a), thresholds.get(b)
-            fits = [f for f in (oa.get("smallest_fit"), oa.get("smallest_fit_probed")) if f is not None]
-            if ta is None or tb is None or ta >= tb or not fits:
+            ta, tb, fit_a = thresholds.get(a), thresholds.get(b), smallest_fit_shown(oa)
+            if ta is None or tb is None or ta >= tb or fit_a is None:
                 continue
-            fit_a, fail_a, fail_b = min(fits), oa.get("largest_fail") or 0.0, ob.get("largest_fail") or 0.0
+            fail_a, fail_b = oa.get("largest_fail") or 0.0, ob.get("largest_fail") or 0.0
             if fit_a <= fail_b:
                 continue                                    # already shown: a fit where b ran out of memory
             cap = fail_b if fail_b >= ta * (1 + SETTLE_MARGIN) else min((ta + tb) / 2, fit_a)
@@ -487,10 +492,10 @@ def verdicts(workload: str, outcomes: dict[str, dict]) -> list[dict]:
     or below one at which b ran out of memory."""
     out = []
     for a, oa in outcomes.items():
-        fits = [f for f in (oa.get("smallest_fit"), oa.get("smallest_fit_probed")) if f is not None]
+        fit = smallest_fit_shown(oa)
         for b, ob in outcomes.items():
-            if a != b and fits and ob.get("largest_fail") is not None and min(fits) <= ob["largest_fail"]:
-                out.append({"workload": workload, "below": a, "above": b, "fit": min(fits),
+            if a != b and fit is not None and ob.get("largest_fail") is not None and fit <= ob["largest_fail"]:
+                out.append({"workload": workload, "below": a, "above": b, "fit": fit,
                             "other_failed": ob["largest_fail"]})
     return out
 
@@ -560,7 +565,7 @@ def table(record: dict) -> str:
     rows = []
     for p in record["pairs"]:
         ref = p.get("reference") or {}
-        fit = min((f for f in (p.get("smallest_fit"), p.get("smallest_fit_probed")) if f is not None), default=None)
+        fit = smallest_fit_shown(p)
         predicted = p.get("predicted")
         replayed = "-" if predicted is None else (
             f"{gib(predicted['largest_fail'])} / {gib(predicted['smallest_fit'])}"

@@ -32,9 +32,9 @@ def pairs_from_cap(path: Path) -> list[tuple[str, str, float]]:
     record = json.loads(path.read_text())
     found = []
     for pair in record["pairs"]:
-        fits = [f for f in (pair.get("smallest_fit"), pair.get("smallest_fit_probed")) if f is not None]
-        if fits:
-            found.append((pair["workload"], pair["allocator"], min(cap_search.TIMED_MARGIN * min(fits), 1.0)))
+        fit = cap_search.smallest_fit_shown(pair)
+        if fit is not None:
+            found.append((pair["workload"], pair["allocator"], min(cap_search.TIMED_MARGIN * fit, 1.0)))
     return found
 
 
