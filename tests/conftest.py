@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +35,13 @@ def driver(request):
 def snapshot(alloc: gmlake.Allocator) -> tuple:
     """Everything observable about an allocator's state, for 'nothing changed' checks."""
     return alloc.stats(), alloc.segments_info()
+
+
+def one_line_exit_2(cmd: list[str]) -> str:
+    """Run `python CMD...` from the repository root and check it refused its input as every command here must: one
+    line on stderr, nothing on stdout, exit status 2. Returns that line."""
+    proc = subprocess.run([sys.executable, *cmd], capture_output=True, check=False, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, proc.stderr
+    return proc.stderr

@@ -3,11 +3,11 @@ the device, outcomes are recorded per probe, and bad input is one line and exit 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -67,11 +67,7 @@ def test_no_probe_starts_that_the_deadline_would_cut(monkeypatch, tmp_path):
     (["vit:gmlake@0.1", "--bogus"], "unrecognized"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says):
-    proc = subprocess.run([sys.executable, "bench/cap_probe.py", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120, check=False)
-    assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, proc.stderr
-    assert says in proc.stderr
+    assert says in one_line_exit_2(["bench/cap_probe.py", *args])
 
 
 def test_a_cap_in_bytes_over_the_device_is_refused():

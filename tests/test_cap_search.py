@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -455,13 +456,6 @@ def test_main_with_capture_predicts_from_the_captured_trace(tmp_path, monkeypatc
 
 
 # ---- command lines ----------------------------------------------------------------------------------------------
-
-def one_line_exit_2(cmd: list[str]) -> str:
-    proc = subprocess.run([sys.executable, *cmd], capture_output=True, check=False, text=True, cwd=ROOT, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, proc.stderr
-    return proc.stderr
-
 
 @pytest.mark.parametrize("args, says", [
     (["--resolution", "0"], "--resolution"), (["--resolution", "x"], "--resolution"),

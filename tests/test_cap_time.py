@@ -3,11 +3,11 @@ from a real cap search's cap.json, and one-line refusals of bad input."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -68,11 +68,7 @@ def test_a_run_that_fails_under_the_cap_is_counted_not_timed(monkeypatch, tmp_pa
     (["--bogus"], "unrecognized"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says):
-    proc = subprocess.run([sys.executable, "bench/cap_time.py", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120, check=False)
-    assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, proc.stderr
-    assert says in proc.stderr
+    assert says in one_line_exit_2(["bench/cap_time.py", *args])
 
 
 def test_no_run_starts_that_the_deadline_would_cut(monkeypatch, tmp_path):
