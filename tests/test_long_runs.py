@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LONG = [ROOT / "bench" / "results" / "train" / f"long-2026-12-01{call}" / "speed" for call in "abc"]
 sys.path.insert(0, str(ROOT / "bench"))
-from regimes import analyse, load  # noqa: E402
-from stall_check import load_runs  # noqa: E402
+from regimes import analyse, load
+from stall_check import load_runs
 
 WARMUP = 250
 
