@@ -1,9 +1,12 @@
 """torch.empty + del latency under gmlake against PyTorch's native caching allocator, in one run.
 
-    python bench/torch_latency.py [--out FILE]
+    python bench/torch_latency.py [--rounds N] [--iterations N] [--out FILE]
 
 Each allocator runs in its own process (the allocator is chosen before CUDA starts); sizes cover the small pool,
-a large block and a block that gmlake serves from a cached stitched block.
+a large block and a block that gmlake serves from a cached stitched block. Rounds alternate the order (native,
+gmlake, then gmlake, native, ...), as the speed suites do, since a shared machine drifts between processes; the
+record keeps every run and gives, per size, each allocator's median and the ratio of the medians with each side's
+spread.
 """
 from __future__ import annotations
 
@@ -11,12 +14,33 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 from gmlake.cli import OneLineParser
 
 SIZES = {"4KiB": 4096, "1MiB": 1 << 20, "64MiB": 64 << 20}
+ALLOCATORS = ("native", "gmlake")
+
+
+def run_order(rounds: int) -> list[str]:
+    """The allocators in the order they run: native, gmlake, then gmlake, native, and so on."""
+    return [name for r in range(rounds) for name in (ALLOCATORS if r % 2 == 0 else ALLOCATORS[::-1])]
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per size: each allocator's median µs and spread ((max - min) / median), and gmlake's median over native's."""
+    out = {}
+    for label in SIZES:
+        row = {}
+        for name in ALLOCATORS:
+            times = [r["us_per_empty_del"][label] for r in runs if r["allocator"] == name]
+            median = statistics.median(times)
+            row[name] = {"median_us": median, "spread": (max(times) - min(times)) / median}
+        row["ratio"] = row["gmlake"]["median_us"] / row["native"]["median_us"]
+        out[label] = row
+    return out
 
 
 def inner(iterations: int) -> dict:
@@ -45,25 +69,34 @@ def inner(iterations: int) -> dict:
 def main() -> None:
     parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=2, help="each round runs both allocators once (default 2)")
     parser.add_argument("--out")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.iterations < 1 or args.rounds < 1:
+        parser.error("--iterations and --rounds must be at least 1")
     if args.inner:
         print(json.dumps(inner(args.iterations)))
         return
-    results = {}
-    for name, cmd in (("native", [sys.executable, __file__]),
-                      ("gmlake", [sys.executable, "-m", "gmlake", "run", __file__])):
-        proc = subprocess.run(cmd + ["--inner", "--iterations", str(args.iterations)], capture_output=True,
-                              text=True, check=True, env=os.environ.copy())
-        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        parser.error("needs torch (it times torch's allocators)")
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device (it times torch's allocators on one)")
+    commands = {"native": [sys.executable, __file__], "gmlake": [sys.executable, "-m", "gmlake", "run", __file__]}
+    runs = []
+    for name in run_order(args.rounds):
+        proc = subprocess.run(commands[name] + ["--inner", "--iterations", str(args.iterations)],
+                              capture_output=True, text=True, check=False, env=os.environ.copy())
+        if proc.returncode != 0:
+            parser.error(f"the {name} run failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+        runs.append({"allocator": name, "us_per_empty_del": json.loads(proc.stdout.strip().splitlines()[-1])})
+    summary = summarize(runs)
     record = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "command": " ".join(sys.argv),
-        "us_per_empty_del": results,
-        "ratio": {k: results["gmlake"][k] / results["native"][k] for k in SIZES},
+        "runs": runs, "summary": summary, "ratio": {k: v["ratio"] for k, v in summary.items()},
     }
     text = json.dumps(record, indent=2)
     if args.out:

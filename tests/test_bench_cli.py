@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[1]
 # these import torch (through bench/workloads/common.py) before they parse their arguments
@@ -31,3 +32,29 @@ def test_an_unknown_option_is_one_line_and_exit_2(script):
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(Path(script).name + ": "), proc.stderr[-2000:]
+
+
+def _torch_latency():
+    spec = importlib.util.spec_from_file_location("torch_latency", ROOT / "bench" / "torch_latency.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_torch_latency_alternates_the_order_and_compares_medians():
+    module = _torch_latency()
+    assert module.run_order(3) == ["native", "gmlake", "gmlake", "native", "native", "gmlake"]
+
+    def run(name, us):
+        return {"allocator": name, "us_per_empty_del": {label: us for label in module.SIZES}}
+
+    summary = module.summarize([run("native", 2.0), run("gmlake", 2.2), run("gmlake", 2.0), run("native", 1.9),
+                                run("native", 2.1)])
+    row = summary["4KiB"]
+    assert row["native"] == {"median_us": 2.0, "spread": pytest.approx(0.1)}
+    assert row["gmlake"]["median_us"] == pytest.approx(2.1) and row["ratio"] == pytest.approx(1.05)
+
+
+@pytest.mark.parametrize("args", [["--rounds", "0"], ["--iterations", "-5"]])
+def test_torch_latency_refuses_a_count_below_one(args):
+    assert "must be at least 1" in one_line_exit_2(["bench/torch_latency.py", *args])
