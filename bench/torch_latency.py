@@ -89,8 +89,9 @@ def main() -> None:
     for name in run_order(args.rounds):
         proc = subprocess.run(commands[name] + ["--inner", "--iterations", str(args.iterations)],
                               capture_output=True, text=True, check=False, env=os.environ.copy())
-        if proc.returncode != 0:
-            parser.error(f"the {name} run failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+        if proc.returncode != 0:        # not the command line's fault: one line, exit 1
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            sys.exit(f"{parser.prog}: the {name} run failed (exit {proc.returncode}): {last}")
         runs.append({"allocator": name, "us_per_empty_del": json.loads(proc.stdout.strip().splitlines()[-1])})
     summary = summarize(runs)
     record = {
