@@ -119,6 +119,21 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
 ctypedef cmap[FreeKey, Block*] FreeIndex
 ctypedef pair[FreeKey, Block*] FreeEntry
 
+# Note [Reusing nodes on the hot path] (_structs.h): spare Blocks and container nodes, under the lock.
+cdef extern from "_structs.h" namespace "gmlake" nogil:
+    cppclass FreeIndexStash "gmlake::NodeStash<std::map<gmlake::FreeKey, gmlake::Block*>>":
+        void put(FreeIndex& index, const FreeKey& key, Block* block)
+        bint take(FreeIndex& index, const FreeKey& key)
+    cppclass AddrStash "gmlake::NodeStash<std::map<uintptr_t, gmlake::Block*>>":
+        void put(cmap[uintptr_t, Block*]& by_addr, const uintptr_t& addr, Block* block)
+        bint take(cmap[uintptr_t, Block*]& by_addr, const uintptr_t& addr)
+    cppclass LiveStash "gmlake::NodeStash<std::unordered_map<uintptr_t, gmlake::Block*>>":
+        void put(unordered_map[uintptr_t, Block*]& live, const uintptr_t& addr, Block* block)
+        void take_at(unordered_map[uintptr_t, Block*]& live, unordered_map[uintptr_t, Block*].iterator it)
+    cppclass BlockStash:
+        Block* make()
+        void drop(Block* block)
+
 # Driver calls, counted by kind.
 cdef enum Call:
     CALL_CREATE = 0
@@ -289,6 +304,10 @@ cdef class Allocator:
     cdef object invariant_error                          # what a debug check found, for the next Python call
     cdef bint hook_failed                                # a hook raised during the call in progress (under the lock)
     cdef unordered_map[uintptr_t, Block*] live           # user pointer -> allocated block
+    cdef FreeIndexStash free_nodes                       # Note [Reusing nodes on the hot path]
+    cdef AddrStash addr_nodes
+    cdef LiveStash live_nodes
+    cdef BlockStash spare_blocks
     cdef cmap[uintptr_t, Block*] by_addr                 # home address -> primitive block, all states
     cdef cmap[uint64_t, Segment*] segments               # serial -> segment
     cdef cmap[uint64_t, SBlock*] sblocks                 # serial -> sBlock, cached or in use

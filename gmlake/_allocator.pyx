@@ -537,7 +537,7 @@ cdef class Allocator:
         if it == self.live.end():
             return ERR_INVALID_FREE
         cdef Block* b = deref(it).second
-        self.live.erase(it)
+        self.live_nodes.take_at(self.live, it)
         self._record(TRACE_FREE_REQUESTED, b.addr, b.requested, b.stream)
         self.st.frees += 1
         self.st.live_blocks -= 1
@@ -1100,7 +1100,7 @@ cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failur
         return 0
     b.requested = size
     self._record(TRACE_ALLOC, b.addr, size, stream)
-    self.live[b.addr] = b
+    self.live_nodes.put(self.live, b.addr, b)
     self.st.allocs += 1
     self.st.live_blocks += 1
     self.st.allocated += b.size

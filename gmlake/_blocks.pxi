@@ -8,11 +8,11 @@ cdef FreeIndex* _index(Allocator self, int pool) noexcept nogil:
 
 
 cdef void _insert_free(Allocator self, Block* b) noexcept nogil:
-    _index_of(self, b).insert(FreeEntry(key_of(b), b))
+    self.free_nodes.put(_index_of(self, b)[0], key_of(b), b)
 
 
 cdef void _erase_free(Allocator self, Block* b) noexcept nogil:
-    _index_of(self, b).erase(key_of(b))
+    self.free_nodes.take(_index_of(self, b)[0], key_of(b))
 
 
 cdef FreeIndex* _holes(Allocator self, int pool) noexcept nogil:
@@ -86,7 +86,7 @@ cdef Block* _best_free(Allocator self, int pool, size_t size, int64_t stream) no
 
 cdef Block* _split(Allocator self, Block* b, size_t size) noexcept nogil:
     """Cut b after `size` bytes; b keeps the head. Returns the tail (same state, not indexed)."""
-    cdef Block* tail = new Block()
+    cdef Block* tail = self.spare_blocks.make()
     tail.addr = b.addr + size
     tail.size = b.size - size
     tail.stream = b.stream
@@ -99,21 +99,21 @@ cdef Block* _split(Allocator self, Block* b, size_t size) noexcept nogil:
         b.next.prev = tail
     b.next = tail
     b.size = size
-    self.by_addr[tail.addr] = tail
+    self.addr_nodes.put(self.by_addr, tail.addr, tail)
     return tail
 
 
 cdef void _absorb_next(Allocator self, Block* b) noexcept nogil:
     """Merge b's next neighbour into b (the neighbour is unindexed by the caller first)."""
     cdef Block* n = b.next
-    self.by_addr.erase(n.addr)
+    self.addr_nodes.take(self.by_addr, n.addr)
     b.size += n.size
     b.next = n.next
     if n.next != NULL:
         n.next.prev = b
     if n.free_seq > b.free_seq:
         b.free_seq = n.free_seq
-    del n
+    self.spare_blocks.drop(n)
 
 
 cdef Block* _coalesce(Allocator self, Block* b) noexcept nogil:

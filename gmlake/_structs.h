@@ -1,7 +1,10 @@
-// Plain data of the allocator core. All logic lives in _allocator.pyx; these are records and orderings only.
+// Plain data of the allocator core: records, orderings, and the spares the hot path reuses (NodeStash,
+// BlockStash). All allocator logic lives in _allocator.pyx.
 #pragma once
 #include <cstdint>
 #include <map>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace gmlake {
@@ -141,6 +144,67 @@ struct SBlockKey {
     bool operator<(const SBlockKey& o) const {
         if (capacity != o.capacity) return capacity < o.capacity;
         return serial < o.serial;
+    }
+};
+
+// Note [Reusing nodes on the hot path]: a cache hit that splits a free block and merges it back on free would
+// otherwise allocate and free a Block, and a node of each container it enters (free index, address map, live map),
+// every time: about a third of a split + merge's instructions (callgrind, sim driver: 2,240 a malloc+free pair
+// before, 1,581 after; an sBlock hit 4,509 and 3,649). Each allocator keeps up to 64 spares of each for its next
+// requests, used only under its lock. A node moves between maps of one type (the default pool's free index and a
+// private pool's), which C++17 node handles allow; spares are freed with the allocator.
+template <class Map>
+struct NodeStash {
+    static constexpr size_t kept = 64;
+    std::vector<typename Map::node_type> spare;
+    NodeStash() { spare.reserve(kept); }
+    // map[key] = value, in a spare node where there is one.
+    void put(Map& map, const typename Map::key_type& key, typename Map::mapped_type value) {
+        if (spare.empty()) {
+            auto placed = map.emplace(key, value);
+            if (!placed.second) placed.first->second = value;
+            return;
+        }
+        typename Map::node_type node = std::move(spare.back());
+        spare.pop_back();
+        node.key() = key;
+        node.mapped() = value;
+        auto placed = map.insert(std::move(node));
+        if (!placed.inserted) {
+            placed.position->second = value;
+            spare.push_back(std::move(placed.node));
+        }
+    }
+    // map.erase(key), keeping the node.
+    bool take(Map& map, const typename Map::key_type& key) {
+        typename Map::node_type node = map.extract(key);
+        if (node.empty()) return false;
+        if (spare.size() < kept) spare.push_back(std::move(node));
+        return true;
+    }
+    // map.erase(it), keeping the node.
+    void take_at(Map& map, typename Map::iterator it) {
+        typename Map::node_type node = map.extract(it);
+        if (spare.size() < kept) spare.push_back(std::move(node));
+    }
+};
+
+// new Block() and delete, with spares.
+struct BlockStash {
+    static constexpr size_t kept = 64;
+    std::vector<Block*> spare;
+    BlockStash() { spare.reserve(kept); }
+    ~BlockStash() { for (Block* b : spare) delete b; }
+    Block* make() {
+        if (spare.empty()) return new Block();
+        Block* b = spare.back();
+        spare.pop_back();
+        *b = Block();
+        return b;
+    }
+    void drop(Block* b) {
+        if (spare.size() < kept) spare.push_back(b);
+        else delete b;
     }
 };
 
