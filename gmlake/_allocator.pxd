@@ -124,15 +124,19 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
     cppclass FreeIndexStash "gmlake::NodeStash<std::map<gmlake::FreeKey, gmlake::Block*>>":
         void put(FreeIndex& index, const FreeKey& key, Block* block)
         bint take(FreeIndex& index, const FreeKey& key)
+        size_t held()
     cppclass AddrStash "gmlake::NodeStash<std::map<uintptr_t, gmlake::Block*>>":
         void put(cmap[uintptr_t, Block*]& by_addr, const uintptr_t& addr, Block* block)
         bint take(cmap[uintptr_t, Block*]& by_addr, const uintptr_t& addr)
+        size_t held()
     cppclass LiveStash "gmlake::NodeStash<std::unordered_map<uintptr_t, gmlake::Block*>>":
         void put(unordered_map[uintptr_t, Block*]& live, const uintptr_t& addr, Block* block)
         void take_at(unordered_map[uintptr_t, Block*]& live, unordered_map[uintptr_t, Block*].iterator it)
+        size_t held()
     cppclass BlockStash:
         Block* make()
         void drop(Block* block)
+        size_t held()
 
 # Driver calls, counted by kind.
 cdef enum Call:

@@ -186,7 +186,7 @@ struct NodeStash {
     void take_at(Map& map, typename Map::iterator it) {
         typename Map::node_type node = map.extract(it);
         if (spare.size() < kept) spare.push_back(std::move(node));
-    }
+    }    size_t held() const { return spare.size(); }
 };
 
 // new Block() and delete, with spares.
@@ -205,7 +205,7 @@ struct BlockStash {
     void drop(Block* b) {
         if (spare.size() < kept) spare.push_back(b);
         else delete b;
-    }
+    }    size_t held() const { return spare.size(); }
 };
 
 }  // namespace gmlake

@@ -519,3 +519,25 @@ def test_stream_calls_are_timed(make):
     assert all(got[k] >= 0 for k in got)
     with pytest.raises(ValueError):
         time_stream_calls(make(), 0, 0)
+
+
+def test_the_hot_path_reuses_its_blocks_and_nodes_and_keeps_at_most_64(driver):
+    """Note [Reusing nodes on the hot path]: a malloc + free that splits and merges takes its Block and container
+    nodes from the spares and gives them back, so a steady state allocates nothing; a burst keeps 64 of each."""
+    alloc = Allocator(driver)
+    alloc.debug_checks = True
+    alloc.free(alloc.malloc(4096))
+    settled = alloc.spares
+    assert settled["blocks"] >= 1 and settled["address_nodes"] >= 1 and settled["live_nodes"] >= 1
+    for _ in range(100):
+        alloc.free(alloc.malloc(4096))
+    assert alloc.spares == settled
+    burst = [alloc.malloc(4096) for _ in range(200)]
+    assert alloc.spares["blocks"] == 0 and alloc.spares["address_nodes"] == 0     # every split took one
+    for p in burst:
+        alloc.free(p)
+    after = alloc.spares
+    assert after["blocks"] == after["address_nodes"] == after["live_nodes"] == 64
+    assert after["free_index_nodes"] <= 64
+    assert alloc.stats()["allocated_bytes"] == 0
+    alloc.close()
