@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# After a core change: the checks that must pass on the GPU before the change counts as done, in one device-tool call
+# (about 7 minutes): build in place, the GPU tests but the soak and the threads test (~300 s), the micro benchmark on
+# the CUDA driver, and torch.empty + del latency against native in three alternating rounds.
+#   scripts/gpu-verify.sh
+# Results in $OUT: gpu-tests.log, micro-h200.json, torch-latency-rounds.json, build.log, machine.txt.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/gmlake-out}
+mkdir -p "$OUT"
+START=$SECONDS
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch, Cython; print("torch", torch.__version__, "Cython", Cython.__version__)'
+  git log --oneline -1 2>/dev/null
+} 2>&1 | tee "$OUT/machine.txt"
+if ! python3 setup.py build_ext --inplace -j "$(nproc)" >"$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; exit 1
+fi
+echo "built in $((SECONDS - START)) s"
+rc=0
+timeout 420 python3 -m pytest -m gpu -v -p no:cacheprovider tests/ -k "not soak and not threads" >"$OUT/gpu-tests.log" 2>&1 \
+  || rc=1
+tail -3 "$OUT/gpu-tests.log"
+echo "GPU tests done at $((SECONDS - START)) s"
+timeout 90 python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" >"$OUT/micro.log" 2>&1 || rc=1
+python3 -c "import json, sys; print('cache hits ns:', json.load(open(sys.argv[1]))['cache_hit_ns'])" \
+  "$OUT/micro-h200.json" 2>/dev/null
+timeout 120 python3 bench/torch_latency.py --rounds 3 --out "$OUT/torch-latency-rounds.json" >"$OUT/latency.log" 2>&1 \
+  || { rc=1; tail -1 "$OUT/latency.log"; }
+python3 -c "import json, sys; print('gmlake / native:', {k: round(v, 3) for k, v in json.load(open(sys.argv[1]))['ratio'].items()})" \
+  "$OUT/torch-latency-rounds.json" 2>/dev/null
+echo "done at $((SECONDS - START)) s"
+exit $rc
