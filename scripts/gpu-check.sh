@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
-# Build, test and benchmark on the GPU machine in one call (the device tool): results land in $OUT.
+# The checks a core change must pass on the GPU, in one device-tool call (about 7 minutes): build in place, the GPU
+# tests (by default all but the soak and the threads test, ~300 s; pytest arguments replace that selection), the
+# micro benchmark on the CUDA driver, and torch.empty + del latency against native in three alternating rounds.
+# The CPU suite is CI's (.ci/run), not this call's.
 #   scripts/gpu-check.sh [pytest args...]
+# Results in $OUT: gpu-tests.log, micro-h200.json, torch-latency-rounds.json, build.log, machine.txt.
 set -uo pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/gmlake-out}
 mkdir -p "$OUT"
-LOG="$OUT/gpu-check.log"
-# The GPU machine has no registry: build with the Cython there (the build needs nothing of CUDA).
+START=$SECONDS
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch, Cython; print("torch", torch.__version__, "Cython", Cython.__version__)'
-} 2>&1 | tee "$LOG"
-if ! python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
+  git log --oneline -1 2>/dev/null
+} 2>&1 | tee "$OUT/machine.txt"
+if ! python3 setup.py build_ext --inplace -j "$(nproc)" >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; exit 1
 fi
+echo "built in $((SECONDS - START)) s"
 rc=0
-if ! python3 -m pytest -m gpu -v -p no:cacheprovider tests/ "$@" 2>&1 | tee -a "$LOG" | tail -25; then
-  rc=1
-fi
-python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tail -4 | tee -a "$LOG"
-python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" 2>&1 | tee -a "$LOG"
+[ $# -gt 0 ] || set -- -k "not soak and not threads"
+timeout 420 python3 -m pytest -m gpu -v -p no:cacheprovider tests/ "$@" >"$OUT/gpu-tests.log" 2>&1 || rc=1
+tail -3 "$OUT/gpu-tests.log"
+echo "GPU tests done at $((SECONDS - START)) s"
+timeout 90 python3 bench/micro.py --driver cuda --out "$OUT/micro-h200.json" >"$OUT/micro.log" 2>&1 || rc=1
+python3 -c "import json, sys; print('cache hits ns:', json.load(open(sys.argv[1]))['cache_hit_ns'])" \
+  "$OUT/micro-h200.json" 2>/dev/null
+timeout 120 python3 bench/torch_latency.py --rounds 3 --out "$OUT/torch-latency-rounds.json" >"$OUT/latency.log" 2>&1 \
+  || { rc=1; tail -1 "$OUT/latency.log"; }
+python3 -c "import json, sys; print('gmlake / native:', {k: round(v, 3) for k, v in json.load(open(sys.argv[1]))['ratio'].items()})" \
+  "$OUT/torch-latency-rounds.json" 2>/dev/null
+echo "done at $((SECONDS - START)) s"
 exit $rc
