@@ -1,12 +1,14 @@
 """torch.empty + del latency under gmlake against PyTorch's native caching allocator, in one run.
 
-    python bench/torch_latency.py [--rounds N] [--iterations N] [--out FILE]
+    python bench/torch_latency.py [--rounds N] [--iterations N] [--repeats N] [--out FILE]
 
 Each allocator runs in its own process (the allocator is chosen before CUDA starts); sizes cover the small pool,
 a large block and a block that gmlake serves from a cached stitched block. Rounds alternate the order (native,
 gmlake, then gmlake, native, ...), as the speed suites do, since a shared machine drifts between processes; the
 record keeps every run and gives, per size, each allocator's median and the ratio of the medians with each side's
-spread.
+spread. Every run is pinned to the same CPU, and takes the best of --repeats timed loops, so that a noisy
+neighbour's bursts and a move between cores weigh less; each run also times a fixed pure-Python loop on that CPU
+(`probe_us`), which shows how loaded the host was while it ran.
 """
 from __future__ import annotations
 
@@ -43,11 +45,27 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
-def inner(iterations: int) -> dict:
+def probe_us(repeats: int) -> float:
+    """Best of `repeats` timings of a fixed pure-Python loop: the host's speed while the run ran, not the allocator's."""
+    import time
+
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(20_000):
+            total += i
+        best = min(best, (time.perf_counter() - t0) * 1e6)
+    return best
+
+
+def inner(iterations: int, repeats: int, cpu: int) -> dict:
     import time
 
     import torch
 
+    if cpu >= 0:
+        os.sched_setaffinity(0, {cpu})
     out = {}
     keep = torch.empty(1, device="cuda")
     for label, n in SIZES.items():
@@ -55,7 +73,7 @@ def inner(iterations: int) -> dict:
             del_me = torch.empty(n, dtype=torch.uint8, device="cuda")
             del del_me
         best = float("inf")
-        for _ in range(5):
+        for _ in range(repeats):
             t0 = time.perf_counter()
             for _ in range(iterations):
                 t = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -63,20 +81,23 @@ def inner(iterations: int) -> dict:
             best = min(best, (time.perf_counter() - t0) / iterations * 1e6)
         out[label] = best
     del keep
+    out["probe_us"] = probe_us(repeats)
     return out
 
 
 def main() -> None:
     parser = OneLineParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=100_000)
+    parser.add_argument("--iterations", type=int, default=20_000, help="requests per timed loop (default 20,000)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed loops per size; the best counts (default 20)")
     parser.add_argument("--rounds", type=int, default=2, help="each round runs both allocators once (default 2)")
     parser.add_argument("--out")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.iterations < 1 or args.rounds < 1:
-        parser.error("--iterations and --rounds must be at least 1")
+    if args.iterations < 1 or args.rounds < 1 or args.repeats < 1:
+        parser.error("--iterations, --repeats and --rounds must be at least 1")
     if args.inner:
-        print(json.dumps(inner(args.iterations)))
+        print(json.dumps(inner(args.iterations, args.repeats, args.cpu)))
         return
     try:
         import torch
@@ -85,19 +106,22 @@ def main() -> None:
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (it times torch's allocators on one)")
     commands = {"native": [sys.executable, __file__], "gmlake": [sys.executable, "-m", "gmlake", "run", __file__]}
+    cpu = max(os.sched_getaffinity(0))    # every run on the same CPU: a move between cores is noise, not allocator
     runs = []
     for name in run_order(args.rounds):
-        proc = subprocess.run(commands[name] + ["--inner", "--iterations", str(args.iterations)],
+        proc = subprocess.run(commands[name] + ["--inner", "--iterations", str(args.iterations), "--repeats",
+                                                str(args.repeats), "--cpu", str(cpu)],
                               capture_output=True, text=True, check=False, env=os.environ.copy())
         if proc.returncode != 0:        # not the command line's fault: one line, exit 1
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             sys.exit(f"{parser.prog}: the {name} run failed (exit {proc.returncode}): {last}")
-        runs.append({"allocator": name, "us_per_empty_del": json.loads(proc.stdout.strip().splitlines()[-1])})
+        timings = json.loads(proc.stdout.strip().splitlines()[-1])
+        runs.append({"allocator": name, "probe_us": timings.pop("probe_us"), "us_per_empty_del": timings})
     summary = summarize(runs)
     record = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "command": " ".join(sys.argv),
-        "runs": runs, "summary": summary, "ratio": {k: v["ratio"] for k, v in summary.items()},
+        "cpu": cpu, "iterations": args.iterations, "repeats": args.repeats, "runs": runs, "summary": summary, "ratio": {k: v["ratio"] for k, v in summary.items()},
     }
     text = json.dumps(record, indent=2)
     if args.out:

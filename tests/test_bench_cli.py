@@ -3,6 +3,7 @@ argparse's usage block or a traceback (gmlake.cli.OneLineParser)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,34 @@ def test_torch_latency_alternates_the_order_and_compares_medians():
     assert row["gmlake"]["median_us"] == pytest.approx(2.1) and row["ratio"] == pytest.approx(1.05)
 
 
-@pytest.mark.parametrize("args", [["--rounds", "0"], ["--iterations", "-5"]])
+@pytest.mark.parametrize("args", [["--rounds", "0"], ["--iterations", "-5"], ["--repeats", "0"]])
 def test_torch_latency_refuses_a_count_below_one(args):
     assert "must be at least 1" in one_line_exit_2(["bench/torch_latency.py", *args])
+
+
+GPU_AB = ROOT / "scripts" / "gpu-ab.sh"
+
+
+@pytest.mark.parametrize("args", [[], ["HEAD"], ["no-such-revision", "HEAD"]])
+def test_gpu_ab_refuses_bad_revisions_in_one_line(args, tmp_path):
+    proc = subprocess.run(["bash", str(GPU_AB), *args], capture_output=True, text=True, check=False, timeout=60,
+                          cwd=ROOT, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(("usage:", "gpu-ab.sh: ")), proc.stderr
+
+
+@pytest.mark.slow
+def test_gpu_ab_compares_two_builds_on_the_sim_driver(tmp_path):
+    """Builds HEAD twice in worktrees and alternates them: a B / A row per cache-hit case, every run recorded."""
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs the git history")
+    proc = subprocess.run(["bash", str(GPU_AB), "HEAD", "HEAD"], capture_output=True, text=True, check=False,
+                          timeout=600, cwd=ROOT,
+                          env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(tmp_path),
+                               "DRIVER": "sim", "LATENCY": "0", "ROUNDS": "2"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [line for line in (tmp_path / "ab.txt").read_text().splitlines() if line.startswith("micro")]
+    assert {row.split()[1] for row in rows} >= {"exact_4KiB", "split_4KiB", "stitched_128MiB"}
+    assert all(" B/A " in row for row in rows)
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert [r["side"] for r in runs] == ["A", "B", "B", "A"]
