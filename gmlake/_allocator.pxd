@@ -180,6 +180,7 @@ cdef struct Failure:
     size_t reserved
     size_t allocated
     size_t limit
+    bint hook_failed    # a policy seam raised or answered badly during this call: the request fails (ERR_POLICY)
 
 cdef struct Stats:
     size_t allocated
@@ -306,7 +307,6 @@ cdef class Allocator:
     cdef bint checking                                   # debug_checks: every invariant after every operation
     cdef uint64_t checks_run
     cdef object invariant_error                          # what a debug check found, for the next Python call
-    cdef bint hook_failed                                # a hook raised during the call in progress (under the lock)
     cdef unordered_map[uintptr_t, Block*] live           # user pointer -> allocated block
     cdef FreeIndexStash free_nodes                       # Note [Reusing nodes on the hot path]
     cdef AddrStash addr_nodes
@@ -373,17 +373,19 @@ cdef class Seams:
     hook, with the GIL. A subclass compiled against this .pxd overrides any of these methods in Cython, nogil, and
     sets the matching SeamBit in `overridden` (in its __cinit__): the core then calls it there, through the vtable,
     without the GIL. Each method is called with the allocator's lock held; it receives the built-in answer and may
-    change it. Its arguments are the allocator's own structures: read them, never change them."""
+    change it. Its arguments are the allocator's own structures: read them, never change them; `why` is the
+    request's Failure, which the base marks (hook_failed) when a Python hook raises or answers badly."""
     cdef public int overridden
 
-    cdef void place(self, Allocator a, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept nogil
-    cdef bint split(self, Allocator a, Block* b, size_t size, bint default) noexcept nogil
-    cdef void stitch(self, Allocator a, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
-                     size_t* remaining) noexcept nogil
-    cdef bint allow_stitch(self, Allocator a, size_t size, int64_t stream, vector[Piece]& pieces,
+    cdef void place(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, Block** b,
+                    SBlock** sb) noexcept nogil
+    cdef bint split(self, Allocator a, Failure* why, Block* b, size_t size, bint default) noexcept nogil
+    cdef void stitch(self, Allocator a, Failure* why, size_t size, int64_t stream, vector[Block*]& blocks,
+                     vector[Piece]& pieces, size_t* remaining) noexcept nogil
+    cdef bint allow_stitch(self, Allocator a, Failure* why, size_t size, int64_t stream, vector[Piece]& pieces,
                            size_t remaining) noexcept nogil
-    cdef void layout(self, Allocator a, int pool, size_t size, int64_t stream, size_t* segment_size,
+    cdef void layout(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, size_t* segment_size,
                      size_t* handle_size) noexcept nogil
-    cdef SBlock* evict(self, Allocator a, SBlock* lru_victim, int reason) noexcept nogil
-    cdef int pressure(self, Allocator a, size_t size, int64_t stream, int pool, int attempt,
+    cdef SBlock* evict(self, Allocator a, Failure* why, SBlock* lru_victim, int reason) noexcept nogil
+    cdef int pressure(self, Allocator a, Failure* why, size_t size, int64_t stream, int pool, int attempt,
                       int default) noexcept nogil

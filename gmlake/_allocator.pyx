@@ -96,8 +96,11 @@ cdef inline void no_failure(Failure* why) noexcept nogil:
     a Failure on its own stack and passes a pointer to it down to every function on its path; the driver-call funnel
     (_call, room vmm) writes the first driver error there, the request's decisions write ERR_OOM, ERR_CAPTURE and
     the like, and the entry point hands a copy to its caller (_report). Nothing about a failure is kept in the
-    allocator between calls, so no call can see, or overwrite, another's."""
+    allocator between calls, so no call can see, or overwrite, another's. That holds for a policy hook's failure too:
+    the seams receive the Failure and mark it (hook_failed); only the exception object, which needs the GIL, waits
+    in the calling thread's hook_errors until failure() turns it into the call's PolicyError."""
     why.err = ERR_NONE
+    why.hook_failed = False
     why.code = 0
     why.call = 0
     why.reserved = 0
@@ -314,10 +317,10 @@ cdef class Allocator:
         if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self):
             b = _wait_for_other_stream(self, why, POOL_SMALL, size, stream)
         if self.k.hook_place and why.err == ERR_NONE:
-            self.seams.place(self, POOL_SMALL, size, stream, &b, NULL)
+            self.seams.place(self, why, POOL_SMALL, size, stream, &b, NULL)
         if b != NULL:
             _erase_free(self, b)
-            return _take(self, b, size, stream)
+            return _take(self, why, b, size, stream)
         if why.err != ERR_NONE:
             return NULL
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
@@ -328,7 +331,7 @@ cdef class Allocator:
                                 stream)
         if seg == NULL:
             return NULL
-        return _take(self, seg.first, size, stream)
+        return _take(self, why, seg.first, size, stream)
 
     cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
         # Steps 1-2: best fit among free pBlocks and cached sBlocks, then split.
@@ -346,13 +349,13 @@ cdef class Allocator:
         if self.cached.size() and (b == NULL or self.k.sblock_first):
             sb = _best_cached(self, size, b.size if b != NULL else <size_t>-1, stream)
         if self.k.hook_place:       # placement seam: the policy may pick another block or sBlock, or none
-            self.seams.place(self, POOL_LARGE, size, stream, &b, &sb)
+            self.seams.place(self, why, POOL_LARGE, size, stream, &b, &sb)
         if sb != NULL:
             self.st.sblock_reuses += 1
             return _claim(self, sb, size, stream)
         if b != NULL:
             _erase_free(self, b)
-            return _take(self, b, size, stream)
+            return _take(self, why, b, size, stream)
         cdef size_t alloc_size
         cdef Segment* seg
         if self.k.segment_rule == SEGMENTS_EXPANDABLE:
@@ -369,7 +372,7 @@ cdef class Allocator:
             seg = _laid_out_segment(self, why, POOL_LARGE, size, alloc_size, alloc_size, stream)
             if seg == NULL:
                 return NULL
-            return _take(self, seg.first, size, stream)
+            return _take(self, why, seg.first, size, stream)
         # Steps 3-4: stitch free pBlocks, adding new chunks for the shortfall only.
         return _stitch_or_grow(self, why, size, stream)
 
@@ -404,7 +407,7 @@ cdef class Allocator:
                 # The built-in stages, as _relieve carries them out, offered as the default answer.
                 default = PRESSURE_GIVE_UP if attempt >= 2 else \
                     PRESSURE_RELEASE_OTHER if attempt == 0 and self.k.cross_stream else PRESSURE_RELEASE_ALL
-                action = self.seams.pressure(self, size, stream, pool, attempt, default)
+                action = self.seams.pressure(self, why, size, stream, pool, attempt, default)
                 if action < PRESSURE_GIVE_UP or action > PRESSURE_RELEASE_ALL:
                     action = default            # a Cython seam's answer out of range: the built-in's
                 if action == PRESSURE_GIVE_UP:
@@ -647,14 +650,6 @@ cdef class Allocator:
         self._lock()
         self.limit_bytes = limit
         self.mutex.unlock()
-
-    def _hook_raised(self, exc: BaseException, hook: str) -> None:
-        """Note the exception `hook` raised (or its bad answer) for this thread's call (the first one wins); the
-        call then fails with it."""
-        self.hook_failed = True
-        if getattr(self.hook_errors, "exc", None) is None:
-            self.hook_errors.exc = exc
-            self.hook_errors.hook = hook
 
     # ------------------------------------------------------------------ Python API
 
@@ -1086,7 +1081,6 @@ cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failur
     cdef Failure failure
     cdef Failure* why = &failure
     no_failure(why)
-    self.hook_failed = False
     self.request_stream = stream
     self.capture_check = CAPTURE_UNCHECKED
     if self.pending.size() and self.capturing == 0 and not _unannounced_capture(self):
@@ -1102,7 +1096,7 @@ cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failur
     rounded = round_up(size, self.k.round_to)
     b = self._alloc(why, rounded, stream)
     if b == NULL:
-        if self.hook_failed:
+        if why.hook_failed:
             why.err = ERR_POLICY
         elif why.err == ERR_NONE:
             why.err = ERR_OOM
@@ -1124,7 +1118,7 @@ cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failur
     peak_update(&self.st.peak_allocated, self.st.allocated)
     peak_update(&self.st.peak_requested, self.st.requested)
     peak_update(&self.st.peak_active, self.st.active)
-    if self.hook_failed:
+    if why.hook_failed:
         # A hook raised: the allocation completed with the built-in answer; undo it and fail the request.
         self._free_locked(why, b.addr)
         why.err = ERR_POLICY

@@ -131,7 +131,7 @@ cdef Block* _coalesce(Allocator self, Block* b) noexcept nogil:
     return b
 
 
-cdef bint _should_split(Allocator self, Block* b, size_t size) noexcept nogil:
+cdef bint _should_split(Allocator self, Failure* why, Block* b, size_t size) noexcept nogil:
     cdef size_t remaining = b.size - size
     cdef bint split
     if remaining == 0:
@@ -141,13 +141,13 @@ cdef bint _should_split(Allocator self, Block* b, size_t size) noexcept nogil:
     else:
         split = remaining > self.k.large_split_min and (self.k.max_split_size == 0 or size < self.k.max_split_size)
     if self.k.hook_split:
-        split = self.seams.split(self, b, size, split)
+        split = self.seams.split(self, why, b, size, split)
     return split
 
 
-cdef Block* _take(Allocator self, Block* b, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _take(Allocator self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
     """Allocate the head of free, unindexed b; the rest stays free if the policy splits it."""
-    if _should_split(self, b, size):
+    if _should_split(self, why, b, size):
         _insert_free(self, _split(self, b, size))
     b.state = BLOCK_ALLOCATED
     b.stream = stream

@@ -98,7 +98,7 @@ cdef Block* _find_expandable(Allocator self, Failure* why, int pool, size_t size
         inc(it)
     cdef size_t reserve = round_up(self.k.expandable_reserve, page)
     if self.k.hook_layout:          # growth seam: the new range's size and page
-        self.seams.layout(self, pool, size, stream, &reserve, &page)
+        self.seams.layout(self, why, pool, size, stream, &reserve, &page)
     if reserve < size:
         why.err = ERR_OOM
         return NULL
@@ -154,7 +154,7 @@ cdef Block* _alloc_expandable(Allocator self, Failure* why, int pool, size_t siz
             return NULL
         c = m
     _erase_free(self, c)
-    return _take(self, c, size, stream)
+    return _take(self, why, c, size, stream)
 
 
 cdef size_t _growth_bytes(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
@@ -206,11 +206,11 @@ cdef Block* _stitch_expandable(Allocator self, Failure* why, size_t size, int64_
             return NULL
         pieces.clear()              # the built-in would grow; the policy's choose_stitch may still stitch
     if self.k.hook_stitch:
-        _choose_stitch(self, size, stream, blocks, pieces, &remaining)
+        _choose_stitch(self, why, size, stream, blocks, pieces, &remaining)
         if pieces.empty():
             return NULL
         fresh = round_up(remaining, page)
-    if not _stitch_allowed(self, size, stream, pieces, remaining):
+    if not _stitch_allowed(self, why, size, stream, pieces, remaining):
         return NULL
     if remaining:
         # The shortfall as new pages at the lowest hole with room, stitched last.
@@ -242,5 +242,5 @@ cdef Segment* _laid_out_segment(Allocator self, Failure* why, int pool, size_t s
     """Growth seam: a new mapped segment for `size` bytes, `segment_size` bytes in handles of `handle_size` unless
     the policy's segment_layout lays it out otherwise."""
     if self.k.hook_layout:
-        self.seams.layout(self, pool, size, stream, &segment_size, &handle_size)
+        self.seams.layout(self, why, pool, size, stream, &segment_size, &handle_size)
     return _new_segment(self, why, pool, segment_size, handle_size, stream, True)

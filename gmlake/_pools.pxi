@@ -73,7 +73,7 @@ cdef Block* _alloc_in_pool(Allocator self, Failure* why, int kind, size_t size, 
     cdef size_t segment_size, handle_size
     if b != NULL:
         _erase_free(self, b)
-        return _take(self, b, size, stream)
+        return _take(self, why, b, size, stream)
     if kind == POOL_SMALL:
         segment_size = handle_size = self.k.small_segment_size
     elif self.k.segment_rule == SEGMENTS_CHUNKS:
@@ -91,7 +91,7 @@ cdef Block* _alloc_in_pool(Allocator self, Failure* why, int kind, size_t size, 
     seg.free_index = &p.free_small if kind == POOL_SMALL else &p.free_large
     p.segments += 1
     p.reserved += seg.size
-    return _take(self, seg.first, size, stream)
+    return _take(self, why, seg.first, size, stream)
 
 
 cdef void _await_uses(Allocator self, Failure* why, Block* b, vector[int64_t]& streams) noexcept nogil:

@@ -108,7 +108,7 @@ cdef int _evict_lru(Allocator self, Failure* why, size_t keep, bint synced, int 
             synced = True
         victim = deref(self.lru.begin()).second
         if self.k.hook_evict and reason != EVICT_ALL:
-            victim = self.seams.evict(self, victim, reason)
+            victim = self.seams.evict(self, why, victim, reason)
             if victim == NULL:          # the policy declined: keep the rest
                 return DRIVER_OK
         rc = _evict(self, why, victim)
@@ -256,25 +256,25 @@ cdef size_t _collect_pieces(Allocator self, size_t size, int64_t stream, vector[
     return _cut_pieces(self, blocks, size, pieces)
 
 
-cdef void _choose_stitch(Allocator self, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
-                         size_t* remaining) noexcept nogil:
+cdef void _choose_stitch(Allocator self, Failure* why, size_t size, int64_t stream, vector[Block*]& blocks,
+                         vector[Piece]& pieces, size_t* remaining) noexcept nogil:
     """Stitching seam: the policy's choose_stitch, where it has one, replaces the built-in pieces (an empty
     choice: grow instead)."""
     if not self.k.hook_stitch:
         return
     if pieces.empty():
         remaining[0] = size
-    self.seams.stitch(self, size, stream, blocks, pieces, remaining)
+    self.seams.stitch(self, why, size, stream, blocks, pieces, remaining)
 
 
-cdef bint _stitch_allowed(Allocator self, size_t size, int64_t stream, vector[Piece]& pieces,
+cdef bint _stitch_allowed(Allocator self, Failure* why, size_t size, int64_t stream, vector[Piece]& pieces,
                           size_t remaining) noexcept nogil:
     """A stitch of `pieces` (plus `remaining` new bytes) may go ahead: there are pieces, and the policy's
     allow_stitch hook, where it has one, agrees."""
     if pieces.empty():
         return False
     if self.k.hook_allow_stitch:
-        return self.seams.allow_stitch(self, size, stream, pieces, remaining)
+        return self.seams.allow_stitch(self, why, size, stream, pieces, remaining)
     return True
 
 
@@ -294,12 +294,12 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
     if remaining and round_up(remaining, self.k.chunk_size) + self.k.min_saved_chunks * self.k.chunk_size \
             > round_up(size, self.k.chunk_size):
         pieces.clear()
-    _choose_stitch(self, size, stream, blocks, pieces, &remaining)
-    if not _stitch_allowed(self, size, stream, pieces, remaining):
+    _choose_stitch(self, why, size, stream, blocks, pieces, &remaining)
+    if not _stitch_allowed(self, why, size, stream, pieces, remaining):
         seg = _grow(self, why, size, stream)
         if seg == NULL:
             return NULL
-        return _take(self, seg.first, size, stream)
+        return _take(self, why, seg.first, size, stream)
     seg = NULL
     if remaining:
         seg = _grow(self, why, remaining, stream)

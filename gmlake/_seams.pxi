@@ -1,30 +1,39 @@
 # The policy seams (included by _allocator.pyx): how the core asks a policy that overrides a decision.
 # Seams is what the core calls at every overridden seam; its base asks the Python hooks below (slow, with the GIL,
 # under the allocator's lock), and a subclass in a researcher's own .pyx decides nogil (docs/policies.md).
-# A hook's exception or bad answer is noted by Allocator._hook_raised and fails only that request.
+# A hook's exception or bad answer is noted in the call's Failure (_note_hook_failure) and fails only that request.
 
 
-cdef bint _hook_split(Allocator self, size_t block_size, size_t size, int pool, bint default) noexcept:
+cdef void _note_hook_failure(Allocator self, Failure* why, object exc, str hook):
+    """Fail the call in progress with the exception `hook` raised, or with its bad answer; the first in a call
+    wins. The exception waits in this thread's hook_errors until failure() makes it the call's PolicyError."""
+    if not why.hook_failed:
+        why.hook_failed = True
+        self.hook_errors.exc = exc
+        self.hook_errors.hook = hook
+
+
+cdef bint _hook_split(Allocator self, Failure* why, size_t block_size, size_t size, int pool, bint default) noexcept:
     try:
         return bool(self.policy.should_split(block_size, size, "small" if pool == POOL_SMALL else "large",
                                              default))
     except BaseException as exc:
-        self._hook_raised(exc, "should_split")
+        _note_hook_failure(self, why, exc, "should_split")
         return default
 
 
-cdef bint _hook_allow_stitch(Allocator self, size_t size, int64_t stream, vector[Piece]& pieces,
+cdef bint _hook_allow_stitch(Allocator self, Failure* why, size_t size, int64_t stream, vector[Piece]& pieces,
                              size_t remaining) noexcept:
     cdef size_t i
     try:
         sizes = [pieces[i].size for i in range(pieces.size())]
         return bool(self.policy.allow_stitch(size, stream, sizes, remaining))
     except BaseException as exc:
-        self._hook_raised(exc, "allow_stitch")
+        _note_hook_failure(self, why, exc, "allow_stitch")
         return True
 
 
-cdef SBlock* _hook_evict(Allocator self, SBlock* lru_victim, int reason) noexcept:
+cdef SBlock* _hook_evict(Allocator self, Failure* why, SBlock* lru_victim, int reason) noexcept:
     """Eviction seam: ask the policy which cached sBlock to evict (they are listed oldest first); NULL: it
     declined."""
     cdef vector[SBlock*] order
@@ -42,11 +51,12 @@ cdef SBlock* _hook_evict(Allocator self, SBlock* lru_victim, int reason) noexcep
                              f"sBlocks")
         return order[index]
     except BaseException as exc:
-        self._hook_raised(exc, "evict_victim")
+        _note_hook_failure(self, why, exc, "evict_victim")
         return lru_victim
 
 
-cdef void _hook_place(Allocator self, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept:
+cdef void _hook_place(Allocator self, Failure* why, int pool, size_t size, int64_t stream, Block** b,
+                      SBlock** sb) noexcept:
     """Placement seam: the policy picks among the free blocks and cached sBlocks that fit (or none); `b` and
     `sb` hold the built-in choice on entry and the policy's on return (unchanged if the hook fails)."""
     cdef vector[Block*] blocks
@@ -88,11 +98,11 @@ cdef void _hook_place(Allocator self, int pool, size_t size, int64_t stream, Blo
         else:
             sb[0] = sblocks[answer - blocks.size()]
     except BaseException as exc:
-        self._hook_raised(exc, "choose_block")
+        _note_hook_failure(self, why, exc, "choose_block")
 
 
-cdef void _hook_stitch(Allocator self, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
-                       size_t* remaining) noexcept:
+cdef void _hook_stitch(Allocator self, Failure* why, size_t size, int64_t stream, vector[Block*]& blocks,
+                       vector[Piece]& pieces, size_t* remaining) noexcept:
     """Stitching seam: the policy picks which of `blocks` to stitch, in order; pieces are cut from them as the
     built-in cuts its own (see _cut_pieces). `pieces` and `remaining` hold the built-in choice on entry."""
     cdef vector[Block*] chosen
@@ -119,10 +129,10 @@ cdef void _hook_stitch(Allocator self, size_t size, int64_t stream, vector[Block
         if pieces.empty():
             remaining[0] = size
     except BaseException as exc:
-        self._hook_raised(exc, "choose_stitch")
+        _note_hook_failure(self, why, exc, "choose_stitch")
 
 
-cdef void _hook_layout(Allocator self, int pool, size_t size, int64_t stream, size_t* segment_size,
+cdef void _hook_layout(Allocator self, Failure* why, int pool, size_t size, int64_t stream, size_t* segment_size,
                        size_t* handle_size) noexcept:
     """Growth seam: the policy lays out a new segment for `size` bytes as (segment bytes, handle bytes)."""
     cdef size_t gran = self.driver.granularity
@@ -141,10 +151,11 @@ cdef void _hook_layout(Allocator self, int pool, size_t size, int64_t stream, si
         segment_size[0] = seg_bytes
         handle_size[0] = handle_bytes
     except BaseException as exc:
-        self._hook_raised(exc, "segment_layout")
+        _note_hook_failure(self, why, exc, "segment_layout")
 
 
-cdef int _hook_pressure(Allocator self, size_t size, int64_t stream, int pool, int attempt, int default) noexcept:
+cdef int _hook_pressure(Allocator self, Failure* why, size_t size, int64_t stream, int pool, int attempt,
+                        int default) noexcept:
     """Release-under-pressure seam: the policy names the next action (PRESSURE_ACTIONS), or None to give up."""
     try:
         builtin = None if default == PRESSURE_GIVE_UP else PRESSURE_ACTIONS[default - 1]
@@ -157,7 +168,7 @@ cdef int _hook_pressure(Allocator self, size_t size, int64_t stream, int pool, i
                              f"{', '.join(PRESSURE_ACTIONS)}")
         return PRESSURE_ACTIONS.index(answer) + 1
     except BaseException as exc:
-        self._hook_raised(exc, "relieve_pressure")
+        _note_hook_failure(self, why, exc, "relieve_pressure")
         return default
 
 
@@ -220,34 +231,35 @@ cdef class Seams:
     """The seams as the core asks them: this base asks the policy's Python hooks (see _allocator.pxd). Subclass it
     in Cython to decide a seam at C speed; docs/policies.md has the recipe, gmlake/_seams_example.pyx an example."""
 
-    cdef void place(self, Allocator a, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept nogil:
+    cdef void place(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, Block** b,
+                    SBlock** sb) noexcept nogil:
         with gil:
-            _hook_place(a, pool, size, stream, b, sb)
+            _hook_place(a, why, pool, size, stream, b, sb)
 
-    cdef bint split(self, Allocator a, Block* b, size_t size, bint default) noexcept nogil:
+    cdef bint split(self, Allocator a, Failure* why, Block* b, size_t size, bint default) noexcept nogil:
         with gil:
-            return _hook_split(a, b.size, size, b.seg.pool, default)
+            return _hook_split(a, why, b.size, size, b.seg.pool, default)
 
-    cdef void stitch(self, Allocator a, size_t size, int64_t stream, vector[Block*]& blocks, vector[Piece]& pieces,
-                     size_t* remaining) noexcept nogil:
+    cdef void stitch(self, Allocator a, Failure* why, size_t size, int64_t stream, vector[Block*]& blocks,
+                     vector[Piece]& pieces, size_t* remaining) noexcept nogil:
         with gil:
-            _hook_stitch(a, size, stream, blocks, pieces, remaining)
+            _hook_stitch(a, why, size, stream, blocks, pieces, remaining)
 
-    cdef bint allow_stitch(self, Allocator a, size_t size, int64_t stream, vector[Piece]& pieces,
+    cdef bint allow_stitch(self, Allocator a, Failure* why, size_t size, int64_t stream, vector[Piece]& pieces,
                            size_t remaining) noexcept nogil:
         with gil:
-            return _hook_allow_stitch(a, size, stream, pieces, remaining)
+            return _hook_allow_stitch(a, why, size, stream, pieces, remaining)
 
-    cdef void layout(self, Allocator a, int pool, size_t size, int64_t stream, size_t* segment_size,
+    cdef void layout(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, size_t* segment_size,
                      size_t* handle_size) noexcept nogil:
         with gil:
-            _hook_layout(a, pool, size, stream, segment_size, handle_size)
+            _hook_layout(a, why, pool, size, stream, segment_size, handle_size)
 
-    cdef SBlock* evict(self, Allocator a, SBlock* lru_victim, int reason) noexcept nogil:
+    cdef SBlock* evict(self, Allocator a, Failure* why, SBlock* lru_victim, int reason) noexcept nogil:
         with gil:
-            return _hook_evict(a, lru_victim, reason)
+            return _hook_evict(a, why, lru_victim, reason)
 
-    cdef int pressure(self, Allocator a, size_t size, int64_t stream, int pool, int attempt,
+    cdef int pressure(self, Allocator a, Failure* why, size_t size, int64_t stream, int pool, int attempt,
                       int default) noexcept nogil:
         with gil:
-            return _hook_pressure(a, size, stream, pool, attempt, default)
+            return _hook_pressure(a, why, size, stream, pool, attempt, default)

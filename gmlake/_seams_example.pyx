@@ -7,7 +7,8 @@ module is, overrides the nogil methods of the seams it decides and sets their bi
 """
 from libc.stdint cimport int64_t
 from cython.operator cimport dereference as deref, predecrement as dec
-from gmlake._allocator cimport (Allocator, Seams, Block, SBlock, FreeIndex, FreeKey, SEAM_PLACE, POOL_SMALL)
+from gmlake._allocator cimport (Allocator, Failure, Seams, Block, SBlock, FreeIndex, FreeKey, SEAM_PLACE,
+                                POOL_SMALL)
 
 
 cdef inline FreeKey key(int64_t stream, size_t size) noexcept nogil:
@@ -39,7 +40,8 @@ cdef class WorstFitSeams(Seams):
     def __cinit__(self):
         self.overridden = SEAM_PLACE
 
-    cdef void place(self, Allocator a, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept nogil:
+    cdef void place(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, Block** b,
+                    SBlock** sb) noexcept nogil:
         cdef FreeIndex* index = &a.free_small if pool == POOL_SMALL else &a.free_large
         cdef Block* own
         cdef Block* anyb
@@ -58,5 +60,6 @@ cdef class KeepDefaultPlacement(Seams):
     def __cinit__(self):
         self.overridden = SEAM_PLACE
 
-    cdef void place(self, Allocator a, int pool, size_t size, int64_t stream, Block** b, SBlock** sb) noexcept nogil:
+    cdef void place(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, Block** b,
+                    SBlock** sb) noexcept nogil:
         self.calls += 1

@@ -53,6 +53,29 @@ def test_a_raising_hook_fails_the_request_and_leaves_no_stale_error(driver):
     alloc.check()
 
 
+def test_each_failed_call_reports_the_first_exception_of_its_own_call(driver):
+    """Note [A call's failure]: a hook's failure is marked in the call's own Failure, so two failing calls in a row
+    each report the first exception their own hooks raised, never the other call's."""
+    raised = []
+
+    @dataclass(frozen=True)
+    class Counting(gmlake.policies.PaperPolicy):
+        def should_split(self, block_size, size, pool, default):
+            if size != 3 * MiB:
+                return default
+            raised.append(len(raised) + 1)
+            raise RuntimeError(f"raise number {raised[-1]}")
+
+    alloc = Allocator(driver, Counting())
+    alloc.free(alloc.malloc(8 * MiB))
+    for _ in range(3):
+        first_of_this_call = len(raised) + 1
+        with pytest.raises(PolicyError, match=f"raise number {first_of_this_call}$"):
+            alloc.malloc(3 * MiB)
+    assert len(raised) >= 3
+    alloc.check()
+
+
 def test_replay_stops_with_the_hooks_error():
     with pytest.raises(PolicyError, match="no stitching today"):
         replay(load(TINY), RaisingStitch())
