@@ -177,10 +177,10 @@ cdef struct Failure:
     int err
     int code            # the driver's return code (ERR_DRIVER)
     int call            # which driver call (a Call) returned it
+    bint hook_failed    # a policy seam raised or answered badly during this call: the request fails (ERR_POLICY)
     size_t reserved
     size_t allocated
     size_t limit
-    bint hook_failed    # a policy seam raised or answered badly during this call: the request fails (ERR_POLICY)
 
 cdef struct Stats:
     size_t allocated
