@@ -4,6 +4,8 @@
 # both: the core's cache hits (bench/micro.py's cache_hits, A B B A ...) and torch.empty + del through torch
 # (bench/torch_latency.py's timed loop, pinned to one CPU: native, A, B, then B, A, native, ...).
 #   ROUNDS=3 scripts/gpu-ab.sh REV_A REV_B
+# A revision of "." is the working tree as it is (tracked and untracked files git does not ignore): the device tool
+# sends the working tree with a .git as of the session's start, so a change made since is "." there, not HEAD.
 # DRIVER=sim LATENCY=0 runs the same on a machine without a GPU (the sim driver's cache hits only).
 # Results in $OUT: ab.json (every run), ab.txt (medians and B / A), build-{A,B}.log, machine.txt.
 set -uo pipefail
@@ -17,15 +19,24 @@ ROOT=$PWD
 mkdir -p "$OUT"
 START=$SECONDS
 declare -A TREE=([A]=/tmp/gmlake-ab-A [B]=/tmp/gmlake-ab-B)
-trap 'for t in "${TREE[@]}"; do git worktree remove --force "$t" 2>/dev/null; done' EXIT
+trap 'for t in "${TREE[@]}"; do git worktree remove --force "$t" 2>/dev/null || rm -rf "$t"; done' EXIT
 for side in A B; do
   rev=$([ $side = A ] && echo "$1" || echo "$2")
-  git rev-parse --verify -q "$rev^{commit}" >/dev/null || { echo "gpu-ab.sh: no such revision: $rev" >&2; exit 2; }
+  [ "$rev" = . ] || git rev-parse --verify -q "$rev^{commit}" >/dev/null \
+    || { echo "gpu-ab.sh: no such revision: $rev" >&2; exit 2; }
   rm -rf "${TREE[$side]}"; git worktree prune
-  git worktree add -q --detach "${TREE[$side]}" "$rev" || exit 1
+  if [ "$rev" = . ]; then
+    mkdir -p "${TREE[$side]}" && git ls-files -co --exclude-standard -z | tar -c --null -T - | tar -x -C "${TREE[$side]}" \
+      || exit 1
+  else
+    git worktree add -q --detach "${TREE[$side]}" "$rev" || exit 1
+  fi
 done
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  echo "A: $(git -C "${TREE[A]}" log --oneline -1)"; echo "B: $(git -C "${TREE[B]}" log --oneline -1)"; } | tee "$OUT/machine.txt"
+  for side in A B; do
+    echo "$side: $([ "$(git -C "${TREE[$side]}" rev-parse --show-toplevel 2>/dev/null)" = "${TREE[$side]}" ] \
+      && git -C "${TREE[$side]}" log --oneline -1 || echo "the working tree, $(git log --oneline -1) + changes")"
+  done; } | tee "$OUT/machine.txt"
 for side in A B; do
   (cd "${TREE[$side]}" && python3 setup.py build_ext --inplace -j 8 >"$OUT/build-$side.log" 2>&1) &
 done
