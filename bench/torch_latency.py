@@ -46,7 +46,7 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def probe_us(repeats: int) -> float:
-    """Best of `repeats` timings of a fixed pure-Python loop: the host's speed while the run ran, not the allocator's."""
+    """Best of `repeats` timings of a fixed pure-Python loop: the host's speed during the run, not the allocator's."""
     import time
 
     best = float("inf")
@@ -121,7 +121,8 @@ def main() -> None:
     record = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "command": " ".join(sys.argv),
-        "cpu": cpu, "iterations": args.iterations, "repeats": args.repeats, "runs": runs, "summary": summary, "ratio": {k: v["ratio"] for k, v in summary.items()},
+        "cpu": cpu, "iterations": args.iterations, "repeats": args.repeats, "runs": runs, "summary": summary,
+        "ratio": {k: v["ratio"] for k, v in summary.items()},
     }
     text = json.dumps(record, indent=2)
     if args.out:

@@ -26,8 +26,8 @@ for side in A B; do
     || { echo "gpu-ab.sh: no such revision: $rev" >&2; exit 2; }
   rm -rf "${TREE[$side]}"; git worktree prune
   if [ "$rev" = . ]; then
-    mkdir -p "${TREE[$side]}" && git ls-files -co --exclude-standard -z | tar -c --null -T - | tar -x -C "${TREE[$side]}" \
-      || exit 1
+    mkdir -p "${TREE[$side]}" \
+      && git ls-files -co --exclude-standard -z | tar -c --null -T - | tar -x -C "${TREE[$side]}" || exit 1
   else
     git worktree add -q --detach "${TREE[$side]}" "$rev" || exit 1
   fi
@@ -56,7 +56,8 @@ latency() {  # $1 = native | A | B: torch.empty + del, µs per request
   if [ "$1" = native ]; then
     (cd "${TREE[A]}" && PYTHONPATH=$PWD python3 "$ROOT/bench/torch_latency.py" --inner --cpu "$CPU" | tail -1)
   else
-    (cd "${TREE[$1]}" && PYTHONPATH=$PWD python3 -m gmlake run "$ROOT/bench/torch_latency.py" --inner --cpu "$CPU" | tail -1)
+    (cd "${TREE[$1]}" && PYTHONPATH=$PWD python3 -m gmlake run "$ROOT/bench/torch_latency.py" --inner --cpu "$CPU" \
+      | tail -1)
   fi
 }
 record() {   # $1 = kind, $2 = side, $3 = the run's last line (JSON): one line of runs.jsonl, or stop at a failed run
@@ -81,7 +82,8 @@ for kind, key in (("micro", "ns"), ("latency", "us")):
     if not rows:
         continue
     for label in rows[0][key]:
-        med = {s: statistics.median(r[key][label] for r in rows if r["side"] == s) for s in dict.fromkeys(r["side"] for r in rows)}
+        sides = dict.fromkeys(r["side"] for r in rows)
+        med = {s: statistics.median(r[key][label] for r in rows if r["side"] == s) for s in sides}
         each = {s: [round(r[key][label], 3) for r in rows if r["side"] == s] for s in med}
         print(f"{kind:8} {label:16} " + "  ".join(f"{s} {med[s]:.3f} {each[s]}" for s in med)
               + f"  B/A {med['B'] / med['A']:.3f}")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The checks a core change must pass on the GPU, in one device-tool call (about 7 minutes): build and install in
 # editable mode (GMLAKE=1 needs the installed gmlake_autoload.pth: a build in place alone fails the launcher
-# tests), the GPU tests (by default all but the soak and the threads test, ~300 s; pytest arguments replace that selection), the
-# micro benchmark on the CUDA driver, and torch.empty + del latency against native in four alternating rounds.
+# tests), the GPU tests (by default all but the soak and the threads test, ~300 s; pytest arguments replace that
+# selection), the micro benchmark on the CUDA driver, and torch.empty + del latency against native in four
+# alternating rounds. To tell whether a change made the core faster, scripts/gpu-ab.sh compares two builds.
 # The CPU suite is CI's (.ci/run), not this call's.
 #   scripts/gpu-check.sh [pytest args...]
 # Results in $OUT: gpu-tests.log, micro-h200.json, torch-latency-rounds.json, build.log, machine.txt.
@@ -29,7 +30,7 @@ python3 -c "import json, sys; print('cache hits ns:', json.load(open(sys.argv[1]
   "$OUT/micro-h200.json" 2>/dev/null
 timeout 150 python3 bench/torch_latency.py --rounds 4 --out "$OUT/torch-latency-rounds.json" >"$OUT/latency.log" 2>&1 \
   || { rc=1; tail -1 "$OUT/latency.log"; }
-python3 -c "import json, sys; print('gmlake / native:', {k: round(v, 3) for k, v in json.load(open(sys.argv[1]))['ratio'].items()})" \
+python3 -c "import json, sys; r = json.load(open(sys.argv[1]))['ratio']; print('gmlake / native:', {k: round(v, 3) for k, v in r.items()})" \
   "$OUT/torch-latency-rounds.json" 2>/dev/null
 echo "done at $((SECONDS - START)) s"
 exit $rc
