@@ -72,9 +72,9 @@ for ((r = 0; r < ROUNDS; r++)); do
   if [ "$LATENCY" = 1 ]; then for n in $names; do record latency "$n" "$(latency "$n")"; done; fi
   echo "round $r done at $((SECONDS - START)) s"
 done
-python3 - "$OUT" <<'PY' | tee "$OUT/ab.txt"
-import json, statistics, sys
-out = sys.argv[1]
+python3 - "$OUT" "$ROOT" <<'PY' | tee "$OUT/ab.txt"
+import importlib.util, json, statistics, sys
+out, root = sys.argv[1:3]
 runs = [json.loads(line) for line in open(f"{out}/runs.jsonl")]
 json.dump(runs, open(f"{out}/ab.json", "w"), indent=1)
 for kind, key in (("micro", "ns"), ("latency", "us")):
@@ -87,5 +87,14 @@ for kind, key in (("micro", "ns"), ("latency", "us")):
         each = {s: [round(r[key][label], 3) for r in rows if r["side"] == s] for s in med}
         print(f"{kind:8} {label:16} " + "  ".join(f"{s} {med[s]:.3f} {each[s]}" for s in med)
               + f"  B/A {med['B'] / med['A']:.3f}")
+    if kind == "latency":    # each build against native, judged as bench/torch_latency.py judges one
+        spec = importlib.util.spec_from_file_location("torch_latency", f"{root}/bench/torch_latency.py")
+        latency = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(latency)
+        for side in "AB":
+            as_runs = [{"allocator": "gmlake" if r["side"] == side else "native", "us_per_empty_del": r["us"]}
+                       for r in rows if r["side"] in (side, "native")]
+            for line in latency.verdict_lines(latency.summarize(as_runs), 1.1):
+                print(f"{side} against native, {line}")
 PY
 echo "done at $((SECONDS - START)) s"

@@ -54,11 +54,23 @@ def test_torch_latency_alternates_the_order_and_compares_medians():
     row = summary["4KiB"]
     assert row["native"] == {"median_us": 2.0, "spread": pytest.approx(0.1)}
     assert row["gmlake"]["median_us"] == pytest.approx(2.1) and row["ratio"] == pytest.approx(1.05)
+    # the runs allow 2.0 / 2.1 to 2.2 / 1.9: the ratio of medians is under 1.1, but the goal is not resolved
+    assert row["ratio_range"] == [pytest.approx(2.0 / 2.1), pytest.approx(2.2 / 1.9)]
+    assert row["verdict"] == "not resolved"
+    assert module.summarize([run("native", 2.0), run("gmlake", 2.1)], goal=1.1)["1MiB"]["verdict"] == "met"
+    assert module.summarize([run("native", 2.0), run("gmlake", 2.3)], goal=1.1)["1MiB"]["verdict"] == "missed"
+    assert module.verdict_lines(summary, 1.1)[0] == ("4KiB: gmlake / native 1.050 (runs allow 0.952-1.158): "
+                                                     "not resolved (goal <= 1.1)")
 
 
 @pytest.mark.parametrize("args", [["--rounds", "0"], ["--iterations", "-5"], ["--repeats", "0"]])
 def test_torch_latency_refuses_a_count_below_one(args):
     assert "must be at least 1" in one_line_exit_2(["bench/torch_latency.py", *args])
+
+
+@pytest.mark.parametrize("goal", ["0", "-1", "nan", "inf"])
+def test_torch_latency_refuses_a_goal_that_is_no_ratio(goal):
+    assert "--goal must be a finite ratio above 0" in one_line_exit_2(["bench/torch_latency.py", "--goal", goal])
 
 
 GPU_AB = ROOT / "scripts" / "gpu-ab.sh"
