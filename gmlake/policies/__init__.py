@@ -217,7 +217,9 @@ def resolve(spec: str, knobs: Mapping[str, object] | None = None,
         try:
             policy.validate(granularity)
         except ValueError as exc:
-            raise ValueError(f"policy {spec.strip()}: {str(exc).removeprefix('gmlake: ')}") from None
+            # validate() names the policy itself ("gmlake: policy NAME: ..."); say it once, under the spec's name
+            text = str(exc).removeprefix("gmlake: ").removeprefix(f"policy {policy.name}: ")
+            raise ValueError(f"policy {spec.strip()}: {text}") from None
     return PolicyChoice(spec=spec.strip(), policy=policy)
 
 
