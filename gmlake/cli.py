@@ -310,7 +310,11 @@ def cmd_explain(args) -> int:
                                for b in found), end_section=i == len(labels) - 1)
     for label in found[0].fragments:
         table.add_row(f"free large blocks {label}",
-                      *(f"{b.fragments[label][0]} / {b.fragments[label][1] / 2**30:.3f}" for b in found))
+                      *(f"{b.fragments[label][0]} / {b.fragments[label][1] / 2**30:.3f}" for b in found),
+                      end_section=label == list(found[0].fragments)[-1])
+    for label in found[0].pinning:
+        table.add_row(f"live blocks sharing those chunks, {label}",
+                      *(f"{b.pinning[label][0]} / {b.pinning[label][1] / 2**30:.3f}" for b in found))
     console = _console()
     console.print(table)
     for b in found:

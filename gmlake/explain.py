@@ -9,10 +9,13 @@ MiB request adds a 2 MiB small-pool segment; by then the activations are freed a
 whole chunks, which says nothing about why it was reserved. Growth after the chosen moment adds under `within` of
 the peak; the output says how much, and where the exact peak was.
 
-What the account holds: what live tensors asked for, what rounding added, and where the free bytes lie. Free bytes in the
-large pool are split by what stitching can still do with them: whole free chunks (any stitch can map them), and
+What the account holds: what live tensors asked for, what rounding added, and where the free bytes lie. Free bytes in
+the large pool are split by what stitching can still do with them: whole free chunks (any stitch can map them), and
 pieces of chunks that also hold live blocks (a handle maps only whole, so such a piece can be only the first or the
-last piece of a stitch, or serve a request on its own).
+last piece of a stitch, or serve a request on its own). The live blocks that share chunks with free pieces are
+counted too, smaller than a chunk or not: they say whether the free pieces sit between small live blocks (a finer
+page for such requests would free whole pages) or at the ends of large ones (where placement, not page size, would
+help).
 
     gmlake explain run.gmtrace [--policy gmlake] [--cap SIZE] [--event-lag N]
 """
@@ -30,6 +33,7 @@ from gmlake.trace import Trace
 MiB = 1 << 20
 WITHIN = PEAK_GROWTH_WITHIN   # the moment explained: the first request that brings reserved within 1 % of its peak
 FRAGMENT_CLASSES = ((2 * MiB, "< 2 MiB"), (20 * MiB, "2-20 MiB"), (None, ">= 20 MiB"))
+PINNING_CLASSES = ("smaller than a chunk", "a chunk or more")
 
 
 @dataclass
@@ -48,6 +52,9 @@ class PeakBreakdown:
     free_whole_chunks: int      # large pool: free chunks with no live block in them
     free_in_shared_chunks: int  # large pool: free bytes in chunks that also hold live blocks
     fragments: dict = field(default_factory=dict)  # free large blocks by size class: {class: (count, bytes)}
+    # live large blocks in the chunks that hold free_in_shared_chunks, by size against their chunk: {class: (count,
+    # bytes)}
+    pinning: dict = field(default_factory=dict)
     ooms: int = 0               # requests of the whole replay that ran out of memory (the peak covers the rest)
     peak_reserved: int = 0      # the most bytes the replay ever reserved
     peak_request_index: int = 0  # the request that first reached peak_reserved
@@ -87,12 +94,20 @@ class PeakBreakdown:
         ]
 
 
-def _free_bytes(segments: list[dict]) -> tuple[int, int, int, dict]:
-    """(small-pool free, whole free chunks, free bytes in shared chunks, large fragments by class)."""
+def _chunks_of(offset: int, size: int, chunk: int) -> range:
+    """The indices of the chunks a block at `offset` of `size` bytes overlaps."""
+    return range(offset // chunk, -(-(offset + size) // chunk))
+
+
+def _free_bytes(segments: list[dict]) -> tuple[int, int, int, dict, dict]:
+    """(small-pool free, whole free chunks, free bytes in shared chunks, large fragments by class, live large
+    blocks in the chunks that hold those shared free bytes by class)."""
     small = whole = shared = 0
     fragments = {label: [0, 0] for _, label in FRAGMENT_CLASSES}
+    pinning = {label: [0, 0] for label in PINNING_CLASSES}
     for seg in segments:
         chunk = seg["chunk_size"]
+        partly_free = set()                             # chunks of this segment holding a shared free piece
         for offset, size, state, _stream, _requested in seg["blocks"]:
             if state != "free":
                 continue
@@ -104,12 +119,24 @@ def _free_bytes(segments: list[dict]) -> tuple[int, int, int, dict]:
             full = max(0, last - first) * chunk
             whole += full
             shared += size - full
+            if offset % chunk:
+                partly_free.add(offset // chunk)
+            if (offset + size) % chunk:
+                partly_free.add((offset + size) // chunk)
             for limit, label in FRAGMENT_CLASSES:
                 if limit is None or size < limit:
                     fragments[label][0] += 1
                     fragments[label][1] += size
                     break
-    return small, whole, shared, {k: tuple(v) for k, v in fragments.items()}
+        if seg["pool"] == "small" or not partly_free:
+            continue
+        for offset, size, state, _stream, _requested in seg["blocks"]:
+            if state != "free" and not partly_free.isdisjoint(_chunks_of(offset, size, chunk)):
+                label = PINNING_CLASSES[size >= chunk]
+                pinning[label][0] += 1
+                pinning[label][1] += size
+    return (small, whole, shared, {k: tuple(v) for k, v in fragments.items()},
+            {k: tuple(v) for k, v in pinning.items()})
 
 
 class NothingToExplain(ValueError):
@@ -150,13 +177,13 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
     if stats["reserved_bytes"] != reserved_after[moment]:   # the replay is deterministic; this guards the bookkeeping
         raise RuntimeError(f"explain: replaying {moment + 1} requests reached {stats['reserved_bytes']} reserved "
                            f"bytes, not the {reserved_after[moment]} of the full replay")
-    small, whole, shared, fragments = _free_bytes(alloc.segments_info())
+    small, whole, shared, fragments, pinning = _free_bytes(alloc.segments_info())
     request = trace.requests()[moment]
     return PeakBreakdown(
         trace=trace.name, policy=choice.label, request_index=moment, request_size=int(request["size"]),
         reserved=stats["reserved_bytes"], requested=stats["requested_bytes"],
         rounding=stats["allocated_bytes"] - stats["requested_bytes"], free_small=small, free_whole_chunks=whole,
-        free_in_shared_chunks=shared, fragments=fragments, ooms=full["ooms"], peak_reserved=full["peak_reserved"],
-        peak_request_index=full["peak_event"], growth=int(growths[moment]),
-        later_growth=int(growths[moment + 1:].clip(min=0).sum()), within=within, cap=cap, event_lag=event_lag, policy_spec=choice.spec,
-        knobs=choice.policy.knob_values())
+        free_in_shared_chunks=shared, fragments=fragments, pinning=pinning, ooms=full["ooms"],
+        peak_reserved=full["peak_reserved"], peak_request_index=full["peak_event"], growth=int(growths[moment]),
+        later_growth=int(growths[moment + 1:].clip(min=0).sum()), within=within, cap=cap, event_lag=event_lag,
+        policy_spec=choice.spec, knobs=choice.policy.knob_values())

@@ -30,8 +30,36 @@ def test_chunk_tails_are_found_at_the_peak():
     assert b.free_in_shared_chunks == 4 * (MiB // 2)       # one tail per tensor, in a chunk it shares
     assert b.free_whole_chunks == 0 and b.free_small == 0
     assert b.fragments["< 2 MiB"] == (4, 4 * (MiB // 2))
+    # each tail shares its chunk with the tensor before it, 2.75 chunks long
+    assert b.pinning == {"smaller than a chunk": (0, 0), "a chunk or more": (4, 4 * (5 * MiB + MiB // 2))}
     assert b.request_index == 3                            # the last tensor grew reserved to its peak
     assert sum(v for _, v in b.rows()) == b.reserved
+
+
+def test_live_blocks_beside_shared_free_pieces_are_counted_once_by_size_against_the_chunk():
+    from gmlake.explain import _free_bytes
+
+    chunk = 20 * MiB
+    large = {"pool": "large", "chunk_size": chunk, "blocks": [
+        (0, 4 * MiB, "allocated", 0, 4 * MiB),                 # small, shares chunk 0 with the hole
+        (4 * MiB, 6 * MiB, "free", 0, 0),                       # hole inside chunk 0
+        (10 * MiB, 35 * MiB, "allocated", 0, 35 * MiB),         # large, chunks 0-2: pins both pieces, counted once
+        (45 * MiB, 15 * MiB, "free", 0, 0),                     # the rest of chunk 2, shared with the large one
+        (60 * MiB, 20 * MiB, "free", 0, 0),                     # chunk 3, whole
+        (80 * MiB, 20 * MiB, "allocated", 0, 20 * MiB),         # chunk 4: no free piece in it
+    ]}
+    small = {"pool": "small", "chunk_size": 2 * MiB, "blocks": [(0, MiB, "free", 0, 0), (MiB, MiB, "allocated", 0, 1)]}
+    free_small, whole, shared, _, pinning = _free_bytes([large, small])
+    assert free_small == MiB
+    assert whole == 20 * MiB and shared == 6 * MiB + 15 * MiB
+    assert pinning == {"smaller than a chunk": (1, 4 * MiB), "a chunk or more": (1, 35 * MiB)}
+
+
+def test_explain_shows_the_live_blocks_beside_the_free_pieces(capsys):
+    assert cli_main(["explain", TINY, "--policy", "gmlake"]) == 0
+    out = capsys.readouterr().out
+    assert "live blocks sharing those chunks, smaller than a chunk" in out
+    assert "live blocks sharing those chunks, a chunk or more" in out
 
 
 def test_min_saved_chunks_0_packs_new_chunks_after_tails():
