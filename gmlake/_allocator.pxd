@@ -321,6 +321,7 @@ cdef class Allocator:
     cdef unordered_map[uintptr_t, vector[int64_t]] stream_uses   # live pointer -> other streams that used it
     cdef vector[PendingFree] pending                     # frees waiting for those streams' events, in free order
     cdef cmap[int64_t, size_t] pending_per_stream        # stream -> pending events recorded on it
+    cdef vector[uint64_t] spare_events                   # events to record again (Note [Reusing events])
     cdef vector[OrphanChunk] orphan_chunks               # what the driver refused to take back, to retry
     cdef vector[OrphanRange] orphan_ranges
     cdef vector[uint64_t] orphan_events

@@ -538,17 +538,19 @@ cdef class Allocator:
     @property
     def spares(self) -> dict:
         """How many spare Blocks and container nodes the hot path holds for its next requests (Note [Reusing nodes
-        on the hot path]): at most 64 of each, freed with the allocator."""
-        cdef size_t blocks, free_index_nodes, address_nodes, live_nodes
+        on the hot path]): at most 64 of each, freed with the allocator; and how many events it keeps to record
+        again (Note [Reusing events]): at most 1,024, destroyed by empty_cache."""
+        cdef size_t blocks, free_index_nodes, address_nodes, live_nodes, events
         with nogil:
             self._lock()
             blocks = self.spare_blocks.held()
             free_index_nodes = self.free_nodes.held()
             address_nodes = self.addr_nodes.held()
             live_nodes = self.live_nodes.held()
+            events = self.spare_events.size()
             self.mutex.unlock()
         return {"blocks": blocks, "free_index_nodes": free_index_nodes, "address_nodes": address_nodes,
-                "live_nodes": live_nodes}
+                "live_nodes": live_nodes, "events": events}
 
     cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil:
         it = self.live.find(ptr)
@@ -635,6 +637,7 @@ cdef class Allocator:
             return ERR_CAPTURE
         # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
         _reclaim_streams(self, why, ANY_STREAM, True)
+        _destroy_spare_events(self, why)
         _retry_orphans(self, why)
         if why.err == ERR_NONE:
             _release_pool(self, why, POOL_SMALL, 0, EVICT_ALL)

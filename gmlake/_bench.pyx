@@ -100,15 +100,15 @@ def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles)
 
 def time_stream_calls(Driver driver not None, int64_t stream, size_t iterations) -> dict:
     """Microseconds per call of the calls stream ordering makes: the capture query asked before a request's first
-    driver call (Note [Unannounced capture]), and an event's record (with its creation), query once complete, and
-    destruction (a fence, or a record_stream free). The event prices feed gmlake/data/driver_costs_h200.json.
-    Returns {call: µs per call}."""
+    driver call (Note [Unannounced capture]), and an event's record (with its creation), query once complete,
+    record again once complete (a spare event reused, Note [Reusing events]), and destruction (a fence, or a
+    record_stream free). The event prices feed gmlake/data/driver_costs_h200.json. Returns {call: µs per call}."""
     cdef vector[uint64_t] events
     cdef uint64_t ev = 0
     cdef size_t i
     cdef bint capturing = False
     cdef int rc = DRIVER_OK
-    cdef double t0, t_capture, t_record, t_query, t_destroy
+    cdef double t0, t_capture, t_record, t_query, t_rerecord, t_destroy
     if iterations == 0:
         raise ValueError("iterations must be at least 1")
     with nogil:
@@ -124,6 +124,7 @@ def time_stream_calls(Driver driver not None, int64_t stream, size_t iterations)
     with nogil:
         t0 = now_us()
         for i in range(iterations):
+            ev = 0                      # 0: a new event each time
             rc = driver.record_event(stream, &ev)
             if rc != DRIVER_OK:
                 break
@@ -140,11 +141,24 @@ def time_stream_calls(Driver driver not None, int64_t stream, size_t iterations)
             if driver.query_event(events[i]) != EVENT_DONE:
                 rc = -1
         t_query = now_us() - t0
+    if rc != DRIVER_OK:
+        for i in range(events.size()):
+            driver.destroy_event(events[i])
+        raise RuntimeError("an event recorded before a synchronize was still incomplete after it")
+    with nogil:
+        t0 = now_us()
+        for i in range(events.size()):
+            ev = events[i]
+            rc = driver.record_event(stream, &ev)
+            if rc != DRIVER_OK:
+                break
+        t_rerecord = now_us() - t0
+        driver.synchronize()
         t0 = now_us()
         for i in range(events.size()):
             driver.destroy_event(events[i])
         t_destroy = now_us() - t0
-    if rc != DRIVER_OK:
-        raise RuntimeError("an event recorded before a synchronize was still incomplete after it")
+    _check(driver, rc, "record_event on a used event")
     return {"capture_query": t_capture / iterations, "event_record": t_record / iterations,
-            "event_query": t_query / iterations, "event_destroy": t_destroy / iterations, "iterations": iterations}
+            "event_query": t_query / iterations, "event_rerecord": t_rerecord / iterations,
+            "event_destroy": t_destroy / iterations, "iterations": iterations}

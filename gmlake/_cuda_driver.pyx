@@ -362,19 +362,24 @@ cdef class CudaDriver(Driver):
         return _code(api.cuThreadExchangeStreamCaptureMode(mode), CALL_EXCHANGE_CAPTURE_MODE)
 
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil:
-        cdef CUevent ev = NULL
+        cdef CUevent ev = <CUevent><uintptr_t>event[0]
+        cdef bint created = ev == NULL
         cdef double started
         cdef bint pushed = self._enter(&started)
-        cdef int rc = _code(api.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CALL_EVENT_CREATE)
+        cdef int rc = DRIVER_OK
+        if created:
+            rc = _code(api.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CALL_EVENT_CREATE)
         if rc == DRIVER_OK:
             rc = _code(api.cuEventRecord(ev, <CUstream><uintptr_t>stream), CALL_EVENT_RECORD)
-            if rc != DRIVER_OK:
+            if rc != DRIVER_OK and created:
                 api.cuEventDestroy(ev)
         self._leave(pushed, started)
         if rc != DRIVER_OK:
             return rc
-        event[0] = <uint64_t><uintptr_t>ev
-        self.live_events += 1
+        if created:
+            event[0] = <uint64_t><uintptr_t>ev
+            self.live_events += 1
+            self.created_events += 1
         return DRIVER_OK
 
     cdef int query_event(self, uint64_t event) noexcept nogil:

@@ -36,7 +36,10 @@ cdef class Driver:
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil
     cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil
     cdef int synchronize(self) noexcept nogil
+    # Record an event on `stream`: a new one, written to *event, where *event is 0; else *event, one this driver
+    # made and has not destroyed, recorded again (Note [Reusing events]).
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil
+    cdef readonly uint64_t created_events                # events made over the driver's life (reuse makes none)
     cdef int query_event(self, uint64_t event) noexcept nogil
     cdef int destroy_event(self, uint64_t event) noexcept nogil
     # Work queued on `stream` after this waits for `event` (recorded on another stream): an ordering on the GPU, no

@@ -353,14 +353,18 @@ cdef class ModelDriver(Driver):
         cdef int rc = self.fault(FAULT_EVENT)
         if rc != DRIVER_OK:
             return rc
+        if event[0] != 0 and self.events.count(event[0]) == 0:
+            return -2                   # not an event of this driver's, or one already destroyed
         cdef uint64_t ticket = self.issued[stream] + 1
         self.issued[stream] = ticket
-        event[0] = self.next_event
-        self.events[self.next_event] = pair[int64_t, uint64_t](stream, ticket)
+        if event[0] == 0:
+            event[0] = self.next_event
+            self.next_event += 1
+            self.live_events += 1
+            self.created_events += 1
+        self.events[event[0]] = pair[int64_t, uint64_t](stream, ticket)
         if self.event_lag:
-            self.event_clock[self.next_event] = self.clock
-        self.next_event += 1
-        self.live_events += 1
+            self.event_clock[event[0]] = self.clock
         return DRIVER_OK
 
     cdef int query_event(self, uint64_t event) noexcept nogil:

@@ -101,7 +101,7 @@ cdef void _await_uses(Allocator self, Failure* why, Block* b, vector[int64_t]& s
     cdef size_t i
     pend.block = b
     for i in range(streams.size()):
-        if _call(self, why, CALL_EVENT_RECORD, self.driver.record_event(streams[i], &event), 0) == DRIVER_OK:
+        if _record_event(self, why, streams[i], &event) == DRIVER_OK:
             pend.events.push_back(event)
             pend.streams.push_back(streams[i])
             self.pending_per_stream[streams[i]] += 1

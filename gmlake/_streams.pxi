@@ -1,7 +1,49 @@
-# The allocator core, room "streams": stream ordering: fences that hand other streams' free blocks over, and frees
-# deferred by record_stream.
+# The allocator core, room "streams": stream ordering: fences that hand other streams' free blocks over, frees
+# deferred by record_stream, and the events all of them record.
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
+
+
+cdef enum:
+    MAX_SPARE_EVENTS = 1024
+
+
+cdef int _record_event(Allocator self, Failure* why, int64_t stream, uint64_t* event) noexcept nogil:
+    """Record an event on `stream` into *event: a spare one recorded again where one is kept, else a new one.
+
+    Note [Reusing events]: a fence, a wait on another stream and a record_stream'ed free each need an event, used
+    once: queried until done, or waited on once. Creating one per use and destroying it after costs a
+    cuEventCreate and a cuEventDestroy per use, which FSDP pays thousands of times a step; PyTorch's allocator keeps
+    its events in a pool instead. So does this one: an event nothing waits on any more is kept (up to
+    MAX_SPARE_EVENTS) and recorded again. That is safe once it is done or once a wait has been issued on it, the
+    only two ways the core lets go of one: cuStreamWaitEvent orders the stream after the event's record at the time
+    of the call, which a later record does not move. empty_cache and close destroy the spares."""
+    cdef uint64_t spare = 0
+    if not self.spare_events.empty():
+        spare = self.spare_events.back()
+        self.spare_events.pop_back()
+    event[0] = spare
+    cdef int rc = _call(self, why, CALL_EVENT_RECORD, self.driver.record_event(stream, event), 0)
+    if rc != DRIVER_OK and spare != 0:
+        _destroy_event(self, why, spare)        # a spare the driver refused is not offered again
+        event[0] = 0
+    return rc
+
+
+cdef void _release_event(Allocator self, Failure* why, uint64_t event) noexcept nogil:
+    """An event nothing will query or wait on again: kept for the next record, or destroyed past the bound."""
+    if self.spare_events.size() < MAX_SPARE_EVENTS:
+        self.spare_events.push_back(event)
+    else:
+        _destroy_event(self, why, event)
+
+
+cdef void _destroy_spare_events(Allocator self, Failure* why) noexcept nogil:
+    cdef vector[uint64_t] spares
+    cdef size_t i
+    spares.swap(self.spare_events)
+    for i in range(spares.size()):
+        _destroy_event(self, why, spares[i])
 
 
 cdef inline size_t _migrate(Allocator self, int64_t stream, uint64_t upto) noexcept nogil:
@@ -69,7 +111,7 @@ cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint 
             return 0
         _process_pending(self, why)
         for entry in self.fences:
-            _destroy_event(self, why, entry.second.event)
+            _release_event(self, why, entry.second.event)
         self.fences.clear()
         return _migrate(self, ANY_STREAM, self.free_seq)
     # Fence each other stream that holds free blocks: an event now covers all work queued before its frees.
@@ -80,7 +122,7 @@ cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint 
             s = deref(it).first.stream
             if s != ANY_STREAM and s != stream and self.fences.count(s) == 0:
                 fence.seq = self.free_seq
-                rc = _call(self, why, CALL_EVENT_RECORD, self.driver.record_event(s, &fence.event), 0)
+                rc = _record_event(self, why, s, &fence.event)
                 if rc != DRIVER_OK:
                     return moved
                 self.fences[s] = fence
@@ -92,7 +134,7 @@ cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint 
     for i in range(done.size()):
         fence = self.fences[done[i]]
         moved += _migrate(self, done[i], fence.seq)
-        _destroy_event(self, why, fence.event)
+        _release_event(self, why, fence.event)
         self.fences.erase(done[i])
     return moved
 
@@ -136,10 +178,10 @@ cdef Block* _wait_for_other_stream(Allocator self, Failure* why, int pool, size_
         it = index.lower_bound(make_key(s + 1, 0))
     if best == NULL:
         return NULL
-    if _call(self, why, CALL_EVENT_RECORD, self.driver.record_event(best.stream, &event), 0) != DRIVER_OK:
+    if _record_event(self, why, best.stream, &event) != DRIVER_OK:
         return NULL
     rc = _call(self, why, CALL_EVENT_WAIT, self.driver.wait_event(stream, event), 0)
-    _destroy_event(self, why, event)
+    _release_event(self, why, event)
     if rc != DRIVER_OK:
         return NULL
     self.st.stream_waits += 1
@@ -207,7 +249,7 @@ cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
                 busy.push_back(entry.streams[j])
                 j += 1
                 continue
-            _destroy_event(self, why, entry.events[j])
+            _release_event(self, why, entry.events[j])
             _count_pending_event_done(self, entry.streams[j])
             entry.events.erase(entry.events.begin() + j)       # in order: the entry's events are per stream
             entry.streams.erase(entry.streams.begin() + j)

@@ -398,6 +398,49 @@ def test_threads_share_one_allocator_safely():
     assert child.returncode == 0, f"exit status {child.returncode}:\n{child.stderr[-3000:]}"
 
 
+@pytest.mark.parametrize("make", [gmlake.SimDriver, gmlake.HostDriver])
+def test_events_are_recorded_again_instead_of_made_anew(make):
+    """Note [Reusing events]: a steady state of record_stream frees records an event per free but makes no new one
+    after the first few; empty_cache destroys the spares."""
+    drv = make()
+    drv.auto_complete = False
+    alloc = Allocator(drv)
+    for _ in range(50):
+        p = alloc.malloc(6 * MiB, stream=1)
+        alloc.record_stream(p, 2)
+        alloc.free(p)                               # pending until stream 2's event is done
+        drv.complete_stream(2)                      # the next malloc finds it done and keeps the event
+    assert alloc.stats()["calls"]["event_record"] == 50
+    assert drv.created_events == 1                  # one event, recorded 50 times
+    alloc.free(alloc.malloc(4096, stream=1))        # retires the last free: its event becomes the spare
+    assert alloc.spares["events"] == 1 and drv.leaks()["events"] == 1
+    alloc.check()
+    alloc.empty_cache()
+    assert alloc.spares["events"] == 0 and drv.leaks()["events"] == 0
+    alloc.close()
+
+
+def test_a_spare_event_the_driver_refuses_to_record_is_dropped_and_the_free_still_waits():
+    drv = gmlake.HostDriver()
+    drv.auto_complete = False
+    alloc = Allocator(drv)
+    p = alloc.malloc(6 * MiB, stream=1)
+    alloc.record_stream(p, 2)
+    alloc.free(p)
+    drv.complete_stream(2)
+    alloc.free(alloc.malloc(4096, stream=1))        # retires p, keeping its event
+    assert alloc.spares["events"] == 1 and drv.created_events == 1
+    q = alloc.malloc(6 * MiB, stream=1)
+    alloc.record_stream(q, 2)
+    drv.inject_fault("event_record")
+    alloc.free(q)                                   # the spare's record fails: it is destroyed, the free synchronizes
+    assert alloc.spares["events"] == 0 and drv.leaks()["events"] == 0
+    assert alloc.stats()["pending_frees"] == 0      # waited for the device instead of an event
+    alloc.check()
+    alloc.close()
+    assert set(drv.leaks().values()) == {0}
+
+
 def test_record_stream_defers_reuse_until_the_other_stream_is_done():
     drv = gmlake.HostDriver()
     drv.auto_complete = False
@@ -515,7 +558,8 @@ def test_capture_queries_are_asked_only_where_a_driver_call_may_follow():
 def test_stream_calls_are_timed(make):
     from gmlake._bench import time_stream_calls
     got = time_stream_calls(make(), 0, 100)
-    assert set(got) == {"capture_query", "event_record", "event_query", "event_destroy", "iterations"}
+    assert set(got) == {"capture_query", "event_record", "event_query", "event_rerecord", "event_destroy",
+                        "iterations"}
     assert all(got[k] >= 0 for k in got)
     with pytest.raises(ValueError):
         time_stream_calls(make(), 0, 0)

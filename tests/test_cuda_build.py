@@ -177,7 +177,8 @@ def test_the_driver_runs_on_cuda_12_and_13_drivers(fake_libcuda, driver_version,
     assert got["stitches"] == 1 and set(got["leaks"].values()) == {0}
     # measured time inside the driver's calls grows with every call; the models measure none (replay prices them)
     assert got["busy"][0] == 0 < got["busy"][1] < got["busy"][2] and got["sim_busy"] == 0
-    assert got["stream_calls_timed"] == ["capture_query", "event_destroy", "event_query", "event_record", "iterations"]
+    assert got["stream_calls_timed"] == ["capture_query", "event_destroy", "event_query", "event_record",
+                                         "event_rerecord", "iterations"]
     log = got["log"].splitlines()
     resolved = [line for line in log if line.startswith("resolve ")]
     assert len(resolved) == 26 and all(line.endswith(f" {requested} flags=1") for line in resolved), resolved
