@@ -214,6 +214,28 @@ def test_another_streams_block_is_taken_after_a_wait_on_the_gpu(fake_libcuda):
     assert set(got["leaks"].values()) == {0} and "cuStreamWaitEvent" in got["log"]
 
 
+def test_the_cuda_driver_records_a_kept_event_again(fake_libcuda):
+    """Note [Reusing events] through the CUDA driver's calls: 20 record_stream frees create one event (cuEventCreate
+    once, cuEventRecord 20 times), and empty_cache destroys it."""
+    got = run_gmlake("""
+        drv = gmlake.cuda_driver(0)
+        alloc = Allocator(drv)
+        for _ in range(20):
+            p = alloc.malloc(6 << 20, stream=1)
+            alloc.record_stream(p, 2)
+            alloc.free(p)
+        alloc.free(alloc.malloc(4096, stream=1))       # the last free's event is done: kept
+        out = {"created": drv.created_events, "records": alloc.stats()["calls"]["event_record"],
+               "spares": alloc.spares["events"]}
+        alloc.empty_cache()
+        out["spares_after"] = alloc.spares["events"]
+        alloc.close()
+        print(json.dumps({**out, "leaks": drv.leaks()}))
+    """, GMLAKE_LIBCUDA=fake_libcuda)
+    assert got["created"] == 1 and got["records"] == 20 and got["spares"] == 1 and got["spares_after"] == 0
+    assert set(got["leaks"].values()) == {0}
+
+
 def test_an_unannounced_capture_is_refused_before_any_vmm_call(fake_libcuda):
     """Note [Unannounced capture] through the CUDA driver: cuStreamIsCapturing says the stream captures, and the
     request that needs new memory fails with GraphCaptureError before cuMemAddressReserve or cuMemCreate."""
