@@ -33,6 +33,15 @@ def _check_invariants(Allocator self) -> None:
             per_stream[self.pending[i].streams[j]] = per_stream.get(self.pending[i].streams[j], 0) + 1
     if per_stream != {entry.first: entry.second for entry in self.pending_per_stream}:
         raise InvariantError("the count of pending events per stream disagrees with the pending frees")
+    # Note [Reusing events]: a spare is an event nothing queries or waits on; one still in use would be recorded
+    # again under its waiter.
+    in_use = {self.pending[i].events[j] for i in range(self.pending.size())
+              for j in range(self.pending[i].events.size())}
+    in_use.update(entry.second.event for entry in self.fences)
+    spares = [self.spare_events[i] for i in range(self.spare_events.size())]
+    if len(spares) > MAX_SPARE_EVENTS or len(set(spares)) != len(spares) or not in_use.isdisjoint(spares) \
+            or 0 in spares:
+        raise InvariantError("a spare event is held twice, or is still in use, or the spares pass their bound")
     for i in range(self.deferred_frees.size()):
         if not self.capturing or self.deferred_frees[i].block.state == BLOCK_FREE:
             raise InvariantError("a free waits for a capture to end, but none is running, or its block is free")
