@@ -209,12 +209,8 @@ cdef struct Stats:
     uint64_t calls[<int>NUM_CALLS]
     uint64_t handles[<int>NUM_CALLS]
 
-# The policy's knobs, copied into C so the hot path reads no Python.
-cdef enum SegmentRule:
-    SEGMENTS_CHUNKS = 0        # gmlake: a request's shortfall rounded up to whole chunks
-    SEGMENTS_PYTORCH = 1       # PyTorch's native allocator: 2 MiB / 20 MiB / size rounded to 2 MiB, one handle each
-    SEGMENTS_EXPANDABLE = 2    # PyTorch's expandable segments: one VA range per stream and pool, pages mapped on demand
-
+# The policy's knobs, copied into C so the hot path reads no Python. How memory grows is not a knob here: the
+# policy's growth (a Growth, below) decides it, chosen once when the allocator is made.
 cdef struct Knobs:
     size_t round_to
     size_t small_size
@@ -226,7 +222,7 @@ cdef struct Knobs:
     size_t max_cached_sblocks
     size_t sblock_search_depth
     bint sblock_first
-    int segment_rule
+    bint fit_counts_unmapped      # best fit counts the unmapped room after a block (Growth.fit_counts_unmapped)
     size_t large_split_min
     size_t max_split_size
     size_t max_non_split_rounding
@@ -287,6 +283,7 @@ cimport cython
 
 
 cdef class Seams
+cdef class Growth
 
 
 @cython.final
@@ -294,6 +291,7 @@ cdef class Allocator:
     cdef readonly Driver driver
     cdef readonly object policy
     cdef readonly Seams seams                            # how an overridden seam is decided (Python or Cython)
+    cdef readonly Growth growth                          # how new memory is laid out (chosen once, from the policy)
     cdef Knobs k
     cdef std_mutex mutex
     cdef size_t limit_bytes
@@ -367,6 +365,62 @@ cdef class Allocator:
     cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc_under_pressure(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
     cdef void _retire(self, Block* b) noexcept nogil
+
+
+cdef class Growth:
+    """How new memory is laid out when no free block fits: the one place the allocator's growth is decided, chosen
+    once when the allocator is made (Policy.segment_rule names a built-in: ChunkGrowth, PyTorchGrowth,
+    ExpandableGrowth; Policy.cython_growth() may supply a subclass of one, compiled against this .pxd). No other
+    room asks which growth it is: they call these methods (on a miss only: one indirect call) or read the two
+    properties, copied into the allocator's knobs at construction. Each method is called with the allocator's lock
+    held, over its own structures: read them, change them only through the methods given here."""
+    cdef readonly bint stitches                 # may a stitch's shortfall be new memory of this growth (else: no stitch)
+    cdef readonly bint fit_counts_unmapped      # best fit counts the unmapped room after a free block (expandable)
+
+    # New memory for a whole request of `size` bytes of size class `pool`, taken (allocated to `stream`); NULL with
+    # why.err set where it cannot be had.
+    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
+    # Whether the request may not have new memory now (why.err is then ERR_OOM, so memory pressure is relieved).
+    cdef bint refuses(self, Allocator a, Failure* why, int pool, size_t size) noexcept nogil
+    # What a shortfall costs: whether a stitch of free pieces that still needs `shortfall` new bytes saves enough
+    # over growing the whole `size`-byte request (Policy.min_saved_chunks).
+    cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil
+    # New memory for a stitch's shortfall, as its last piece; `undo` is what to give back if the stitch then fails
+    # (NULL: nothing). False: none (why.err set), or with no error: grow the whole request instead.
+    cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
+                        Segment** undo) noexcept nogil
+    # The layout of a new segment of a private pool (graph capture), whose segments never grow in place.
+    cdef void private_layout(self, Allocator a, int pool, size_t size, size_t* segment_size,
+                             size_t* handle_size) noexcept nogil
+    # The built-in pressure stage of `attempt` (0, 1, ...): the PressureAction a request that found no memory takes
+    # next, offered to Policy.relieve_pressure as its default.
+    cdef int pressure_stage(self, Allocator a, int attempt) noexcept nogil
+    # For subclasses: a new mapped segment laid out as asked (the policy's segment_layout may change it), and the
+    # head of a free, unindexed block taken for a request.
+    cdef Segment* new_segment(self, Allocator a, Failure* why, int pool, size_t size, size_t segment_size,
+                              size_t handle_size, int64_t stream) noexcept nogil
+    cdef Block* take(self, Allocator a, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil
+
+
+cdef class ChunkGrowth(Growth):
+    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil
+    cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
+                        Segment** undo) noexcept nogil
+    cdef void private_layout(self, Allocator a, int pool, size_t size, size_t* segment_size,
+                             size_t* handle_size) noexcept nogil
+
+
+cdef class PyTorchGrowth(Growth):
+    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
+
+
+cdef class ExpandableGrowth(Growth):
+    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef bint refuses(self, Allocator a, Failure* why, int pool, size_t size) noexcept nogil
+    cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil
+    cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
+                        Segment** undo) noexcept nogil
 
 
 cdef class Seams:

@@ -171,6 +171,9 @@ include "_vmm.pxi"
 include "_blocks.pxi"
 include "_segments.pxi"
 include "_growth.pxi"
+include "_growth_chunks.pxi"
+include "_growth_pytorch.pxi"
+include "_growth_expandable.pxi"
 include "_sblocks.pxi"
 include "_streams.pxi"
 include "_pools.pxi"
@@ -209,8 +212,9 @@ cdef class Allocator:
         self.k.max_cached_sblocks = policy.max_cached_sblocks
         self.k.sblock_search_depth = policy.sblock_search_depth
         self.k.sblock_first = policy.sblock_first
-        rules = {"chunks": SEGMENTS_CHUNKS, "pytorch": SEGMENTS_PYTORCH, "expandable": SEGMENTS_EXPANDABLE}
-        self.k.segment_rule = rules[policy.segment_rule]
+        # How memory grows: chosen here, once; the rooms read only what it says of itself.
+        self.growth = _growth_of(policy)
+        self.k.fit_counts_unmapped = self.growth.fit_counts_unmapped
         self.k.large_split_min = policy.large_split_min
         self.k.max_split_size = policy.max_split_size
         self.k.max_non_split_rounding = policy.max_non_split_rounding
@@ -323,15 +327,9 @@ cdef class Allocator:
             return _take(self, why, b, size, stream)
         if why.err != ERR_NONE:
             return NULL
-        if self.k.segment_rule == SEGMENTS_EXPANDABLE:
-            if _request_over_cap(self, why, POOL_SMALL, size):
-                return NULL
-            return _alloc_expandable(self, why, POOL_SMALL, size, stream)
-        seg = _laid_out_segment(self, why, POOL_SMALL, size, self.k.small_segment_size, self.k.small_segment_size,
-                                stream)
-        if seg == NULL:
+        if self.growth.refuses(self, why, POOL_SMALL, size):
             return NULL
-        return _take(self, why, seg.first, size, stream)
+        return self.growth.grow(self, why, POOL_SMALL, size, stream)
 
     cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
         # Steps 1-2: best fit among free pBlocks and cached sBlocks, then split.
@@ -356,24 +354,7 @@ cdef class Allocator:
         if b != NULL:
             _erase_free(self, b)
             return _take(self, why, b, size, stream)
-        cdef size_t alloc_size
-        cdef Segment* seg
-        if self.k.segment_rule == SEGMENTS_EXPANDABLE:
-            if _request_over_cap(self, why, POOL_LARGE, size):
-                return NULL
-            if self.k.hook_stitch or (self.k.stitch and size >= self.k.min_stitch_size):
-                b = _stitch_expandable(self, why, size, stream)
-                if b != NULL or why.err != ERR_NONE:
-                    return b
-            return _alloc_expandable(self, why, POOL_LARGE, size, stream)
-        if self.k.segment_rule == SEGMENTS_PYTORCH:
-            # One handle per segment, sized as PyTorch's get_allocation_size does.
-            alloc_size = _pytorch_alloc_size(self, POOL_LARGE, size)
-            seg = _laid_out_segment(self, why, POOL_LARGE, size, alloc_size, alloc_size, stream)
-            if seg == NULL:
-                return NULL
-            return _take(self, why, seg.first, size, stream)
-        # Steps 3-4: stitch free pBlocks, adding new chunks for the shortfall only.
+        # Steps 3-4: stitch free pBlocks, adding new memory for the shortfall only, or grow.
         return _stitch_or_grow(self, why, size, stream)
 
     cdef Block* _try_alloc(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
@@ -397,27 +378,19 @@ cdef class Allocator:
 
     cdef Block* _alloc_under_pressure(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
         """Step 5: relieve memory pressure, retrying the request after each attempt that changed something, until
-        it is served or relief runs out. The built-in relief has two stages (_relieve); a policy that overrides
-        relieve_pressure chooses an action per attempt instead (_relieve_action), up to MAX_PRESSURE_ATTEMPTS."""
+        it is served or relief runs out. Each attempt takes the growth's built-in stage (Growth.pressure_stage) or
+        what the policy's relieve_pressure chose instead, up to MAX_PRESSURE_ATTEMPTS; _relieve carries it out."""
         cdef Block* b
         cdef int attempt, action, default
-        cdef bint changed
         for attempt in range(MAX_PRESSURE_ATTEMPTS):
+            action = default = self.growth.pressure_stage(self, attempt)
             if self.k.hook_pressure:
-                # The built-in stages, as _relieve carries them out, offered as the default answer.
-                default = PRESSURE_GIVE_UP if attempt >= 2 else \
-                    PRESSURE_RELEASE_OTHER if attempt == 0 and self.k.cross_stream else PRESSURE_RELEASE_ALL
                 action = self.seams.pressure(self, why, size, stream, pool, attempt, default)
                 if action < PRESSURE_GIVE_UP or action > PRESSURE_RELEASE_ALL:
                     action = default            # a Cython seam's answer out of range: the built-in's
-                if action == PRESSURE_GIVE_UP:
-                    break
-                changed = _relieve_action(self, why, pool, size, action)
-            elif attempt >= 2:
+            if action == PRESSURE_GIVE_UP:
                 break
-            else:
-                changed = _relieve(self, why, pool, size, attempt)
-            if changed:
+            if _relieve(self, why, pool, size, action):
                 b = self._try_alloc(why, pool, size, stream)
                 if b != NULL or why.err != ERR_OOM:
                     return b

@@ -52,8 +52,8 @@ cdef Block* _peek_fit(Allocator self, FreeIndex* index, size_t size, int64_t str
     cdef Block* b
     if it == index.end() or deref(it).first.stream != stream:
         return NULL
-    if self.k.segment_rule == SEGMENTS_EXPANDABLE:
-        # As PyTorch does: a block that can grow into the unmapped space after it counts as that large, so a
+    if self.k.fit_counts_unmapped:
+        # As PyTorch's expandable segments do: a block that can grow into the unmapped space after it counts as that large, so a
         # later block that fits more snugly is preferred.
         nxt = it
         inc(nxt)

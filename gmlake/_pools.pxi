@@ -74,16 +74,10 @@ cdef Block* _alloc_in_pool(Allocator self, Failure* why, int kind, size_t size, 
     if b != NULL:
         _erase_free(self, b)
         return _take(self, why, b, size, stream)
-    if kind == POOL_SMALL:
-        segment_size = handle_size = self.k.small_segment_size
-    elif self.k.segment_rule == SEGMENTS_CHUNKS:
-        handle_size = self.k.chunk_size             # the paper's design: the request in whole chunks
-        segment_size = round_up(size, handle_size)
-    else:
-        # PyTorch's sizes, one handle per segment, under the expandable rule too: its ranges grow in place per
-        # stream, but a pool's segments are fixed, and in whole 20 MiB pages a 22 MiB request would take 40 MiB.
-        segment_size = self.k.large_segment_size if size < self.k.min_large_alloc else round_up(size, self.k.round_large)
-        handle_size = segment_size
+    # A pool's segments are fixed: each strategy says how it lays one out (under the expandable growth PyTorch's
+    # sizes, one chunk per segment: its ranges grow in place per stream, and in whole 20 MiB pages a 22 MiB request
+    # would take 40 MiB).
+    self.growth.private_layout(self, kind, size, &segment_size, &handle_size)
     seg = _laid_out_segment(self, why, kind, size, segment_size, handle_size, stream)
     if seg == NULL:
         return NULL

@@ -279,41 +279,40 @@ cdef bint _stitch_allowed(Allocator self, Failure* why, size_t size, int64_t str
 
 
 cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t stream) noexcept nogil:
+    """Steps 3-4 of a large request no free block or cached sBlock serves, written once over the growth: stitch free
+    pBlocks, plus new memory of the growth for the shortfall, where the knobs ask for it and the growth says that
+    saves enough (Growth.stitch_saves; the policy's choose_stitch and allow_stitch may change the choice); else grow
+    the whole request."""
     cdef vector[Piece] pieces
     cdef vector[Block*] blocks
     cdef Piece piece
-    cdef size_t remaining = size
+    cdef Segment* undo = NULL
+    cdef size_t remaining
     cdef Block* b
-    cdef Segment* seg = NULL
-    if self.k.hook_stitch or (self.k.stitch and size >= self.k.min_stitch_size):
+    cdef bint wanted = self.k.stitch and size >= self.k.min_stitch_size
+    if self.growth.refuses(self, why, POOL_LARGE, size):
+        return NULL
+    if self.growth.stitches and (wanted or self.k.hook_stitch):
         remaining = _collect_pieces(self, size, stream, blocks, pieces)
-        if not (self.k.stitch and size >= self.k.min_stitch_size):
-            pieces.clear()          # the knobs say grow; the policy's choose_stitch may still stitch
-    # A stitch that needs new chunks anyway must save `min_saved_chunks` of them, or it only costs driver calls
-    # (with 0 it also packs the new chunks after a free chunk tail, as one contiguous range would).
-    if remaining and round_up(remaining, self.k.chunk_size) + self.k.min_saved_chunks * self.k.chunk_size \
-            > round_up(size, self.k.chunk_size):
-        pieces.clear()
-    _choose_stitch(self, why, size, stream, blocks, pieces, &remaining)
-    if not _stitch_allowed(self, why, size, stream, pieces, remaining):
-        seg = _grow(self, why, size, stream)
-        if seg == NULL:
-            return NULL
-        return _take(self, why, seg.first, size, stream)
-    seg = NULL
-    if remaining:
-        seg = _grow(self, why, remaining, stream)
-        if seg == NULL:
-            return NULL
-        _insert_free(self, seg.first)
-        piece.addr = seg.va
-        piece.size = remaining
-        pieces.push_back(piece)
-    b = _stitch(self, why, pieces, size, stream)
-    if b == NULL and seg != NULL:
-        # Give back what this request took: its new chunks were never handed out, so no sync is owed.
-        _release_chunks(self, why, seg, 0)
-    return b
+        if not (wanted and self.growth.stitch_saves(self, size, remaining, stream)):
+            pieces.clear()          # the built-in would grow; the policy's choose_stitch may still stitch
+        _choose_stitch(self, why, size, stream, blocks, pieces, &remaining)
+        if _stitch_allowed(self, why, size, stream, pieces, remaining):
+            if remaining:
+                if not self.growth.new_piece(self, why, remaining, stream, &piece, &undo):
+                    if why.err != ERR_NONE:
+                        return NULL
+                    return self.growth.grow(self, why, POOL_LARGE, size, stream)
+                pieces.push_back(piece)
+            b = _stitch(self, why, pieces, size, stream)
+            if b != NULL:
+                return b
+            if undo != NULL:
+                # Give back what this request took: its new chunks were never handed out, so no sync is owed.
+                _release_chunks(self, why, undo, 0)
+            if why.err != ERR_NONE:
+                return NULL
+    return self.growth.grow(self, why, POOL_LARGE, size, stream)
 
 
 cdef void _descending(Allocator self, int64_t stream, vector[Block*]& out) noexcept nogil:

@@ -1,14 +1,15 @@
 # cython: language_level=3
-"""Seams decided in Cython: examples of the Cython path (docs/policies.md, "The Cython path").
+"""Seams and growth decided in Cython: examples of the Cython path (docs/policies.md, "The Cython path").
 
 A research policy subclasses `Seams` in its own .pyx, built against gmlake's installed .pxd files exactly as this
 module is, overrides the nogil methods of the seams it decides and sets their bits in `overridden`; its policy's
-`cython_seams()` returns an instance. The core then calls those methods through the vtable, without the GIL.
+`cython_seams()` returns an instance. The core then calls those methods through the vtable, without the GIL. How
+new memory grows is one more such interface: a policy's `cython_growth()` returns a subclass of a built-in Growth.
 """
 from libc.stdint cimport int64_t
 from cython.operator cimport dereference as deref, predecrement as dec
 from gmlake._allocator cimport (Allocator, Failure, Seams, Block, SBlock, FreeIndex, FreeKey, SEAM_PLACE,
-                                POOL_SMALL)
+                                POOL_SMALL, ChunkGrowth)
 
 
 cdef inline FreeKey key(int64_t stream, size_t size) noexcept nogil:
@@ -63,3 +64,11 @@ cdef class KeepDefaultPlacement(Seams):
     cdef void place(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, Block** b,
                     SBlock** sb) noexcept nogil:
         self.calls += 1
+
+
+cdef class StitchOnlyFreeMemory(ChunkGrowth):
+    """The paper's chunks, but a stitch only where free pieces cover the whole request: a shortfall is never worth
+    new chunks, so a request that free memory cannot cover grows whole (one segment) instead of stitching."""
+
+    cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil:
+        return shortfall == 0

@@ -158,34 +158,11 @@ cdef size_t _release_pool(Allocator self, Failure* why, int pool, size_t wanted,
     return released
 
 
-cdef bint _relieve(Allocator self, Failure* why, int pool, size_t size, int stage) noexcept nogil:
-    """Step 5. Stage 0: wait for all streams so every free block serves any stream, and return what the other
-    pool holds free. Stage 1: return everything free. True if anything changed."""
-    cdef size_t changed
-    why.err = ERR_NONE
-    if stage == 0 and not self.k.cross_stream:
-        # PyTorch: synchronize, then release every free segment (both pools) and retry once.
-        changed = _reclaim_streams(self, why, ANY_STREAM, True)
-        if why.err != ERR_NONE:
-            return False
-        changed += _release_pool(self, why, POOL_SMALL, 0, EVICT_PRESSURE) + \
-            _release_pool(self, why, POOL_LARGE, 0, EVICT_PRESSURE)
-    elif stage == 0:
-        changed = _reclaim_streams(self, why, ANY_STREAM, True)
-        if why.err != ERR_NONE:
-            return False
-        changed += _release_pool(self, why, POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size, EVICT_PRESSURE)
-    else:
-        if _sync(self, why) != DRIVER_OK:
-            return False
-        changed = _release_pool(self, why, POOL_SMALL, 0, EVICT_PRESSURE) + \
-            _release_pool(self, why, POOL_LARGE, 0, EVICT_PRESSURE)
-    return changed > 0 and why.err == ERR_NONE
-
-
-cdef bint _relieve_action(Allocator self, Failure* why, int pool, size_t size, int action) noexcept nogil:
-    """Release-under-pressure seam: carry out what the policy's relieve_pressure chose (a PressureAction). Each
-    action first waits for every stream. True if anything changed."""
+cdef bint _relieve(Allocator self, Failure* why, int pool, size_t size, int action) noexcept nogil:
+    """Step 5, one attempt: carry out a PressureAction (the growth's built-in stage, or what the policy's
+    relieve_pressure chose). Each action first waits for every stream, so every free block serves any stream;
+    "release_other_pool" then returns what the other size class holds free, "release_all" everything free. True if
+    anything changed."""
     cdef size_t changed
     why.err = ERR_NONE
     changed = _reclaim_streams(self, why, ANY_STREAM, True)

@@ -15,7 +15,8 @@ class Policy:
     """How the allocator places requests, splits blocks and keeps stitched blocks. Sizes are in bytes.
 
     Placement:
-      segment_rule: how new memory is laid out when no free block fits.
+      segment_rule: how new memory is laid out when no free block fits: the built-in growth strategy, chosen once
+        when the Allocator is made (a policy's `cython_growth()` may supply its own instead).
         "chunks": the shortfall of a request in whole `chunk_size` handles, stitched with free blocks (gmlake).
         "pytorch": PyTorch's native rule, one handle per segment: 2 MiB for the small pool, `large_segment_size`
           for requests under `min_large_alloc`, else the request rounded up to `round_large`.
@@ -23,7 +24,7 @@ class Policy:
           `expandable_page_small` / `expandable_page_large` bytes; `capped_page_large` (0: the same) for a
           large-pool range made while a cap below the device's memory is set; a coarser range made before the cap
           grows no more while it holds (Note [Finer pages under a cap]).
-      stitch: whether to stitch free blocks at all (only with "chunks").
+      stitch: whether to stitch free blocks at all (under "chunks" and "expandable"; "pytorch" never stitches).
       min_stitch_size: requests below this size never stitch; they get new chunks instead.
       min_saved_chunks: a stitch that also needs new chunks must save at least this many of them (1: stitch only
         to save memory now). 0 also stitches a free chunk tail in front of new chunks, which saves nothing at once
@@ -164,6 +165,13 @@ class Policy:
         """Seams decided in Cython: a `gmlake._allocator.Seams` subclass instance, compiled against gmlake's .pxd
         files, whose nogil methods decide the seams its `overridden` bits name, at C speed (docs/policies.md, "The
         Cython path"). None (the default): overridden seams are asked through the Python hooks above."""
+        return None
+
+    def cython_growth(self) -> object | None:
+        """How new memory is laid out, decided in Cython: a `gmlake._allocator.Growth` subclass instance (subclass
+        ChunkGrowth, PyTorchGrowth or ExpandableGrowth and override what changes), compiled against gmlake's .pxd
+        files. None (the default): the built-in growth `segment_rule` names. Asked once, when the Allocator is
+        made."""
         return None
 
     def overrides(self, hook: str) -> bool:

@@ -42,6 +42,18 @@ class WorstFitInCython(PaperPolicy):
 
 
 @dataclass(frozen=True)
+class StitchOnlyFreeMemory(PaperPolicy):
+    """Growth: stitch only where free pieces cover the whole request, else grow it whole; decided in Cython by its
+    own Growth (gmlake/_seams_example.pyx), as `NoSmallStitches` decides a veto in Python."""
+
+    name: ClassVar[str] = "stitch-only-free-memory"
+
+    def cython_growth(self) -> object:
+        from gmlake._seams_example import StitchOnlyFreeMemory as Growth
+        return Growth()
+
+
+@dataclass(frozen=True)
 class KeepLargeBlocksWhole(PaperPolicy):
     """Splitting: never split a large-pool block when less than `min_remainder` bytes would be left over (the
     sliver would only fragment the pool); round the request up into the whole block instead."""
