@@ -5,6 +5,7 @@ from libcpp.map cimport map as cmap
 from libcpp.unordered_map cimport unordered_map
 from libcpp.pair cimport pair
 from gmlake._driver cimport Driver
+from cython.operator cimport dereference as deref, predecrement as dec
 
 cdef extern from "<mutex>" namespace "std" nogil:
     # Declared without except+: lock() only throws on misuse, and we call it from noexcept nogil code.
@@ -170,6 +171,13 @@ cdef enum CaptureCheck:
     CAPTURE_CLEAR
     CAPTURE_FOUND
 
+# The request in progress (malloc), on the caller's stack beside its Failure, which points at it: what the rooms need
+# to know of the request while serving it. Nothing of a request is kept in the allocator between calls.
+cdef struct Request:
+    int64_t stream      # the request's stream
+    PrivatePool* target # the private pool serving it (NULL: the default pool)
+    int capture_check   # whether its stream was checked for a capture nobody announced (a CaptureCheck)
+
 # Why one call failed: each call that can fail keeps its own on its stack and passes it down to every function on
 # its path (Note [A call's failure]); the caller gets a copy, so an error travels with the call that raised it. The
 # byte counts are the moment of failure.
@@ -178,6 +186,7 @@ cdef struct Failure:
     int code            # the driver's return code (ERR_DRIVER)
     int call            # which driver call (a Call) returned it
     bint hook_failed    # a policy seam raised or answered badly during this call: the request fails (ERR_POLICY)
+    Request* request    # the request this call serves (malloc), NULL in other calls; never copied out (_report)
     size_t reserved
     size_t allocated
     size_t limit
@@ -212,6 +221,7 @@ cdef struct Stats:
 # The policy's knobs, copied into C so the hot path reads no Python. How memory grows is not a knob here: the
 # policy's growth (a Growth, below) decides it, chosen once when the allocator is made.
 cdef struct Knobs:
+    # Policy's knobs, by their names there (gmlake/policies/base.py declares each, once)
     size_t round_to
     size_t small_size
     size_t small_segment_size
@@ -222,20 +232,21 @@ cdef struct Knobs:
     size_t max_cached_sblocks
     size_t sblock_search_depth
     bint sblock_first
-    bint fit_counts_unmapped      # best fit counts the unmapped room after a block (Growth.fit_counts_unmapped)
     size_t large_split_min
     size_t max_split_size
     size_t max_non_split_rounding
     bint cross_stream
-    bint cross_stream_wait       # Note [Waiting for another stream's free block]
+    bint cross_stream_wait       # with cross_stream only: Note [Waiting for another stream's free block]
     bint cap_counts_request
     size_t large_segment_size
     size_t min_large_alloc
     size_t round_large
-    size_t page_small
-    size_t page_large
-    size_t page_large_capped      # a large-pool range made under a cap: Note [Finer pages under a cap]
-    size_t expandable_reserve
+    size_t expandable_page_small
+    size_t expandable_page_large
+    size_t capped_page_large      # expandable_page_large where 0: Note [Finer pages under a cap]
+    size_t expandable_reserve     # 9/8 of the device's memory where 0
+    # What the growth says of itself (Growth.fit_counts_unmapped)
+    bint fit_counts_unmapped
     # Which seams the policy overrides in Python (read once, at construction): the core calls Python only there.
     bint hook_allow_stitch
     bint hook_split
@@ -330,19 +341,16 @@ cdef class Allocator:
     cdef uint64_t next_serial
     cdef uint64_t tick
     cdef uint64_t free_seq
-    # Private pools (_pools.pxi): by id, the active ones in the order they began, and the one serving the request in
-    # progress (under the lock; NULL: the default pool). While `capturing` > 0 the core calls no event or
-    # synchronize function (Note [Pools and graph capture]); frees that would need one wait in deferred_frees.
+    # Private pools (_pools.pxi): by id, and the active ones in the order they began (the one serving a request is
+    # its Request's target). While `capturing` > 0 the core calls no event or synchronize function (Note [Pools and
+    # graph capture]); frees that would need one wait in deferred_frees.
     cdef cmap[uint64_t, PrivatePool*] pools
     cdef vector[PrivatePool*] active_pools
     cdef readonly size_t capturing
-    cdef PrivatePool* target
     cdef vector[PendingFree] deferred_frees
-    # The request in progress (under the lock): its stream and whether that stream was checked for a capture.
-    cdef int64_t request_stream
-    cdef int capture_check
 
     cdef void _lock(self) noexcept nogil
+    cdef void _unlock(self) noexcept nogil
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil
     cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
                                         Failure* why) noexcept nogil
@@ -444,3 +452,49 @@ cdef class Seams:
     cdef SBlock* evict(self, Allocator a, Failure* why, SBlock* lru_victim, int reason) noexcept nogil
     cdef int pressure(self, Allocator a, Failure* why, size_t size, int64_t stream, int pool, int attempt,
                       int default) noexcept nogil
+
+
+# ---------------------------------------------------------------- the exported API for research seams
+# What a Seams or Growth subclass in another module may use to read the allocator's free blocks: keys and lookups,
+# inlined into its own module from here, so that it copies nothing of the core's internals and keeps working when
+# they move. Call them only from a seam (the allocator's lock is held there); never change what they return.
+
+cdef enum:
+    ANY_STREAM = -1             # the stream of a free block whose stream's work is done: usable by any stream
+
+
+cdef inline FreeKey free_key(int64_t stream, size_t size) noexcept nogil:
+    """The first key of a free index at (stream, size): where a search for `stream`'s blocks of `size` bytes or
+    more begins (free indexes are ordered by stream, size, segment serial, offset)."""
+    cdef FreeKey key
+    key.stream = stream
+    key.size = size
+    key.serial = 0
+    key.offset = 0
+    return key
+
+
+cdef inline FreeIndex* free_index(Allocator a, int pool) noexcept nogil:
+    """The default pool's free index of a size class (POOL_SMALL or POOL_LARGE)."""
+    return &a.free_small if pool == POOL_SMALL else &a.free_large
+
+
+cdef inline Block* smallest_free(FreeIndex* index, int64_t stream, size_t size) noexcept nogil:
+    """The best fit: the smallest free block of `stream` (ANY_STREAM: of no stream) of at least `size` bytes (of
+    those as small, the first in segment and address order), or NULL."""
+    cdef FreeIndex.iterator it = index.lower_bound(free_key(stream, size))
+    if it == index.end() or deref(it).first.stream != stream:
+        return NULL
+    return deref(it).second
+
+
+cdef inline Block* largest_free(FreeIndex* index, int64_t stream, size_t size) noexcept nogil:
+    """The largest free block of `stream` (ANY_STREAM: of no stream) of at least `size` bytes (of those as large,
+    the first in segment and address order), or NULL."""
+    cdef FreeIndex.iterator it = index.lower_bound(free_key(stream + 1, 0))
+    if it == index.begin():
+        return NULL
+    dec(it)
+    if deref(it).first.stream != stream or deref(it).first.size < size:
+        return NULL
+    return deref(index.lower_bound(free_key(stream, deref(it).first.size))).second

@@ -65,9 +65,6 @@ cdef extern from "Python.h" nogil:
 
 from gmlake._clock cimport timespec, clock_gettime, CLOCK_REALTIME, monotonic_ns
 
-# No stream: a free block whose stream's work has completed, usable by any stream.
-cdef int64_t ANY_STREAM = -1
-
 POOL_NAMES = ("small", "large")
 # Each Policy hook and the Seams method (SeamBit) that decides it in Cython.
 SEAM_HOOKS = {"choose_block": SEAM_PLACE, "should_split": SEAM_SPLIT, "choose_stitch": SEAM_STITCH,
@@ -101,6 +98,7 @@ cdef inline void no_failure(Failure* why) noexcept nogil:
     in the calling thread's hook_errors until failure() turns it into the call's PolicyError."""
     why.err = ERR_NONE
     why.hook_failed = False
+    why.request = NULL
     why.code = 0
     why.call = 0
     why.reserved = 0
@@ -118,15 +116,6 @@ cdef inline FreeKey key_of(Block* b) noexcept nogil:
     key.size = b.size
     key.serial = b.seg.serial
     key.offset = b.addr - b.seg.va
-    return key
-
-
-cdef inline FreeKey make_key(int64_t stream, size_t size) noexcept nogil:
-    cdef FreeKey key
-    key.stream = stream
-    key.size = size
-    key.serial = 0
-    key.offset = 0
     return key
 
 
@@ -192,6 +181,7 @@ cdef class Allocator:
 
     def __init__(self, Driver driver not None, policy=None, *, limit: int = 0):
         from gmlake.policies import GMLakePolicy, Policy
+        from gmlake.policies.base import knob_specs
         if policy is None:
             policy = GMLakePolicy()
         if not isinstance(policy, Policy):
@@ -202,33 +192,15 @@ cdef class Allocator:
         policy.validate(gran)
         self.driver = driver
         self.policy = policy
-        self.k.round_to = policy.round_to
-        self.k.small_size = policy.small_size
-        self.k.small_segment_size = round_up(policy.small_segment_size, gran)
-        self.k.chunk_size = round_up(policy.chunk_size, gran)
-        self.k.stitch = policy.stitch
-        self.k.min_stitch_size = policy.min_stitch_size
-        self.k.min_saved_chunks = policy.min_saved_chunks
-        self.k.max_cached_sblocks = policy.max_cached_sblocks
-        self.k.sblock_search_depth = policy.sblock_search_depth
-        self.k.sblock_first = policy.sblock_first
-        # How memory grows: chosen here, once; the rooms read only what it says of itself.
+        # Every knob the core reads, copied by name into its C struct (each is declared once, in Policy: `knob`).
+        # How memory grows is chosen here, once; the rooms read only what the growth says of itself.
         self.growth = _growth_of(policy)
-        self.k.fit_counts_unmapped = self.growth.fit_counts_unmapped
-        self.k.large_split_min = policy.large_split_min
-        self.k.max_split_size = policy.max_split_size
-        self.k.max_non_split_rounding = policy.max_non_split_rounding
-        self.k.cross_stream = policy.cross_stream
-        self.k.cross_stream_wait = policy.cross_stream and policy.cross_stream_wait
-        self.k.cap_counts_request = policy.cap_counts_request
-        self.k.large_segment_size = policy.large_segment_size
-        self.k.min_large_alloc = policy.min_large_alloc
-        self.k.round_large = policy.round_large
-        self.k.page_small = round_up(policy.expandable_page_small, gran)
-        self.k.page_large = round_up(policy.expandable_page_large, gran)
-        self.k.page_large_capped = round_up(policy.capped_page_large, gran) or self.k.page_large
-        reserve = policy.expandable_reserve or (driver.capacity + driver.capacity // 8 if driver.capacity else 1 << 40)
-        self.k.expandable_reserve = reserve
+        knobs = {name: getattr(policy, name) for name in knob_specs() if name != "segment_rule"}
+        knobs["cross_stream_wait"] = policy.cross_stream and policy.cross_stream_wait
+        knobs["capped_page_large"] = policy.capped_page_large or policy.expandable_page_large
+        knobs["expandable_reserve"] = policy.expandable_reserve or (
+            driver.capacity + driver.capacity // 8 if driver.capacity else 1 << 40)
+        knobs["fit_counts_unmapped"] = self.growth.fit_counts_unmapped
         seams = policy.cython_seams()
         if seams is None:
             seams = Seams()
@@ -244,13 +216,11 @@ cdef class Allocator:
                 raise ValueError(f"gmlake: policy {policy.name} overrides {hook} both in Python and in its "
                                  f"Cython seams ({type(seams).__name__})")
             flags[hook] = in_cython or policy.overrides(hook)
-        self.k.hook_allow_stitch = flags["allow_stitch"]
-        self.k.hook_split = flags["should_split"]
-        self.k.hook_evict = flags["evict_victim"]
-        self.k.hook_place = flags["choose_block"]
-        self.k.hook_stitch = flags["choose_stitch"]
-        self.k.hook_layout = flags["segment_layout"]
-        self.k.hook_pressure = flags["relieve_pressure"]
+        knobs.update({"hook_allow_stitch": flags["allow_stitch"], "hook_split": flags["should_split"],
+                      "hook_evict": flags["evict_victim"], "hook_place": flags["choose_block"],
+                      "hook_stitch": flags["choose_stitch"], "hook_layout": flags["segment_layout"],
+                      "hook_pressure": flags["relieve_pressure"]})
+        self.k = knobs
         import threading
         self.hook_errors = threading.local()
         # The largest request worth trying: the device's memory, or 4 TiB (the largest device a replay models, as
@@ -316,9 +286,9 @@ cdef class Allocator:
     cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
         cdef Block* b = _best_free(self, POOL_SMALL, size, stream)
         cdef Segment* seg
-        if b == NULL and _may_reclaim(self) and _reclaim_streams(self, why, stream, False):
+        if b == NULL and _may_reclaim(self, why) and _reclaim_streams(self, why, stream, False):
             b = _best_free(self, POOL_SMALL, size, stream)
-        if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self):
+        if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self, why):
             b = _wait_for_other_stream(self, why, POOL_SMALL, size, stream)
         if self.k.hook_place and why.err == ERR_NONE:
             self.seams.place(self, why, POOL_SMALL, size, stream, &b, NULL)
@@ -335,9 +305,9 @@ cdef class Allocator:
         # Steps 1-2: best fit among free pBlocks and cached sBlocks, then split.
         cdef Block* b = _best_free(self, POOL_LARGE, size, stream)
         cdef SBlock* sb = NULL
-        if b == NULL and _may_reclaim(self) and _reclaim_streams(self, why, stream, False):
+        if b == NULL and _may_reclaim(self, why) and _reclaim_streams(self, why, stream, False):
             b = _best_free(self, POOL_LARGE, size, stream)
-        if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self):
+        if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self, why):
             b = _wait_for_other_stream(self, why, POOL_LARGE, size, stream)
         if why.err != ERR_NONE:
             return NULL
@@ -359,7 +329,7 @@ cdef class Allocator:
 
     cdef Block* _try_alloc(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
         why.err = ERR_NONE
-        if unlikely(self.target != NULL):
+        if unlikely(why.request.target != NULL):
             return _alloc_in_pool(self, why, pool, size, stream)
         return self._alloc_small(why, size, stream) if pool == POOL_SMALL else self._alloc_large(why, size, stream)
 
@@ -414,30 +384,46 @@ cdef class Allocator:
         else:
             self.mutex.lock()
 
+    cdef void _unlock(self) noexcept nogil:
+        """Let the lock go: in the entry point that took it (_lock), once, at its end."""
+        self.mutex.unlock()
+
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* out) noexcept nogil:
         """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `out` is given, says why there."""
+        cdef uintptr_t ptr
+        cdef Request request
+        request.stream = stream
+        request.target = NULL
+        request.capture_check = CAPTURE_UNCHECKED
         self._lock()
-        if unlikely(self.active_pools.size() != 0):    # else target is NULL (reset when the last pool ends)
-            self.target = _pool_for(self, stream)
-        return _serve(self, size, stream, out)
+        if unlikely(self.active_pools.size() != 0):
+            request.target = _pool_for(self, stream)
+        ptr = _serve(self, &request, size, out)
+        self._unlock()
+        return ptr
 
     cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
                                         Failure* out) noexcept nogil:
         """Allocate from active private pool `pool_id` whatever the stream (0: the default pool), for a caller that
         routes requests itself, as the torch bridge does with PyTorch's stream filters."""
         cdef Failure why
+        cdef uintptr_t ptr = 0
+        cdef Request request
+        request.stream = stream
+        request.target = NULL
+        request.capture_check = CAPTURE_UNCHECKED
         self._lock()
-        self.target = NULL
-        if pool_id != 0:
-            it = self.pools.find(pool_id)
-            if it == self.pools.end() or not deref(it).second.active:
-                no_failure(&why)
-                why.err = ERR_NO_POOL
-                self._report(&why, out)
-                self.mutex.unlock()
-                return 0
-            self.target = deref(it).second
-        return _serve(self, size, stream, out)
+        it = self.pools.find(pool_id) if pool_id != 0 else self.pools.end()
+        if pool_id != 0 and (it == self.pools.end() or not deref(it).second.active):
+            no_failure(&why)
+            why.err = ERR_NO_POOL
+            self._report(&why, out)
+        else:
+            if pool_id != 0:
+                request.target = deref(it).second
+            ptr = _serve(self, &request, size, out)
+        self._unlock()
+        return ptr
 
     cdef void _report(self, Failure* why, Failure* out) noexcept nogil:
         """Hand a call's failure to its caller (`out`, if given), with the byte counts at this moment. Under the
@@ -448,6 +434,7 @@ cdef class Allocator:
         why.allocated = self.st.allocated
         why.limit = self.limit_bytes
         out[0] = why[0]
+        out.request = NULL                  # the request lives on this call's stack, not the caller's
 
     # ------------------------------------------------------------------ free
 
@@ -459,7 +446,7 @@ cdef class Allocator:
         self._lock()
         cdef int rc = self._free_locked(&why, ptr)
         self._debug_check()
-        self.mutex.unlock()
+        self._unlock()
         return rc
 
     cdef void _debug_check(self) noexcept nogil:
@@ -521,7 +508,7 @@ cdef class Allocator:
             address_nodes = self.addr_nodes.held()
             live_nodes = self.live_nodes.held()
             events = self.spare_events.size()
-            self.mutex.unlock()
+            self._unlock()
         return {"blocks": blocks, "free_index_nodes": free_index_nodes, "address_nodes": address_nodes,
                 "live_nodes": live_nodes, "events": events}
 
@@ -575,26 +562,16 @@ cdef class Allocator:
         it = self.live.find(ptr)
         if it != self.live.end():
             n = deref(it).second.size
-        self.mutex.unlock()
+        self._unlock()
         return n
 
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil:
         """Note that `stream` uses the live allocation at ptr: its free will wait for that stream's work."""
-        cdef size_t i
+        cdef int rc
         self._lock()
-        it = self.live.find(ptr)
-        if it == self.live.end():
-            self.mutex.unlock()
-            return ERR_INVALID_FREE
-        if deref(it).second.stream != stream:
-            uses = &self.stream_uses[ptr]
-            for i in range(uses.size()):
-                if deref(uses)[i] == stream:
-                    self.mutex.unlock()
-                    return ERR_NONE
-            uses.push_back(stream)
-        self.mutex.unlock()
-        return ERR_NONE
+        rc = _note_stream_use(self, ptr, stream)
+        self._unlock()
+        return rc
 
     cdef int empty_cache_nogil(self, Failure* out) noexcept nogil:
         """Return every cached sBlock range and every fully free chunk to the driver."""
@@ -602,30 +579,27 @@ cdef class Allocator:
         cdef Failure* why = &failure
         no_failure(why)
         self._lock()
-        self.target = NULL                  # no request in progress: hooks asked here see the default pool
         if self.capturing:
             why.err = ERR_CAPTURE          # it synchronizes: Note [Pools and graph capture]
-            self._report(why, out)
-            self.mutex.unlock()
-            return ERR_CAPTURE
-        # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
-        _reclaim_streams(self, why, ANY_STREAM, True)
-        _destroy_spare_events(self, why)
-        _retry_orphans(self, why)
-        if why.err == ERR_NONE:
-            _release_pool(self, why, POOL_SMALL, 0, EVICT_ALL)
-            _release_pool(self, why, POOL_LARGE, 0, EVICT_ALL)
+        else:
+            # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
+            _reclaim_streams(self, why, ANY_STREAM, True)
+            _destroy_spare_events(self, why)
+            _retry_orphans(self, why)
+            if why.err == ERR_NONE:
+                _release_pool(self, why, POOL_SMALL, 0, EVICT_ALL)
+                _release_pool(self, why, POOL_LARGE, 0, EVICT_ALL)
+            self._debug_check()
         cdef int err = why.err
         self._report(why, out)
-        self._debug_check()
-        self.mutex.unlock()
+        self._unlock()
         return err
 
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil:
         """Cap the physical memory held (0: none), under the lock: torch's memory-fraction hook calls it."""
         self._lock()
         self.limit_bytes = limit
-        self.mutex.unlock()
+        self._unlock()
 
     # ------------------------------------------------------------------ Python API
 
@@ -693,15 +667,17 @@ cdef class Allocator:
         """Start (or stop) recording allocator events, keeping the last `max_entries`."""
         if max_entries <= 0:
             raise ValueError("max_entries must be positive")
+        cdef size_t kept = max_entries
+        cdef bint on = bool(enabled)
         with nogil:
             self._lock()
-        self.tracing = enabled
-        if enabled:
-            self.trace_max = max_entries
-            if self.trace.size() > self.trace_max:
-                self.trace.clear()
-                self.trace_next = 0
-        self.mutex.unlock()
+            self.tracing = on
+            if on:
+                self.trace_max = kept
+                if self.trace.size() > self.trace_max:
+                    self.trace.clear()
+                    self.trace_next = 0
+            self._unlock()
 
     def history(self) -> list:
         """The recorded events, oldest first, as PyTorch snapshot trace entries (dicts)."""
@@ -711,7 +687,7 @@ cdef class Allocator:
             self._lock()
             copy = self.trace
             start = self.trace_next if self.trace.size() == self.trace_max else 0
-            self.mutex.unlock()
+            self._unlock()
         names = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
                  "segment_unmap", "oom")
         n = copy.size()
@@ -771,7 +747,7 @@ cdef class Allocator:
             self.st.peak_reserved = self.st.reserved
             self.st.peak_active = self.st.active
             self.st.peak_sblock_va = self.st.sblock_va
-            self.mutex.unlock()
+            self._unlock()
 
     def stats(self) -> dict:
         """Byte counts with their peaks, event counts, and driver calls (and handles touched) by kind."""
@@ -785,7 +761,7 @@ cdef class Allocator:
             orphans = self.orphan_chunks.size() + self.orphan_ranges.size() + self.orphan_events.size()
             for i in range(self.orphan_chunks.size()):
                 orphan_bytes += self.orphan_chunks[i].size
-            self.mutex.unlock()
+            self._unlock()
         return {
             "allocated_bytes": s.allocated,
             "peak_allocated_bytes": s.peak_allocated,
@@ -893,7 +869,7 @@ cdef class Allocator:
             self._lock()
             rc = _begin_pool(self, p, chosen, every, cap)
             self._debug_check()
-            self.mutex.unlock()
+            self._unlock()
         self._raise_invariant_error()
         if rc == POOL_ALREADY_ACTIVE:
             raise ValueError(f"gmlake: private pool {pid} is already active; end_allocate_to_pool({pid}) first")
@@ -911,7 +887,7 @@ cdef class Allocator:
         with nogil:
             self._lock()
             rc = _retain_pool(self, p)
-            self.mutex.unlock()
+            self._unlock()
         if rc == POOL_NOT_ACTIVE:
             raise ValueError(f"gmlake: retain_pool: private pool {pid} is not active")
 
@@ -927,7 +903,7 @@ cdef class Allocator:
             self._lock()
             rc = _end_pool(self, &why, p)
             self._debug_check()
-            self.mutex.unlock()
+            self._unlock()
         self._raise_invariant_error()
         if rc == POOL_NOT_ACTIVE:
             raise ValueError(f"gmlake: end_allocate_to_pool: private pool {pid} is not active")
@@ -948,7 +924,7 @@ cdef class Allocator:
             rc = _release_private_pool(self, &why, p, &released)
             self._report(&why, &why)
             self._debug_check()
-            self.mutex.unlock()
+            self._unlock()
         self._raise_invariant_error()
         if rc == POOL_UNKNOWN:
             raise ValueError(f"gmlake: release_pool: private pool {pid} has no use to release (never begun, or "
@@ -986,7 +962,7 @@ cdef class Allocator:
                             "segments": p.segments, "reserved_bytes": p.reserved,
                             "allocated_bytes": used.get(p.id, 0)})
         finally:
-            self.mutex.unlock()
+            self._unlock()
         return out
 
     def pools_ids(self) -> list:
@@ -1036,7 +1012,7 @@ cdef class Allocator:
                     b = b.next
                 seg_row.end_row = rows.size()
                 segs.push_back(seg_row)
-            self.mutex.unlock()
+            self._unlock()
         names = ("free", "allocated", "claimed", "unmapped")
         out = []
         for i in range(segs.size()):
@@ -1050,16 +1026,17 @@ cdef class Allocator:
         return out
 
 
-cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failure* out) noexcept nogil:
-    """malloc once the lock is held and self.target chosen; releases the lock. Note [A call's failure]."""
+cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Failure* out) noexcept nogil:
+    """malloc once the lock is held and the request's target chosen (the caller releases the lock). Note [A call's
+    failure]."""
     cdef size_t rounded
     cdef Block* b = NULL
+    cdef int64_t stream = request.stream
     cdef Failure failure
     cdef Failure* why = &failure
     no_failure(why)
-    self.request_stream = stream
-    self.capture_check = CAPTURE_UNCHECKED
-    if self.pending.size() and self.capturing == 0 and not _unannounced_capture(self):
+    why.request = request
+    if self.pending.size() and self.capturing == 0 and not _unannounced_capture(self, why):
         _process_pending(self, why)
     why.err = ERR_NONE
     # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
@@ -1067,7 +1044,6 @@ cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failur
     if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
         why.err = ERR_OOM
         self._report(why, out)
-        self.mutex.unlock()
         return 0
     rounded = round_up(size, self.k.round_to)
     b = self._alloc(why, rounded, stream)
@@ -1081,7 +1057,6 @@ cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failur
             self._record(TRACE_OOM, 0, size, stream)
         self._report(why, out)
         self._debug_check()
-        self.mutex.unlock()
         return 0
     b.requested = size
     self._record(TRACE_ALLOC, b.addr, size, stream)
@@ -1100,10 +1075,8 @@ cdef inline uintptr_t _serve(Allocator self, size_t size, int64_t stream, Failur
         why.err = ERR_POLICY
         self._report(why, out)
         self._debug_check()
-        self.mutex.unlock()
         return 0
     self._debug_check()
-    self.mutex.unlock()
     return b.addr
 
 

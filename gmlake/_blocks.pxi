@@ -47,7 +47,7 @@ cdef Block* _merge_holes(Allocator self, Block* b) noexcept nogil:
 
 
 cdef Block* _peek_fit(Allocator self, FreeIndex* index, size_t size, int64_t stream) noexcept nogil:
-    cdef FreeIndex.iterator it = index.lower_bound(make_key(stream, size))
+    cdef FreeIndex.iterator it = index.lower_bound(free_key(stream, size))
     cdef FreeIndex.iterator nxt
     cdef Block* b
     if it == index.end() or deref(it).first.stream != stream:

@@ -53,10 +53,10 @@ cdef inline size_t _page(Allocator self, int pool) noexcept nogil:
     has mapped, but grows no more (_coarser_range): growth goes to a range of this page, so a cap set after the
     model was loaded still gets finer pages for what comes after."""
     if pool == POOL_SMALL:
-        return self.k.page_small
+        return self.k.expandable_page_small
     if _cap_binds(self):
-        return self.k.page_large_capped
-    return self.k.page_large
+        return self.k.capped_page_large
+    return self.k.expandable_page_large
 
 
 cdef inline bint _cap_binds(Allocator self) noexcept nogil:
@@ -76,7 +76,7 @@ cdef Block* _lowest_room(Allocator self, int pool, size_t size, int64_t stream, 
     that growth would map; NULL where no range has room. Ranges of a released private pool, and ranges coarser than
     the pages a cap asks for, take no growth."""
     cdef FreeIndex* holes = _holes(self, pool)
-    cdef FreeIndex.iterator it = holes.lower_bound(make_key(stream, 0))
+    cdef FreeIndex.iterator it = holes.lower_bound(free_key(stream, 0))
     cdef Block* c
     cdef Block* b
     cdef size_t room

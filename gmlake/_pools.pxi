@@ -65,9 +65,9 @@ cdef PrivatePool* _pool_for(Allocator self, int64_t stream) noexcept nogil:
 
 
 cdef Block* _alloc_in_pool(Allocator self, Failure* why, int kind, size_t size, int64_t stream) noexcept nogil:
-    """Serve a request from the private pool self.target: best fit among its free blocks of `stream`, else a new
-    segment of its own (never a stitch: Note [Private pools])."""
-    cdef PrivatePool* p = self.target
+    """Serve a request from its private pool (its Request's target): best fit among the pool's free blocks of
+    `stream`, else a new segment of its own (never a stitch: Note [Private pools])."""
+    cdef PrivatePool* p = why.request.target
     cdef Block* b = _peek_fit(self, &p.free_small if kind == POOL_SMALL else &p.free_large, size, stream)
     cdef Segment* seg
     cdef size_t segment_size, handle_size
@@ -172,8 +172,6 @@ cdef int _end_pool(Allocator self, Failure* why, uint64_t pool_id) noexcept nogi
             break
     p.active = False
     p.streams.clear()
-    if self.active_pools.empty():
-        self.target = NULL
     if p.capturing:
         p.capturing = False
         self.capturing -= 1

@@ -317,7 +317,7 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
 
 cdef void _descending(Allocator self, int64_t stream, vector[Block*]& out) noexcept nogil:
     """Free large pBlocks of `stream`, largest first."""
-    cdef FreeIndex.iterator it = self.free_large.lower_bound(make_key(stream + 1, 0))
+    cdef FreeIndex.iterator it = self.free_large.lower_bound(free_key(stream + 1, 0))
     while it != self.free_large.begin():
         dec(it)
         if deref(it).first.stream != stream:

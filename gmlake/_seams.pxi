@@ -43,7 +43,8 @@ cdef SBlock* _hook_evict(Allocator self, Failure* why, SBlock* lru_victim, int r
         order.push_back(entry.second)
     try:
         cached = [_cached_view(self, order[i]) for i in range(order.size())]
-        index = _with_state(self, lru_victim.stream, self.policy.evict_victim, (cached, EVICT_REASONS[reason]))
+        index = _with_state(self, why, lru_victim.stream, self.policy.evict_victim,
+                            (cached, EVICT_REASONS[reason]))
         if index is None:
             return NULL
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cached):
@@ -82,7 +83,7 @@ cdef void _hook_place(Allocator self, Failure* why, int pool, size_t size, int64
         for i in range(sblocks.size()):
             if sb != NULL and sb[0] == sblocks[i]:
                 default = blocks.size() + i
-        answer = _with_state(self, stream, self.policy.choose_block,
+        answer = _with_state(self, why, stream, self.policy.choose_block,
                              (size, stream, POOL_NAMES[pool], candidates, default))
         if answer is not None and (not isinstance(answer, int) or isinstance(answer, bool)
                                    or not 0 <= answer < len(candidates)):
@@ -116,7 +117,7 @@ cdef void _hook_stitch(Allocator self, Failure* why, size_t size, int64_t stream
                 if blocks[j].addr <= pieces[i].addr < blocks[j].addr + blocks[j].size:
                     default.append(j)
                     break
-        answer = _with_state(self, stream, self.policy.choose_stitch, (size, stream, free, default))
+        answer = _with_state(self, why, stream, self.policy.choose_stitch, (size, stream, free, default))
         if not isinstance(answer, (list, tuple)):
             raise TypeError(f"choose_stitch returned {answer!r}, not a list of indices into {len(free)} blocks")
         if len(set(answer)) != len(answer) or not all(
@@ -138,7 +139,7 @@ cdef void _hook_layout(Allocator self, Failure* why, int pool, size_t size, int6
     cdef size_t gran = self.driver.granularity
     cdef size_t bound = max(self.max_request, segment_size[0])     # an expandable range may exceed the device
     try:
-        answer = _with_state(self, stream, self.policy.segment_layout,
+        answer = _with_state(self, why, stream, self.policy.segment_layout,
                              (size, stream, POOL_NAMES[pool], (segment_size[0], handle_size[0])))
         if not isinstance(answer, tuple) or len(answer) != 2 or not all(
                 isinstance(x, int) and not isinstance(x, bool) for x in answer):
@@ -159,7 +160,7 @@ cdef int _hook_pressure(Allocator self, Failure* why, size_t size, int64_t strea
     """Release-under-pressure seam: the policy names the next action (PRESSURE_ACTIONS), or None to give up."""
     try:
         builtin = None if default == PRESSURE_GIVE_UP else PRESSURE_ACTIONS[default - 1]
-        answer = _with_state(self, stream, self.policy.relieve_pressure,
+        answer = _with_state(self, why, stream, self.policy.relieve_pressure,
                              (size, stream, POOL_NAMES[pool], attempt, builtin))
         if answer is None:
             return PRESSURE_GIVE_UP
@@ -183,7 +184,7 @@ cdef list _free_blocks(Allocator self, int pool, size_t at_least, int64_t stream
     for s in (stream, ANY_STREAM):
         if s == ANY_STREAM and stream == ANY_STREAM and found:
             break
-        it = index.lower_bound(make_key(s, at_least))
+        it = index.lower_bound(free_key(s, at_least))
         while it != index.end() and deref(it).first.stream == s:
             b = deref(it).second
             found.append(FreeBlock(b.addr, b.size, b.stream, b.seg.serial, b.addr - b.seg.va))
@@ -211,7 +212,7 @@ cdef class _FreeBlockWalk:
                      + _free_blocks(self.a, POOL_LARGE, 0, self.stream, NULL))
 
 
-cdef object _with_state(Allocator self, int64_t stream, object hook, tuple args):
+cdef object _with_state(Allocator self, Failure* why, int64_t stream, object hook, tuple args):
     """hook(*args, state): the read-only view a hook receives (built only when a hook is called; the caller holds
     the lock). Its free_blocks are walked only if the hook reads them, and cannot be after it returns."""
     cdef _FreeBlockWalk walk = _FreeBlockWalk.__new__(_FreeBlockWalk)
@@ -220,7 +221,7 @@ cdef object _with_state(Allocator self, int64_t stream, object hook, tuple args)
     blocks = FreeBlocks(walk)
     state = AllocatorState(self.st.reserved, self.st.allocated, self.st.active, self.limit_bytes,
                            self.driver.capacity, self.cached.size(), stream, blocks,
-                           self.target.id if self.target != NULL else 0)
+                           why.request.target.id if why.request != NULL and why.request.target != NULL else 0)
     try:
         return hook(*args, state)
     finally:

@@ -7,30 +7,8 @@ module is, overrides the nogil methods of the seams it decides and sets their bi
 new memory grows is one more such interface: a policy's `cython_growth()` returns a subclass of a built-in Growth.
 """
 from libc.stdint cimport int64_t
-from cython.operator cimport dereference as deref, predecrement as dec
-from gmlake._allocator cimport (Allocator, Failure, Seams, Block, SBlock, FreeIndex, FreeKey, SEAM_PLACE,
-                                POOL_SMALL, ChunkGrowth)
-
-
-cdef inline FreeKey key(int64_t stream, size_t size) noexcept nogil:
-    cdef FreeKey k
-    k.stream = stream
-    k.size = size
-    k.serial = 0
-    k.offset = 0
-    return k
-
-
-cdef Block* largest(FreeIndex* index, int64_t stream, size_t size) noexcept nogil:
-    """The largest free block of `stream` of at least `size` bytes (of those as large, the first in address order
-    of segments), or NULL."""
-    cdef FreeIndex.iterator it = index.lower_bound(key(stream + 1, 0))
-    if it == index.begin():
-        return NULL
-    dec(it)
-    if deref(it).first.stream != stream or deref(it).first.size < size:
-        return NULL
-    return deref(index.lower_bound(key(stream, deref(it).first.size))).second
+from gmlake._allocator cimport (Allocator, Failure, Seams, Block, SBlock, FreeIndex, SEAM_PLACE, ANY_STREAM,
+                                ChunkGrowth, free_index, largest_free)
 
 
 cdef class WorstFitSeams(Seams):
@@ -43,13 +21,13 @@ cdef class WorstFitSeams(Seams):
 
     cdef void place(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, Block** b,
                     SBlock** sb) noexcept nogil:
-        cdef FreeIndex* index = &a.free_small if pool == POOL_SMALL else &a.free_large
+        cdef FreeIndex* index = free_index(a, pool)
         cdef Block* own
         cdef Block* anyb
         if sb != NULL and sb[0] != NULL:
             return
-        own = largest(index, stream, size)
-        anyb = largest(index, -1, size)
+        own = largest_free(index, stream, size)
+        anyb = largest_free(index, ANY_STREAM, size)
         b[0] = anyb if own == NULL or (anyb != NULL and anyb.size > own.size) else own
 
 

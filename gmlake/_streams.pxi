@@ -66,7 +66,7 @@ cdef size_t _migrate_to(Allocator self, int64_t stream, uint64_t upto, int64_t t
         if stream == ANY_STREAM:
             it = index.begin()
         else:
-            it = index.lower_bound(make_key(stream, 0))
+            it = index.lower_bound(free_key(stream, 0))
         while it != index.end():
             b = deref(it).second
             if stream != ANY_STREAM and b.stream != stream:
@@ -84,9 +84,9 @@ cdef size_t _migrate_to(Allocator self, int64_t stream, uint64_t upto, int64_t t
     return moving.size()
 
 
-cdef inline bint _may_reclaim(Allocator self) noexcept nogil:
+cdef inline bint _may_reclaim(Allocator self, Failure* why) noexcept nogil:
     """May a request fence other streams' frees now? Not under a capture, announced or not: it records events."""
-    return self.capturing == 0 and not _unannounced_capture(self)
+    return self.capturing == 0 and not _unannounced_capture(self, why)
 
 
 cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint wait) noexcept nogil:
@@ -126,7 +126,7 @@ cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint 
                 if rc != DRIVER_OK:
                     return moved
                 self.fences[s] = fence
-            it = index.lower_bound(make_key(s + 1, 0))
+            it = index.lower_bound(free_key(s + 1, 0))
     for entry in self.fences:
         rc = _call(self, why, CALL_EVENT_QUERY, self.driver.query_event(entry.second.event), 0)
         if rc == EVENT_DONE:
@@ -175,7 +175,7 @@ cdef Block* _wait_for_other_stream(Allocator self, Failure* why, int pool, size_
             b = _peek_fit(self, index, size, s)
             if b != NULL and (best == NULL or b.size < best.size):
                 best = b
-        it = index.lower_bound(make_key(s + 1, 0))
+        it = index.lower_bound(free_key(s + 1, 0))
     if best == NULL:
         return NULL
     if _record_event(self, why, best.stream, &event) != DRIVER_OK:
@@ -262,3 +262,19 @@ cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
         i += 1
     self.pending.resize(kept)
     why.err = ERR_NONE
+
+
+cdef int _note_stream_use(Allocator self, uintptr_t ptr, int64_t stream) noexcept nogil:
+    """record_stream: `stream` uses the live allocation at ptr, so its free waits for that stream's work
+    (ERR_INVALID_FREE if ptr is not live)."""
+    cdef size_t i
+    it = self.live.find(ptr)
+    if it == self.live.end():
+        return ERR_INVALID_FREE
+    if deref(it).second.stream != stream:
+        uses = &self.stream_uses[ptr]
+        for i in range(uses.size()):
+            if deref(uses)[i] == stream:
+                return ERR_NONE
+        uses.push_back(stream)
+    return ERR_NONE

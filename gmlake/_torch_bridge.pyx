@@ -60,11 +60,20 @@ def allocators() -> dict:
     return dict(_owners)
 
 
-cdef char _create_error[512]
+# Note [The bridge's errors travel with the call]: a message the bridge throws is written under the GIL and thrown
+# after it is released, so it lives in the calling entry point's own stack buffer (ErrorText), never in a shared one
+# that another thread's failure could overwrite in between, as the core's Failure does (Note [A call's failure]).
+cdef enum:
+    ERROR_TEXT = 512
+
+cdef struct ErrorText:
+    char text[ERROR_TEXT]
 
 
-cdef void* _get(int device) noexcept nogil:
+cdef void* _get(int device, ErrorText* error) noexcept nogil:
+    """The allocator of `device`, created on its first use; NULL with the reason in `error` where it cannot be."""
     if device < 0 or device >= MAX_DEVICES:
+        snprintf(error.text, ERROR_TEXT, "gmlake: device %d out of range", device)
         return NULL
     if _allocators[device] != NULL:
         return _allocators[device]
@@ -73,42 +82,33 @@ cdef void* _get(int device) noexcept nogil:
             allocator(device)
         except BaseException as exc:
             msg = f"gmlake: cannot create the allocator for device {device}: {exc}".encode()[:500]
-            snprintf(_create_error, sizeof(_create_error), "%s", <const char*>msg)
+            snprintf(error.text, ERROR_TEXT, "%s", <const char*>msg)
             return NULL
     return _allocators[device]
 
 
-cdef inline double _mib(size_t n) noexcept nogil:
-    return n / 1048576.0
-
-
 cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nogil:
-    """Raise torch's error for a failed allocation: gmlake's OOM message, or the policy's / driver's error."""
+    """Raise torch's error for a failed allocation: the OutOfMemoryError's text for torch, or the policy's / driver's
+    error (gmlake.errors writes every text; an allocation that fails is rare enough to take the GIL)."""
     cdef char message[1024]
-    if why.err == ERR_OOM:
-        snprintf(message, sizeof(message),
-                 "gmlake: CUDA out of memory on device %d: tried to allocate %.2f MiB (%zu bytes); "
-                 "%.2f MiB reserved, %.2f MiB allocated, %.2f MiB cached and free; cap %.2f MiB "
-                 "(set_per_process_memory_fraction or GMLAKE_LIMIT; 0 = none), device capacity %.2f MiB. "
-                 "The allocator is still usable: free tensors or use a smaller batch and retry.%s",
-                 device, _mib(size), size, _mib(why.reserved), _mib(why.allocated),
-                 _mib(why.reserved - why.allocated), _mib(why.limit), _mib(a.driver.capacity),
-                 " (This request came during CUDA graph capture, when the allocator can neither wait for memory "
-                 "nor release any: reserve it before capturing.)" if a.capturing else "")
-    else:
-        with gil:
-            text = f"gmlake: allocating {size} bytes on device {device} failed: {a.failure(size, why)}"
-            encoded = text.encode()[:700]
-            snprintf(message, sizeof(message), "%s", <const char*>encoded)
+    with gil:
+        error = a.failure(size, why)
+        if why.err == ERR_OOM:
+            text = error.torch_message(device, a.capturing != 0)
+        else:
+            text = f"gmlake: allocating {size} bytes on device {device} failed: {error}"
+        encoded = text.encode()[:1000]
+        snprintf(message, sizeof(message), "%s", <const char*>encoded)
     throw_error(message)
 
 
 cdef public void* gmlake_alloc(size_t size, int device, void* stream) noexcept nogil:
-    cdef void* handle = _get(device)
+    cdef ErrorText error
+    cdef void* handle = _get(device, &error)
     cdef Failure why
     cdef uintptr_t ptr
     if handle == NULL:
-        throw_error(_create_error)
+        throw_error(error.text)
     if size == 0:
         size = 1    # torch may ask for 0 bytes; hand out a distinct, valid pointer
     if _routed_count.load() == 0:
@@ -138,7 +138,8 @@ cdef public void gmlake_reset() noexcept nogil:
 
 
 cdef public void gmlake_memory_fraction(double fraction, int device) noexcept nogil:
-    cdef void* handle = _get(device)
+    cdef ErrorText error
+    cdef void* handle = _get(device, &error)
     if handle == NULL:
         return
     if not (0.0 <= fraction <= 1.0):        # torch checks too; a NaN or out-of-range value never becomes a cap
@@ -222,9 +223,6 @@ cdef uintptr_t _alloc_routed(Allocator a, size_t size, int device, void* stream,
     return ptr
 
 
-cdef char _pool_error[512]
-
-
 cdef enum PoolMethod:
     POOL_BEGIN
     POOL_RETAIN
@@ -232,8 +230,8 @@ cdef enum PoolMethod:
     POOL_RELEASE
 
 
-cdef bint _pool_call(int device, PoolMethod which, uint64_t pool) noexcept with gil:
-    """Call Allocator.<method>(pool) on `device`'s allocator; False with the message in _pool_error if it raised."""
+cdef bint _pool_call(int device, PoolMethod which, uint64_t pool, ErrorText* error) noexcept with gil:
+    """Call Allocator.<method>(pool) on `device`'s allocator; False with the message in `error` if it raised."""
     method = ("begin_allocate_to_pool", "retain_pool", "end_allocate_to_pool", "release_pool")[which]
     try:
         a = allocator(device)
@@ -245,13 +243,13 @@ cdef bint _pool_call(int device, PoolMethod which, uint64_t pool) noexcept with 
     except BaseException as exc:
         msg = f"gmlake: {method} of CUDA graph pool {pool >> 32}:{pool & 0xffffffff} on device {device}: {exc}"
         encoded = msg.encode()[:500]
-        snprintf(_pool_error, sizeof(_pool_error), "%s", <const char*>encoded)
+        snprintf(error.text, ERROR_TEXT, "%s", <const char*>encoded)
         return False
 
 
-cdef void _warn_pool_error() noexcept with gil:
+cdef void _warn_pool_error(ErrorText* error) noexcept with gil:
     import warnings
-    warnings.warn((<bytes>_pool_error).decode(errors="replace"), RuntimeWarning, stacklevel=2)
+    warnings.warn((<bytes>error.text).decode(errors="replace"), RuntimeWarning, stacklevel=2)
 
 
 cdef bint _is_routed(int device, uint64_t pool) noexcept nogil:
@@ -265,15 +263,16 @@ cdef bint _is_routed(int device, uint64_t pool) noexcept nogil:
 cdef public void gmlake_begin_allocate_to_pool(int device, pair[unsigned long long, unsigned long long] pool_id, StreamFilter filter) noexcept nogil:
     cdef uint64_t pool = _pool_key(pool_id)
     cdef bint nested
-    if _get(device) == NULL:
-        throw_error(_create_error)
+    cdef ErrorText error
+    if _get(device, &error) == NULL:
+        throw_error(error.text)
     if pool == 0:
         throw_error("gmlake: beginAllocateToPool: a CUDA graph pool id out of range")
     _routing_lock.lock()
     nested = _is_routed(device, pool)
     _routing_lock.unlock()
-    if not _pool_call(device, POOL_RETAIN if nested else POOL_BEGIN, pool):
-        throw_error(_pool_error)
+    if not _pool_call(device, POOL_RETAIN if nested else POOL_BEGIN, pool, &error):
+        throw_error(error.text)
     _routing_lock.lock()
     _routed_devices.push_back(device)
     _routed_pools.push_back(pool)
@@ -288,6 +287,7 @@ cdef public void gmlake_end_allocate_to_pool(int device, pair[unsigned long long
     cdef uint64_t pool = _pool_key(pool_id)
     cdef size_t i
     cdef bint found = False, last = False
+    cdef ErrorText error
     _routing_lock.lock()
     i = _routed_pools.size()
     while i > 0:
@@ -301,18 +301,19 @@ cdef public void gmlake_end_allocate_to_pool(int device, pair[unsigned long long
     last = found and not _is_routed(device, pool)
     _routed_count.store(<int>_routed_pools.size())
     _routing_lock.unlock()
-    if last and not _pool_call(device, POOL_END, pool):
-        throw_error(_pool_error)
+    if last and not _pool_call(device, POOL_END, pool, &error):
+        throw_error(error.text)
 
 
 cdef public void gmlake_release_pool(int device, pair[unsigned long long, unsigned long long] pool_id) noexcept nogil:
     """Drop one use of the pool (a graph's reset, a MemPool's end); its last use returns its free memory. Called
     from CUDAGraph's destructor, so a failure is a warning, never an exception."""
     cdef uint64_t pool = _pool_key(pool_id)
+    cdef ErrorText error
     if device < 0 or device >= MAX_DEVICES or _allocators[device] == NULL:
         return
-    if pool != 0 and not _pool_call(device, POOL_RELEASE, pool):
-        _warn_pool_error()
+    if pool != 0 and not _pool_call(device, POOL_RELEASE, pool, &error):
+        _warn_pool_error(&error)
 
 
 def routed_pools() -> list:

@@ -14,7 +14,7 @@ cdef int _call(Allocator self, Failure* why, int kind, int rc, uint64_t handles)
     return rc
 
 
-cdef bint _unannounced_capture(Allocator self) noexcept nogil:
+cdef bint _unannounced_capture(Allocator self, Failure* why) noexcept nogil:
     """Is the request's stream under a graph capture nobody told the allocator of? Asked before the request's first
     driver call, once per request; True means the request must make none (a caller that then fails sets
     ERR_RAW_CAPTURE).
@@ -28,22 +28,23 @@ cdef bint _unannounced_capture(Allocator self) noexcept nogil:
     too, so while such frees are pending every request asks once; stats()["capture_queries"] counts the questions.
     An announced capture (`capturing` > 0) has its own rules."""
     cdef bint capturing = False
-    if self.capturing:
+    cdef Request* request = why.request
+    if self.capturing or request == NULL:      # only a request (malloc) asks the driver for new memory
         return False
-    if self.capture_check == CAPTURE_UNCHECKED:
+    if request.capture_check == CAPTURE_UNCHECKED:
         self.st.capture_queries += 1
         # A failed query is taken as a capture: cuStreamIsCapturing itself fails on the legacy default stream while
         # another stream captures in global mode.
-        if self.driver.stream_capturing(self.request_stream, &capturing) != DRIVER_OK or capturing:
-            self.capture_check = CAPTURE_FOUND
+        if self.driver.stream_capturing(request.stream, &capturing) != DRIVER_OK or capturing:
+            request.capture_check = CAPTURE_FOUND
         else:
-            self.capture_check = CAPTURE_CLEAR
-    return self.capture_check == CAPTURE_FOUND
+            request.capture_check = CAPTURE_CLEAR
+    return request.capture_check == CAPTURE_FOUND
 
 
 cdef bint _refuse_unannounced_capture(Allocator self, Failure* why) noexcept nogil:
     """_unannounced_capture for a step that cannot go on without the driver: it fails with ERR_RAW_CAPTURE."""
-    if _unannounced_capture(self):
+    if _unannounced_capture(self, why):
         why.err = ERR_RAW_CAPTURE
         return True
     return False

@@ -369,6 +369,26 @@ def cmd_traces(args) -> int:
     return EXIT_OK
 
 
+def cmd_policies(args) -> int:
+    """`gmlake policies`: each policy (built-in, installed, or the specs given) with the knobs it reads: default and
+    unit (knobs its growth does not read are refused, so they are not listed)."""
+    from rich.table import Table
+
+    from gmlake.knobs import format_knob
+
+    specs = args.policy or policies.names() + sorted(policies.installed())
+    for spec in specs:
+        policy = policies.resolve(spec, granularity=None).policy
+        cls = type(policy)
+        table = Table(title=f"{spec} ({cls.__qualname__}, segment_rule={policy.segment_rule})", title_justify="left")
+        for col in ("knob", "default", "unit"):
+            table.add_column(col)
+        for name, default, unit in cls.knob_rows():
+            table.add_row(name, format_knob(default, unit), unit)
+        _console().print(table)
+    return EXIT_OK
+
+
 def _program(args, usage: str) -> list[str]:
     """The program to run, after an optional `--`."""
     program = list(args.program)
@@ -560,6 +580,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--names", action="store_true", help="only the names, one a line")
     p.set_defaults(func=cmd_traces)
 
+    p = sub.add_parser("policies", help="list the policies and the knobs each reads, with defaults and units")
+    p.add_argument("policy", nargs="*", metavar="POLICY", help="only these (" + _SPEC_HELP + ")")
+    p.set_defaults(func=cmd_policies)
+
     p = sub.add_parser("capture", help="record a memory snapshot of a Python training run")
     p.add_argument("-o", "--output", default="gmlake-capture.pickle.gz", metavar="FILE",
                    help="the snapshot to write, a gzipped pickle (default: gmlake-capture.pickle.gz)")
@@ -572,7 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a Python program with gmlake as PyTorch's CUDA allocator")
     p.add_argument("--policy", metavar="POLICY", help=_SPEC_HELP + " (env GMLAKE_POLICY; default gmlake)")
     p.add_argument("--chunk-size", type=_byte_count, metavar="SIZE",
-                   help="physical handle size, e.g. 2MiB (env GMLAKE_CHUNK_SIZE)")
+                   help="chunk size of a policy that grows by chunks (segment_rule=chunks, e.g. gmlake-paper), "
+                        "e.g. 2MiB (env GMLAKE_CHUNK_SIZE); refused where the policy does not read it")
     p.add_argument("--limit", type=_byte_count, metavar="SIZE",
                    help="cap on each device's memory, e.g. 24GiB; 0 = none (env GMLAKE_LIMIT)")
     p.add_argument("--max-cached-sblocks", type=_count, metavar="N",

@@ -29,11 +29,20 @@ class OutOfMemoryError(GmlakeError, MemoryError):
             cap.append(f"cap {_mib(limit)}")
         if capacity:
             cap.append(f"device capacity {_mib(capacity)}")
-        super().__init__(
-            f"gmlake: out of memory: tried to allocate {_mib(requested)} ({requested} bytes); "
-            f"{_mib(reserved)} reserved, {_mib(allocated)} allocated, {_mib(cached)} cached and free"
-            + (f"; {', '.join(cap)}" if cap else "")
-        )
+        super().__init__(f"gmlake: out of memory: {self._figures()}" + (f"; {', '.join(cap)}" if cap else ""))
+
+    def _figures(self) -> str:
+        return (f"tried to allocate {_mib(self.requested)} ({self.requested} bytes); {_mib(self.reserved)} reserved, "
+                f"{_mib(self.allocated)} allocated, {_mib(self.cached)} cached and free")
+
+    def torch_message(self, device: int, capturing: bool = False) -> str:
+        """The text PyTorch raises (a RuntimeError) when this error ends an allocation through the torch bridge:
+        the same figures, with the device and what a training loop can do about it."""
+        return (f"gmlake: CUDA out of memory on device {device}: {self._figures()}; cap {_mib(self.limit)} "
+                f"(set_per_process_memory_fraction or GMLAKE_LIMIT; 0 = none), device capacity "
+                f"{_mib(self.capacity)}. The allocator is still usable: free tensors or use a smaller batch and retry."
+                + (" (This request came during CUDA graph capture, when the allocator can neither wait for memory "
+                   "nor release any: reserve it before capturing.)" if capturing else ""))
 
 
 class CaptureOutOfMemoryError(OutOfMemoryError):

@@ -70,15 +70,36 @@ def parse_bool(text: str, *, what: str = "value") -> bool:
     raise ValueError(f"{what} must be one of {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}, got {text!r}")
 
 
+def parse_setting(item: str, *, targeted: bool = False) -> tuple[str, str, str]:
+    """One `knob=value` setting, the one parser of them (--set, GMLAKE_KNOBS, a spec's [knob=value]), as (target,
+    knob, text); the text is typed later, by the knob's declaration (coerce_knobs). With `targeted`, the setting
+    may be `TARGET.knob=value`: knob names hold no dot, so the last dot before `=` separates TARGET (a policy spec,
+    which may hold dots and colons) from the knob; target is "" otherwise."""
+    left, sep, text = item.partition("=")
+    target, dot, name = left.strip().rpartition(".") if targeted else ("", "", left.strip())
+    if not sep or not name.strip() or (dot and not target.strip()):
+        raise ValueError(f"a knob setting is knob=value{' or POLICY.knob=value' if targeted else ''}, got {item!r}")
+    return target.strip(), name.strip(), text.strip()
+
+
 def split_settings(items: Iterable[str]) -> dict[str, str]:
-    """'knob=value' strings (from `--set`) as {knob: text}; a later setting of a knob wins."""
+    """'knob=value' strings as {knob: text}; a later setting of a knob wins."""
     out: dict[str, str] = {}
     for item in items:
-        name, sep, text = item.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"a knob setting is knob=value, got {item!r}")
-        out[name.strip()] = text.strip()
+        _, name, text = parse_setting(item)
+        out[name] = text
     return out
+
+
+def format_knob(value: object, unit: str = "") -> str:
+    """A knob's value as the command line takes it: sizes in a binary unit where whole (8MiB), flags true/false."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if unit == "bytes" and isinstance(value, int) and value:
+        for name, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if value % scale == 0:
+                return f"{value // scale}{name}"
+    return str(value)
 
 
 def knob_types(policy: type[Policy]) -> dict[str, type]:
@@ -120,11 +141,3 @@ def coerce_knobs(policy: type[Policy], settings: Mapping[str, object], who: str 
             raise ValueError(f"{what} must be a string, got {value!r}")
         out[name] = value
     return out
-
-
-def policy_with_knobs(name: str, settings: Mapping[str, object], granularity: int = 2 << 20) -> Policy:
-    """The policy spec `name` (see gmlake.policies.resolve) with `settings` applied and validated for a driver of
-    `granularity` bytes."""
-    from gmlake import policies
-
-    return policies.resolve(name, settings, granularity).policy

@@ -113,6 +113,7 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
     else:
         raise TypeError(f"gmlake: policy must be a name or a gmlake.policies.Policy, got {type(policy).__name__}")
     chosen = choice.policy
+    chosen.check_knobs()        # a knob its growth does not read fails here, not at the first allocation
 
     def factory(device: int) -> Allocator:
         from gmlake import cuda_driver

@@ -409,8 +409,8 @@ def test_device_memory_takes_units(capsys):
     assert main(["replay", TINY, "--policy", "caching", "--device-memory", "1GiB", "--json"]) == 3
     assert main(["replay", TINY, "--policy", "caching", "--device-memory", "140GiB", "--json"]) == 0
     assert main(["replay", TINY, "--policy", "caching", "--device-memory", "139.5GiB", "--json"]) == 0
-    assert main(["replay", TINY, "--policy", "gmlake", "--set", "chunk_size=4.0000001MiB"]) == 2   # knobs: exact
-    assert main(["replay", TINY, "--policy", "gmlake", "--set", "chunk_size=4MiB", "--json"]) == 0
+    assert main(["replay", TINY, "--policy", "gmlake-paper", "--set", "chunk_size=4.0000001MiB"]) == 2  # knobs: exact
+    assert main(["replay", TINY, "--policy", "gmlake-paper", "--set", "chunk_size=4MiB", "--json"]) == 0
 
 
 def test_convert_says_what_it_writes_and_names_its_output(tmp_path, capsys):

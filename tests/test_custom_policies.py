@@ -262,10 +262,10 @@ def test_one_policy_twice_with_different_knobs(capsys):
 
 @pytest.mark.parametrize("target", ["2", "gmlake-paper"])
 def test_set_aimed_at_one_policy(capsys, target):
-    assert main(["replay", TINY, "--policy", "gmlake", "--policy", "gmlake-paper", "--set", "chunk_size=4MiB",
-                 "--set", f"{target}.chunk_size=8MiB", "--json"]) == EXIT_OK
+    assert main(["replay", TINY, "--policy", "gmlake", "--policy", "gmlake-paper", "--set", "max_cached_sblocks=64",
+                 "--set", f"{target}.max_cached_sblocks=8", "--json"]) == EXIT_OK
     first, second = json_rows(capsys)
-    assert first["knobs"]["chunk_size"] == 4 << 20 and second["knobs"]["chunk_size"] == 8 << 20
+    assert first["knobs"]["max_cached_sblocks"] == 64 and second["knobs"]["max_cached_sblocks"] == 8
 
 
 def test_set_aimed_at_a_file_policy_and_precedence(policy_file, capsys):

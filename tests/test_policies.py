@@ -233,13 +233,56 @@ def test_python_eviction_hook_chooses_the_victim(driver):
     alloc.check()
 
 
-def test_knob_settings_parse_to_typed_values():
-    knobs = gmlake.policies.parse_knobs(["chunk_size=4_194_304", "stitch=false", "cross_stream=True",
-                                         " min_saved_chunks = 0 ", "segment_rule=chunks", "round_to=-1"])
-    assert knobs == {"chunk_size": 4 << 20, "stitch": False, "cross_stream": True, "min_saved_chunks": 0,
+def test_knob_settings_parse_to_typed_values_by_one_parser():
+    """--set, GMLAKE_KNOBS and a spec's [knob=value] share one parser (gmlake.knobs.parse_setting), and the text is
+    typed by the knob's declaration: sizes take units, booleans are strict (yes/no too), names stay text."""
+    from gmlake.knobs import coerce_knobs, parse_setting, split_settings
+
+    texts = split_settings(["chunk_size=4_194_304", "stitch=yes", "cross_stream=True", " min_saved_chunks = 0 ",
+                            "segment_rule=chunks", "round_to=-1"])
+    knobs = coerce_knobs(gmlake.policies.PaperPolicy, texts)
+    assert knobs == {"chunk_size": 4 << 20, "stitch": True, "cross_stream": True, "min_saved_chunks": 0,
                      "segment_rule": "chunks", "round_to": -1}
+    assert policies_resolved("gmlake-paper[stitch=yes,chunk_size=4MiB]") == (True, 4 << 20)
+    with pytest.raises(ValueError, match="knob stitch must be one of"):
+        coerce_knobs(gmlake.policies.PaperPolicy, {"stitch": "maybe"})
     with pytest.raises(ValueError, match="knob=value"):
-        gmlake.policies.parse_knobs(["chunk_size"])
+        split_settings(["chunk_size"])
+    assert parse_setting("a/b.py:C.x = 1", targeted=True) == ("a/b.py:C", "x", "1")
+    assert not hasattr(gmlake.policies, "parse_knobs")
+
+
+def policies_resolved(spec: str) -> tuple[bool, int]:
+    policy = gmlake.policies.resolve(spec).policy
+    return policy.stitch, policy.chunk_size
+
+
+@pytest.mark.parametrize(("spec", "meant"), [
+    ("gmlake[chunk_size=8MiB]", "expandable_page_large"),
+    ("gmlake[chunk_size=1TiB]", "expandable_page_large"),
+    ("caching[chunk_size=8MiB]", "large_segment_size"),
+    ("gmlake-paper[expandable_page_large=40MiB]", "chunk_size"),
+    ("caching[stitch=true]", "stitches"),
+    ("expandable[round_large=4MiB,segment_rule=chunks]", "chunk_size"),
+])
+def test_a_knob_the_policy_does_not_read_is_refused_with_what_was_meant(spec, meant):
+    """Issue: gmlake[chunk_size=8MiB] changed nothing under the default policy, whose ranges grow by pages."""
+    with pytest.raises(ValueError, match=f"does nothing under segment_rule=.*{meant}"):
+        gmlake.policies.resolve(spec)
+
+
+def test_knobs_the_policy_reads_are_taken_and_listed():
+    assert gmlake.policies.resolve("gmlake[expandable_page_large=40MiB]").policy.expandable_page_large == 40 << 20
+    assert gmlake.policies.resolve("gmlake[segment_rule=chunks,chunk_size=8MiB]").policy.chunk_size == 8 << 20
+    rows = {name: (default, unit) for name, default, unit in gmlake.policies.GMLakePolicy.knob_rows()}
+    assert rows["expandable_page_large"] == (20 << 20, "bytes") and rows["min_saved_chunks"] == (3, "count")
+    assert "chunk_size" not in rows and "large_segment_size" in rows
+    assert "chunk_size" in {r[0] for r in gmlake.policies.PaperPolicy.knob_rows()}
+
+
+def test_a_policy_object_with_an_unread_knob_is_refused_by_the_allocator(driver):
+    with pytest.raises(ValueError, match="chunk_size does nothing"):
+        Allocator(driver, gmlake.policies.GMLakePolicy(chunk_size=8 << 20))
 
 
 def test_unknown_knob_names_the_knobs_there_are():
@@ -289,3 +332,27 @@ def test_run_refuses_bad_knobs_before_running_anything(tmp_path, capsys, setting
     assert main(["run", "--set", setting, str(script)]) == 2
     assert message in capsys.readouterr().err
     assert not marker.exists()
+
+
+def test_gmlake_policies_lists_each_policys_knobs_with_defaults_and_units(capsys):
+    from gmlake.cli import main
+
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gmlake", "gmlake-paper", "caching", "expandable"):
+        assert f"{name} (" in out
+    assert "expandable_page_large" in out and "20MiB" in out and "bytes" in out
+    assert main(["policies", "gmlake-paper"]) == 0
+    paper = capsys.readouterr().out
+    assert "chunk_size" in paper and "2MiB" in paper and "expandable_page_large" not in paper
+    assert main(["policies", "no-such-policy"]) == 2
+
+
+def test_enable_refuses_a_knob_the_policy_does_not_read_before_installing_anything():
+    """README's `enable("gmlake", chunk_size=...)` changed nothing under the default policy; it is refused."""
+    pytest.importorskip("torch")
+    import gmlake.torch as gt
+
+    with pytest.raises(ValueError, match="chunk_size does nothing under segment_rule=expandable"):
+        gt.enable("gmlake", chunk_size=8 << 20)
+    assert not gt._enabled

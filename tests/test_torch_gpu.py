@@ -88,7 +88,7 @@ def test_stats_api_and_snapshot_replays_to_the_real_peak(tmp_path):
 
 def test_environment_variables_configure_the_policy():
     out = run("stats_snapshot.py", "/tmp/gmlake-env-snap.pickle.gz",
-              env={"GMLAKE_POLICY": "expandable", "GMLAKE_CHUNK_SIZE": str(4 << 20)})
+              env={"GMLAKE_POLICY": "expandable", "GMLAKE_KNOBS": f"expandable_page_large={4 << 20}"})
     assert "policy expandable" in out
 
 

@@ -226,19 +226,14 @@ def resolve(spec: str, knobs: Mapping[str, object] | None = None,
 def split_targeted(settings: Iterable[str]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """`--set` items as (knobs for every policy, {target: knobs for that policy only}). `knob=value` applies to
     every chosen policy; `TARGET.knob=value` only to the policy TARGET names: its spec as given (without inline
-    knobs) or its position among the chosen policies, from 1. Knob names hold no dot, so the last dot before `=`
-    separates TARGET from the knob, whatever dots or colons the spec holds."""
+    knobs) or its position among the chosen policies, from 1 (gmlake.knobs.parse_setting)."""
+    from gmlake.knobs import parse_setting
+
     everywhere: dict[str, str] = {}
     targeted: dict[str, dict[str, str]] = {}
     for item in settings:
-        left, sep, text = item.partition("=")
-        target, dot, knob = left.strip().rpartition(".")
-        if not sep or not knob.strip() or (dot and not target.strip()):
-            raise ValueError(f"a knob setting is knob=value or POLICY.knob=value, got {item!r}")
-        if dot:
-            targeted.setdefault(target.strip(), {})[knob.strip()] = text.strip()
-        else:
-            everywhere[knob.strip()] = text.strip()
+        target, knob, text = parse_setting(item, targeted=True)
+        (targeted.setdefault(target, {}) if target else everywhere)[knob] = text
     return everywhere, targeted
 
 
@@ -282,20 +277,6 @@ def get(name: str, **options) -> Policy:
     return resolve(name, options, granularity=None).policy
 
 
-def parse_knobs(items: Iterable[str]) -> dict:
-    """'knob=value' strings (from `--set` or GMLAKE_KNOBS) as knobs: integers, true/false, else strings."""
-    knobs: dict = {}
-    for item in items:
-        name, sep, text = item.strip().partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"gmlake: a knob setting is knob=value, got {item!r}")
-        low = text.strip().lower()
-        digits = low.replace("_", "")
-        knobs[name.strip()] = True if low == "true" else False if low == "false" else \
-            int(digits) if digits.lstrip("-").isdigit() else text.strip()
-    return knobs
-
-
 __all__ = [
     "ENTRY_POINT_GROUP",
     "CachingPolicy",
@@ -309,7 +290,6 @@ __all__ = [
     "get",
     "installed",
     "names",
-    "parse_knobs",
     "policy_class",
     "resolve",
     "split_spec",

@@ -1,13 +1,34 @@
 """The policy interface: the knobs the allocator core reads, and the hooks a Python subclass may override."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 from gmlake.policies.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock
 
 MiB = 1 << 20
 SEGMENT_RULES = ("chunks", "pytorch", "expandable")
+STITCHING = ("chunks", "expandable")       # the growths that stitch (PyTorch's never does)
+# What sizes new memory under each growth: what a user who set a size knob another growth reads meant.
+SIZING = {"chunks": ("chunk_size", "small_segment_size"),
+          "pytorch": ("large_segment_size", "min_large_alloc", "round_large", "small_segment_size"),
+          "expandable": ("expandable_page_large", "capped_page_large", "expandable_page_small", "expandable_reserve")}
+
+
+def knob(default: Any, *, unit: str = "", minimum: int | None = None, granular: bool = False,
+         growths: tuple[str, ...] = SEGMENT_RULES) -> Any:
+    """A policy knob, declared once: its default, its unit ("bytes", "count" or "" for a flag or a name), the least
+    value it takes (1: positive, 0: >= 0), whether it must be a multiple of the driver's granularity, and the
+    growths (segment_rule values) whose allocators read it. Validation, the knob listing (`gmlake policies`) and
+    the refusal of a knob the chosen growth does not read all come from this declaration; the core copies each knob
+    by name into its C struct (Knobs, gmlake/_allocator.pxd)."""
+    return field(default=default, metadata={"unit": unit, "minimum": minimum, "granular": granular,
+                                            "growths": growths})
+
+
+def knob_specs() -> dict[str, dict]:
+    """Every knob the core reads, by name, with its declaration (see `knob`)."""
+    return {f.name: dict(f.metadata) for f in fields(Policy)}
 
 
 @dataclass(frozen=True)
@@ -64,30 +85,30 @@ class Policy:
 
     name: ClassVar[str] = "base"
 
-    round_to: int = 512
-    small_size: int = 1 * MiB
-    small_segment_size: int = 2 * MiB
-    chunk_size: int = 2 * MiB
-    segment_rule: str = "chunks"
-    stitch: bool = True
-    min_stitch_size: int = 0
-    min_saved_chunks: int = 1
-    cross_stream: bool = True
-    cross_stream_wait: bool = False
-    cap_counts_request: bool = False
-    large_split_min: int = 0
-    max_split_size: int = 0
-    max_non_split_rounding: int = 20 * MiB
-    large_segment_size: int = 20 * MiB
-    min_large_alloc: int = 10 * MiB
-    round_large: int = 2 * MiB
-    expandable_page_small: int = 2 * MiB
-    expandable_page_large: int = 20 * MiB
-    capped_page_large: int = 0
-    expandable_reserve: int = 0
-    max_cached_sblocks: int = 4096
-    sblock_search_depth: int = 8
-    sblock_first: bool = True
+    round_to: int = knob(512, unit="bytes", minimum=1)
+    small_size: int = knob(1 * MiB, unit="bytes", minimum=1)
+    small_segment_size: int = knob(2 * MiB, unit="bytes", minimum=1, granular=True)
+    chunk_size: int = knob(2 * MiB, unit="bytes", minimum=1, granular=True, growths=("chunks",))
+    segment_rule: str = knob("chunks")
+    stitch: bool = knob(True, growths=STITCHING)
+    min_stitch_size: int = knob(0, unit="bytes", minimum=0, growths=STITCHING)
+    min_saved_chunks: int = knob(1, unit="count", minimum=0, growths=STITCHING)
+    cross_stream: bool = knob(True)
+    cross_stream_wait: bool = knob(False)
+    cap_counts_request: bool = knob(False, growths=("expandable",))
+    large_split_min: int = knob(0, unit="bytes", minimum=0)
+    max_split_size: int = knob(0, unit="bytes", minimum=0)
+    max_non_split_rounding: int = knob(20 * MiB, unit="bytes", minimum=0)
+    large_segment_size: int = knob(20 * MiB, unit="bytes", minimum=1, granular=True, growths=("pytorch", "expandable"))
+    min_large_alloc: int = knob(10 * MiB, unit="bytes", minimum=1, growths=("pytorch", "expandable"))
+    round_large: int = knob(2 * MiB, unit="bytes", minimum=1, granular=True, growths=("pytorch", "expandable"))
+    expandable_page_small: int = knob(2 * MiB, unit="bytes", minimum=1, granular=True, growths=("expandable",))
+    expandable_page_large: int = knob(20 * MiB, unit="bytes", minimum=1, granular=True, growths=("expandable",))
+    capped_page_large: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
+    expandable_reserve: int = knob(0, unit="bytes", minimum=0, growths=("expandable",))
+    max_cached_sblocks: int = knob(4096, unit="count", minimum=0, growths=STITCHING)
+    sblock_search_depth: int = knob(8, unit="count", minimum=1, growths=STITCHING)
+    sblock_first: bool = knob(True, growths=STITCHING)
 
     # ------------------------------------------------------------------ hooks (seams)
     # Every decision the core makes is a seam: the built-in answer is computed in C, and a subclass that overrides the
@@ -181,35 +202,69 @@ class Policy:
     # ------------------------------------------------------------------ checks
 
     def validate(self, granularity: int) -> None:
-        """Raise ValueError if the knobs do not suit a driver of this allocation granularity."""
-        def positive(field: str) -> None:
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"gmlake: policy {self.name}: {field} must be a positive int, got {value!r}")
+        """Raise ValueError if the knobs do not suit a driver of this allocation granularity, or one was set that
+        the policy's growth does not read (check_knobs)."""
+        self.check_knobs()
+        for name, spec in knob_specs().items():
+            if spec["granular"] and getattr(self, name) % granularity:
+                raise ValueError(
+                    f"gmlake: policy {self.name}: {name} {getattr(self, name)} is not a multiple of the driver's "
+                    f"granularity {granularity}")
 
-        for field in ("round_to", "small_size", "small_segment_size", "chunk_size", "sblock_search_depth",
-                      "large_segment_size", "min_large_alloc", "round_large", "expandable_page_small",
-                      "expandable_page_large"):
-            positive(field)
-        for field in ("min_stitch_size", "min_saved_chunks", "max_cached_sblocks", "large_split_min",
-                      "max_split_size", "max_non_split_rounding", "expandable_reserve", "capped_page_large"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"gmlake: policy {self.name}: {field} must be an int >= 0, got {value!r}")
+    def check_knobs(self) -> None:
+        """The checks that need no driver: each knob's type and range as declared (`knob`), the rules that tie
+        knobs together, and that every knob set away from its class's default is one the chosen growth reads
+        (`chunk_size` under an expandable growth changes nothing, so it is refused, naming what sizes new memory
+        there). A policy with its own growth (`cython_growth`) may read any knob."""
+        for name, spec in knob_specs().items():
+            value = getattr(self, name)
+            if spec["minimum"] is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < spec["minimum"]:
+                what = "a positive int" if spec["minimum"] == 1 else f"an int >= {spec['minimum']}"
+                raise ValueError(f"gmlake: policy {self.name}: {name} must be {what}, got {value!r}")
         if self.segment_rule not in SEGMENT_RULES:
             raise ValueError(
                 f"gmlake: policy {self.name}: segment_rule must be one of {', '.join(SEGMENT_RULES)}, "
                 f"got {self.segment_rule!r}")
         if self.round_to & (self.round_to - 1):
             raise ValueError(f"gmlake: policy {self.name}: round_to must be a power of two, got {self.round_to}")
-        for field in ("chunk_size", "small_segment_size", "large_segment_size", "round_large",
-                      "expandable_page_small", "expandable_page_large", "capped_page_large"):
-            if getattr(self, field) % granularity:
-                raise ValueError(
-                    f"gmlake: policy {self.name}: {field} {getattr(self, field)} is not a multiple of the driver's "
-                    f"granularity {granularity}")
         if self.small_segment_size < self.small_size:
             raise ValueError(f"gmlake: policy {self.name}: small_segment_size must be at least small_size")
+        unread = self.unread_knobs()
+        if unread:
+            name = unread[0]
+            growth = self.segment_rule
+            if name in ("stitch", "min_stitch_size", "min_saved_chunks", "max_cached_sblocks", "sblock_search_depth",
+                        "sblock_first"):
+                meant = f"a policy whose segment_rule is {' or '.join(STITCHING)} stitches"
+            else:
+                meant = f"what sizes new memory there: {', '.join(SIZING[growth])}"
+            raise ValueError(f"gmlake: policy {self.name}: knob {name} does nothing under segment_rule={growth} "
+                             f"(only under {', '.join(knob_specs()[name]['growths'])}); {meant}")
+
+    def unread_knobs(self) -> list[str]:
+        """The knobs set away from this class's defaults that its growth does not read (none where the policy
+        brings its own growth)."""
+        if type(self).cython_growth is not Policy.cython_growth:
+            return []
+        defaults = {f.name: f.default for f in fields(type(self))}
+        return [name for name, spec in knob_specs().items()
+                if self.segment_rule not in spec["growths"] and getattr(self, name) != defaults[name]]
+
+    @classmethod
+    def knob_rows(cls) -> list[tuple[str, object, str]]:
+        """(knob, default, unit) of each knob this class's growth reads, then of the class's own knobs: what
+        `gmlake policies` lists."""
+        rule = next(f.default for f in fields(cls) if f.name == "segment_rule")
+        specs = knob_specs()
+        rows = []
+        for f in fields(cls):
+            spec = specs.get(f.name)
+            if spec is not None and rule not in spec["growths"] and cls.cython_growth is Policy.cython_growth:
+                continue
+            rows.append((f.name, f.default, spec["unit"] if spec else ""))
+        return rows
 
     # ------------------------------------------------------------------ identity (results, labels)
 
@@ -242,4 +297,5 @@ class Policy:
         return f"{base}({', '.join(changed)})" if changed else base
 
 
-__all__ = ["PRESSURE_ACTIONS", "SEGMENT_RULES", "AllocatorState", "CachedSBlock", "FreeBlock", "MiB", "Policy"]
+__all__ = ["PRESSURE_ACTIONS", "SEGMENT_RULES", "AllocatorState", "CachedSBlock", "FreeBlock", "MiB", "Policy", "knob",
+           "knob_specs"]
