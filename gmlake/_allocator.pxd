@@ -20,9 +20,9 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         BLOCK_ALLOCATED
         BLOCK_CLAIMED
         BLOCK_UNMAPPED
-    cdef enum Pool:
-        POOL_SMALL
-        POOL_LARGE
+    cdef enum SizeClass:
+        SIZE_SMALL
+        SIZE_LARGE
     cppclass Segment
     cppclass SBlock
     cppclass PrivatePool
@@ -43,7 +43,7 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         uintptr_t va
         size_t size
         size_t chunk_size
-        int pool
+        int size_class
         PrivatePool* owner
         bint under_cap
         cmap[FreeKey, Block*]* free_index
@@ -369,9 +369,10 @@ cdef class Allocator:
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _try_alloc(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _alloc_large_miss(self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _try_alloc(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_under_pressure(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
     cdef void _retire(self, Block* b) noexcept nogil
 
 
@@ -382,14 +383,14 @@ cdef class Growth:
     room asks which growth it is: they call these methods (on a miss only: one indirect call) or read the two
     properties, copied into the allocator's knobs at construction. Each method is called with the allocator's lock
     held, over its own structures: read them, change them only through the methods given here."""
-    cdef readonly bint stitches                 # may a stitch's shortfall be new memory of this growth (else: no stitch)
+    cdef readonly bint stitches                 # may a stitch's shortfall be new memory of this growth (else none)
     cdef readonly bint fit_counts_unmapped      # best fit counts the unmapped room after a free block (expandable)
 
-    # New memory for a whole request of `size` bytes of size class `pool`, taken (allocated to `stream`); NULL with
-    # why.err set where it cannot be had.
-    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
+    # New memory for a whole request of `size` bytes of size class `size_class`, taken (allocated to `stream`);
+    # NULL with why.err set where it cannot be had.
+    cdef Block* grow(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
     # Whether the request may not have new memory now (why.err is then ERR_OOM, so memory pressure is relieved).
-    cdef bint refuses(self, Allocator a, Failure* why, int pool, size_t size) noexcept nogil
+    cdef bint refuses(self, Allocator a, Failure* why, int size_class, size_t size) noexcept nogil
     # What a shortfall costs: whether a stitch of free pieces that still needs `shortfall` new bytes saves enough
     # over growing the whole `size`-byte request (Policy.min_saved_chunks).
     cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil
@@ -398,34 +399,34 @@ cdef class Growth:
     cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
                         Segment** undo) noexcept nogil
     # The layout of a new segment of a private pool (graph capture), whose segments never grow in place.
-    cdef void private_layout(self, Allocator a, int pool, size_t size, size_t* segment_size,
+    cdef void private_layout(self, Allocator a, int size_class, size_t size, size_t* segment_size,
                              size_t* handle_size) noexcept nogil
     # The built-in pressure stage of `attempt` (0, 1, ...): the PressureAction a request that found no memory takes
     # next, offered to Policy.relieve_pressure as its default.
     cdef int pressure_stage(self, Allocator a, int attempt) noexcept nogil
     # For subclasses: a new mapped segment laid out as asked (the policy's segment_layout may change it), and the
     # head of a free, unindexed block taken for a request.
-    cdef Segment* new_segment(self, Allocator a, Failure* why, int pool, size_t size, size_t segment_size,
+    cdef Segment* new_segment(self, Allocator a, Failure* why, int size_class, size_t size, size_t segment_size,
                               size_t handle_size, int64_t stream) noexcept nogil
     cdef Block* take(self, Allocator a, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil
 
 
 cdef class ChunkGrowth(Growth):
-    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef Block* grow(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
     cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil
     cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
                         Segment** undo) noexcept nogil
-    cdef void private_layout(self, Allocator a, int pool, size_t size, size_t* segment_size,
+    cdef void private_layout(self, Allocator a, int size_class, size_t size, size_t* segment_size,
                              size_t* handle_size) noexcept nogil
 
 
 cdef class PyTorchGrowth(Growth):
-    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
+    cdef Block* grow(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
 
 
 cdef class ExpandableGrowth(Growth):
-    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil
-    cdef bint refuses(self, Allocator a, Failure* why, int pool, size_t size) noexcept nogil
+    cdef Block* grow(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
+    cdef bint refuses(self, Allocator a, Failure* why, int size_class, size_t size) noexcept nogil
     cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil
     cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
                         Segment** undo) noexcept nogil
@@ -440,17 +441,17 @@ cdef class Seams:
     request's Failure, which the base marks (hook_failed) when a Python hook raises or answers badly."""
     cdef public int overridden
 
-    cdef void place(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, Block** b,
+    cdef void place(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream, Block** b,
                     SBlock** sb) noexcept nogil
     cdef bint split(self, Allocator a, Failure* why, Block* b, size_t size, bint default) noexcept nogil
     cdef void stitch(self, Allocator a, Failure* why, size_t size, int64_t stream, vector[Block*]& blocks,
                      vector[Piece]& pieces, size_t* remaining) noexcept nogil
     cdef bint allow_stitch(self, Allocator a, Failure* why, size_t size, int64_t stream, vector[Piece]& pieces,
                            size_t remaining) noexcept nogil
-    cdef void layout(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, size_t* segment_size,
+    cdef void layout(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream, size_t* segment_size,
                      size_t* handle_size) noexcept nogil
     cdef SBlock* evict(self, Allocator a, Failure* why, SBlock* lru_victim, int reason) noexcept nogil
-    cdef int pressure(self, Allocator a, Failure* why, size_t size, int64_t stream, int pool, int attempt,
+    cdef int pressure(self, Allocator a, Failure* why, size_t size, int64_t stream, int size_class, int attempt,
                       int default) noexcept nogil
 
 
@@ -474,9 +475,9 @@ cdef inline FreeKey free_key(int64_t stream, size_t size) noexcept nogil:
     return key
 
 
-cdef inline FreeIndex* free_index(Allocator a, int pool) noexcept nogil:
-    """The default pool's free index of a size class (POOL_SMALL or POOL_LARGE)."""
-    return &a.free_small if pool == POOL_SMALL else &a.free_large
+cdef inline FreeIndex* free_index(Allocator a, int size_class) noexcept nogil:
+    """The default pool's free index of a size class (SIZE_SMALL or SIZE_LARGE)."""
+    return &a.free_small if size_class == SIZE_SMALL else &a.free_large
 
 
 cdef inline Block* smallest_free(FreeIndex* index, int64_t stream, size_t size) noexcept nogil:

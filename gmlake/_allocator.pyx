@@ -1,30 +1,27 @@
 # cython: language_level=3, annotation_typing=False
 """The gmlake allocator core: GMLake's virtual memory stitching, over any Driver.
 
-Vocabulary
-  chunk     one physical handle (cuMemCreate) of `chunk_size` bytes; it can only be mapped whole.
-  segment   a VA reservation over chunks mapped back to back; its bytes are tiled by primitive blocks (pBlocks).
-  sBlock    a stitched block: a new VA range mapping the chunks of several free pBlocks back to back, so a request
-            larger than any free pBlock is served without new physical memory. sBlocks stay mapped once freed
-            (cached), so a request that recurs every training step is stitched once.
-  claimed   a pBlock whose bytes are in use through an sBlock.
+Vocabulary: gmlake/_structs.h (chunk, segment, block, sBlock, size class, pool, growth). The rooms, what each owns
+and the path of one allocation: docs/design.md.
 
-A request is served by the first step that succeeds (the policy's knobs choose among the variants):
+A request is served by the first step that succeeds (the policy's knobs and growth choose among the variants):
   1. best fit among free pBlocks of the request's stream (or of no stream), and cached sBlocks whose pieces are
      free (only where no free block fits, unless `sblock_first`);
   2. split the block found (requests are packed at `round_to` bytes);
-  3. stitch free pBlocks whose chunks together cover the request, plus new memory for the shortfall, where that
-     saves `min_saved_chunks` handles over growing;
-  4. grow: an expandable range by pages (the default), new chunks, or PyTorch's native segment sizes;
-  5. under memory pressure: wait for all streams, give back memory the other pool holds, then everything free;
+  3. stitch free pBlocks whose chunks together cover the request, plus new memory for the shortfall, where the
+     growth says that saves enough over growing (`min_saved_chunks`);
+  4. grow, as the growth lays new memory out: an expandable range by chunks (the default), a segment of whole
+     chunks, or PyTorch's native segment sizes (Growth, _growth.pxi);
+  5. under memory pressure: wait for all streams, give back memory the other size class holds, then everything free;
   6. fail with an out-of-memory error.
 
 Rooms, one file each, included below as module-level nogil functions over the Allocator's state:
   _vmm.pxi       driver calls, counted, and orphans retried     _blocks.pxi    free index, holes, split and merge
-  _segments.pxi  segments and handles, pressure                 _growth.pxi    expandable growth and its stitch
-  _sblocks.pxi   stitching and the sBlock cache                 _streams.pxi   fences and deferred frees
-  _pools.pxi     private pools (CUDA graphs) and capture rules
-This file keeps the lock, malloc/free/empty_cache, the policy hooks, statistics and the Python API.
+  _segments.pxi  segments and their chunks; pressure actions    _growth*.pxi   the Growth interface, its strategies
+  _sblocks.pxi   stitch-or-grow, the stitch, the sBlock cache   _streams.pxi   fences, deferred frees, events
+  _pools.pxi     private pools (CUDA graphs) and capture rules  _seams.pxi     the policy's hooks (Python, Cython)
+This file keeps the lock (one acquire and one release per entry point), malloc/free/empty_cache, the cache-hit
+path, statistics and the Python API.
 
 Every decision orders blocks by (stream, size, segment serial, offset), never by address, so the sim, host and cuda
 drivers make the same choices for the same requests: a replayed trace predicts the GPU run.
@@ -65,7 +62,7 @@ cdef extern from "Python.h" nogil:
 
 from gmlake._clock cimport timespec, clock_gettime, CLOCK_REALTIME, monotonic_ns
 
-POOL_NAMES = ("small", "large")
+SIZE_CLASS_NAMES = ("small", "large")
 # Each Policy hook and the Seams method (SeamBit) that decides it in Cython.
 SEAM_HOOKS = {"choose_block": SEAM_PLACE, "should_split": SEAM_SPLIT, "choose_stitch": SEAM_STITCH,
               "allow_stitch": SEAM_ALLOW_STITCH, "segment_layout": SEAM_LAYOUT, "evict_victim": SEAM_EVICT,
@@ -140,7 +137,7 @@ cdef struct SegmentRow:
     uint64_t serial
     uint64_t private_pool
     uintptr_t va
-    int pool
+    int size_class
     size_t size
     size_t chunk_size
     size_t mapped_chunks
@@ -284,31 +281,40 @@ cdef class Allocator:
     # ------------------------------------------------------------------ malloc
 
     cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        cdef Block* b = _best_free(self, POOL_SMALL, size, stream)
+        cdef Block* b = _best_free(self, SIZE_SMALL, size, stream)
         cdef Segment* seg
         if b == NULL and _may_reclaim(self, why) and _reclaim_streams(self, why, stream, False):
-            b = _best_free(self, POOL_SMALL, size, stream)
+            b = _best_free(self, SIZE_SMALL, size, stream)
         if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self, why):
-            b = _wait_for_other_stream(self, why, POOL_SMALL, size, stream)
+            b = _wait_for_other_stream(self, why, SIZE_SMALL, size, stream)
         if self.k.hook_place and why.err == ERR_NONE:
-            self.seams.place(self, why, POOL_SMALL, size, stream, &b, NULL)
+            self.seams.place(self, why, SIZE_SMALL, size, stream, &b, NULL)
         if b != NULL:
             _erase_free(self, b)
             return _take(self, why, b, size, stream)
         if why.err != ERR_NONE:
             return NULL
-        if self.growth.refuses(self, why, POOL_SMALL, size):
+        if self.growth.refuses(self, why, SIZE_SMALL, size):
             return NULL
-        return self.growth.grow(self, why, POOL_SMALL, size, stream)
+        return self.growth.grow(self, why, SIZE_SMALL, size, stream)
 
     cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        # Steps 1-2: best fit among free pBlocks and cached sBlocks, then split.
-        cdef Block* b = _best_free(self, POOL_LARGE, size, stream)
+        # Steps 1-2, the cache hit (Note [The cache-hit path]): the best free block, split, unless a cached sBlock
+        # may fit it tighter (sblock_first) or the policy places.
+        cdef Block* b = _best_free(self, SIZE_LARGE, size, stream)
+        if b != NULL and not self.k.hook_place and not (self.k.sblock_first and self.cached.size()):
+            _erase_free(self, b)
+            return _take(self, why, b, size, stream)
+        return self._alloc_large_miss(why, b, size, stream)
+
+    cdef Block* _alloc_large_miss(self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
+        """A large request the cache-hit path did not serve: another stream's blocks, cached sBlocks, the placement
+        seam, then steps 3-4. `b` is the best free block found (or NULL)."""
         cdef SBlock* sb = NULL
         if b == NULL and _may_reclaim(self, why) and _reclaim_streams(self, why, stream, False):
-            b = _best_free(self, POOL_LARGE, size, stream)
+            b = _best_free(self, SIZE_LARGE, size, stream)
         if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self, why):
-            b = _wait_for_other_stream(self, why, POOL_LARGE, size, stream)
+            b = _wait_for_other_stream(self, why, SIZE_LARGE, size, stream)
         if why.err != ERR_NONE:
             return NULL
         # Note [sBlocks only where no free block fits]: with sblock_first off, a cached sBlock serves a request only
@@ -317,7 +323,7 @@ cdef class Allocator:
         if self.cached.size() and (b == NULL or self.k.sblock_first):
             sb = _best_cached(self, size, b.size if b != NULL else <size_t>-1, stream)
         if self.k.hook_place:       # placement seam: the policy may pick another block or sBlock, or none
-            self.seams.place(self, why, POOL_LARGE, size, stream, &b, &sb)
+            self.seams.place(self, why, SIZE_LARGE, size, stream, &b, &sb)
         if sb != NULL:
             self.st.sblock_reuses += 1
             return _claim(self, sb, size, stream)
@@ -327,15 +333,17 @@ cdef class Allocator:
         # Steps 3-4: stitch free pBlocks, adding new memory for the shortfall only, or grow.
         return _stitch_or_grow(self, why, size, stream)
 
-    cdef Block* _try_alloc(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
+    cdef Block* _try_alloc(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
         why.err = ERR_NONE
         if unlikely(why.request.target != NULL):
-            return _alloc_in_pool(self, why, pool, size, stream)
-        return self._alloc_small(why, size, stream) if pool == POOL_SMALL else self._alloc_large(why, size, stream)
+            return _alloc_in_pool(self, why, size_class, size, stream)
+        if size_class == SIZE_SMALL:
+            return self._alloc_small(why, size, stream)
+        return self._alloc_large(why, size, stream)
 
     cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        cdef int pool = POOL_SMALL if size <= self.k.small_size else POOL_LARGE
-        cdef Block* b = self._try_alloc(why, pool, size, stream)
+        cdef int size_class = SIZE_SMALL if size <= self.k.small_size else SIZE_LARGE
+        cdef Block* b = self._try_alloc(why, size_class, size, stream)
         if b != NULL or why.err != ERR_OOM:
             return b
         if self.capturing:
@@ -344,9 +352,9 @@ cdef class Allocator:
             return NULL
         if _refuse_unannounced_capture(self, why):
             return NULL
-        return self._alloc_under_pressure(why, pool, size, stream)
+        return self._alloc_under_pressure(why, size_class, size, stream)
 
-    cdef Block* _alloc_under_pressure(self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
+    cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
         """Step 5: relieve memory pressure, retrying the request after each attempt that changed something, until
         it is served or relief runs out. Each attempt takes the growth's built-in stage (Growth.pressure_stage) or
         what the policy's relieve_pressure chose instead, up to MAX_PRESSURE_ATTEMPTS; _relieve carries it out."""
@@ -355,13 +363,13 @@ cdef class Allocator:
         for attempt in range(MAX_PRESSURE_ATTEMPTS):
             action = default = self.growth.pressure_stage(self, attempt)
             if self.k.hook_pressure:
-                action = self.seams.pressure(self, why, size, stream, pool, attempt, default)
+                action = self.seams.pressure(self, why, size, stream, size_class, attempt, default)
                 if action < PRESSURE_GIVE_UP or action > PRESSURE_RELEASE_ALL:
                     action = default            # a Cython seam's answer out of range: the built-in's
             if action == PRESSURE_GIVE_UP:
                 break
-            if _relieve(self, why, pool, size, action):
-                b = self._try_alloc(why, pool, size, stream)
+            if _relieve(self, why, size_class, size, action):
+                b = self._try_alloc(why, size_class, size, stream)
                 if b != NULL or why.err != ERR_OOM:
                     return b
             elif why.err != ERR_NONE:
@@ -587,8 +595,8 @@ cdef class Allocator:
             _destroy_spare_events(self, why)
             _retry_orphans(self, why)
             if why.err == ERR_NONE:
-                _release_pool(self, why, POOL_SMALL, 0, EVICT_ALL)
-                _release_pool(self, why, POOL_LARGE, 0, EVICT_ALL)
+                _release_free(self, why, SIZE_SMALL, 0, EVICT_ALL)
+                _release_free(self, why, SIZE_LARGE, 0, EVICT_ALL)
             self._debug_check()
         cdef int err = why.err
         self._report(why, out)
@@ -995,7 +1003,7 @@ cdef class Allocator:
                 seg_row.serial = sp.second.serial
                 seg_row.private_pool = sp.second.owner.id if sp.second.owner != NULL else 0
                 seg_row.va = sp.second.va
-                seg_row.pool = sp.second.pool
+                seg_row.size_class = sp.second.size_class
                 seg_row.size = sp.second.size
                 seg_row.chunk_size = sp.second.chunk_size
                 seg_row.mapped_chunks = sp.second.mapped_chunks
@@ -1019,7 +1027,7 @@ cdef class Allocator:
             blocks = [(rows[j].offset, rows[j].size, names[rows[j].state], rows[j].stream, rows[j].used)
                       for j in range(segs[i].first_row, segs[i].end_row)]
             out.append({"serial": segs[i].serial, "va": segs[i].va,
-                        "pool": "small" if segs[i].pool == POOL_SMALL else "large",
+                        "pool": "small" if segs[i].size_class == SIZE_SMALL else "large",
                         "size": segs[i].size, "chunk_size": segs[i].chunk_size,
                         "mapped_chunks": segs[i].mapped_chunks, "private_pool": segs[i].private_pool,
                         "blocks": blocks})
@@ -1028,7 +1036,20 @@ cdef class Allocator:
 
 cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Failure* out) noexcept nogil:
     """malloc once the lock is held and the request's target chosen (the caller releases the lock). Note [A call's
-    failure]."""
+    failure].
+
+    Note [The cache-hit path]: a request that a free block serves, in one compilation unit, every step inline or
+    a direct call, no Python, no driver call:
+      malloc_nogil       a Request on the stack, _lock, the private pool if any is active (one size() check)
+      _serve             pending frees polled only if any wait; the size rounded; the statistics below
+      _alloc             the size class; _try_alloc: a private pool's request goes to _alloc_in_pool
+      _alloc_large       _best_free: _peek_fit of the stream's own blocks and of those of no stream (one
+                         lower_bound each), the smaller wins; _erase_free (a spare node kept), _take: _should_split,
+                         _split (a spare Block) and _insert_free of the tail
+      free_nogil         _free_locked: the live map; _retire, _release_block: _coalesce with free neighbours,
+                         _insert_free
+    Anything else (no block fits, a cached sBlock may fit tighter, a hook places) leaves the path at
+    _alloc_large_miss. bench/micro.py times it (cache_hits), callgrind counts it."""
     cdef size_t rounded
     cdef Block* b = NULL
     cdef int64_t stream = request.stream

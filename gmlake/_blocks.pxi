@@ -3,10 +3,6 @@
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
 
 
-cdef FreeIndex* _index(Allocator self, int pool) noexcept nogil:
-    return &self.free_small if pool == POOL_SMALL else &self.free_large
-
-
 cdef void _insert_free(Allocator self, Block* b) noexcept nogil:
     self.free_nodes.put(_index_of(self, b)[0], key_of(b), b)
 
@@ -15,20 +11,20 @@ cdef void _erase_free(Allocator self, Block* b) noexcept nogil:
     self.free_nodes.take(_index_of(self, b)[0], key_of(b))
 
 
-cdef FreeIndex* _holes(Allocator self, int pool) noexcept nogil:
-    return &self.unmapped_small if pool == POOL_SMALL else &self.unmapped_large
+cdef FreeIndex* _holes(Allocator self, int size_class) noexcept nogil:
+    return &self.unmapped_small if size_class == SIZE_SMALL else &self.unmapped_large
 
 
 cdef void _insert_hole(Allocator self, Block* b) noexcept nogil:
     cdef FreeKey key = key_of(b)
     key.size = 0
-    _holes(self, b.seg.pool).insert(FreeEntry(key, b))
+    _holes(self, b.seg.size_class).insert(FreeEntry(key, b))
 
 
 cdef void _erase_hole(Allocator self, Block* b) noexcept nogil:
     cdef FreeKey key = key_of(b)
     key.size = 0
-    _holes(self, b.seg.pool).erase(key)
+    _holes(self, b.seg.size_class).erase(key)
 
 
 cdef Block* _merge_holes(Allocator self, Block* b) noexcept nogil:
@@ -53,8 +49,8 @@ cdef Block* _peek_fit(Allocator self, FreeIndex* index, size_t size, int64_t str
     if it == index.end() or deref(it).first.stream != stream:
         return NULL
     if self.k.fit_counts_unmapped:
-        # As PyTorch's expandable segments do: a block that can grow into the unmapped space after it counts as that large, so a
-        # later block that fits more snugly is preferred.
+        # As PyTorch's expandable segments do: a block that can grow into the unmapped space after it counts as
+        # that large, so a later block that fits more snugly is preferred.
         nxt = it
         inc(nxt)
         while nxt != index.end() and deref(nxt).first.stream == stream and \
@@ -72,9 +68,9 @@ cdef Block* _peek_fit(Allocator self, FreeIndex* index, size_t size, int64_t str
     return b
 
 
-cdef Block* _best_free(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _best_free(Allocator self, int size_class, size_t size, int64_t stream) noexcept nogil:
     """Smallest free pBlock >= size of `stream` or of no stream; stays in the index."""
-    cdef FreeIndex* index = _index(self, pool)
+    cdef FreeIndex* index = free_index(self, size_class)
     cdef Block* own = _peek_fit(self, index, size, stream)
     cdef Block* anyb = _peek_fit(self, index, size, ANY_STREAM)
     if own == NULL:
@@ -136,7 +132,7 @@ cdef bint _should_split(Allocator self, Failure* why, Block* b, size_t size) noe
     cdef bint split
     if remaining == 0:
         return False
-    if b.seg.pool == POOL_SMALL:
+    if b.seg.size_class == SIZE_SMALL:
         split = remaining >= self.k.round_to
     else:
         split = remaining > self.k.large_split_min and (self.k.max_split_size == 0 or size < self.k.max_split_size)

@@ -98,7 +98,7 @@ def _check_invariants(Allocator self) -> None:
                 hole_count += 1
                 key = key_of(b)
                 key.size = 0
-                if _holes(self, seg.pool).count(key) == 0:
+                if _holes(self, seg.size_class).count(key) == 0:
                     raise InvariantError(f"hole at 0x{b.addr:x} is not indexed")
                 if b.next != NULL and b.next.state == BLOCK_UNMAPPED:
                     raise InvariantError(f"neighbouring holes at 0x{b.addr:x} are not merged")
@@ -118,7 +118,7 @@ def _check_invariants(Allocator self) -> None:
     if self.unmapped_small.size() + self.unmapped_large.size() != hole_count:
         raise InvariantError("hole index does not hold exactly the holes")
     for fp in self.free_large:
-        if fp.second.seg.pool != POOL_LARGE or fp.second.state != BLOCK_FREE:
+        if fp.second.seg.size_class != SIZE_LARGE or fp.second.state != BLOCK_FREE:
             raise InvariantError("large free index holds a block that is not a free large-pool block")
     for fp in self.free_small:
         if fp.second.seg.owner != NULL:
@@ -204,11 +204,11 @@ def _check_private_pools(Allocator self) -> None:
     for sp in self.segments:
         seg = sp.second
         if seg.owner == NULL:
-            if seg.free_index != _index(self, seg.pool):
+            if seg.free_index != free_index(self, seg.size_class):
                 raise InvariantError(f"segment {seg.serial} of the default pool indexes its free blocks elsewhere")
             continue
         p = seg.owner
-        if seg.free_index != (&p.free_small if seg.pool == POOL_SMALL else &p.free_large):
+        if seg.free_index != (&p.free_small if seg.size_class == SIZE_SMALL else &p.free_large):
             raise InvariantError(f"segment {seg.serial} of private pool {p.id} indexes its free blocks elsewhere")
         if self.pools.count(p.id) == 0 or self.pools[p.id] != p:
             raise InvariantError(f"segment {seg.serial} belongs to a private pool that is not known")
@@ -233,10 +233,10 @@ def _check_private_pools(Allocator self) -> None:
         active += p.active
         capturing += p.capturing
         for fp in p.free_small:
-            if fp.second.seg.owner != p or fp.second.seg.pool != POOL_SMALL or fp.second.state != BLOCK_FREE:
+            if fp.second.seg.owner != p or fp.second.seg.size_class != SIZE_SMALL or fp.second.state != BLOCK_FREE:
                 raise InvariantError(f"private pool {p.id}'s small free index holds a block not its own free one")
         for fp in p.free_large:
-            if fp.second.seg.owner != p or fp.second.seg.pool != POOL_LARGE or fp.second.state != BLOCK_FREE:
+            if fp.second.seg.owner != p or fp.second.seg.size_class != SIZE_LARGE or fp.second.state != BLOCK_FREE:
                 raise InvariantError(f"private pool {p.id}'s large free index holds a block not its own free one")
     if active != self.active_pools.size() or capturing != self.capturing:
         raise InvariantError(f"{self.active_pools.size()} pools listed active, {active} marked; {self.capturing} "

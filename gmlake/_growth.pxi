@@ -8,20 +8,20 @@
 # caller holds and, where it can fail, the call's Failure (Note [A call's failure]).
 
 
-cdef Segment* _laid_out_segment(Allocator self, Failure* why, int pool, size_t size, size_t segment_size,
+cdef Segment* _laid_out_segment(Allocator self, Failure* why, int size_class, size_t size, size_t segment_size,
                                 size_t handle_size, int64_t stream) noexcept nogil:
     """Growth seam: a new mapped segment for `size` bytes, `segment_size` bytes in chunks of `handle_size` unless
     the policy's segment_layout lays it out otherwise."""
     if self.k.hook_layout:
-        self.seams.layout(self, why, pool, size, stream, &segment_size, &handle_size)
-    return _new_segment(self, why, pool, segment_size, handle_size, stream, True)
+        self.seams.layout(self, why, size_class, size, stream, &segment_size, &handle_size)
+    return _new_segment(self, why, size_class, segment_size, handle_size, stream, True)
 
 
-cdef size_t _pytorch_alloc_size(Allocator self, int pool, size_t size) noexcept nogil:
+cdef size_t _pytorch_alloc_size(Allocator self, int size_class, size_t size) noexcept nogil:
     """PyTorch's segment sizing, the one place it is written: the bytes its get_allocation_size asks the device for
     to serve `size`: a small segment, a large segment for requests under min_large_alloc, else the request rounded
     up to round_large."""
-    if pool == POOL_SMALL:
+    if size_class == SIZE_SMALL:
         return self.k.small_segment_size
     return self.k.large_segment_size if size < self.k.min_large_alloc else round_up(size, self.k.round_large)
 
@@ -31,11 +31,11 @@ cdef class Growth:
     a research policy's own, from Policy.cython_growth()) says how. A subclass in another module subclasses one of
     the built-ins and overrides what it changes, compiled against gmlake's .pxd files as a Seams subclass is."""
 
-    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
+    cdef Block* grow(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
         why.err = ERR_OOM
         return NULL
 
-    cdef bint refuses(self, Allocator a, Failure* why, int pool, size_t size) noexcept nogil:
+    cdef bint refuses(self, Allocator a, Failure* why, int size_class, size_t size) noexcept nogil:
         return False
 
     cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil:
@@ -45,9 +45,9 @@ cdef class Growth:
                         Segment** undo) noexcept nogil:
         return False
 
-    cdef void private_layout(self, Allocator a, int pool, size_t size, size_t* segment_size,
+    cdef void private_layout(self, Allocator a, int size_class, size_t size, size_t* segment_size,
                              size_t* handle_size) noexcept nogil:
-        segment_size[0] = handle_size[0] = _pytorch_alloc_size(a, pool, size)
+        segment_size[0] = handle_size[0] = _pytorch_alloc_size(a, size_class, size)
 
     cdef int pressure_stage(self, Allocator a, int attempt) noexcept nogil:
         """The built-in stages: with blocks shared across streams, release what the other size class holds free,
@@ -59,9 +59,9 @@ cdef class Growth:
             return PRESSURE_RELEASE_OTHER
         return PRESSURE_RELEASE_ALL
 
-    cdef Segment* new_segment(self, Allocator a, Failure* why, int pool, size_t size, size_t segment_size,
+    cdef Segment* new_segment(self, Allocator a, Failure* why, int size_class, size_t size, size_t segment_size,
                               size_t handle_size, int64_t stream) noexcept nogil:
-        return _laid_out_segment(a, why, pool, size, segment_size, handle_size, stream)
+        return _laid_out_segment(a, why, size_class, size, segment_size, handle_size, stream)
 
     cdef Block* take(self, Allocator a, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
         return _take(a, why, b, size, stream)

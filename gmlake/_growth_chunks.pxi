@@ -9,12 +9,12 @@ cdef class ChunkGrowth(Growth):
     def __cinit__(self):
         self.stitches = True
 
-    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
+    cdef Block* grow(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
         cdef Segment* seg
-        if pool == POOL_SMALL:
-            seg = _laid_out_segment(a, why, POOL_SMALL, size, a.k.small_segment_size, a.k.small_segment_size, stream)
+        if size_class == SIZE_SMALL:
+            seg = _laid_out_segment(a, why, SIZE_SMALL, size, a.k.small_segment_size, a.k.small_segment_size, stream)
         else:
-            seg = _laid_out_segment(a, why, POOL_LARGE, size, round_up(size, a.k.chunk_size), a.k.chunk_size, stream)
+            seg = _laid_out_segment(a, why, SIZE_LARGE, size, round_up(size, a.k.chunk_size), a.k.chunk_size, stream)
         return _take(a, why, seg.first, size, stream) if seg != NULL else NULL
 
     cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil:
@@ -25,7 +25,7 @@ cdef class ChunkGrowth(Growth):
 
     cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
                         Segment** undo) noexcept nogil:
-        cdef Segment* seg = _laid_out_segment(a, why, POOL_LARGE, shortfall, round_up(shortfall, a.k.chunk_size),
+        cdef Segment* seg = _laid_out_segment(a, why, SIZE_LARGE, shortfall, round_up(shortfall, a.k.chunk_size),
                                               a.k.chunk_size, stream)
         if seg == NULL:
             return False
@@ -35,9 +35,9 @@ cdef class ChunkGrowth(Growth):
         undo[0] = seg       # its chunks were never handed out: given back without a sync if the stitch fails
         return True
 
-    cdef void private_layout(self, Allocator a, int pool, size_t size, size_t* segment_size,
+    cdef void private_layout(self, Allocator a, int size_class, size_t size, size_t* segment_size,
                              size_t* handle_size) noexcept nogil:
-        if pool == POOL_SMALL:
+        if size_class == SIZE_SMALL:
             segment_size[0] = handle_size[0] = a.k.small_segment_size
         else:
             handle_size[0] = a.k.chunk_size             # the paper's design: the request in whole chunks

@@ -38,21 +38,20 @@ cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) n
     return b
 
 
-cdef inline size_t _page(Allocator self, int pool) noexcept nogil:
-    """The page a new expandable range of `pool` maps.
+cdef inline size_t _page(Allocator self, int size_class) noexcept nogil:
+    """The page a new expandable range of `size_class` maps.
 
     Note [Finer pages under a cap]: a handle maps only whole, so the free space left inside pages that also hold
     live blocks is out of reach of growth and stitching alike; at 20 MiB pages that is what keeps a capped run
     from fitting where PyTorch's expandable segments fit, whose releases under pressure repack their ranges
     (Note [Releasing before the cap binds]). Finer pages cost driver time (cuMemSetAccess is priced per handle),
-    which a run with no cap should not pay, but under a cap memory is what binds. Replayed under caps on eleven
-    traces (2026-11-30), 4 MiB pages fit every one in less than the expandable model, 0.2-1.6 % less, where
-    20 MiB pages needed up to 3.1 % more (FSDP, rank 0) and 0.6-1.0 % more on the two LoRA + recomputation
-    runs, as the GPU cap search measured; their driver time is 4-8x the 20 MiB pages' (under 15 ms a step).
+    which a run with no cap should not pay, but under a cap memory is what binds. Replayed under caps (`gmlake
+    replay --smallest-cap`, bench/cap_search.py, which the GPU cap search checks), 4 MiB pages fit every trace in
+    less than the expandable model where 20 MiB pages needed more, at several times their driver time.
     A cap at or above the device's memory is none. A range made before the cap was set keeps its pages and what it
     has mapped, but grows no more (_coarser_range): growth goes to a range of this page, so a cap set after the
     model was loaded still gets finer pages for what comes after."""
-    if pool == POOL_SMALL:
+    if size_class == SIZE_SMALL:
         return self.k.expandable_page_small
     if _cap_binds(self):
         return self.k.capped_page_large
@@ -65,22 +64,22 @@ cdef inline bint _cap_binds(Allocator self) noexcept nogil:
 
 
 cdef inline bint _coarser_range(Allocator self, Segment* seg, size_t page) noexcept nogil:
-    """Whether a range made before a cap was set maps pages coarser than `page`, the page its pool grows by under
+    """Whether a range made before a cap was set maps pages coarser than `page`, the page its size class grows by under
     the cap now: it takes no more growth (Note [Finer pages under a cap])."""
     return seg.chunk_size > page and not seg.under_cap and _cap_binds(self)
 
 
-cdef Block* _lowest_room(Allocator self, int pool, size_t size, int64_t stream, size_t* unmapped) noexcept nogil:
+cdef Block* _lowest_room(Allocator self, int size_class, size_t size, int64_t stream, size_t* unmapped) noexcept nogil:
     """The hole walk, written once: the start of the lowest run of `stream`'s free and unmapped space in a range of
-    `pool` with `size` bytes in a row (the free block before a hole, or the hole), and in `unmapped` the bytes of it
-    that growth would map; NULL where no range has room. Ranges of a released private pool, and ranges coarser than
+    `size_class` with `size` bytes in a row (the free block before a hole, or the hole), and in `unmapped` the bytes
+    of it that growth would map; NULL where no range has room. Ranges of a released private pool, and ranges coarser than
     the pages a cap asks for, take no growth."""
-    cdef FreeIndex* holes = _holes(self, pool)
+    cdef FreeIndex* holes = _holes(self, size_class)
     cdef FreeIndex.iterator it = holes.lower_bound(free_key(stream, 0))
     cdef Block* c
     cdef Block* b
     cdef size_t room
-    cdef size_t page = _page(self, pool)
+    cdef size_t page = _page(self, size_class)
     while it != holes.end() and deref(it).first.stream == stream:
         c = deref(it).second
         # a released pool's segment, part unmapped, is never the default pool's; a coarser range grows no more
@@ -103,35 +102,35 @@ cdef Block* _lowest_room(Allocator self, int pool, size_t size, int64_t stream, 
     return NULL
 
 
-cdef Block* _find_expandable(Allocator self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _find_expandable(Allocator self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
     """The lowest hole of `stream` (with the free block before it) that has `size` bytes of free or unmapped
     space in a row, or a new expandable segment's hole."""
     cdef size_t unmapped
-    cdef Block* c = _lowest_room(self, pool, size, stream, &unmapped)
+    cdef Block* c = _lowest_room(self, size_class, size, stream, &unmapped)
     if c != NULL:
         return c
-    cdef size_t page = _page(self, pool)
+    cdef size_t page = _page(self, size_class)
     cdef size_t reserve = round_up(self.k.expandable_reserve, page)
     cdef Segment* seg
     if self.k.hook_layout:          # growth seam: the new range's size and page
-        self.seams.layout(self, why, pool, size, stream, &reserve, &page)
+        self.seams.layout(self, why, size_class, size, stream, &reserve, &page)
     if reserve < size:
         why.err = ERR_OOM
         return NULL
-    seg = _new_segment(self, why, pool, reserve, page, stream, False)
+    seg = _new_segment(self, why, size_class, reserve, page, stream, False)
     return seg.first if seg != NULL else NULL
 
 
-cdef size_t _growth_bytes(Allocator self, int pool, size_t size, int64_t stream) noexcept nogil:
+cdef size_t _growth_bytes(Allocator self, int size_class, size_t size, int64_t stream) noexcept nogil:
     """New bytes an expandable segment would map to serve `size` bytes: the unmapped part of the lowest run of
     free and unmapped space with room (as _find_expandable picks it), or all of it in a new segment."""
     cdef size_t unmapped
-    if _lowest_room(self, pool, size, stream, &unmapped) != NULL:
+    if _lowest_room(self, size_class, size, stream, &unmapped) != NULL:
         return unmapped
-    return round_up(size, _page(self, pool))
+    return round_up(size, _page(self, size_class))
 
 
-cdef bint _request_over_cap(Allocator self, Failure* why, int pool, size_t size) noexcept nogil:
+cdef bint _request_over_cap(Allocator self, Failure* why, int size_class, size_t size) noexcept nogil:
     """With cap_counts_request, whether a request that needs new memory would pass the cap counted whole; then
     why.err is ERR_OOM, so that pressure is relieved before any page is mapped.
 
@@ -141,19 +140,18 @@ cdef bint _request_over_cap(Allocator self, Failure* why, int pool, size_t size)
     whenever a large request arrives near the cap, long before the cap binds: the free space of the range's tail
     goes back, and the next growth maps into the lowest hole with room, packing later blocks into the holes of
     earlier ones. Counting only the pages mapped, the range keeps its free tail until the cap binds, by then in
-    pieces that no growth can join. On the GPU (2026-11-30, gpt2xl-lora-ckpt and opt1.3b-lora-ckpt, 20 steps),
-    expandable segments fit under caps 0.2-0.6 % lower than the exact count replays, and inside the GPU's brackets
-    with this check (tests/test_training_traces.py)."""
+    pieces that no growth can join. On the GPU (bench/cap_search.py) expandable segments fit under lower caps than
+    the exact count replays, and inside the GPU's brackets with this check (tests/test_training_traces.py)."""
     if not (self.k.cap_counts_request and self.limit_bytes) or \
-            self.st.reserved + _pytorch_alloc_size(self, pool, size) <= self.limit_bytes:
+            self.st.reserved + _pytorch_alloc_size(self, size_class, size) <= self.limit_bytes:
         return False
     why.err = ERR_OOM
     return True
 
 
-cdef Block* _alloc_expandable(Allocator self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _alloc_expandable(Allocator self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
     """Grow an expandable segment by mapping pages until `size` bytes in a row are free, then take them."""
-    cdef Block* c = _find_expandable(self, why, pool, size, stream)
+    cdef Block* c = _find_expandable(self, why, size_class, size, stream)
     cdef Block* m
     cdef Segment* seg
     if c == NULL:
@@ -181,22 +179,22 @@ cdef class ExpandableGrowth(Growth):
         self.stitches = True
         self.fit_counts_unmapped = True
 
-    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
-        return _alloc_expandable(a, why, pool, size, stream)
+    cdef Block* grow(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
+        return _alloc_expandable(a, why, size_class, size, stream)
 
-    cdef bint refuses(self, Allocator a, Failure* why, int pool, size_t size) noexcept nogil:
-        return _request_over_cap(a, why, pool, size)
+    cdef bint refuses(self, Allocator a, Failure* why, int size_class, size_t size) noexcept nogil:
+        return _request_over_cap(a, why, size_class, size)
 
     cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil:
         # Stitch where that maps at least `min_saved_chunks` fewer new pages than growing the range would.
-        cdef size_t page = _page(a, POOL_LARGE)
-        return round_up(shortfall, page) + a.k.min_saved_chunks * page <= _growth_bytes(a, POOL_LARGE, size, stream)
+        cdef size_t page = _page(a, SIZE_LARGE)
+        return round_up(shortfall, page) + a.k.min_saved_chunks * page <= _growth_bytes(a, SIZE_LARGE, size, stream)
 
     cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
                         Segment** undo) noexcept nogil:
         # The shortfall as new pages at the lowest hole with room, stitched last.
-        cdef size_t fresh = round_up(shortfall, _page(a, POOL_LARGE))
-        cdef Block* hole = _find_expandable(a, why, POOL_LARGE, fresh, stream)
+        cdef size_t fresh = round_up(shortfall, _page(a, SIZE_LARGE))
+        cdef Block* hole = _find_expandable(a, why, SIZE_LARGE, fresh, stream)
         cdef Segment* seg
         if hole == NULL:
             return False

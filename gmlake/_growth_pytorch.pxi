@@ -6,7 +6,7 @@
 cdef class PyTorchGrowth(Growth):
     """One chunk per segment, of PyTorch's sizes; no stitch."""
 
-    cdef Block* grow(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
-        cdef size_t alloc_size = _pytorch_alloc_size(a, pool, size)
-        cdef Segment* seg = _laid_out_segment(a, why, pool, size, alloc_size, alloc_size, stream)
+    cdef Block* grow(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
+        cdef size_t alloc_size = _pytorch_alloc_size(a, size_class, size)
+        cdef Segment* seg = _laid_out_segment(a, why, size_class, size, alloc_size, alloc_size, stream)
         return _take(a, why, seg.first, size, stream) if seg != NULL else NULL

@@ -34,7 +34,7 @@
 #     the work, as PyTorch's stream-keyed reuse does.
 # Unmapping or releasing is never needed on a capturing pool's behalf: its memory only grows while it lives.
 
-cdef enum PoolErr:
+cdef enum PoolStatus:
     POOL_OK = 0
     POOL_ALREADY_ACTIVE
     POOL_RELEASED
@@ -68,7 +68,7 @@ cdef Block* _alloc_in_pool(Allocator self, Failure* why, int kind, size_t size, 
     """Serve a request from its private pool (its Request's target): best fit among the pool's free blocks of
     `stream`, else a new segment of its own (never a stitch: Note [Private pools])."""
     cdef PrivatePool* p = why.request.target
-    cdef Block* b = _peek_fit(self, &p.free_small if kind == POOL_SMALL else &p.free_large, size, stream)
+    cdef Block* b = _peek_fit(self, &p.free_small if kind == SIZE_SMALL else &p.free_large, size, stream)
     cdef Segment* seg
     cdef size_t segment_size, handle_size
     if b != NULL:
@@ -82,7 +82,7 @@ cdef Block* _alloc_in_pool(Allocator self, Failure* why, int kind, size_t size, 
     if seg == NULL:
         return NULL
     seg.owner = p
-    seg.free_index = &p.free_small if kind == POOL_SMALL else &p.free_large
+    seg.free_index = &p.free_small if kind == SIZE_SMALL else &p.free_large
     p.segments += 1
     p.reserved += seg.size
     return _take(self, why, seg.first, size, stream)

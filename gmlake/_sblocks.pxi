@@ -290,7 +290,7 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
     cdef size_t remaining
     cdef Block* b
     cdef bint wanted = self.k.stitch and size >= self.k.min_stitch_size
-    if self.growth.refuses(self, why, POOL_LARGE, size):
+    if self.growth.refuses(self, why, SIZE_LARGE, size):
         return NULL
     if self.growth.stitches and (wanted or self.k.hook_stitch):
         remaining = _collect_pieces(self, size, stream, blocks, pieces)
@@ -302,7 +302,7 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
                 if not self.growth.new_piece(self, why, remaining, stream, &piece, &undo):
                     if why.err != ERR_NONE:
                         return NULL
-                    return self.growth.grow(self, why, POOL_LARGE, size, stream)
+                    return self.growth.grow(self, why, SIZE_LARGE, size, stream)
                 pieces.push_back(piece)
             b = _stitch(self, why, pieces, size, stream)
             if b != NULL:
@@ -312,7 +312,7 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
                 _release_chunks(self, why, undo, 0)
             if why.err != ERR_NONE:
                 return NULL
-    return self.growth.grow(self, why, POOL_LARGE, size, stream)
+    return self.growth.grow(self, why, SIZE_LARGE, size, stream)
 
 
 cdef void _descending(Allocator self, int64_t stream, vector[Block*]& out) noexcept nogil:

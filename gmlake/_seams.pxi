@@ -15,7 +15,7 @@ cdef void _note_hook_failure(Allocator self, Failure* why, object exc, str hook)
 
 cdef bint _hook_split(Allocator self, Failure* why, size_t block_size, size_t size, int pool, bint default) noexcept:
     try:
-        return bool(self.policy.should_split(block_size, size, "small" if pool == POOL_SMALL else "large",
+        return bool(self.policy.should_split(block_size, size, "small" if pool == SIZE_SMALL else "large",
                                              default))
     except BaseException as exc:
         _note_hook_failure(self, why, exc, "should_split")
@@ -84,7 +84,7 @@ cdef void _hook_place(Allocator self, Failure* why, int pool, size_t size, int64
             if sb != NULL and sb[0] == sblocks[i]:
                 default = blocks.size() + i
         answer = _with_state(self, why, stream, self.policy.choose_block,
-                             (size, stream, POOL_NAMES[pool], candidates, default))
+                             (size, stream, SIZE_CLASS_NAMES[pool], candidates, default))
         if answer is not None and (not isinstance(answer, int) or isinstance(answer, bool)
                                    or not 0 <= answer < len(candidates)):
             raise ValueError(f"choose_block returned {answer!r}, not None or an index into {len(candidates)} "
@@ -140,7 +140,7 @@ cdef void _hook_layout(Allocator self, Failure* why, int pool, size_t size, int6
     cdef size_t bound = max(self.max_request, segment_size[0])     # an expandable range may exceed the device
     try:
         answer = _with_state(self, why, stream, self.policy.segment_layout,
-                             (size, stream, POOL_NAMES[pool], (segment_size[0], handle_size[0])))
+                             (size, stream, SIZE_CLASS_NAMES[pool], (segment_size[0], handle_size[0])))
         if not isinstance(answer, tuple) or len(answer) != 2 or not all(
                 isinstance(x, int) and not isinstance(x, bool) for x in answer):
             raise TypeError(f"segment_layout returned {answer!r}, not a tuple (segment bytes, handle bytes)")
@@ -161,7 +161,7 @@ cdef int _hook_pressure(Allocator self, Failure* why, size_t size, int64_t strea
     try:
         builtin = None if default == PRESSURE_GIVE_UP else PRESSURE_ACTIONS[default - 1]
         answer = _with_state(self, why, stream, self.policy.relieve_pressure,
-                             (size, stream, POOL_NAMES[pool], attempt, builtin))
+                             (size, stream, SIZE_CLASS_NAMES[pool], attempt, builtin))
         if answer is None:
             return PRESSURE_GIVE_UP
         if answer not in PRESSURE_ACTIONS:
@@ -176,7 +176,7 @@ cdef int _hook_pressure(Allocator self, Failure* why, size_t size, int64_t strea
 cdef list _free_blocks(Allocator self, int pool, size_t at_least, int64_t stream, vector[Block*]* out):
     """Free blocks of `pool` of at least `at_least` bytes that `stream` may use (its own, then those of no
     stream, each in best-fit order), as FreeBlocks; their pointers go to `out` where given."""
-    cdef FreeIndex* index = _index(self, pool)
+    cdef FreeIndex* index = free_index(self, pool)
     cdef FreeIndex.iterator it
     cdef Block* b
     cdef int64_t s
@@ -208,8 +208,8 @@ cdef class _FreeBlockWalk:
     cdef int64_t stream
 
     def __call__(self):
-        return tuple(_free_blocks(self.a, POOL_SMALL, 0, self.stream, NULL)
-                     + _free_blocks(self.a, POOL_LARGE, 0, self.stream, NULL))
+        return tuple(_free_blocks(self.a, SIZE_SMALL, 0, self.stream, NULL)
+                     + _free_blocks(self.a, SIZE_LARGE, 0, self.stream, NULL))
 
 
 cdef object _with_state(Allocator self, Failure* why, int64_t stream, object hook, tuple args):
@@ -239,7 +239,7 @@ cdef class Seams:
 
     cdef bint split(self, Allocator a, Failure* why, Block* b, size_t size, bint default) noexcept nogil:
         with gil:
-            return _hook_split(a, why, b.size, size, b.seg.pool, default)
+            return _hook_split(a, why, b.size, size, b.seg.size_class, default)
 
     cdef void stitch(self, Allocator a, Failure* why, size_t size, int64_t stream, vector[Block*]& blocks,
                      vector[Piece]& pieces, size_t* remaining) noexcept nogil:

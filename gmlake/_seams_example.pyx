@@ -19,9 +19,9 @@ cdef class WorstFitSeams(Seams):
     def __cinit__(self):
         self.overridden = SEAM_PLACE
 
-    cdef void place(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, Block** b,
+    cdef void place(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream, Block** b,
                     SBlock** sb) noexcept nogil:
-        cdef FreeIndex* index = free_index(a, pool)
+        cdef FreeIndex* index = free_index(a, size_class)
         cdef Block* own
         cdef Block* anyb
         if sb != NULL and sb[0] != NULL:
@@ -39,7 +39,7 @@ cdef class KeepDefaultPlacement(Seams):
     def __cinit__(self):
         self.overridden = SEAM_PLACE
 
-    cdef void place(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, Block** b,
+    cdef void place(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream, Block** b,
                     SBlock** sb) noexcept nogil:
         self.calls += 1
 

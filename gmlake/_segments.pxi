@@ -4,7 +4,7 @@
 # fail, the call's Failure (Note [A call's failure]).
 
 
-cdef Segment* _new_segment(Allocator self, Failure* why, int pool, size_t size, size_t chunk_size, int64_t stream,
+cdef Segment* _new_segment(Allocator self, Failure* why, int size_class, size_t size, size_t chunk_size, int64_t stream,
                            bint mapped) noexcept nogil:
     """Reserve VA and map fresh chunks into it (unless not `mapped`: then the whole range is one unmapped hole,
     as an expandable segment starts). NULL with why.err set on failure; nothing is left behind."""
@@ -30,9 +30,9 @@ cdef Segment* _new_segment(Allocator self, Failure* why, int pool, size_t size, 
     seg.va = va
     seg.size = size
     seg.chunk_size = chunk_size
-    seg.pool = pool
+    seg.size_class = size_class
     seg.under_cap = _cap_binds(self)
-    seg.free_index = _index(self, pool)
+    seg.free_index = free_index(self, size_class)
     if mapped:
         seg.handles = handles
     else:
@@ -137,17 +137,17 @@ cdef void _drop_segment(Allocator self, Failure* why, Segment* seg) noexcept nog
     del seg
 
 
-cdef size_t _release_pool(Allocator self, Failure* why, int pool, size_t wanted, int reason) noexcept nogil:
-    """Release fully free chunks of `pool` (large: evicting cached sBlocks first, for `reason`, an EvictReason).
+cdef size_t _release_free(Allocator self, Failure* why, int size_class, size_t wanted, int reason) noexcept nogil:
+    """Release fully free chunks of `size_class` (large: evicting cached sBlocks first, for `reason`, an EvictReason).
     The caller has synchronized."""
     cdef vector[Segment*] segs
     cdef pair[uint64_t, Segment*] entry
     cdef size_t released = 0, i
-    if pool == POOL_LARGE and self.lru.size():
+    if size_class == SIZE_LARGE and self.lru.size():
         if _evict_lru(self, why, 0, True, reason) != DRIVER_OK:
             return 0
     for entry in self.segments:
-        if entry.second.pool == pool and _releasable(entry.second):
+        if entry.second.size_class == size_class and _releasable(entry.second):
             segs.push_back(entry.second)
     for i in range(segs.size()):
         if segs[i].owner != NULL:
@@ -158,7 +158,7 @@ cdef size_t _release_pool(Allocator self, Failure* why, int pool, size_t wanted,
     return released
 
 
-cdef bint _relieve(Allocator self, Failure* why, int pool, size_t size, int action) noexcept nogil:
+cdef bint _relieve(Allocator self, Failure* why, int size_class, size_t size, int action) noexcept nogil:
     """Step 5, one attempt: carry out a PressureAction (the growth's built-in stage, or what the policy's
     relieve_pressure chose). Each action first waits for every stream, so every free block serves any stream;
     "release_other_pool" then returns what the other size class holds free, "release_all" everything free. True if
@@ -169,8 +169,8 @@ cdef bint _relieve(Allocator self, Failure* why, int pool, size_t size, int acti
     if why.err != ERR_NONE:
         return False
     if action == PRESSURE_RELEASE_OTHER:
-        changed += _release_pool(self, why, POOL_LARGE if pool == POOL_SMALL else POOL_SMALL, size, EVICT_PRESSURE)
+        changed += _release_free(self, why, SIZE_LARGE if size_class == SIZE_SMALL else SIZE_SMALL, size, EVICT_PRESSURE)
     elif action == PRESSURE_RELEASE_ALL:
-        changed += _release_pool(self, why, POOL_SMALL, 0, EVICT_PRESSURE) + \
-            _release_pool(self, why, POOL_LARGE, 0, EVICT_PRESSURE)
+        changed += _release_free(self, why, SIZE_SMALL, 0, EVICT_PRESSURE) + \
+            _release_free(self, why, SIZE_LARGE, 0, EVICT_PRESSURE)
     return changed > 0 and why.err == ERR_NONE

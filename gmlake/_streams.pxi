@@ -58,11 +58,11 @@ cdef size_t _migrate_to(Allocator self, int64_t stream, uint64_t upto, int64_t t
     cdef vector[Block*] moving
     cdef FreeIndex.iterator it
     cdef FreeIndex* index
-    cdef int pool
+    cdef int size_class
     cdef Block* b
     cdef size_t i
-    for pool in range(2):
-        index = _index(self, pool)
+    for size_class in range(2):
+        index = free_index(self, size_class)
         if stream == ANY_STREAM:
             it = index.begin()
         else:
@@ -94,7 +94,7 @@ cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint 
     and make every free block usable by any stream. Returns how many blocks moved."""
     cdef FreeIndex* index
     cdef FreeIndex.iterator it
-    cdef int pool, rc
+    cdef int size_class, rc
     cdef int64_t s
     cdef Fence fence
     cdef vector[int64_t] done
@@ -115,8 +115,8 @@ cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint 
         self.fences.clear()
         return _migrate(self, ANY_STREAM, self.free_seq)
     # Fence each other stream that holds free blocks: an event now covers all work queued before its frees.
-    for pool in range(2):
-        index = _index(self, pool)
+    for size_class in range(2):
+        index = free_index(self, size_class)
         it = index.begin()
         while it != index.end():
             s = deref(it).first.stream
@@ -139,30 +139,29 @@ cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint 
     return moved
 
 
-cdef Block* _wait_for_other_stream(Allocator self, Failure* why, int pool, size_t size, int64_t stream) noexcept nogil:
+cdef Block* _wait_for_other_stream(Allocator self, Failure* why, int size_class, size_t size,
+                                   int64_t stream) noexcept nogil:
     """With cross_stream_wait: a free block another stream held that fits a request no block of its own stream (or
     of none) fits, made safe for `stream` by a wait on the GPU, with every block that stream had freed; NULL if no
     other stream's block fits, or with why.err set if a driver call failed. The block stays in the free index.
 
     Note [Waiting for another stream's free block]: a fence (_reclaim_streams) hands another stream's free blocks
-    over only once an event says that stream's work is done, which is late whenever the GPU trails the CPU: on
-    FSDP's real rank traces, replayed with events completing 10-1,000 requests after they were recorded, the
-    default reserves 12-23 % more than with events done at once (rank 1: 7.57-8.29 GiB against 6.75; the H200 run
-    reserved 7.25-7.33). Instead, as RMM's stream_ordered_memory_resource takes a block from another stream, record
+    over only once an event says that stream's work is done, which is late whenever the GPU trails the CPU: FSDP's
+    rank traces replayed with events completing late (`gmlake replay --event-lag`) reserve markedly more than
+    with events done at once. Instead, as RMM's stream_ordered_memory_resource takes a block from another stream, record
     an event on the best-fitting block's stream and make the requesting stream wait for it (cuStreamWaitEvent):
     the GPU orders the request's work after everything the other stream had queued, the CPU waits for nothing, and
     every block that stream had freed now serves the requesting stream (as RMM merges the other stream's free
-    list; replayed on FSDP at lags 10-1,000 that reserved up to 5 % less than moving the one block, whose stream
-    then grew instead). The price is that ordering: work the requesting stream queues from now on cannot overlap
+    list; replayed on FSDP's traces at lags that reserved less than moving the one block, whose stream then grew
+    instead). The price is that ordering: work the requesting stream queues from now on cannot overlap
     what the other stream had queued (FSDP's prefetch stream can end up waiting for compute), so the wait is taken
     only where a single block fits, not for a stitch, and only on a miss: a stream that finds a block of its own
-    (a prefetching side stream reusing its buffers, say) never waits. On two H200s (FSDP, 2026-12-01) the default
-    reserved 3-6 % less with the wait, taking 20-28 waits a rank in 24 steps, at no cost in tokens/s the runs
-    could resolve, so the default takes it; gmlake-paper does not (cross_stream_wait=False, as the paper
-    describes). Blocks freed on a stream are used
+    (a prefetching side stream reusing its buffers, say) never waits. On two H200s (FSDP, bench/train_suite.py)
+    the default reserved less with the wait, at no cost in tokens/s the runs could resolve, so the default takes
+    it; gmlake-paper does not (cross_stream_wait=False, as the paper describes). Blocks freed on a stream are used
     only by their stream's work (a record_stream'ed block enters the index once its other streams' events are
     done), so the one event covers all of them."""
-    cdef FreeIndex* index = _index(self, pool)
+    cdef FreeIndex* index = free_index(self, size_class)
     cdef FreeIndex.iterator it = index.begin()
     cdef Block* best = NULL
     cdef Block* b
@@ -206,16 +205,14 @@ cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
     Completed events are destroyed at once, so no event is queried twice after it is done. That needs the entries
     walked in the order their frees were made: retired entries are compacted out in place, keeping the order (a
     swap-with-last removal would let a newer incomplete event of S hide older completed ones, so that their memory
-    stayed pending for many passes while the stream kept busy: `bench/fsdp_pattern.py --lag 2` ended with 38 frees
-    pending instead of 6, and reserved 8.64 GiB instead of 6.49). A pass ends as soon as every stream with pending
+    stayed pending for many passes while the stream kept busy, and reserved: `bench/fsdp_pattern.py --lag 2` shows
+    it, tests/test_fsdp_pattern.py checks the backlog stays small). A pass ends as soon as every stream with pending
     events has shown an incomplete one (`pending_per_stream` counts them), so a request costs a few entries, not a
-    walk over hundreds (`bench/micro.py`'s pending300_4KiB, the sim driver on this repo's CPU machine: a cached
-    malloc+free in 102 ns with 300 frees pending on a busy stream, 563 ns with the walk, 76 ns with none). A
-    skipped event only ever delays a free; it never hands out memory early. Polling only when no free block fits
-    (fewer queries) was tried and rejected (2026-12-01): on `bench/fsdp_pattern.py` it reserved 8.00 GiB instead
-    of 6.43 with events done at once and 8.25 instead of 6.67 at --lag 2, and its priced driver time rose with the
-    stitches (27 ms against 16): a request that polls late is served a worse-fitting block while its best fit
-    still sits pending."""
+    walk over hundreds (`bench/micro.py`'s pending300_4KiB times a cache hit with 300 frees pending on a busy
+    stream). A skipped event only ever delays a free; it never hands out memory early. Polling only when no free
+    block fits (fewer queries) was tried and rejected: on `bench/fsdp_pattern.py` it reserved more, with and
+    without a lag, and its priced driver time rose with the stitches: a request that polls late is served a
+    worse-fitting block while its best fit still sits pending."""
     cdef size_t i = 0, kept = 0, j, k
     cdef bint busy_stream
     cdef int rc

@@ -1,5 +1,15 @@
 // Plain data of the allocator core: records, orderings, and the spares the hot path reuses (NodeStash,
-// BlockStash). All allocator logic lives in _allocator.pyx.
+// BlockStash). All allocator logic lives in _allocator.pyx; docs/design.md maps its rooms.
+//
+// Vocabulary (one name per concept):
+//   chunk       one physical allocation from the driver (cuMemCreate), mapped only whole; the driver's name for it is
+//               its handle (Segment::handles); the expandable growth's knobs call its chunks pages, as PyTorch does
+//   segment     a VA reservation over chunks mapped back to back, tiled by primitive blocks (pBlocks)
+//   block       a byte range: free, allocated, claimed (in use through an sBlock) or unmapped (a hole)
+//   sBlock      a stitched block: a new VA range mapping the chunks of several free pBlocks back to back
+//   size class  small (requests up to small_size, in small segments, never stitched) or large: SizeClass
+//   pool        a private pool (a CUDA graph's: PrivatePool); every other memory is the default pool's
+//   growth      how new memory is laid out when no free block fits (Growth, _allocator.pxd)
 #pragma once
 #include <cstdint>
 #include <map>
@@ -14,7 +24,7 @@ struct SBlock;
 struct PrivatePool;
 
 enum BlockState : int { BLOCK_FREE = 0, BLOCK_ALLOCATED = 1, BLOCK_CLAIMED = 2, BLOCK_UNMAPPED = 3 };
-enum Pool : int { POOL_SMALL = 0, POOL_LARGE = 1 };
+enum SizeClass : int { SIZE_SMALL = 0, SIZE_LARGE = 1 };   // requests up to small_size, and the rest
 
 // A block is a byte range. Primitive blocks tile their segment's VA (addr is the home address); a stitched
 // allocation is a block with seg == nullptr whose addr points into its sBlock's VA.
@@ -51,7 +61,7 @@ struct Segment {
     uintptr_t va = 0;
     size_t size = 0;
     size_t chunk_size = 0;
-    int pool = POOL_LARGE;
+    int size_class = SIZE_LARGE;
     PrivatePool* owner = nullptr;    // the private pool it belongs to (graph capture), or nullptr: the default pool
     bool under_cap = false;   // made while a cap below the device's memory was set (Note [Finer pages under a cap])
     std::map<FreeKey, Block*>* free_index = nullptr;   // where its free blocks are indexed: its pool's, by kind
@@ -149,8 +159,8 @@ struct SBlockKey {
 
 // Note [Reusing nodes on the hot path]: a cache hit that splits a free block and merges it back on free would
 // otherwise allocate and free a Block, and a node of each container it enters (free index, address map, live map),
-// every time: about a third of a split + merge's instructions (callgrind, sim driver: 2,240 a malloc+free pair
-// before, 1,581 after; an sBlock hit 4,509 and 3,649). Each allocator keeps up to 64 spares of each for its next
+// every time: about a third of a split + merge's instructions (callgrind of bench/micro.py's cache_hits cases on
+// the sim driver). Each allocator keeps up to 64 spares of each for its next
 // requests, used only under its lock. A node moves between maps of one type (the default pool's free index and a
 // private pool's), which C++17 node handles allow; spares are freed with the allocator.
 template <class Map>

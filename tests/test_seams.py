@@ -553,7 +553,7 @@ def test_cython_seams_are_checked():
 EXTERNAL_SEAMS = textwrap.dedent("""
     # cython: language_level=3
     from libc.stdint cimport int64_t
-    from gmlake._allocator cimport Allocator, Failure, Seams, Block, SEAM_SPLIT, POOL_SMALL
+    from gmlake._allocator cimport Allocator, Failure, Seams, Block, SEAM_SPLIT, SIZE_SMALL
 
     cdef class NeverSplitLarge(Seams):
         cdef readonly size_t calls
@@ -563,7 +563,7 @@ EXTERNAL_SEAMS = textwrap.dedent("""
 
         cdef bint split(self, Allocator a, Failure* why, Block* b, size_t size, bint default) noexcept nogil:
             self.calls += 1
-            return default if b.seg.pool == POOL_SMALL else False
+            return default if b.seg.size_class == SIZE_SMALL else False
 """)
 
 EXTERNAL_BUILD = textwrap.dedent("""
