@@ -86,6 +86,7 @@ print(json.dumps(out))
 
 def _run(scenario: str, harness: str) -> dict:
     """The scenario after PRELUDE in a fresh process; the JSON line it prints last."""
+    pytest.importorskip("torch", reason="the scenario drives gmlake.torch's pool hooks, which import torch")
     proc = subprocess.run([sys.executable, "-c", PRELUDE + scenario, harness], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
