@@ -1,6 +1,6 @@
 """The evidence behind docs/training.md's analysis, from the traces captured on the GPU (bench/results/traces).
 
-    python bench/analyze_training.py [TRACE ...]
+    python -m bench report analysis [TRACE ...]
 
 For each trace: where gmlake's reserved bytes are at its peak (gmlake.explain), when its driver time is spent
 (per quarter of the run's requests, at the H200's measured per-call costs), step by step against the time gmlake's
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gmlake.cli import OneLineParser
+from bench import RESULTS
+from bench.cli import OneLineParser
 from gmlake.explain import explain
 from gmlake.policies import get
 from gmlake.replay import driver_seconds, replay, run_requests
 from gmlake.trace import ALLOC, load
 
-HERE = Path(__file__).parent
 VARIANTS = {
     "gmlake (default)": {},
     "min_saved_chunks=0": {"min_saved_chunks": 0},
@@ -74,7 +74,7 @@ def driver_ms_per_step(trace, starts: list[int]) -> list[float]:
 def paired_runs(workload: str) -> list[tuple[str, dict, dict]]:
     """(result file, native run, gmlake run) for each file that ran both on the same GPU, one after the other."""
     out = []
-    for path in sorted((HERE / "results" / "train").glob("*.json")):
+    for path in sorted((RESULTS / "train").glob("*.json")):
         runs = {r["allocator"]: r for r in json.loads(path.read_text())["runs"]
                 if r["workload"] == workload and r.get("returncode") == 0 and r.get("per_step")}
         if "native" in runs and "gmlake" in runs:
@@ -82,11 +82,11 @@ def paired_runs(workload: str) -> list[tuple[str, dict, dict]]:
     return out
 
 
-def main() -> None:
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "bench report analysis") -> None:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path,
-                        default=sorted((HERE / "results" / "traces").glob("*.gmtrace")))
-    args = parser.parse_args()
+                        default=sorted((RESULTS / "traces").glob("*.gmtrace")))
+    args = parser.parse_args(argv)
     traces = [load(str(p)) for p in args.traces]
 
     print("### Where gmlake's reserved memory is at its peak\n")
@@ -141,7 +141,3 @@ def main() -> None:
         r = replay(t, "expandable", samples=1)
         cells.append(f"{r.utilization:.3f} / {r.driver_seconds:.2f}")
     print("| expandable segments | " + " | ".join(cells) + " |")
-
-
-if __name__ == "__main__":
-    main()

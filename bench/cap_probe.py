@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Fixed-cap probes: does each WORKLOAD under ALLOCATOR complete its steps at exactly this cap?
 
-    python bench/cap_probe.py bert:gmlake@22420000000 cnn:gmlake@13540000000 cnn:expandable@13540000000
-    python bench/cap_probe.py vit:expandable@0.15201 --steps 20 --deadline 300 --out DIR
+    python -m bench cap probe bert:gmlake@22420000000 cnn:gmlake@13540000000 cnn:expandable@13540000000
+    python -m bench cap probe vit:expandable@0.15201 --steps 20 --deadline 300 --out DIR
 
-Why: the cap search (bench/cap_search.py) bisects to a resolution, 0.2 % at best in one call; two allocators whose
+Why: the cap search (bench cap search) bisects to a resolution, 0.2 % at best in one call; two allocators whose
 thresholds lie closer than that come out as a tie. Replay (`gmlake cap`, or the search's --predict) places each
 threshold to the byte, so a probe or two at caps chosen between replay's thresholds, below one allocator's GPU
 failure, settle what a bisection cannot: "gmlake fit at a cap where expandable segments ran out of memory".
@@ -23,11 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-import cap_search
-from speed_suite import GIB, expected_duration
-from train_suite import environment
-
-HERE = Path(__file__).resolve().parent
+from bench import RESULTS, cap_search
+from bench.cli import OneLineParser
+from bench.speed_suite import GIB, expected_duration
+from bench.train_suite import environment
 
 
 def parse_probe(item: str) -> tuple[str, str, float]:
@@ -57,13 +56,13 @@ def as_fraction(cap: float, total: int) -> float:
     return fraction
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str = "bench cap probe") -> argparse.Namespace:
     """The command line, checked: any bad value is one line on stderr and exit 2."""
-    parser = cap_search.OneLineParser(prog="cap_probe.py", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("probes", nargs="+", metavar="WORKLOAD:ALLOCATOR@CAP",
                         help="CAP: a fraction of the device's memory, or bytes (a number above 1)")
     cap_search.add_run_options(parser)
-    parser.add_argument("--out", default=str(HERE / "results" / "train" / "cap-probe"))
+    parser.add_argument("--out", default=str(RESULTS / "train" / "cap-probe"))
     args = parser.parse_args(argv)
     cap_search.check_run_options(parser, args)
     try:
@@ -73,17 +72,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "bench cap probe") -> None:
+    args = parse_args(argv, prog)
     started = time.perf_counter()
     try:
         total = cap_search.device_total_memory()
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
-        sys.exit(f"cap_probe.py: cannot read the CUDA device's total memory: {exc}")
+        sys.exit(f"{prog}: cannot read the CUDA device's total memory: {exc}")
     try:
         fractions = [as_fraction(cap, total) for _, _, cap in args.requests]
     except ValueError as exc:
-        print(f"cap_probe.py: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         sys.exit(2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +114,3 @@ def main(argv: list[str] | None = None) -> None:
               + (f": {probe['error'][-300:]}" if "error" in probe else ""), flush=True)
     save()
     print(f"results in {out / 'cap-probe.json'}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,11 +1,11 @@
 """The cap search (issue 10, "under a cap"): per workload and allocator, the smallest memory cap at which training
 completes, and the step time near it.
 
-    python bench/cap_search.py [--workloads vit bert t5 cnn] [--allocators expandable gmlake] [--steps 20]
+    python -m bench cap search [--workloads vit bert t5 cnn] [--allocators expandable gmlake] [--steps 20]
                                [--warmup N] [--resolution 0.01] [--deadline SECONDS] [--timeout SECONDS] [--out DIR]
                                [--bounds-from bench/results/train/speed-.../summary.json]
                                [--predict WORKLOAD=TRACE ...] [--capture [WORKLOAD ...]]
-    python bench/cap_search.py --workloads gpt2xl-lora-ckpt opt1.3b-lora-ckpt opt1.3b-offload \
+    python -m bench cap search --workloads gpt2xl-lora-ckpt opt1.3b-lora-ckpt opt1.3b-offload \
                                [--bounds-from bench/results/train/call1-gpu1.json] ...
 
 Why: the speed suite reports peak reserved memory with no cap, which is what an allocator keeps when nothing presses
@@ -53,7 +53,7 @@ ends that pair's search as an error, since bisecting on crashes would give a mea
    one allocator below another (its smallest fit above the other's largest failure, the two within the
    resolution) but replay's thresholds, to 0.01 %, part them, one or two probes at a cap between those thresholds
    show the order (`settle_plan`, Note [Settling probes]). BERT and ResNet-50 needed two such probes by hand in
-   session 13 (bench/cap_probe.py). The record's "verdicts" list, per workload, which allocator fit a cap at or
+   session 13 (bench cap probe). The record's "verdicts" list, per workload, which allocator fit a cap at or
    below one at which another ran out of memory; they are printed after the table.
 
 Order: workloads in turn; within one, the allocators' probes alternate (A B, then B A, ...), so a drift in the
@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -77,11 +78,10 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TypeVar
 
-import speed_suite
-import train_suite
-from speed_suite import GIB, expected_duration
-from train_suite import environment
-
+from bench import RESULTS, speed_suite, train_suite
+from bench.cli import OneLineParser
+from bench.speed_suite import GIB, expected_duration
+from bench.train_suite import environment
 from gmlake.cap import (  # noqa: F401
     FLOOR,
     WIDEN,
@@ -91,9 +91,7 @@ from gmlake.cap import (  # noqa: F401
     drive,
     step_until,
 )
-from gmlake.cli import OneLineParser
 
-HERE = Path(__file__).resolve().parent
 # workload -> the suite whose script runs it (and whose allocators it takes): dynamic.py's or train_hf.py's
 SUITES = {**dict.fromkeys(speed_suite.WORKLOADS, speed_suite), **dict.fromkeys(train_suite.WORKLOADS, train_suite),
           **dict.fromkeys(train_suite.FSDP_WORKLOADS, train_suite)}
@@ -420,6 +418,17 @@ def replay_policy(allocator: str) -> str:
     return f"{policy}[{','.join(extra)}]" if extra else policy
 
 
+def refine_cap(trace, policy, failed: int, fit: int, resolution: float = 1e-4, event_lag: int = 0) -> tuple[int, int]:
+    """A bracket of `smallest_cap` (a cap in bytes that fails, one that fits) narrowed by replay to a relative
+    `resolution`: (smallest cap that fit, largest that failed). A few replays where a whole search from the floor
+    would take a dozen: what the cap search uses to place a probe between two allocators' thresholds."""
+    from gmlake.replay import replay
+
+    fits = lambda cap: replay(trace, policy, cap=math.ceil(cap), samples=0, event_lag=event_lag).ooms == 0
+    result, _ = drive(bisect_fraction(failed, fit, resolution, floor=failed), fits)
+    return math.ceil(result.smallest_fit), math.ceil(result.largest_fail)
+
+
 def predict_brackets(traces: dict[str, list[str]], allocators: list[str], total: int,
                      ) -> tuple[dict[tuple[str, str], tuple[float, float]], list[dict]]:
     """Replay's bracket per (workload, allocator): `gmlake.cap.smallest_cap` of the workload's trace under the
@@ -427,7 +436,7 @@ def predict_brackets(traces: dict[str, list[str]], allocators: list[str], total:
     below it). A workload of several traces (FSDP's ranks, each under the same cap) takes its largest rank's
     bracket: the job fails as soon as one rank does. Also the rows recorded in cap.json (bytes and policy, one per
     trace)."""
-    from gmlake.cap import refine_cap, smallest_cap
+    from gmlake.cap import smallest_cap
     from gmlake.trace import load
 
     brackets: dict[tuple[str, str], tuple[float, float]] = {}
@@ -595,7 +604,7 @@ def table(record: dict) -> str:
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """The options of how each run goes (its steps, warm-up, seed, model size, timeout) and of the deadline, shared
-    with bench/cap_time.py; `check_run_options` checks them."""
+    with bench cap time; `check_run_options` checks them."""
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
     parser.add_argument("--seed", type=int, default=0)
@@ -614,9 +623,9 @@ def check_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace)
     args.device = "cuda"              # for speed_suite.command: a fraction only means something on a CUDA device
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str = "bench cap search") -> argparse.Namespace:
     """The command line, checked: any bad value is one line on stderr and exit 2."""
-    parser = OneLineParser(prog="cap_search.py", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(speed_suite.WORKLOADS))
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=["expandable", "gmlake"])
     parser.add_argument("--resolution", type=float, default=0.01, help="stop bisecting at hi / lo <= 1 + this")
@@ -629,7 +638,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--capture", nargs="*", metavar="WORKLOAD",
                         help="capture each WORKLOAD's trace first (no names: every workload without --predict) in "
                              "one uncapped native run with --snapshot, then predict from it as --predict does")
-    parser.add_argument("--out", default=str(HERE / "results" / "train" / "cap"))
+    parser.add_argument("--out", default=str(RESULTS / "train" / "cap"))
     args = parser.parse_args(argv)
     check_run_options(parser, args)
     if not 0 < args.resolution < 1:
@@ -666,23 +675,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "bench cap search") -> None:
+    args = parse_args(argv, prog)
     started = time.perf_counter()
     try:
         total = device_total_memory()
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
-        sys.exit(f"cap_search.py: cannot read the CUDA device's total memory: {exc}")
+        sys.exit(f"{prog}: cannot read the CUDA device's total memory: {exc}")
     try:
         bounds = read_bounds(args.bounds_from, total) if args.bounds_from else {}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"cap_search.py: --bounds-from {args.bounds_from}: not a speed-suite summary ({exc!r})",
+        print(f"{prog}: --bounds-from {args.bounds_from}: not a speed-suite summary ({exc!r})",
               file=sys.stderr)
         sys.exit(2)
     try:                                        # the traces given first: a bad one costs no device time
         predictions, predicted_rows = predict_brackets(args.predict_traces, args.allocators, total)
     except (OSError, ValueError) as exc:        # TraceError is a ValueError
-        print(f"cap_search.py: --predict: {exc}", file=sys.stderr)
+        print(f"{prog}: --predict: {exc}", file=sys.stderr)
         sys.exit(2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -719,7 +728,3 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{verdict['workload']}: {verdict['below']} below {verdict['above']}, shown: it fit "
               f"{verdict['fit'] * total / GIB:.3f} GiB where {verdict['above']} ran out of memory at "
               f"{verdict['other_failed'] * total / GIB:.3f}")
-
-
-if __name__ == "__main__":
-    main()

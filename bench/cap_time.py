@@ -2,10 +2,10 @@
 """Time under a cap (issue 10: "step time at 1.05x its smallest cap <= 1.10x its uncapped step time"), with the
 rounds the cap search's single timed probe lacks.
 
-    python bench/cap_time.py --workload gpt2xl-lora-ckpt --allocator gmlake --fraction 0.0588759 --rounds 3
-    python bench/cap_time.py --from-cap bench/results/train/cap-2026-11-30c/cap.json --rounds 3
+    python -m bench cap time --workload gpt2xl-lora-ckpt --allocator gmlake --fraction 0.0588759 --rounds 3
+    python -m bench cap time --from-cap bench/results/train/cap-2026-11-30c/cap.json --rounds 3
 
-One workload and allocator, each run a fresh process started exactly as a cap-search probe (bench/cap_search.py's
+One workload and allocator, each run a fresh process started exactly as a cap-search probe (bench cap search's
 `probe_command`: the suite's shapes, --steps, --seed), alternating uncapped and capped runs in A B B A order per
 round, so that a drift of the machine's speed falls on both. Time = the workload's `timed_s` (sum of the step times
 after warm-up). Reports the ratio of the capped runs' summed time to the uncapped runs', with each side's own spread
@@ -21,10 +21,9 @@ import json
 import time
 from pathlib import Path
 
-import cap_search
-from train_suite import environment
-
-HERE = Path(__file__).resolve().parent
+from bench import RESULTS, cap_search
+from bench.cli import OneLineParser
+from bench.train_suite import environment
 
 
 def pairs_from_cap(path: Path) -> list[tuple[str, str, float]]:
@@ -59,16 +58,16 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str = "bench cap time") -> argparse.Namespace:
     """The command line, checked: any bad value is one line on stderr and exit 2."""
-    parser = cap_search.OneLineParser(prog="cap_time.py", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=cap_search.WORKLOADS)
     parser.add_argument("--allocator", choices=cap_search.ALLOCATORS)
     parser.add_argument("--fraction", type=float, help="the cap to time at, a fraction of the device's memory")
     parser.add_argument("--from-cap", metavar="CAP_JSON", help="a cap search's cap.json: time every pair it fit")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of uncapped, capped, capped, uncapped")
     cap_search.add_run_options(parser)
-    parser.add_argument("--out", default=str(HERE / "results" / "train" / "cap-time"))
+    parser.add_argument("--out", default=str(RESULTS / "train" / "cap-time"))
     args = parser.parse_args(argv)
     cap_search.check_run_options(parser, args)
     if args.rounds < 1:
@@ -93,8 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "bench cap time") -> None:
+    args = parse_args(argv, prog)
     started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -135,7 +134,3 @@ def main(argv: list[str] | None = None) -> None:
               + f" (spread uncapped {summary['uncapped_spread']:.1%}, capped {summary['capped_spread']:.1%}; "
               + ("resolved" if summary.get("resolved") else "not resolved") + ")", flush=True)
     print(f"results in {out / 'cap-time.json'}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,10 @@
 """FSDP's streams on a CPU: PyTorch FSDP1's allocation pattern replayed through policies on the sim driver.
 
-    python bench/fsdp_pattern.py [--policy SPEC]... [--steps 24] [--layers 24] [--json OUT] [--trace OUT.pickle.gz]
+    python -m bench fsdp-pattern [--policy SPEC]... [--steps 24] [--layers 24] [--json OUT] [--trace OUT.pickle.gz]
 
 Issue 10: under FSDP (OPT-1.3B, full shard, LoRA, recomputation, two H200s, 2026-11-30) the default reached
 utilization 0.719 and expandable segments 0.701, where the paper's design had reached 0.976. No FSDP trace is bundled
-(scripts/gpu-fsdp-trace.sh captures one), so this models the pattern from FSDP1's source
+(`bench.workloads.fsdp_train --snapshot` captures one per rank), so this models the pattern from FSDP1's source
 (torch/distributed/fsdp/_runtime_utils.py, _flat_param.py), per rank, sizes of OPT-1.3B in bf16 over two ranks:
 
 - the unshard stream allocates each layer's unsharded flat parameter (the all-gather output, ~100 MiB) before the
@@ -28,10 +28,9 @@ import gzip
 import json
 import pickle
 import random
-import sys
 from pathlib import Path
 
-from gmlake.cli import OneLineParser
+from bench.cli import OneLineParser
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -132,8 +131,8 @@ def write_trace(path: Path, steps: int, layers: int, seed: int) -> None:
         pickle.dump(snapshot, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def main() -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "bench fsdp-pattern") -> int:
+    parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", action="append", help="a policy spec (repeatable; default: expandable, gmlake, "
                         "gmlake[cross_stream=false], gmlake-paper)")
     parser.add_argument("--steps", type=int, default=24)
@@ -144,7 +143,7 @@ def main() -> int:
                              "(default: every event is complete at once)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--trace", type=Path, help="also write the pattern as a snapshot (.pickle.gz) for replay")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.steps < 1 or args.layers < 1:
         parser.error("--steps and --layers must be at least 1")
     if args.lag is not None and args.lag < 0:
@@ -159,7 +158,7 @@ def main() -> int:
     try:
         policies = [resolve(spec).policy for spec in specs]
     except ValueError as exc:
-        parser.exit(2, f"fsdp_pattern: {exc}\n")
+        parser.error(str(exc))
     results = []
     print(f"{'policy':44} {'reserved GiB':>12} {'allocated GiB':>13} {'utilization':>11} {'stitches':>8} "
           f"{'migrations':>10} {'priced driver ms':>16}")
@@ -180,7 +179,3 @@ def main() -> int:
         args.json.write_text(json.dumps({"steps": args.steps, "layers": args.layers, "seed": args.seed, "lag": args.lag,
                                          "results": results}, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,7 @@
 """Micro benchmark of the allocator core and the driver it stands on.
 
-    python bench/micro.py --driver cuda --out bench/results/micro-h200.json
+    python -m bench micro --driver cuda --out bench/results/micro-h200.json
+    python -m bench micro --driver sim --cache-hits --iterations 300000     # one JSON line: the cache hits only
 
 Measures: malloc+free of a cached block inside the Cython core (ns); each driver call's cost (µs, per handle where
 the driver charges per handle); the time to stitch 512 MiB at each handle size against the driver calls that stitch
@@ -21,9 +22,9 @@ import time
 from pathlib import Path
 
 import gmlake
-from gmlake import Allocator, bench_cache_hits
-from gmlake._bench import time_driver_calls, time_stream_calls
-from gmlake.cli import OneLineParser
+from bench.cli import OneLineParser
+from gmlake import Allocator
+from gmlake._bench import time_cache_hits, time_driver_calls, time_stream_calls
 
 MiB = 1 << 20
 HANDLE_SIZES_MIB = (2, 4, 8, 16, 32, 64)
@@ -51,11 +52,11 @@ def cache_hits(driver, iterations: int) -> dict:
     for label, size in (("exact_4KiB", 4096), ("exact_64MiB", 64 * MiB)):
         left, middle, right = (alloc.malloc(size) for _ in range(3))
         alloc.free(middle)
-        out[label] = min(bench_cache_hits(alloc, size, iterations) for _ in range(3))
+        out[label] = min(time_cache_hits(alloc, size, iterations) for _ in range(3))
         alloc.free(left)
         alloc.free(right)
     alloc.empty_cache()
-    out["split_4KiB"] = min(bench_cache_hits(alloc, 4096, iterations) for _ in range(3))
+    out["split_4KiB"] = min(time_cache_hits(alloc, 4096, iterations) for _ in range(3))
     alloc.close()
     if hasattr(driver, "auto_complete"):
         driver.auto_complete = False
@@ -66,7 +67,7 @@ def cache_hits(driver, iterations: int) -> dict:
         for p in waiting:
             alloc.record_stream(p, 7)                   # stream 7 never completes while timed
             alloc.free(p)
-        out["pending300_4KiB"] = min(bench_cache_hits(alloc, 4096, iterations) for _ in range(3))
+        out["pending300_4KiB"] = min(time_cache_hits(alloc, 4096, iterations) for _ in range(3))
         assert alloc.stats()["pending_frees"] == 300
         driver.complete_all()
         driver.auto_complete = True
@@ -81,7 +82,7 @@ def cache_hits(driver, iterations: int) -> dict:
     s = alloc.malloc(128 * MiB)
     alloc.free(s)
     assert alloc.stats()["stitches"] == 1
-    out["stitched_128MiB"] = min(bench_cache_hits(alloc, 128 * MiB, iterations) for _ in range(3))
+    out["stitched_128MiB"] = min(time_cache_hits(alloc, 128 * MiB, iterations) for _ in range(3))
     assert alloc.stats()["stitches"] == 1, "the benchmark must reuse the cached sBlock"
     alloc.close()
     return out
@@ -216,15 +217,20 @@ def environment(kind: str) -> dict:
     return env
 
 
-def main() -> None:
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "bench micro") -> None:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--driver", choices=["cuda", "host", "sim"], default="sim")
     parser.add_argument("--iterations", type=int, default=1_000_000)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    parser.add_argument("--cache-hits", action="store_true",
+                        help="time only the cache hits and print them as one JSON line (scripts/gpu-ab.sh)")
+    args = parser.parse_args(argv)
     if args.iterations < 1:
         parser.error("--iterations must be at least 1")
     driver = make_driver(args.driver)
+    if args.cache_hits:
+        print(json.dumps(cache_hits(driver, args.iterations)))
+        return
     result = {"environment": environment(args.driver)}
     result["cache_hit_ns"] = cache_hits(driver, args.iterations)
     result["driver_call_us"] = driver_costs(driver)
@@ -277,7 +283,3 @@ def print_tables(result: dict) -> None:
     console.print(t)
     syn = {k: v for k, v in result["synthetic_training"].items() if k != "stitches_by_step"}
     console.print("synthetic training:", syn)
-
-
-if __name__ == "__main__":
-    main()

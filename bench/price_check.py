@@ -1,9 +1,9 @@
 """gmlake's driver price table against the time measured inside the driver's calls on the GPU, and the driver's
 steady-state share of step time.
 
-    python bench/price_check.py RESULTS... [--json OUT]
+    python -m bench report prices RESULTS... [--json OUT]
 
-Why: replay prices a run's driver calls with gmlake/data/driver_costs_h200.json (bench/micro.py's per-call costs,
+Why: replay prices a run's driver calls with gmlake/data/driver_costs_h200.json (bench micro's per-call costs,
 measured on calls in a tight loop); inside a training run the same calls may cost more (cold caches, a busier
 driver). Since 2026-12-01 every gmlake run records `driver_busy_s`, the seconds spent inside its driver calls
 (Driver.busy_seconds), for the whole run and after warm-up: this script holds the two side by side.
@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import tarfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-from stall_check import load_runs
 
-from gmlake.cli import OneLineParser, error_line
+from bench.cli import OneLineParser, error_line
+from bench.stall_check import load_runs
 from gmlake.replay import driver_costs, driver_seconds
 
 
@@ -162,8 +161,8 @@ def render(table: list[dict], s: dict) -> str:
             f"after warm-up, share of step time: {share}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "bench report prices") -> int:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--json", type=Path, help="write the rows and the summary here")
     args = parser.parse_args(argv)
@@ -178,7 +177,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"rows": table, "summary": s}, indent=1))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

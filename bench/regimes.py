@@ -1,8 +1,8 @@
 """Which part of the machine made a run slow? Step times against the machine probes (Note [Machine regimes]).
 
-    python bench/regimes.py RESULTS... [--json OUT]
+    python -m bench report regimes RESULTS... [--json OUT]
 
-RESULTS are training-suite JSONs (bench/train_suite.py --out), speed-suite folders and single bench/workloads/dynamic.py
+RESULTS are training-suite JSONs (bench train --out), speed-suite folders and single bench/workloads/dynamic.py
 JSONs, from runs whose workloads recorded the probes (`gpu_spin_ms`, `launch_ms`, `cpu_ms` in each step; since
 2026-11-30). Every run of a workload draws the same shapes step by step, so step k's time in one run against the
 median of step k over all runs of that workload (every allocator) is how slow the machine, or the allocator, was at
@@ -15,20 +15,17 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-from gmlake.cli import OneLineParser
+from bench.cli import OneLineParser
+from bench.stall_check import load_runs
 
 PROBES = ("gpu_spin_ms", "launch_ms", "cpu_ms")
 
 
 def load(paths: list[Path]) -> list[dict]:
     """Runs with per-step records: {"workload", "allocator", "source", "steps": [{"step_s", probes...}], "warmup"}."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from stall_check import load_runs
-
     runs = []
     for path in paths:
         if path.is_file() and path.suffix == ".json":
@@ -109,17 +106,17 @@ def analyse(runs: list[dict]) -> dict:
     return out
 
 
-def main() -> int:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "bench report regimes") -> int:
+    parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--json", type=Path, help="also write the analysis here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         runs = load(args.results)
     except (OSError, ValueError) as exc:
-        parser.exit(2, f"regimes: {exc}\n")
+        parser.error(f"{exc}")
     if not runs:
-        parser.exit(2, "regimes: no run with per-step times in the results given\n")
+        parser.error("no run with per-step times in the results given")
     result = analyse(runs)
     print(f"{'workload':24} {'allocator':12} {'slowness':>8} " + " ".join(f"{p:>11}" for p in PROBES) + "  source")
     for r in result["runs"]:
@@ -132,7 +129,3 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

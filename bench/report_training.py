@@ -1,6 +1,6 @@
 """Turn the training benchmark's raw results into README's tables (markdown, on stdout) and a PNG.
 
-    python bench/report_training.py [bench/results/train/*.json] [--png docs/training.png]
+    python -m bench report training [bench/results/train/*.json] [--png docs/training.png]
 
 Runs of the same workload and allocator (repeats) are pooled: their memory figures must agree (they are
 deterministic), their step times are averaged and their spread shown. gmlake's driver time per step is estimated
@@ -12,9 +12,8 @@ import json
 import statistics
 from pathlib import Path
 
-from speed_suite import gpu_ms, spread_pct
-
-from gmlake.cli import OneLineParser
+from bench.cli import OneLineParser
+from bench.speed_suite import gpu_ms, spread_pct
 from gmlake.replay import driver_seconds
 
 # "gmlake" and "gmlake-8m" in results of 2026-11-30 10:00 and before ran the paper's design (then the default).
@@ -180,23 +179,23 @@ def plot(rows: dict, workloads: list[str], png: str) -> None:
     fig.savefig(png, dpi=110)
 
 
-def main() -> None:
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "bench report training") -> None:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="*", type=Path,
                         default=sorted((Path(__file__).parent / "results" / "train").glob("*.json")))
     parser.add_argument("--png", default="docs/training.png")
     parser.add_argument("--compact", action="store_true", help="README's short table only (no PNG)")
     parser.add_argument("--speed", action="store_true",
                         help="tokens/s per run, medians against native and expandable, spreads (no PNG)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not args.results:
-        parser.exit(2, "report_training: no result files: run bench/train_suite.py first\n")
+        parser.error("no result files: run bench train first")
     try:
         runs, envs = load(args.results)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        parser.exit(2, f"report_training: not a training-suite result (bench/train_suite.py --out): {exc}\n")
+        parser.error(f"not a training-suite result (bench train --out): {exc}")
     if not runs:
-        parser.exit(2, "report_training: no successful run in the results given\n")
+        parser.error("no successful run in the results given")
     if args.speed:          # per run: needs no pooling, so repeats that reserved differently (FSDP) are fine
         speed(runs, sorted({r["workload"] for r in runs}))
         return
@@ -219,7 +218,3 @@ def main() -> None:
             print(f"| {w} | {g['memory']} | {g['speed']} | {g['max batch']} |")
     plot(rows, workloads, args.png)
     print(f"\n![training benchmark]({args.png})")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """How many runs resolving a speed difference would take, from the runs' own variation (issue 10, "Speed").
 
-    python bench/run_variation.py [RESULTS_DIR] [--gap 0.01 0.02]
+    python -m bench report variation [RESULTS_DIR] [--gap 0.01 0.02]
 
 Reads every results JSON under RESULTS_DIR (default bench/results/train) that lists `runs` (the training suite's,
 the speed suite's summaries, cap-time records), groups the finished runs by file, workload and allocator (one
@@ -14,12 +14,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
-from gmlake.cli import OneLineParser
-
-HERE = Path(__file__).resolve().parent
+from bench import RESULTS
+from bench.cli import OneLineParser
 
 
 def variations(root: Path) -> list[float]:
@@ -45,9 +43,9 @@ def runs_needed(cv: float, gap: float) -> int:
     return math.ceil(round(8 * cv * cv / (gap * gap), 6))      # round: 8 * 0.05**2 / 0.01**2 is 200.00000000000003
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="run_variation.py", description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="?", type=Path, default=HERE / "results" / "train")
+def main(argv: list[str] | None = None, prog: str = "bench report variation") -> int:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="?", type=Path, default=RESULTS / "train")
     parser.add_argument("--gap", type=float, nargs="+", default=[0.01, 0.02])
     args = parser.parse_args(argv)
     if not args.results.is_dir():
@@ -64,7 +62,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runs of each allocator to resolve a {gap:.0%} gap: "
               + ", ".join(f"{runs_needed(cv, gap)} at {cv:.1%}" for cv in quartiles))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

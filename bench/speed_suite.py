@@ -1,6 +1,6 @@
 """The speed suite (issue 10, "never slower than expandable segments"): dynamic-shape training under each allocator.
 
-    python bench/speed_suite.py [--workloads vit bert t5 cnn] [--allocators native expandable gmlake gmlake-paper]
+    python -m bench speed [--workloads vit bert t5 cnn] [--allocators native expandable gmlake gmlake-paper]
                                 [--rounds 2] [--steps 60] [--warmup N] [--deadline SECONDS] [--out DIR]
                                 [--device cuda|cpu] [--size full|small]
 
@@ -25,19 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from train_suite import CANDIDATES, environment
+from bench import RESULTS, child_env
+from bench.cli import OneLineParser
+from bench.train_suite import CANDIDATES, environment
 
-from gmlake.cli import OneLineParser
-
-HERE = Path(__file__).resolve().parent
-WORKLOAD_SCRIPT = HERE / "workloads" / "dynamic.py"
+WORKLOAD_MODULE = "bench.workloads.dynamic"
 WORKLOADS = ("vit", "bert", "t5", "cnn")
 # allocator name -> how a run starts it: PYTORCH_CUDA_ALLOC_CONF for torch's allocator, or `gmlake run` flags
 TORCH_ALLOC_CONF = {"native": "", "expandable": "expandable_segments:True"}
@@ -66,8 +64,8 @@ def run_order(workloads: list[str], allocators: list[str], rounds: int) -> list[
 
 def command(workload: str, allocator: str, args: argparse.Namespace, json_path: Path) -> tuple[list[str], dict]:
     """The command line and environment of one run."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": TORCH_ALLOC_CONF.get(allocator, "")}
-    script = [str(WORKLOAD_SCRIPT), "--workload", workload, "--steps", str(args.steps), "--warmup", str(args.warmup),
+    env = {**child_env(), "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": TORCH_ALLOC_CONF.get(allocator, "")}
+    script = ["-m", WORKLOAD_MODULE, "--workload", workload, "--steps", str(args.steps), "--warmup", str(args.warmup),
               "--seed", str(args.seed), "--device", args.device, "--size", args.size, "--json", str(json_path)]
     if allocator in GMLAKE_RUN_FLAGS:
         return [sys.executable, "-m", "gmlake", "run", *GMLAKE_RUN_FLAGS[allocator], *script], env
@@ -205,8 +203,8 @@ def write_summary(path: Path, record: dict) -> None:
     path.write_text(json.dumps(slim, indent=1) + "\n")
 
 
-def main() -> None:
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "bench speed") -> None:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(DEFAULT_ALLOCATORS))
     parser.add_argument("--rounds", type=int, default=2, help="each round runs every allocator once per workload")
@@ -219,8 +217,8 @@ def main() -> None:
                         help="seconds from the start: start no run that would likely end after it, and stop one "
                              "still running at it (0: none)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
-    parser.add_argument("--out", default=str(HERE / "results" / "train" / "speed"))
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(RESULTS / "train" / "speed"))
+    args = parser.parse_args(argv)
     started = time.perf_counter()
     args.warmup = args.steps // 4 if args.warmup is None else args.warmup
     if args.rounds < 1 or args.steps < 1 or not 0 <= args.warmup < args.steps:
@@ -271,7 +269,3 @@ def main() -> None:
     write_summary(out / "summary.json", record)
     print(f"\nsuite: {len(record['runs'])} runs in {record['suite_wall_s']:.0f} s; results in {out}")
     print(format_table(record["rows"], args.warmup, args.steps))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """The stall model against the GPU (issue 10): does priced driver time x the stall factor predict the training time
 an allocator loses to its driver calls?
 
-    python bench/stall_check.py RESULTS... [--traces DIR] [--tolerance 0.3] [--json OUT]
+    python -m bench report stall RESULTS... [--traces DIR] [--tolerance 0.3] [--json OUT]
 
 RESULTS are speed-suite folders (bench/results/train/speed-*: summary.json with runs.tar.gz or runs/) and single
 run JSONs of bench/workloads/dynamic.py (e.g. bench/results/train/stall-2026-11-30/vit-paper.json). For every gmlake
@@ -14,7 +14,7 @@ natives of every source given (the baseline column says which). A suite run whos
 workload gets no verdict. A prediction is judged only where it exceeds its baseline's own run-to-run spread (else
 the GPU cannot resolve it); exit status 1 if a judged one misses by more than the tolerance, 2 on bad input.
 
-With --traces DIR (as scripts/gpu-stall-data.sh writes it: WORKLOAD-native.pickle.gz, a trace captured under native,
+With --traces DIR (WORKLOAD-native.pickle.gz or .gmtrace, a trace captured under native by `gmlake capture`,
 and WORKLOAD-capture.json, that run's summary with each step's `allocations_before`), the priced time comes from
 replaying the trace through the run's policy instead, from the first request of the first step after warm-up to
 the end: the prediction a researcher gets on a CPU.
@@ -30,7 +30,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from gmlake.cli import OneLineParser
+from bench.cli import OneLineParser
 from gmlake.replay import driver_costs, driver_seconds, run_requests
 from gmlake.trace import ALLOC, load
 
@@ -72,9 +72,11 @@ def baseline(run: dict, runs: list[dict]) -> tuple[list[float], str]:
 def replayed_after_warmup(traces: Path, workload: str, policy: str, warmup: int, costs: dict) -> float | None:
     """Priced driver time of `policy` on the captured trace of `workload`, for the steps after `warmup` alone; None
     where no trace with step markers is there."""
-    trace_path, capture = traces / f"{workload}-native.pickle.gz", traces / f"{workload}-capture.json"
-    if not trace_path.exists() or not capture.exists():
+    capture = traces / f"{workload}-capture.json"
+    found = [p for p in (traces / f"{workload}-native.pickle.gz", traces / f"{workload}-native.gmtrace") if p.exists()]
+    if not found or not capture.exists():
         return None
+    trace_path = found[0]
     steps = json.loads(capture.read_text())["per_step"]
     allocations = steps[warmup].get("allocations_before") if warmup < len(steps) else None
     if allocations is None:
@@ -125,8 +127,8 @@ def check(runs: list[dict], tolerance: float, costs: dict | None = None, traces:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "bench report stall") -> int:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--traces", type=Path, help="price by replaying the traces in this folder")
     parser.add_argument("--tolerance", type=float, default=0.3)
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             raise FileNotFoundError(f"no such traces folder: {args.traces}")
         rows = check(load_runs(args.results), args.tolerance, traces=args.traces)
     except (OSError, ValueError, KeyError) as err:
-        print(f"stall_check: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 2
     factor = driver_costs()["stall_factor"]
     print(f"stall factor {factor}; loss = time after warm-up - the median of native's runs in the same source (a "
@@ -164,7 +166,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 1 if any(r["ok"] is False for r in rows) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

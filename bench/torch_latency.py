@@ -1,6 +1,6 @@
 """torch.empty + del latency under gmlake against PyTorch's native caching allocator, in one run.
 
-    python bench/torch_latency.py [--rounds N] [--iterations N] [--repeats N] [--goal RATIO] [--out FILE]
+    python -m bench latency [--rounds N] [--iterations N] [--repeats N] [--goal RATIO] [--out FILE]
 
 Each allocator runs in its own process (the allocator is chosen before CUDA starts); sizes cover the small pool,
 a large block and a block that gmlake serves from a cached stitched block. Rounds alternate the order (native,
@@ -24,7 +24,8 @@ import statistics
 import subprocess
 import sys
 
-from gmlake.cli import OneLineParser
+from bench import child_env
+from bench.cli import OneLineParser
 
 SIZES = {"4KiB": 4096, "1MiB": 1 << 20, "64MiB": 64 << 20}
 ALLOCATORS = ("native", "gmlake")
@@ -101,8 +102,8 @@ def inner(iterations: int, repeats: int, cpu: int) -> dict:
     return out
 
 
-def main() -> None:
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "bench latency") -> None:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=20_000, help="requests per timed loop (default 20,000)")
     parser.add_argument("--repeats", type=int, default=20, help="timed loops per size; the best counts (default 20)")
     parser.add_argument("--goal", type=float, default=1.1, help="the gmlake / native ratio to judge (default 1.1)")
@@ -110,7 +111,7 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--cpu", type=int, default=-1, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.iterations < 1 or args.rounds < 1 or args.repeats < 1:
         parser.error("--iterations, --repeats and --rounds must be at least 1")
     if not (math.isfinite(args.goal) and args.goal > 0):
@@ -124,13 +125,15 @@ def main() -> None:
         parser.error("needs torch (it times torch's allocators)")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (it times torch's allocators on one)")
-    commands = {"native": [sys.executable, __file__], "gmlake": [sys.executable, "-m", "gmlake", "run", __file__]}
+    # Each run a process of its own, started as `python -m bench latency --inner` (under `gmlake run` for gmlake).
+    inner_run = ["-m", "bench", "latency"]
+    commands = {"native": [sys.executable, *inner_run], "gmlake": [sys.executable, "-m", "gmlake", "run", *inner_run]}
     cpu = max(os.sched_getaffinity(0))    # every run on the same CPU: a move between cores is noise, not allocator
     runs = []
     for name in run_order(args.rounds):
         proc = subprocess.run(commands[name] + ["--inner", "--iterations", str(args.iterations), "--repeats",
                                                 str(args.repeats), "--cpu", str(cpu)],
-                              capture_output=True, text=True, check=False, env=os.environ.copy())
+                              capture_output=True, text=True, check=False, env=child_env())
         if proc.returncode != 0:        # not the command line's fault: one line, exit 1
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             sys.exit(f"{parser.prog}: the {name} run failed (exit {proc.returncode}): {last}")
@@ -150,7 +153,3 @@ def main() -> None:
             f.write(text + "\n")
     print(text)
     print("\n".join(verdict_lines(summary, args.goal)))
-
-
-if __name__ == "__main__":
-    main()

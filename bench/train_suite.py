@@ -1,6 +1,6 @@
 """The real training benchmark: each workload under the native allocator, expandable segments and gmlake.
 
-    python bench/train_suite.py [--workloads NAME ...] [--allocators NAME ...] [--steps 24] [--cap-gib 24]
+    python -m bench train [--workloads NAME ...] [--allocators NAME ...] [--steps 24] [--cap-gib 24]
                                 [--gpus 0] [--out bench/results/train.json]
 
 One process per (workload, allocator): a training phase with shapes drawn per step (peak allocated, peak reserved,
@@ -8,7 +8,7 @@ utilization, median step time, tokens/s), then a bisection for the largest batch
 FSDP workload runs under torchrun on two GPUs. Its batch search cannot run inside the job (a rank that runs out of
 memory mid-step leaves the other waiting in a collective), so with --fsdp-batch-search each probe is a job of its
 own, which torchrun ends when a rank fails (about 30 s a probe). Results carry the GPU, driver, torch and gmlake
-versions, the date and each command; `bench/report_training.py` turns them into README's table and a PNG.
+versions, the date and each command; `bench report training` turns them into README's table and a PNG.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gmlake.cli import OneLineParser
+from bench import RESULTS, ROOT, child_env
+from bench.cli import OneLineParser
 
-HERE = Path(__file__).resolve().parent
 WORKLOADS = {
     f"{model}-{name}": ["--model", hf, *flags]
     for model, hf in (("opt1.3b", "opt-1.3b"), ("gpt2xl", "gpt2-xl"))
@@ -32,9 +32,9 @@ WORKLOADS = {
 }
 FSDP_WORKLOADS = {"opt1.3b-fsdp-lora-ckpt": ["--model", "opt-1.3b"]}      # LoRA + recomputation, always
 # Candidates for the default (`gmlake run` flags), each with the measurement that made it one (docs/training.md,
-# session 7); bench/speed_suite.py offers them too.
+# session 7); bench speed offers them too.
 CANDIDATES = {
-    # bench/vmm_kernels.py copied 1.2-4.7 % slower on 20 MiB handles than on cudaMalloc memory, and as fast on 64 MiB;
+    # bench kernels copied 1.2-4.7 % slower on 20 MiB handles than on cudaMalloc memory, and as fast on 64 MiB;
     "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
     # the default before 2026-11-30 20:30: blocks stay on their stream (FSDP: 8.21 GiB a rank, shared 7.14-7.29).
     "gmlake-perstream": ["--policy", "gmlake[cross_stream=false]"],
@@ -57,12 +57,12 @@ ALLOCATORS = {
     **CANDIDATES,                                           # for the default: larger pages; blocks kept per stream
 }
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake")
-MIN_BATCH, MAX_BATCH = 2, 8         # the default batch range of a single-GPU run (bench/cap_search.py's probes too)
+MIN_BATCH, MAX_BATCH = 2, 8         # the default batch range of a single-GPU run (bench cap search's probes too)
 
 
 def command(workload: str, allocator: str, args, out: str, probe: int | None = None) -> tuple[list[str], dict]:
     """The command line and environment of one run, or of one FSDP batch-search probe of `probe` samples."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "",
+    env = {**child_env(), "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "",
            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     if args.gpus:
         env["CUDA_VISIBLE_DEVICES"] = args.gpus
@@ -73,10 +73,10 @@ def command(workload: str, allocator: str, args, out: str, probe: int | None = N
                   "--max-seq", "1024", "--cap-gib", str(args.cap_gib), "--json", out]
     if workload in FSDP_WORKLOADS:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-        script = [str(HERE / "workloads" / "fsdp_train.py"), *FSDP_WORKLOADS[workload], *common]
+        script = ["-m", "bench.workloads.fsdp_train", *FSDP_WORKLOADS[workload], *common]
     else:
         launcher = [sys.executable]
-        script = [str(HERE / "workloads" / "train_hf.py"), *WORKLOADS[workload], *common]
+        script = ["-m", "bench.workloads.train_hf", *WORKLOADS[workload], *common]
         if args.cap_gib:
             script += ["--max-batch-search", "--cap-gib", str(args.cap_gib)]
     how = ALLOCATORS[allocator]
@@ -115,16 +115,23 @@ def source_digest() -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    for path in sorted((HERE.parent / "gmlake").rglob("*")):
+    for path in sorted((ROOT / "gmlake").rglob("*")):
         if path.suffix in (".py", ".pyx", ".pxd", ".h") and path.is_file():
-            digest.update(path.relative_to(HERE.parent).as_posix().encode() + b"\0" + path.read_bytes())
+            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
 def environment() -> dict:
-    import torch
+    """The machine and versions a result was measured with (torch None where it is not installed)."""
+    import importlib.util
 
     import gmlake
+
+    torch_version = None
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch_version = torch.__version__
 
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -132,14 +139,14 @@ def environment() -> dict:
     except FileNotFoundError:
         smi = []
     gpu, driver = (smi[0].split(", ") + ["?"])[:2] if smi else ("?", "?")
-    return {"gpu": gpu, "nvidia_driver": driver, "torch": torch.__version__, "gmlake": gmlake.__version__,
+    return {"gpu": gpu, "nvidia_driver": driver, "torch": torch_version, "gmlake": gmlake.__version__,
             "gmlake_source_sha256": source_digest(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(sys.argv)}
 
 
-def main() -> None:
-    parser = OneLineParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "bench train") -> None:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=[*WORKLOADS, *FSDP_WORKLOADS],
                         choices=[*WORKLOADS, *FSDP_WORKLOADS])
     parser.add_argument("--allocators", nargs="*", default=list(DEFAULT_ALLOCATORS), choices=list(ALLOCATORS))
@@ -157,8 +164,8 @@ def main() -> None:
                              "speed falls on every allocator alike (the report pools repeats)")
     parser.add_argument("--gpus", help="CUDA_VISIBLE_DEVICES for the runs (to run two suites side by side)")
     parser.add_argument("--timeout", type=int, default=900)
-    parser.add_argument("--out", default=str(HERE / "results" / "train.json"))
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(RESULTS / "train.json"))
+    args = parser.parse_args(argv)
     pairs = [(w, a) for w in args.workloads for a in args.allocators]
     if args.runs:
         pairs = [tuple(r.split(":", 1)) for r in args.runs]
@@ -196,7 +203,3 @@ def main() -> None:
         record["runs"].append(run)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")   # after every run: a timeout loses one
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Do kernels run slower on VMM-mapped memory than on cudaMalloc's?
 
-    python bench/vmm_kernels.py [--gib 4] [--rounds 3] [--out FILE]
+    python -m bench kernels [--gib 4] [--rounds 3] [--out FILE]
 
 Issue 10: on the T5 workload both VMM allocators (expandable segments and gmlake) took ~4 % more time than native
 with no driver call after warm-up, so the cause may be the memory itself (page size, TLB reach) rather than the
@@ -16,10 +16,9 @@ import dataclasses
 import datetime
 import json
 import statistics
-import sys
 from pathlib import Path
 
-from gmlake.cli import OneLineParser
+from bench.cli import OneLineParser
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -86,15 +85,15 @@ def time_kernels(torch, buf, iterations: int) -> dict:
     return out
 
 
-def main() -> None:
-    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "bench kernels") -> None:
+    parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=int, default=4, help="buffer size in GiB (default 4)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over every source (default 3)")
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations per kernel (default 20)")
     parser.add_argument("--handles", type=int, nargs="+", default=[20, 2], metavar="MIB",
                         help="handle sizes in MiB to map the VMM buffers with (default 20 2), each a multiple of 2")
     parser.add_argument("--out", type=Path, help="write the results here as JSON")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.gib < 1 or args.rounds < 1 or args.iterations < 1:
         parser.error("--gib, --rounds and --iterations must be at least 1")
     if any(h < 2 or h % 2 or h * MiB > args.gib * GiB for h in args.handles):
@@ -102,9 +101,9 @@ def main() -> None:
     try:
         import torch
     except ImportError:
-        parser.exit(2, "vmm_kernels: needs torch with CUDA\n")
+        parser.error("needs torch with CUDA")
     if not torch.cuda.is_available():
-        parser.exit(2, "vmm_kernels: no CUDA device\n")
+        parser.error("no CUDA device")
     import gmlake
 
     torch.zeros(1, device="cuda")               # torch's context is the primary context gmlake's driver retains
@@ -141,7 +140,3 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ Drivers: SimDriver (bookkeeping, any size), HostDriver (real bytes on the CPU), 
 """
 from __future__ import annotations
 
-from gmlake._allocator import CALL_NAMES, Allocator, bench_cache_hits
+from gmlake._allocator import CALL_NAMES, Allocator
 from gmlake._driver import Driver
 from gmlake._host_driver import HostDriver
 from gmlake._sim_driver import SimDriver
@@ -60,7 +60,6 @@ __all__ = [
     "Policy",
     "PolicyError",
     "SimDriver",
-    "bench_cache_hits",
     "cuda_available",
     "cuda_driver",
 ]

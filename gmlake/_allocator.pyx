@@ -60,7 +60,7 @@ cdef extern from "Python.h" nogil:
     PyThreadState* PyEval_SaveThread()
     void PyEval_RestoreThread(PyThreadState*)
 
-from gmlake._clock cimport timespec, clock_gettime, CLOCK_REALTIME, monotonic_ns
+from gmlake._clock cimport timespec, clock_gettime, CLOCK_REALTIME
 
 SIZE_CLASS_NAMES = ("small", "large")
 # Each Policy hook and the Seams method (SeamBit) that decides it in Cython.
@@ -1099,21 +1099,3 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
         return 0
     self._debug_check()
     return b.addr
-
-
-def bench_cache_hits(Allocator alloc, size_t size, size_t iterations, int64_t stream=0) -> float:
-    """Nanoseconds per malloc+free pair of a cached block, timed inside the Cython core (no Python per call)."""
-    cdef double t0, t1
-    cdef size_t i
-    cdef uintptr_t p
-    p = alloc.malloc(size, stream)
-    alloc.free(p)
-    with nogil:
-        t0 = monotonic_ns()
-        for i in range(iterations):
-            p = alloc.malloc_nogil(size, stream, NULL)
-            alloc.free_nogil(p)
-        t1 = monotonic_ns()
-    if p == 0:
-        raise RuntimeError("allocation failed during the benchmark")
-    return (t1 - t0) / iterations

@@ -1,7 +1,9 @@
 # cython: language_level=3, annotation_typing=False
-"""Timing of single driver calls, in nogil loops, for the micro benchmark and the replay cost table."""
+"""Timing in nogil loops for the micro benchmark (bench micro) and the replay cost table it measures: the core's
+cache hits and single driver calls. Not part of gmlake's API."""
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp.vector cimport vector
+from gmlake._allocator cimport Allocator
 from gmlake._driver cimport Driver, DRIVER_OK, EVENT_DONE
 
 from gmlake._clock cimport monotonic_ns
@@ -162,3 +164,21 @@ def time_stream_calls(Driver driver not None, int64_t stream, size_t iterations)
     return {"capture_query": t_capture / iterations, "event_record": t_record / iterations,
             "event_query": t_query / iterations, "event_rerecord": t_rerecord / iterations,
             "event_destroy": t_destroy / iterations, "iterations": iterations}
+
+
+def time_cache_hits(Allocator alloc, size_t size, size_t iterations, int64_t stream=0) -> float:
+    """Nanoseconds per malloc+free pair of a cached block, timed inside the Cython core (no Python per call)."""
+    cdef double t0, t1
+    cdef size_t i
+    cdef uintptr_t p
+    p = alloc.malloc(size, stream)
+    alloc.free(p)
+    with nogil:
+        t0 = monotonic_ns()
+        for i in range(iterations):
+            p = alloc.malloc_nogil(size, stream, NULL)
+            alloc.free_nogil(p)
+        t1 = monotonic_ns()
+    if p == 0:
+        raise RuntimeError("allocation failed during the benchmark")
+    return (t1 - t0) / iterations

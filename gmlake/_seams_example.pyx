@@ -31,19 +31,6 @@ cdef class WorstFitSeams(Seams):
         b[0] = anyb if own == NULL or (anyb != NULL and anyb.size > own.size) else own
 
 
-cdef class KeepDefaultPlacement(Seams):
-    """Placement that keeps the built-in's choice: measures what calling a Cython seam costs (bench/micro.py)."""
-
-    cdef readonly size_t calls
-
-    def __cinit__(self):
-        self.overridden = SEAM_PLACE
-
-    cdef void place(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream, Block** b,
-                    SBlock** sb) noexcept nogil:
-        self.calls += 1
-
-
 cdef class StitchOnlyFreeMemory(ChunkGrowth):
     """The paper's chunks, but a stitch only where free pieces cover the whole request: a shortfall is never worth
     new chunks, so a request that free memory cannot cover grows whole (one segment) instead of stitching."""

@@ -1,5 +1,5 @@
 """The smallest cap a run fits under, found by bisection: the search itself (pure, so tests drive it with a fake
-oracle; bench/cap_search.py drives it with GPU processes) and replay's answer for a trace (`smallest_cap`).
+oracle; bench cap search drives it with GPU processes) and replay's answer for a trace (`smallest_cap`).
 
 Why a cap and not peak reserved: peak reserved is what an allocator keeps when nothing presses it. Under a cap it
 can release cached memory and retry, so what a job fits into is the smallest cap it completes under.
@@ -86,9 +86,9 @@ def smallest_cap(trace, policy, resolution: float = 0.002, event_lag: int = 0) -
     """The smallest memory cap under which replaying `trace` through `policy` serves every request, to a relative
     `resolution`: (smallest cap that fit, largest that failed, every cap probed), in bytes. The cap is replayed as
     torch.cuda.set_per_process_memory_fraction sets one (the allocator's limit), on the trace's device: what the
-    GPU cap search (bench/cap_search.py) measures. (Until 2026-11-30 it bisected the simulated device's size, which
-    PyTorch's expandable segments answer differently: Note [Releasing before the cap binds].) The bounds need no
-    probe: the policy's own uncapped peak reserved fits, and one byte below its peak allocated cannot."""
+    GPU cap search (`python -m bench cap search`) measures. A cap is not a smaller device: PyTorch's expandable
+    segments answer the two differently (Note [Releasing before the cap binds]). The bounds need no probe: the
+    policy's own uncapped peak reserved fits, and one byte below its peak allocated cannot."""
     from gmlake.replay import replay
 
     uncapped = replay(trace, policy, samples=0, event_lag=event_lag)
@@ -102,17 +102,3 @@ def smallest_cap(trace, policy, resolution: float = 0.002, event_lag: int = 0) -
     floor = (uncapped.peak_allocated - 1) / reserved
     result, probed = drive(bisect_fraction(floor, 1.0, resolution, floor=floor), fits)
     return size(result.smallest_fit), size(result.largest_fail), [size(f) for f in probed]
-
-
-def refine_cap(trace, policy, failed: int, fit: int, resolution: float = 1e-4, event_lag: int = 0) -> tuple[int, int]:
-    """A bracket of `smallest_cap` (a cap in bytes that fails, one that fits) narrowed by replay to a relative
-    `resolution`: (smallest cap that fit, largest that failed). A few replays where a whole search from the floor
-    would take a dozen: what bench/cap_search.py uses to place a probe between two allocators' thresholds."""
-    from gmlake.replay import replay
-
-    fits = lambda cap: replay(trace, policy, cap=math.ceil(cap), samples=0, event_lag=event_lag).ooms == 0
-    result, _ = drive(bisect_fraction(failed, fit, resolution, floor=failed), fits)
-    return math.ceil(result.smallest_fit), math.ceil(result.largest_fail)
-
-
-smallest_device = smallest_cap    # its name until 2026-11-30, when it still bisected a device's size

@@ -27,7 +27,6 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
 from gmlake import __version__, policies
 from gmlake.knobs import parse_size
@@ -45,15 +44,6 @@ _INSTALLED = ", ".join(sorted(policies.installed()))
 
 class UsageError(Exception):
     """Bad input: reported as one line, exit status 2."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line on stderr, `PROG: message`, and exit status 2, not argparse's usage block:
-    for scripts built on gmlake (bench/'s all use it), so that a bad input reads as clearly as in `gmlake` itself."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -176,10 +166,13 @@ def _output_dir(path: str, flag: str) -> Path:
     return out
 
 
-def _console():
+def _console(piped_width: int = 240, wide: bool = False):
+    """The console tables print to: the terminal's width (or room for every column, `wide`); piped, `piped_width`."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 240)   # piped: wide enough for compare's 15 columns
+    if wide:
+        return Console(width=1000)
+    return Console() if sys.stdout.isatty() else Console(width=piped_width)
 
 
 def _write_atomically(files: dict[Path, Callable[[Path], object]]) -> None:
@@ -228,7 +221,7 @@ def cmd_replay(args) -> int:
     else:
         from gmlake.compare import table
 
-        _console().print(table(results, [trace]))
+        _console(120, args.wide).print(table(results, [trace], wide=args.wide))
     return EXIT_OUT_OF_MEMORY if any(r.failed for r in results) else EXIT_OK
 
 
@@ -336,8 +329,8 @@ def cmd_compare(args) -> int:
     results = compare.run(traces, chosen, progress=sys.stderr.isatty(), device_memory=args.device_memory,
                           event_lag=args.event_lag, cap=args.cap or 0)
     _note_unsized(traces, args.device_memory)
-    console = _console()
-    console.print(compare.table(results, traces))
+    console = _console(120, args.wide)
+    console.print(compare.table(results, traces, wide=args.wide))
     out.mkdir(parents=True, exist_ok=True)
     png, jsonl = out / "compare.png", out / "compare.jsonl"
     lines = "".join(json.dumps(r.summary()) + "\n" for r in results)
@@ -526,6 +519,7 @@ _DEVICE_HELP = "which device's trace, if the snapshot has several"
 _DEVICE_MEMORY_HELP = ("simulated device size: bytes or with a unit, e.g. 80GiB (default: the captured device's, "
                        f"or {MAX_DEVICE_MEMORY >> 40} TiB where the trace records none; at most "
                        f"{MAX_DEVICE_MEMORY >> 40} TiB)")
+_WIDE_HELP = "every column of the table (fragmentation, driver calls, time lost, replay speed), however wide"
 _JSON_HELP = "one JSON object per line, one per policy"
 _CAP_HELP = ("replay under this memory cap, as torch.cuda.set_per_process_memory_fraction or GMLAKE_LIMIT set one "
              "(bytes or with a unit, e.g. 7.9GiB), on the modelled device")
@@ -560,8 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help=_JSON_HELP)
         _add_device_options(p)
         if name == "replay":
-            # --smallest-device: its name until 2026-11-30, when it still bisected a device's size
-            p.add_argument("--smallest-cap", "--smallest-device", dest="smallest_cap", action="store_true",
+            p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
+            p.add_argument("--smallest-cap", dest="smallest_cap", action="store_true",
                            help="instead: bisect, by replay, for the smallest memory cap each policy serves "
                                 "every request under (torch.cuda.set_per_process_memory_fraction's cap, on the "
                                 "trace's device: what a job fits into)")
@@ -572,6 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action="append", metavar="POLICY", help=_POLICY_HELP)
     p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
     _add_device_options(p)
+    p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
     p.add_argument("--out", default="gmlake-compare", metavar="DIR",
                    help="folder for compare.png and compare.jsonl, created if missing (default: gmlake-compare)")
     p.set_defaults(func=cmd_compare)

@@ -70,15 +70,55 @@ def cap_words(caps: Iterable[int]) -> str:
     return " under memory caps of " + ", ".join(f"{c / GiB:.3f}" if c else "none" for c in distinct) + " GiB"
 
 
-def table(results: list[ReplayResult], traces: list[Trace]):
+# The table's columns: (header, the cell of a result). DEFAULT_COLUMNS fit a 120-column terminal; `--wide` shows
+# them all. The trace and policy columns fold long names onto more lines rather than widen the table.
+NAMES = ("trace", "policy")
+DEFAULT_COLUMNS = ("trace", "policy", "captured", "reserved", "allocated", "alloc/res", "stitches", "driver s")
+
+
+def _cells(r: ReplayResult, meta: dict) -> dict:
+    from rich.text import Text  # names come from untrusted traces: plain text, never rich markup
+
+    s = r.summary()
+    captured = meta.get("max_memory_reserved")
+    return {
+        "trace": Text(r.trace),
+        "captured": f"{captured / GiB:.3f}" if captured else "-",
+        "real reserved (under)": Text(f"{captured / GiB:.3f} ({meta.get('allocator', '?')})" if captured else "-"),
+        "policy": Text(r.policy),
+        "OOMs": f"[red]{r.ooms}[/red]" if r.failed else "0",
+        "allocated": f"{r.peak_allocated / GiB:.3f}",
+        "reserved": f"{r.peak_reserved / GiB:.3f}",
+        "alloc/res": "[red]failed[/red]" if r.failed else f"{r.utilization:.4f}",
+        "req/res": "-" if r.failed else f"{r.requested_utilization:.4f}",
+        "int frag MiB": f"{r.internal_fragmentation / (1 << 20):.1f}",
+        "ext@peak": f"{r.external_fragmentation / GiB:.3f}",
+        "ext@growth": f"{r.external_fragmentation_at_growth / GiB:.3f}",
+        "stitches": str(s["stitches"]),
+        "driver calls": str(s["driver_calls"]),
+        "driver s": f"{r.driver_seconds:.3f}",
+        "time lost s": f"{r.step_time_lost:.3f}",
+        "Mevents/s": f"{r.events / r.seconds / 1e6:.1f}" if r.seconds else "-",
+    }
+
+
+WIDE_COLUMNS = ("trace", "real reserved (under)", "policy", "OOMs", "allocated", "reserved", "alloc/res", "req/res",
+                "int frag MiB", "ext@peak", "ext@growth", "stitches", "driver calls", "driver s", "time lost s",
+                "Mevents/s")
+
+
+def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False):
     """A rich Table of the results, with each trace's real peak where the trace records it, and the memory cap in
     the title where replays had one. A failed replay (some requests out of memory) shows its out-of-memory count in
-    red, no utilization, and a caption says so."""
+    red, no utilization, and a caption says so. By default the columns that fit a 120-column terminal (peaks in GiB,
+    utilization, stitches, priced driver time); `wide`: every column, fragmentation and the stall model included."""
     from rich.table import Table
-    from rich.text import Text  # names come from untrusted traces: plain text, never rich markup
 
     real = {t.name: t.meta for t in traces}
     failed = [r for r in results if r.failed]
+    columns = list(WIDE_COLUMNS if wide else DEFAULT_COLUMNS)
+    if failed and "OOMs" not in columns:
+        columns.insert(columns.index("policy") + 1, "OOMs")
     caption = None
     if failed:
         # Under a cap the cap binds first, unless it is at or above the modelled device's memory.
@@ -86,46 +126,29 @@ def table(results: list[ReplayResult], traces: list[Trace]):
                  else "the modelled device's memory")
         caption = (f"[red]FAILED: {len(failed)} of {len(results)} replays ran out of {where} "
                    f"(requests OOM); their peaks cover only the requests served[/red]")
-    if caption is None:
+    elif wide:
         caption = ("alloc/res: peak allocated / peak reserved; req/res: peak requested / peak reserved; int frag: "
-                   "allocated - requested (MiB) and ext@peak: reserved - allocated, when reserved first peaked; ext@growth: "
-                   "reserved - allocated after the request that brought reserved within 1 % of its peak (the moment "
-                   "`gmlake explain` explains)")
-    t = Table(title=f"replay on the sim driver{cap_words(r.cap for r in results)} (peaks in GiB; driver time at "
-                    "H200 micro-benchmark prices, which calls made inside training took a median "
-                    f"{driver_costs()['in_training_factor']}x of (bench/price_check.py); time lost: driver time x the stall factor fitted there, "
-                    f"{driver_costs()['stall_factor']}, a rough estimate: the loss per driver second ranged 0.85-2.5x "
-                    "over six GPU runs)", caption=caption)
+                   "allocated - requested (MiB) and ext@peak: reserved - allocated, when reserved first peaked; "
+                   "ext@growth: reserved - allocated after the request that brought reserved within 1 % of its peak "
+                   "(the moment `gmlake explain` explains); time lost: driver time x the stall factor "
+                   f"{driver_costs()['stall_factor']}, a rough estimate (the loss per driver second ranged 0.85-2.5x "
+                   "over six GPU runs)")
+    else:
+        caption = ("captured: the traced run's own peak reserved; alloc/res: peak allocated / peak reserved "
+                   "(utilization); --wide: fragmentation, driver calls, time lost, replay speed; --json: every figure")
+    t = Table(title=f"replay on the sim driver{cap_words(r.cap for r in results)} (GiB; driver time at H200 "
+                    "micro-benchmark prices, which calls made inside training took a median "
+                    f"{driver_costs()['in_training_factor']}x of)", caption=caption)
+    name_width = 28 if wide else 16 if failed else 20     # what keeps the default columns within 120
     widest = {"trace": max((len(r.trace) for r in results), default=5),
               "policy": max((len(r.policy) for r in results), default=6)}
-    for col in ("trace", "real reserved (under)", "policy", "OOMs", "allocated", "reserved", "alloc/res", "req/res",
-                "int frag MiB", "ext@peak", "ext@growth", "stitches", "driver calls", "driver s", "time lost s",
-                "Mevents/s"):
-        # Names and labels (which carry knobs) fold onto more lines, up to a width, rather than get cut off.
-        t.add_column(col, justify="left" if col in widest else "right", overflow="fold" if col in widest else "ellipsis",
-                     min_width=min(widest.get(col, 0), 28) or None)
+    for col in columns:
+        t.add_column(col, justify="left" if col in NAMES else "right",
+                     overflow="fold" if col in NAMES else "ellipsis",
+                     min_width=min(widest.get(col, 0), name_width) or None)
     for r in results:
-        meta = real.get(r.trace, {})
-        s = r.summary()
-        t.add_row(
-            Text(r.trace),
-            Text(f"{meta['max_memory_reserved'] / GiB:.3f} ({meta.get('allocator', '?')})"
-                 if meta.get("max_memory_reserved") else "-"),
-            Text(r.policy),
-            f"[red]{r.ooms}[/red]" if r.failed else "0",
-            f"{r.peak_allocated / GiB:.3f}",
-            f"{r.peak_reserved / GiB:.3f}",
-            "[red]failed[/red]" if r.failed else f"{r.utilization:.4f}",
-            "-" if r.failed else f"{r.requested_utilization:.4f}",
-            f"{r.internal_fragmentation / (1 << 20):.1f}",
-            f"{r.external_fragmentation / GiB:.3f}",
-            f"{r.external_fragmentation_at_growth / GiB:.3f}",
-            str(s["stitches"]),
-            str(s["driver_calls"]),
-            f"{r.driver_seconds:.3f}",
-            f"{r.step_time_lost:.3f}",
-            f"{r.events / r.seconds / 1e6:.1f}" if r.seconds else "-",
-        )
+        cells = _cells(r, real.get(r.trace, {}))
+        t.add_row(*(cells[col] for col in columns))
     return t
 
 

@@ -19,7 +19,7 @@ GRANULARITY = 2 << 20
 
 
 def driver_costs() -> dict:
-    """The per-call cost table measured on an H200 by bench/micro.py (µs)."""
+    """The per-call cost table measured on an H200 by bench micro (µs)."""
     return json.loads(resources.files("gmlake").joinpath("data/driver_costs_h200.json").read_text())
 
 
@@ -36,7 +36,7 @@ def step_time_lost(stats: dict, costs: dict | None = None) -> float:
     stall factor. Note [the stall]: a driver call blocks the CPU thread that feeds the GPU, whose queue drains
     meanwhile, so a run can lose more than the calls' own time. Measured after warm-up on an H200, the loss per
     priced second ranged 0.85-2.5x over six runs of the paper policy (by workload and run); the factor is their
-    geometric mean, and predicts 4 of the 6 within +-30 % (docs/training.md, "The stall model")."""
+    geometric mean, and predicts 4 of the 6 within +-30 % (docs/benchmarks.md, "Speed")."""
     costs = costs or driver_costs()
     return driver_seconds(stats, costs) * costs["stall_factor"]
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Two revisions of gmlake side by side on one GPU machine, in one device-tool call (about 4 minutes): builds each in
-# its own git worktree (in parallel), then alternates them on the same host, so that the machine's drift falls on
-# both: the core's cache hits (bench/micro.py's cache_hits, A B B A ...) and torch.empty + del through torch
-# (bench/torch_latency.py's timed loop, pinned to one CPU: native, A, B, then B, A, native, ...).
+# Did a change make the core faster? Two revisions of gmlake side by side on one GPU machine (about 4 minutes):
+# builds each in its own git worktree (in parallel), then alternates them on the same host, so that the machine's
+# drift falls on both: the core's cache hits (`python -m bench micro --cache-hits`, A B B A ...) and torch.empty +
+# del through torch (`bench latency`'s timed loop, pinned to one CPU: native, A, B, then B, A, native, ...).
 #   ROUNDS=3 scripts/gpu-ab.sh REV_A REV_B
-# A revision of "." is the working tree as it is (tracked and untracked files git does not ignore): the device tool
-# sends the working tree with a .git as of the session's start, so a change made since is "." there, not HEAD.
+# A revision of "." is the working tree as it is (tracked and untracked files git does not ignore), for a change
+# not yet committed. Each side is timed by its own revision's code; the latency loop is this checkout's.
 # DRIVER=sim LATENCY=0 runs the same on a machine without a GPU (the sim driver's cache hits only).
 # Results in $OUT: ab.json (every run), ab.txt (medians and B / A), build-{A,B}.log, machine.txt.
 set -uo pipefail
@@ -19,7 +19,8 @@ ROOT=$PWD
 mkdir -p "$OUT"
 START=$SECONDS
 declare -A TREE=([A]=/tmp/gmlake-ab-A [B]=/tmp/gmlake-ab-B)
-trap 'for t in "${TREE[@]}"; do git worktree remove --force "$t" 2>/dev/null || rm -rf "$t"; done' EXIT
+SCRATCH=$(mktemp -d)     # the latency runs start here: neither tree's folders shadow the modules they import
+trap 'for t in "${TREE[@]}"; do git worktree remove --force "$t" 2>/dev/null || rm -rf "$t"; done; rm -rf "$SCRATCH"' EXIT
 for side in A B; do
   rev=$([ $side = A ] && echo "$1" || echo "$2")
   [ "$rev" = . ] || git rev-parse --verify -q "$rev^{commit}" >/dev/null \
@@ -47,18 +48,20 @@ done
 echo "built in $((SECONDS - START)) s"
 CPU=$(python3 -c "import os; print(max(os.sched_getaffinity(0)))")
 micro() {    # $1 = side: the core's cache hits, ns per malloc+free pair, best of 3 per case
-  (cd "${TREE[$1]}" && PYTHONPATH=$PWD taskset -c "$CPU" python3 -c "
+  if [ -f "${TREE[$1]}/bench/__main__.py" ]; then
+    (cd "${TREE[$1]}" && taskset -c "$CPU" python3 -m bench micro --driver "$DRIVER" --cache-hits --iterations 300000 \
+      | tail -1)
+  else         # a revision from before bench/ became one tool: its micro.py, imported from its folder
+    (cd "${TREE[$1]}" && PYTHONPATH=$PWD taskset -c "$CPU" python3 -c "
 import json, sys; sys.path.insert(0, 'bench')
 from micro import cache_hits, make_driver
 print(json.dumps(cache_hits(make_driver('$DRIVER'), 300_000)))" | tail -1)
-}
-latency() {  # $1 = native | A | B: torch.empty + del, µs per request
-  if [ "$1" = native ]; then
-    (cd "${TREE[A]}" && PYTHONPATH=$PWD python3 "$ROOT/bench/torch_latency.py" --inner --cpu "$CPU" | tail -1)
-  else
-    (cd "${TREE[$1]}" && PYTHONPATH=$PWD python3 -m gmlake run "$ROOT/bench/torch_latency.py" --inner --cpu "$CPU" \
-      | tail -1)
   fi
+}
+latency() {  # $1 = native | A | B: torch.empty + del, µs per request; the side's gmlake, this checkout's bench
+  local tree=${TREE[A]} run=()
+  [ "$1" = native ] || { tree=${TREE[$1]}; run=(-m gmlake run); }
+  (cd "$SCRATCH" && PYTHONPATH="$tree:$ROOT" python3 "${run[@]}" -m bench latency --inner --cpu "$CPU" | tail -1)
 }
 record() {   # $1 = kind, $2 = side, $3 = the run's last line (JSON): one line of runs.jsonl, or stop at a failed run
   python3 -c 'import json, sys; json.loads(sys.argv[1])' "$3" 2>/dev/null \
@@ -72,9 +75,10 @@ for ((r = 0; r < ROUNDS; r++)); do
   if [ "$LATENCY" = 1 ]; then for n in $names; do record latency "$n" "$(latency "$n")"; done; fi
   echo "round $r done at $((SECONDS - START)) s"
 done
-python3 - "$OUT" "$ROOT" <<'PY' | tee "$OUT/ab.txt"
-import importlib.util, json, statistics, sys
-out, root = sys.argv[1:3]
+PYTHONPATH="$ROOT" python3 - "$OUT" <<'PY' | tee "$OUT/ab.txt"
+import json, statistics, sys
+from bench.torch_latency import summarize, verdict_lines
+out = sys.argv[1]
 runs = [json.loads(line) for line in open(f"{out}/runs.jsonl")]
 json.dump(runs, open(f"{out}/ab.json", "w"), indent=1)
 for kind, key in (("micro", "ns"), ("latency", "us")):
@@ -87,14 +91,11 @@ for kind, key in (("micro", "ns"), ("latency", "us")):
         each = {s: [round(r[key][label], 3) for r in rows if r["side"] == s] for s in med}
         print(f"{kind:8} {label:16} " + "  ".join(f"{s} {med[s]:.3f} {each[s]}" for s in med)
               + f"  B/A {med['B'] / med['A']:.3f}")
-    if kind == "latency":    # each build against native, judged as bench/torch_latency.py judges one
-        spec = importlib.util.spec_from_file_location("torch_latency", f"{root}/bench/torch_latency.py")
-        latency = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(latency)
+    if kind == "latency":    # each build against native, judged as `bench latency` judges one
         for side in "AB":
             as_runs = [{"allocator": "gmlake" if r["side"] == side else "native", "us_per_empty_del": r["us"]}
                        for r in rows if r["side"] in (side, "native")]
-            for line in latency.verdict_lines(latency.summarize(as_runs), 1.1):
+            for line in verdict_lines(summarize(as_runs), 1.1):
                 print(f"{side} against native, {line}")
 PY
 echo "done at $((SECONDS - START)) s"

@@ -1,7 +1,8 @@
-"""Every benchmark script refuses a bad command line as `gmlake` does: one line on stderr and exit status 2, never
-argparse's usage block or a traceback (gmlake.cli.OneLineParser)."""
+"""Every bench command refuses a bad command line as `gmlake` does: one line on stderr and exit status 2, never
+argparse's usage block or a traceback (bench.cli.OneLineParser); and `python -m bench` is the one entry point."""
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import subprocess
@@ -11,35 +12,52 @@ from pathlib import Path
 import pytest
 from conftest import one_line_exit_2
 
+from bench.__main__ import COMMANDS
+
 ROOT = Path(__file__).resolve().parents[1]
-# these import torch (through bench/workloads/common.py) before they parse their arguments
-NEED_TORCH = {"workloads/dynamic.py", "workloads/fsdp_train.py", "workloads/train_hf.py"}
-SCRIPTS = sorted(str(p.relative_to(ROOT / "bench")) for p in [*(ROOT / "bench").glob("*.py"),
-                                                               *(ROOT / "bench" / "workloads").glob("*.py")]
-                 if "__main__" in p.read_text() and p.name != "common.py")
+# command words -> module, for every command and subcommand of `python -m bench`
+LEAVES = {(name, *([sub] if sub else [])): entry[0]
+          for name, group in COMMANDS.items()
+          for sub, entry in (group.items() if isinstance(group, dict) else [("", group)])}
+# the workloads, run by the suites as modules of their own (`python -m bench.workloads.dynamic`)
+WORKLOADS = ["bench.workloads.dynamic", "bench.workloads.fsdp_train", "bench.workloads.train_hf"]
+NEEDS_TORCH = {"bench.train_suite", "bench.cap_search", "bench.cap_probe", "bench.cap_time", *WORKLOADS}
 
 
-def test_every_script_with_a_command_line_is_covered():
-    assert {"cap_search.py", "cap_time.py", "train_suite.py", "speed_suite.py", "micro.py",
-            "workloads/dynamic.py"} <= set(SCRIPTS)
+def test_every_bench_module_is_a_command():
+    """No bench script lives outside the entry point: each module with a main() is a command."""
+    modules = {f"bench.{p.stem}" for p in (ROOT / "bench").glob("*.py") if "\ndef main(" in p.read_text()}
+    assert modules - {"bench.__main__"} == set(LEAVES.values())
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_an_unknown_option_is_one_line_and_exit_2(script):
-    if script in NEED_TORCH and importlib.util.find_spec("torch") is None:
-        pytest.skip("imports torch before parsing")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--no-such-option"], capture_output=True,
-                          text=True, check=False, timeout=120, cwd=ROOT)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(Path(script).name + ": "), proc.stderr[-2000:]
+@pytest.mark.parametrize("words", sorted(LEAVES), ids=" ".join)
+def test_an_unknown_option_is_one_line_and_exit_2(words):
+    if LEAVES[words] in NEEDS_TORCH and importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch: it imports the workloads' helpers, which import torch")
+    err = one_line_exit_2(["-m", "bench", *words, "--no-such-option"])
+    assert err.startswith("bench " + " ".join(words) + ": "), err
+
+
+@pytest.mark.parametrize("module", WORKLOADS)
+def test_a_workload_refuses_an_unknown_option_in_one_line(module):
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch: the workloads import it before they parse their arguments")
+    one_line_exit_2(["-m", module, "--no-such-option"])
+
+
+@pytest.mark.parametrize("words", [["no-such-command"], ["cap", "no-such-search"], ["report", "nothing"]])
+def test_an_unknown_command_is_one_line_and_exit_2(words):
+    assert "no command" in one_line_exit_2(["-m", "bench", *words])
+
+
+def test_the_entry_point_lists_its_commands():
+    proc = subprocess.run([sys.executable, "-m", "bench"], capture_output=True, text=True, check=False, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 0 and all(name in proc.stdout for name in COMMANDS), proc.stdout + proc.stderr
 
 
 def _torch_latency():
-    spec = importlib.util.spec_from_file_location("torch_latency", ROOT / "bench" / "torch_latency.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("bench.torch_latency")
 
 
 def test_torch_latency_alternates_the_order_and_compares_medians():
@@ -65,12 +83,12 @@ def test_torch_latency_alternates_the_order_and_compares_medians():
 
 @pytest.mark.parametrize("args", [["--rounds", "0"], ["--iterations", "-5"], ["--repeats", "0"]])
 def test_torch_latency_refuses_a_count_below_one(args):
-    assert "must be at least 1" in one_line_exit_2(["bench/torch_latency.py", *args])
+    assert "must be at least 1" in one_line_exit_2(["-m", "bench", "latency", *args])
 
 
 @pytest.mark.parametrize("goal", ["0", "-1", "nan", "inf"])
 def test_torch_latency_refuses_a_goal_that_is_no_ratio(goal):
-    assert "--goal must be a finite ratio above 0" in one_line_exit_2(["bench/torch_latency.py", "--goal", goal])
+    assert "--goal must be a finite ratio above 0" in one_line_exit_2(["-m", "bench", "latency", "--goal", goal])
 
 
 GPU_AB = ROOT / "scripts" / "gpu-ab.sh"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import gmlake
-from gmlake.cap import smallest_cap, smallest_device
+from gmlake.cap import smallest_cap
 from gmlake.policies import ExpandablePolicy, GMLakePolicy
 from gmlake.replay import replay, trace_path
 from gmlake.trace import load
@@ -113,9 +113,6 @@ def test_replay_smallest_cap_from_the_command_line():
     assert row["policy"] == "gmlake" and row["largest_failing_cap"] < row["smallest_cap"]
     assert row["peak_allocated"] <= row["smallest_cap"] <= row["uncapped_peak_reserved"]
     assert row["smallest_cap"] == smallest_cap(load(trace_path("opt350m-full-ckpt-native")), "gmlake")[0]
-    # --smallest-device, its name until 2026-11-30, still answers the same
-    old = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-device", "--json", "--policy", "gmlake")
-    assert old.returncode == 0 and old.stdout == proc.stdout and smallest_device is smallest_cap
 
 
 def test_replay_smallest_cap_refuses_a_fixed_device_in_one_line():

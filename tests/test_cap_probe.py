@@ -1,18 +1,15 @@
-"""bench/cap_probe.py without a GPU: caps given as fractions or bytes reach the probes in order and as fractions of
+"""bench cap probe without a GPU: caps given as fractions or bytes reach the probes in order and as fractions of
 the device, outcomes are recorded per probe, and bad input is one line and exit 2."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "workloads"))
-cap_probe = pytest.importorskip("cap_probe")
+cap_probe = pytest.importorskip("bench.cap_probe")
 TOTAL = 150109880320        # an H200's total memory as torch reports it
 
 
@@ -67,7 +64,7 @@ def test_no_probe_starts_that_the_deadline_would_cut(monkeypatch, tmp_path):
     (["vit:gmlake@0.1", "--bogus"], "unrecognized"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says):
-    assert says in one_line_exit_2(["bench/cap_probe.py", *args])
+    assert says in one_line_exit_2(["-m", "bench", "cap", "probe", *args])
 
 
 def test_a_cap_in_bytes_over_the_device_is_refused():

@@ -1,4 +1,4 @@
-"""bench/cap_search.py without a GPU: the bisection as a pure coroutine against fake "fits(f)" oracles, the search's
+"""bench cap search without a GPU: the bisection as a pure coroutine against fake "fits(f)" oracles, the search's
 order, bookkeeping and deadline with a fake probe runner, the command line's refusals, the probes' command lines
 (dynamic.py's and train_hf.py's), and the workloads' --memory-fraction checks and out-of-memory exit."""
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,7 @@ import pytest
 from conftest import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "workloads"))
-cap_search = pytest.importorskip("cap_search")
+cap_search = pytest.importorskip("bench.cap_search")
 # dynamic.py and the run environment import torch; CI's machine has none (the bookkeeping tests run there)
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 # train_hf.py builds its models with transformers
@@ -396,11 +395,10 @@ def fake_capture_run(snapshot_for_rank: dict[int, Path], returncode: int = 0):
         calls.append((cmd, env))
         target = cmd[cmd.index("--snapshot") + 1]
         if returncode == 0:
-            sys.path.insert(0, str(ROOT / "bench" / "workloads"))
-            from fsdp_train import rank_path
+            from bench.workloads.fsdp_train import rank_path
 
             for rank, source in snapshot_for_rank.items():
-                if rank == 0 or any(arg.endswith("fsdp_train.py") for arg in cmd):    # ranks: FSDP's alone
+                if rank == 0 or "bench.workloads.fsdp_train" in cmd:    # ranks: FSDP's alone
                     Path(rank_path(target, rank)).write_bytes(source.read_bytes())
         return subprocess.CompletedProcess(cmd, returncode, "", "" if returncode == 0 else "Traceback...\nboom")
     return run, calls
@@ -471,7 +469,7 @@ def test_main_with_capture_predicts_from_the_captured_trace(tmp_path, monkeypatc
     (["--workloads", "t5", "--predict", "t5=tests/data/tiny-gpt2-native.pickle.gz", "--capture", "t5"], "--capture t5"),
     (["--workloads", "t5", "--predict", "t5=tests/data/tiny-gpt2-native.pickle.gz", "--capture"], "every workload")])
 def test_cap_search_refuses_bad_input_in_one_line(args, says):
-    assert says in one_line_exit_2(["bench/cap_search.py", *args])
+    assert says in one_line_exit_2(["-m", "bench", "cap", "search", *args])
 
 
 def test_cap_search_takes_both_suites_workloads_each_with_its_own_allocators():
@@ -516,8 +514,9 @@ def test_a_train_workload_probe_is_train_hf_started_as_the_train_suite_starts_it
                                                                                  launcher, alloc_conf):
     cmd, env, probe = captured_probe(monkeypatch, tmp_path, "gpt2xl-lora-ckpt", allocator, 0.06,
                                      ["--steps", "12", "--seed", "7"])
-    script = cmd.index(str(ROOT / "bench" / "workloads" / "train_hf.py"))
-    assert cmd[:script] == [sys.executable, *launcher] and env["PYTORCH_CUDA_ALLOC_CONF"] == alloc_conf
+    script = cmd.index("bench.workloads.train_hf")
+    assert cmd[:script] == [sys.executable, *launcher, "-m"] and env["PYTORCH_CUDA_ALLOC_CONF"] == alloc_conf
+    assert str(ROOT) in env["PYTHONPATH"].split(os.pathsep)         # the workload is this checkout's
     assert cmd[script + 1:script + 5] == ["--model", "gpt2-xl", "--lora", "--ckpt"]
     assert (flag(cmd, "--steps"), flag(cmd, "--warmup"), flag(cmd, "--seed")) == ("12", "3", "7")
     assert (flag(cmd, "--min-batch"), flag(cmd, "--max-batch")) == ("2", "8")        # train_suite.py's defaults
@@ -534,7 +533,7 @@ def test_a_reference_probe_runs_uncapped_and_a_dynamic_workload_still_runs_dynam
     assert "--memory-fraction" not in cmd and cmd[cmd.index("--model") + 1:cmd.index("--steps")] == [
         "opt-1.3b", "--offload"]
     cmd, env, _ = captured_probe(monkeypatch, tmp_path, "t5", "expandable", 0.1, ["--warmup", "2"])
-    assert cmd[1] == str(ROOT / "bench" / "workloads" / "dynamic.py") and flag(cmd, "--workload") == "t5"
+    assert cmd[1:3] == ["-m", "bench.workloads.dynamic"] and flag(cmd, "--workload") == "t5"
     assert flag(cmd, "--warmup") == "2" and flag(cmd, "--gpu-time-steps") == "0" and cmd[-1] == "0.1"
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and "--min-batch" not in cmd
 
@@ -561,7 +560,7 @@ def test_an_fsdp_probe_is_a_torchrun_job_whose_rank_tells_out_of_memory(monkeypa
     probe = cap_search.run_probe(workload, "gmlake", "bisect", 0.05, 60, settings=settings, out=tmp_path, index=7)
     cmd = started["cmd"]
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    assert cmd[5:8] == ["-m", "gmlake", "run"] and cmd[8].endswith("fsdp_train.py")
+    assert cmd[5:10] == ["-m", "gmlake", "run", "-m", "bench.workloads.fsdp_train"]
     assert (flag(cmd, "--steps"), flag(cmd, "--warmup")) == ("12", "3") and "--seed" not in cmd
     assert flag(cmd, "--gpu-time-steps") == "0" and cmd[-2:] == ["--memory-fraction", "0.05"]
     assert probe["oom"] and not probe["fit"] and probe["oom_step"] == 5 and "error" not in probe
@@ -576,7 +575,7 @@ def test_an_fsdp_probe_is_a_torchrun_job_whose_rank_tells_out_of_memory(monkeypa
     (["--memory-fraction", "0.5", "--cap-gib", "9"], "--cap-gib"), (["--steps", "4", "--warmup", "4"], "--warmup")])
 def test_fsdp_train_refuses_bad_input_before_starting_in_one_line(args, says):
     pytest.importorskip("torch")
-    assert says in one_line_exit_2(["bench/workloads/fsdp_train.py", *args])
+    assert says in one_line_exit_2(["-m", "bench.workloads.fsdp_train", *args])
 
 
 def test_bounds_are_read_from_a_train_suite_results_file(tmp_path):
@@ -590,9 +589,9 @@ def test_bounds_are_read_from_a_train_suite_results_file(tmp_path):
 
 
 def test_an_fsdp_runs_bound_is_its_largest_rank():
-    """The FSDP suite's JSON records peaks per rank (bench/results/train/fsdp-2026-11-30d: gmlake's ranks reserved
+    """The FSDP suite's JSON records peaks per rank (tests/data/results/train/fsdp-2026-11-30d: gmlake's ranks reserved
     6.77 and 7.25 GiB in its first run, 6.71 and 7.33 in its second)."""
-    path = Path(__file__).parent.parent / "bench" / "results" / "train" / "fsdp-2026-11-30d" / "train-fsdp.json"
+    path = Path(__file__).parent / "data" / "results" / "train" / "fsdp-2026-11-30d" / "train-fsdp.json"
     runs = json.loads(path.read_text())["runs"]
     largest = max(rank["max_memory_reserved"] for run in runs if run["allocator"] == "gmlake" for rank in run["ranks"])
     bounds = cap_search.read_bounds(str(path), TOTAL)
@@ -603,20 +602,20 @@ def test_an_fsdp_runs_bound_is_its_largest_rank():
 @needs_torch
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.1", "nan", "abc", "inf"])
 def test_dynamic_refuses_a_memory_fraction_outside_0_1(value):
-    err = one_line_exit_2(["bench/workloads/dynamic.py", "--workload", "cnn", "--memory-fraction", value])
+    err = one_line_exit_2(["-m", "bench.workloads.dynamic", "--workload", "cnn", "--memory-fraction", value])
     assert "--memory-fraction needs a number in (0, 1]" in err
 
 
 @needs_torch
 def test_dynamic_refuses_a_memory_fraction_on_the_cpu():
-    err = one_line_exit_2(["bench/workloads/dynamic.py", "--workload", "cnn", "--device", "cpu", "--size", "small",
+    err = one_line_exit_2(["-m", "bench.workloads.dynamic", "--workload", "cnn", "--device", "cpu", "--size", "small",
                            "--memory-fraction", "0.5"])
     assert "needs --device cuda" in err
 
 
 @needs_torch
 def test_dynamic_refuses_a_snapshot_on_the_cpu():
-    err = one_line_exit_2(["bench/workloads/dynamic.py", "--workload", "cnn", "--device", "cpu", "--size", "small",
+    err = one_line_exit_2(["-m", "bench.workloads.dynamic", "--workload", "cnn", "--device", "cpu", "--size", "small",
                            "--snapshot", "x.pickle.gz"])
     assert "--snapshot" in err and "needs --device cuda" in err
 
@@ -629,14 +628,14 @@ def test_dynamic_refuses_a_snapshot_on_the_cpu():
     (["--memory-fraction", "0.5", "--max-batch-search"], "--memory-fraction takes neither --max-batch-search"),
     (["--memory-fraction", "0.5", "--gpu-time-steps", "2"], "nor --gpu-time-steps above 0")])
 def test_train_hf_refuses_a_bad_memory_fraction_in_one_line(args, says):
-    err = one_line_exit_2(["bench/workloads/train_hf.py", "--model", "tiny-gpt2", *args])
+    err = one_line_exit_2(["-m", "bench.workloads.train_hf", "--model", "tiny-gpt2", *args])
     assert err.startswith("train_hf.py: --memory-fraction ") and says in err and "Traceback" not in err
 
 
 def run_train_hf(tmp_path, *args: str) -> dict:
     """A CPU smoke run of train_hf.py on the tiny GPT-2, its summary."""
     out = tmp_path / "train.json"
-    proc = subprocess.run([sys.executable, "bench/workloads/train_hf.py", "--model", "tiny-gpt2", "--device", "cpu",
+    proc = subprocess.run([sys.executable, "-m", "bench.workloads.train_hf", "--model", "tiny-gpt2", "--device", "cpu",
                            "--min-batch", "1", "--max-batch", "2", "--min-seq", "16", "--max-seq", "64",
                            "--json", str(out), *args], check=False, capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
@@ -661,8 +660,8 @@ def capped_train_hf(monkeypatch, tmp_path):
     """train_hf.main() as under `--memory-fraction 0.06` on a CUDA device, with CUDA faked: the cap is recorded and
     training replaced by `fake_train` (set by the test); returns (run, calls)."""
     pytest.importorskip("torch")
-    train_hf = pytest.importorskip("train_hf")
-    import common
+    train_hf = pytest.importorskip("bench.workloads.train_hf")
+    from bench.workloads import common
 
     calls: list = []
     peaks = {"max_memory_allocated": 3 * GIB, "max_memory_reserved": 4 * GIB}
@@ -730,7 +729,7 @@ def test_train_hf_under_a_cap_raises_any_other_error_and_runs_nothing_after_trai
 
 
 def test_dynamic_knows_gmlakes_out_of_memory_error_and_torchs():
-    dynamic = pytest.importorskip("dynamic")
+    dynamic = pytest.importorskip("bench.workloads.dynamic")
     torch = pytest.importorskip("torch")
     assert dynamic.parse_fraction(None) is None and dynamic.parse_fraction("1") == 1.0
     assert dynamic.out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
@@ -800,7 +799,7 @@ def test_counters_since_warm_up_carry_the_measured_driver_time():
     """bench/workloads/common.py: the seconds measured inside the driver's calls (Driver.busy_seconds) are
     differenced like the counters, beside the call counts replay prices."""
     pytest.importorskip("torch")
-    import common
+    from bench.workloads import common
 
     before = {**dict.fromkeys(common.GMLAKE_COUNTERS, 0), "calls": {"map": 3}, "handles": {"map": 3},
               "driver_busy_s": 0.5}
@@ -814,17 +813,17 @@ def test_counters_since_warm_up_carry_the_measured_driver_time():
 
 
 def test_settling_plans_session_13s_hand_placed_probes_from_its_real_searches():
-    """Session 13's BERT and ResNet-50 searches (bench/results/train/cap-2026-12-01h), with replay's thresholds from
-    the traces they captured: the plan is the probes placed by hand there (bench/cap_probe.py, at 22,421,000,000 and
+    """Session 13's BERT and ResNet-50 searches (tests/data/results/train/cap-2026-12-01h), with replay's thresholds from
+    the traces they captured: the plan is the probes placed by hand there (bench cap probe, at 22,421,000,000 and
     13,540,000,000 bytes), and replay expects each planned probe to settle the order."""
     from gmlake.replay import replay
     from gmlake.trace import load
 
-    record = json.loads((ROOT / "bench" / "results" / "train" / "cap-2026-12-01h" / "cap.json").read_text())
+    record = json.loads((ROOT / "tests" / "data" / "results" / "train" / "cap-2026-12-01h" / "cap.json").read_text())
     total = record["device_total_memory"]
     planned = {}
     for workload in ("bert", "cnn"):
-        trace = str(ROOT / "bench" / "results" / "traces" / f"{workload}-20steps-native.gmtrace")
+        trace = str(ROOT / "tests" / "data" / "results" / "traces" / f"{workload}-20steps-native.gmtrace")
         _, rows = cap_search.predict_brackets({workload: [trace]}, ["expandable", "gmlake"], total)
         thresholds = {a: t for (_, a), t in cap_search.replay_thresholds(rows, total).items()}
         outcomes = {p["allocator"]: p for p in record["pairs"] if p["workload"] == workload}

@@ -1,19 +1,16 @@
-"""bench/cap_time.py without a GPU: the A B B A order of uncapped and capped runs, the ratio and spreads, pairs read
+"""bench cap time without a GPU: the A B B A order of uncapped and capped runs, the ratio and spreads, pairs read
 from a real cap search's cap.json, and one-line refusals of bad input."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "bench" / "workloads"))
-cap_time = pytest.importorskip("cap_time")
-CAP_JSON = ROOT / "bench" / "results" / "train" / "cap-2026-11-30c" / "cap.json"
+cap_time = pytest.importorskip("bench.cap_time")
+CAP_JSON = ROOT / "tests" / "data" / "results" / "train" / "cap-2026-11-30c" / "cap.json"
 
 
 def test_pairs_from_a_real_cap_search_are_timed_at_1_05x_their_smallest_fit():
@@ -68,7 +65,7 @@ def test_a_run_that_fails_under_the_cap_is_counted_not_timed(monkeypatch, tmp_pa
     (["--bogus"], "unrecognized"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says):
-    assert says in one_line_exit_2(["bench/cap_time.py", *args])
+    assert says in one_line_exit_2(["-m", "bench", "cap", "time", *args])
 
 
 def test_no_run_starts_that_the_deadline_would_cut(monkeypatch, tmp_path):

@@ -4,7 +4,7 @@ gmlake resolves the driver's entry points with cuGetProcAddress when the first C
 CUDA is fixed at build time. These tests check that on a CPU machine: the built extension links nothing of CUDA's,
 imports with cuda-bindings blocked, and drives tests/fake_libcuda.c (a stand-in libcuda.so.1) as a CUDA 12 and as a
 CUDA 13 driver, through the 12.0 and the 13.0 entry points. The real driver is tested on a GPU by
-scripts/gpu-all.sh.
+FULL=1 scripts/gpu-check.sh.
 
 Each case runs in its own process: the resolved entry points are per process.
 """

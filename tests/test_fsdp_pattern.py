@@ -1,4 +1,4 @@
-"""bench/fsdp_pattern.py (sim driver, no GPU): FSDP1's streams, and what sharing blocks across streams recovers."""
+"""bench fsdp-pattern (sim driver, no GPU): FSDP1's streams, and what sharing blocks across streams recovers."""
 from __future__ import annotations
 
 import subprocess
@@ -6,9 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import fsdp_pattern
-
+from bench import fsdp_pattern
 from gmlake.policies import resolve
 
 
@@ -31,10 +29,10 @@ def test_blocks_kept_per_stream_strand_the_sharded_gradients():
 
 def test_bad_input_gets_one_line_and_exit_2():
     for args in (["--policy", "no-such-policy"], ["--steps", "0"]):
-        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "fsdp_pattern.py"), *args],
-                              capture_output=True, check=False, text=True)
-        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(
-            ("fsdp_pattern", "usage", "fsdp_pattern.py")), proc.stderr
+        proc = subprocess.run([sys.executable, "-m", "bench", "fsdp-pattern", *args],
+                              capture_output=True, check=False, text=True, cwd=ROOT)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("bench fsdp-pattern: "), \
+            proc.stderr
 
 
 def test_the_written_trace_replays_as_the_pattern_runs(tmp_path):

@@ -186,7 +186,7 @@ def test_cross_stream_reuse_waits_for_the_stream(cuda):
 def test_the_core_alone_grows_stitches_and_fences_without_torch():
     """The core with no torch and so no current context: the driver makes its own context current for every call,
     the capture query included (a CUDA_ERROR_INVALID_CONTEXT there read as an unannounced capture and refused every new
-    chunk: bench/micro.py, 2026-11-30). From the main thread and from a thread that never touched CUDA."""
+    chunk: bench micro, 2026-11-30). From the main thread and from a thread that never touched CUDA."""
     body = textwrap.dedent("""
         import threading, gmlake
         drv = gmlake.cuda_driver(0)

@@ -1,21 +1,19 @@
-"""The 1,000-step runs on the H200 (issue 10's steady-state goal; session 14, docs/training.md): what the doc says of
+"""The 1,000-step runs on the H200 (docs/benchmarks.md, "Speed suite"): what the doc says of
 them, held to the bundled results, so that the figures cannot drift from the data.
 
 Three device calls ran ViT and ResNet-50 (the multi-scale CNN) for 1,000 steps under gmlake and expandable segments
-in alternating order (`bench/results/train/long-2026-12-01{a,b,c}/speed`, per-step records in runs.tar.gz)."""
+in alternating order (`tests/data/results/train/long-2026-12-01{a,b,c}/speed`, per-step records in runs.tar.gz)."""
 from __future__ import annotations
 
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LONG = [ROOT / "bench" / "results" / "train" / f"long-2026-12-01{call}" / "speed" for call in "abc"]
-sys.path.insert(0, str(ROOT / "bench"))
-from regimes import analyse, load
-from stall_check import load_runs
+LONG = [ROOT / "tests" / "data" / "results" / "train" / f"long-2026-12-01{call}" / "speed" for call in "abc"]
+from bench.regimes import analyse, load
+from bench.stall_check import load_runs
 
 WARMUP = 250
 
@@ -54,7 +52,7 @@ def test_reserved_bytes_are_the_same_in_every_run_and_gmlake_reserves_no_more(ru
 @pytest.mark.parametrize("workload", ["vit", "cnn"])
 def test_step_by_step_gmlake_takes_expandables_time_within_a_quarter_percent(runs, workload):
     """Each step's median time under gmlake over its median under expandable segments, then the median over steps:
-    1.002 on both (docs/training.md, session 14), where the summed times differ by 1.5-1.9 %."""
+    1.002 on both (docs/benchmarks.md), where the summed times differ by 1.5-1.9 %."""
     mine, theirs = by(runs, workload, "gmlake"), by(runs, workload, "expandable")
     ratios = [statistics.median(r["per_step"][k]["step_s"] for r in mine)
               / statistics.median(r["per_step"][k]["step_s"] for r in theirs) for k in range(WARMUP, 1000)]

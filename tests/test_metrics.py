@@ -89,8 +89,22 @@ def test_a_failed_replay_has_null_ratios():
     assert s["failed"] and s["requested_utilization"] is None and s["external_fragmentation_share"] is None
 
 
+def test_compare_fits_120_columns_by_default_and_shows_every_column_wide(tmp_path, capsys):
+    """Piped, the default table fits a 120-column terminal whatever the names' lengths (they fold); --wide adds
+    every column, fragmentation and the stall model included."""
+    policy = "gmlake[min_saved_chunks=0,chunk_size=8MiB,max_cached_sblocks=7]"
+    args = ["compare", TINY, "--policy", policy, "--policy", "caching", "--out", str(tmp_path)]
+    assert main(args) == EXIT_OK
+    narrow = capsys.readouterr().out
+    assert max(len(line) for line in narrow.splitlines()) <= 120 and "alloc/res" in narrow
+    assert "ext@growth" not in narrow and "time lost s" not in narrow
+    assert main([*args, "--wide"]) == EXIT_OK
+    wide = capsys.readouterr().out
+    assert "ext@growth" in wide and "time lost s" in wide and max(len(line) for line in wide.splitlines()) > 120
+
+
 def test_compare_table_and_jsonl_carry_the_metrics(tmp_path, capsys):
-    assert main(["compare", TINY, "--policy", "caching", "--out", str(tmp_path)]) == EXIT_OK
+    assert main(["compare", TINY, "--policy", "caching", "--out", str(tmp_path), "--wide"]) == EXIT_OK
     out = capsys.readouterr().out
     for column in ("alloc/res", "req/res", "int frag MiB", "ext@peak", "ext@growth"):
         assert column in out, column

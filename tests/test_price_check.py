@@ -1,4 +1,4 @@
-"""bench/price_check.py: gmlake's driver price table against the time measured inside the driver's calls."""
+"""bench report prices: gmlake's driver price table against the time measured inside the driver's calls."""
 from __future__ import annotations
 
 import io
@@ -13,9 +13,8 @@ import pytest
 from gmlake.replay import driver_costs
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-price_check = pytest.importorskip("price_check")
-REAL = [ROOT / "bench" / "results" / "train" / f"cap-2026-12-01{x}" for x in "cdef"]
+price_check = pytest.importorskip("bench.price_check")
+REAL = [ROOT / "tests" / "data" / "results" / "train" / f"cap-2026-12-01{x}" for x in "cdef"]
 
 
 def counters(reserve: int, maps: int, creates: int, busy: float | None) -> dict:
@@ -97,16 +96,16 @@ def test_bad_input_is_one_line_and_exit_2(bad, tmp_path):
     (tmp_path / "bad.json").write_text("{")
     (tmp_path / "list.json").write_text("[1]")
     (tmp_path / "no-timed.json").write_text("{}")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "price_check.py"), str(tmp_path / bad)],
+    proc = subprocess.run([sys.executable, "-m", "bench", "report", "prices", str(tmp_path / bad)],
                           capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("price_check.py: ") and bad in lines[0], proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("bench report prices: ") and bad in lines[0], proc.stderr
 
 
 def test_a_json_output_in_no_folder_is_refused_before_any_work(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "price_check.py"),
-                           str(ROOT / "bench" / "results" / "train" / "cap-2026-12-01c"),
+    proc = subprocess.run([sys.executable, "-m", "bench", "report", "prices",
+                           str(ROOT / "tests" / "data" / "results" / "train" / "cap-2026-12-01c"),
                            "--json", str(tmp_path / "no" / "such" / "x.json")],
                           capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
@@ -115,8 +114,8 @@ def test_a_json_output_in_no_folder_is_refused_before_any_work(tmp_path):
 
 def test_runs_without_measured_driver_time_say_so_in_one_line(tmp_path):
     """Results from before driver_busy_s was recorded (2026-12-01): a line saying so, no table of empty rows."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "price_check.py"),
-                           str(ROOT / "bench" / "results" / "train" / "speed-2026-11-30c")],
+    proc = subprocess.run([sys.executable, "-m", "bench", "report", "prices",
+                           str(ROOT / "tests" / "data" / "results" / "train" / "speed-2026-11-30c")],
                           capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.startswith("no gmlake run with driver_busy_s (") and \
         proc.stdout.count("\n") == 1, proc.stdout

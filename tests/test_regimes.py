@@ -1,4 +1,4 @@
-"""bench/regimes.py (no torch, no GPU): which probe tracks the slow steps, on runs made up to have one answer."""
+"""bench report regimes (no torch, no GPU): which probe tracks the slow steps, on runs made up to have one answer."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import regimes
+from bench import regimes
 
 
 def suite_json(tmp_path: Path) -> Path:
@@ -57,6 +56,6 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"runs": []}))
     for arg in (str(tmp_path / "missing"), str(empty)):
-        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "regimes.py"), arg], check=False,
-                              capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", "bench", "report", "regimes", arg], check=False,
+                              capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -1,4 +1,4 @@
-"""bench/report_training.py (no GPU): issue 10's goals per workload, judged from made-up runs with known answers."""
+"""bench report training (no GPU): issue 10's goals per workload, judged from made-up runs with known answers."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import report_training
+from bench import report_training
 
 GiB = 1 << 30
 
@@ -47,8 +46,8 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path):
     no_runs = tmp_path / "other.json"
     no_runs.write_text(json.dumps({"runs": "none"}))
     for path in (not_json, no_runs, tmp_path / "missing.json", tmp_path):
-        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "report_training.py"), "--speed", str(path)],
-                              capture_output=True, check=False, text=True)
+        proc = subprocess.run([sys.executable, "-m", "bench", "report", "training", "--speed", str(path)],
+                              capture_output=True, check=False, text=True, cwd=ROOT)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
@@ -60,8 +59,8 @@ def test_speed_table_prints_medians_and_spreads(tmp_path):
         if kernel_ms:
             r["gpu_time"] = [{"total_ms": kernel_ms, "copy": 0.0, "gemm": 0.0, "other": kernel_ms, "kernels": 1}]
     path.write_text(json.dumps({"environment": {}, "runs": runs}))
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "report_training.py"), "--speed", str(path)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "bench", "report", "training", "--speed", str(path)],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
     gmlake = next(line for line in out.splitlines() if line.startswith("| w | gmlake |"))
     assert "| 2 | 99, 109 | 0.945 | 0.945 | 10.1% | 1.040 (1.9%) | 10.00 | 0.990 |" in gmlake
     expandable = next(line for line in out.splitlines() if line.startswith("| w | expandable |"))
@@ -76,7 +75,7 @@ def test_speed_table_takes_repeats_that_reserved_differently(tmp_path):
                    {"native": 20, "expandable": 10.5, "gmlake": 10})
     runs[-1]["max_memory_reserved"] += 1 << 20
     path.write_text(json.dumps({"environment": {}, "runs": runs}))
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "report_training.py"), "--speed", str(path)],
-                         capture_output=True, check=False, text=True)
+    out = subprocess.run([sys.executable, "-m", "bench", "report", "training", "--speed", str(path)],
+                         capture_output=True, check=False, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert any(line.startswith("| w | gmlake | 2 | 99, 109 |") for line in out.stdout.splitlines())

@@ -1,15 +1,13 @@
-"""bench/run_variation.py: the runs' own variation, and how many runs resolving a gap would take."""
+"""bench report variation: the runs' own variation, and how many runs resolving a gap would take."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-run_variation = pytest.importorskip("run_variation")
+run_variation = pytest.importorskip("bench.run_variation")
 
 
 def test_runs_needed_is_two_standard_errors_of_a_difference_of_means():

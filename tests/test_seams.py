@@ -516,21 +516,6 @@ def test_a_cython_seam_replays_as_its_python_twin():
     assert cython.seconds < python.seconds
 
 
-def test_a_cython_seam_is_called_through_the_vtable_on_replay():
-    from gmlake._seams_example import KeepDefaultPlacement
-
-    seams = KeepDefaultPlacement()
-
-    @dataclass(frozen=True)
-    class Keep(gmlake.policies.PaperPolicy):
-        def cython_seams(self):
-            return seams
-
-    trace = load(TINY)
-    builtin, kept = replay(trace, gmlake.policies.PaperPolicy()), replay(trace, Keep())
-    assert seams.calls > 0 and builtin.stats == kept.stats
-
-
 def test_cython_seams_are_checked():
     from gmlake._seams_example import WorstFitSeams
 

@@ -1,14 +1,10 @@
-"""bench/speed_suite.py's bookkeeping (no torch, no GPU): the interleaved run order, the deadline's estimate and
+"""bench speed's bookkeeping (no torch, no GPU): the interleaved run order, the deadline's estimate and
 the table's figures."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-speed_suite = pytest.importorskip("speed_suite")
+speed_suite = pytest.importorskip("bench.speed_suite")
 
 GIB = 1 << 30
 

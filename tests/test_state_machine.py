@@ -155,7 +155,7 @@ class SeamsGMLakeMachine(HostAllocatorMachine):
 
 
 class CrossStreamMachine(HostAllocatorMachine):
-    """The default sharing freed blocks across streams behind fences: the candidate for FSDP (bench/fsdp_pattern.py)."""
+    """The default sharing freed blocks across streams behind fences: the candidate for FSDP (bench fsdp-pattern)."""
 
     policy = gmlake.policies.get("gmlake", max_cached_sblocks=6, cross_stream=True)
 

@@ -298,7 +298,7 @@ def test_an_sblock_is_evicted_only_after_a_synchronize(harness_driver):
 
 
 # The paper's design, today's default, and the default sharing blocks across streams (the candidate for FSDP,
-# bench/fsdp_pattern.py): an expandable base whose freed pages move between streams behind fences.
+# bench fsdp-pattern): an expandable base whose freed pages move between streams behind fences.
 RANDOM_SCHEDULE_POLICIES = [("gmlake-paper", {"max_cached_sblocks": 4}),
                             ("gmlake", {"max_cached_sblocks": 4, "min_saved_chunks": 0}),
                             ("gmlake", {"max_cached_sblocks": 4, "min_saved_chunks": 0, "cross_stream": True})]

@@ -1,8 +1,8 @@
-"""The traces captured during the training benchmark (bench/results/traces) replay to the GPU runs' own peaks.
+"""The traces captured during the training benchmark (tests/data/results/traces) replay to the GPU runs' own peaks.
 
 Each trace was captured under gmlake on an H200 with the same seed, and so the same requests, as the benchmark's
 runs. Replaying it through gmlake, its 8 MiB variant and the expandable-segments model must give the peak reserved
-bytes those allocators reached on the GPU (bench/results/train), to the byte: the check that today's allocator code
+bytes those allocators reached on the GPU (tests/data/results/train), to the byte: the check that today's allocator code
 still behaves as the code that was measured.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from gmlake.policies import get
 from gmlake.replay import replay
 from gmlake.trace import load
 
-RESULTS = Path(__file__).parent.parent / "bench" / "results"
+RESULTS = Path(__file__).parent / "data" / "results"
 POLICIES = {"gmlake": get("gmlake-paper"), "gmlake-8m": get("gmlake-paper", chunk_size=8 << 20), "expandable": get("expandable")}
 
 
@@ -44,7 +44,7 @@ def test_replay_gives_the_gpu_runs_peak_to_the_byte(workload, allocator):
     assert replay(trace, POLICIES[allocator]).peak_reserved == measured()[(workload, allocator)]
 
 
-# The GPU cap search (bench/cap_search.py, 20 steps, 2026-11-30; bench/results/train/cap-2026-11-30b and -c): per
+# The GPU cap search (bench cap search, 20 steps, 2026-11-30; tests/data/results/train/cap-2026-11-30b and -c): per
 # workload and allocator, the largest memory fraction that ran out of memory and the smallest that fit, of a device
 # of DEVICE_TOTAL bytes. The traces were captured under expandable segments with the same seed and so the same
 # requests (scripts/gpu-cap-trace.sh; the opt1.3b one under its cap, which changes no request).
@@ -73,8 +73,8 @@ def test_replayed_caps_land_in_the_gpu_cap_search_brackets(trace_name):
 
 
 
-# Session 12's GPU cap searches (bench/cap_search.py --predict, 20 steps, one H200, 2026-12-01, code ba17e38;
-# bench/results/train/cap-2026-12-01{c,d,e}): every bracket came from the GPU, each pair's replayed bracket was
+# Session 12's GPU cap searches (bench cap search --predict, 20 steps, one H200, 2026-12-01, code ba17e38;
+# tests/data/results/train/cap-2026-12-01{c,d,e}): every bracket came from the GPU, each pair's replayed bracket was
 # probed first and held. The traces: the training suite's captures under gmlake (same seed, same requests), and
 # two captured in that session's call (scripts/gpu-cap-trace.sh, uncapped, 20 steps).
 SESSION_12_SEARCHES = ["cap-2026-12-01c", "cap-2026-12-01d", "cap-2026-12-01e"]
@@ -114,7 +114,7 @@ def test_session_12s_searches_cover_five_workloads_and_both_allocators():
     assert len(pairs) == 2 * len(SESSION_12_TRACES)
 
 # FSDP's two ranks, 12 steps captured under the native allocator on two H200s (2026-11-30, session 8;
-# bench/results/train/fsdp-2026-11-30b): each rank's snapshot, with its own streams (compute, all-gather,
+# tests/data/results/train/fsdp-2026-11-30b): each rank's snapshot, with its own streams (compute, all-gather,
 # reduce-scatter), records the run's max_memory_reserved in its header.
 FSDP_RANKS = [f"opt1.3b-fsdp-lora-ckpt-12steps-native.rank{rank}" for rank in (0, 1)]
 
@@ -144,10 +144,10 @@ def test_waiting_for_another_streams_block_keeps_fsdp_rank_1_near_its_lag_free_p
     assert replay(trace, "gmlake", samples=0).peak_reserved == at_once.peak_reserved
 
 
-# Session 13's GPU cap searches (bench/cap_search.py --capture, 20 steps, resolution 0.002, one H200, 2026-12-01;
-# bench/results/train/cap-2026-12-01{g,h,i}) and its fixed-cap probes (bench/cap_probe.py,
-# bench/results/train/cap-probe-2026-12-01). Each workload's trace is the uncapped native run that search captured
-# first (same seed, same requests), bundled as bench/results/traces/WORKLOAD-20steps-native.gmtrace.
+# Session 13's GPU cap searches (bench cap search --capture, 20 steps, resolution 0.002, one H200, 2026-12-01;
+# tests/data/results/train/cap-2026-12-01{g,h,i}) and its fixed-cap probes (bench cap probe,
+# tests/data/results/train/cap-probe-2026-12-01). Each workload's trace is the uncapped native run that search captured
+# first (same seed, same requests), bundled as tests/data/results/traces/WORKLOAD-20steps-native.gmtrace.
 SESSION_13_SEARCHES = ["cap-2026-12-01g", "cap-2026-12-01h", "cap-2026-12-01i"]
 # The one bracket end replay missed: it has the expandable model run out of memory on cnn at 13,550,976,220 bytes,
 # where the GPU fit; the model needs 3.2 MiB (0.02 %) more than the GPU there.
@@ -194,7 +194,7 @@ def test_session_13s_searches_cover_four_workloads_and_both_allocators():
 
 
 def test_session_13s_fixed_cap_probes_agree_with_replay():
-    """bench/cap_probe.py placed caps between replay's thresholds, inside the bisection's 0.2 %: gmlake fit bert at
+    """bench cap probe placed caps between replay's thresholds, inside the bisection's 0.2 %: gmlake fit bert at
     22,421,000,000 bytes, below expandable segments' failure at 22,423,378,995, and cnn at 13,540,000,000, where
     expandable segments ran out of memory. Replay gives each probe's outcome."""
     record = json.loads((RESULTS / "train" / "cap-probe-2026-12-01" / "cap-probe.json").read_text())
@@ -209,8 +209,8 @@ def test_session_13s_fixed_cap_probes_agree_with_replay():
 
 
 def test_the_settling_probes_on_the_gpu_agree_with_replay():
-    """bench/cap_search.py's settling probes on the GPU (2026-12-01, code bb5d41a, ResNet-50 predicted from its
-    bundled trace; bench/results/train/cap-2026-12-01j): at the midpoint of replay's two thresholds gmlake fit and
+    """bench cap search's settling probes on the GPU (2026-12-01, code bb5d41a, ResNet-50 predicted from its
+    bundled trace; tests/data/results/train/cap-2026-12-01j): at the midpoint of replay's two thresholds gmlake fit and
     expandable segments ran out of memory, as replay has it, and the search's verdict says so."""
     record = json.loads((RESULTS / "train" / "cap-2026-12-01j" / "cap.json").read_text())
     total = record["device_total_memory"]
@@ -224,7 +224,7 @@ def test_the_settling_probes_on_the_gpu_agree_with_replay():
 
 @pytest.mark.parametrize("trace_name", sorted(p.stem for p in (RESULTS / "traces").glob("*.gmtrace")))
 def test_issue_10s_replay_goal_holds_on_every_trace_captured_on_the_gpu(trace_name):
-    """Issue 10's replay goal, on each of the 13 traces captured on the H200s (bench/results/traces on 2026-12-01:
+    """Issue 10's replay goal, on each of the 13 traces captured on the H200s (tests/data/results/traces on 2026-12-01:
     seven single-GPU LLM workloads, FSDP's two ranks, ViT, BERT and ResNet-50): gmlake's priced driver time at most
     2x the expandable model's (1.00-1.94x), its utilization at least the expandable model's."""
     from gmlake.replay import driver_seconds

@@ -120,7 +120,7 @@ def gpu_time(step: Callable[[], None], cuda: bool = True) -> dict:
     the GPU clock stays put (Note [Machine regimes]), so wall time cannot resolve a few percent between allocators.
     The kernels' own durations leave out the GPU's idle gaps, and with them the host's noise: what is left is what
     memory placement can change, such as the bandwidth of memory mapped as small VMM handles (a copy runs 1.2-4.7 %
-    slower over 20 MiB handles than over cudaMalloc memory, bench/vmm_kernels.py). Callers time extra steps after
+    slower over 20 MiB handles than over cudaMalloc memory, bench kernels). Callers time extra steps after
     the timed ones, with shapes already seen, so the profiler never enters tokens/s or the memory peaks."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -181,7 +181,7 @@ class MachineProbe:
         return {"gpu_spin_ms": (t1 - t0) * 1e3, "launch_ms": (t2 - t1) * 1e3, "cpu_ms": (t3 - t2) * 1e3}
 
 
-# ---- under a memory cap (--memory-fraction; bench/cap_search.py bisects on the answer) -------------------------
+# ---- under a memory cap (--memory-fraction; bench cap search bisects on the answer) -------------------------
 
 OOM_EXIT = 3        # the exit status of a run that ran out of memory under --memory-fraction
 

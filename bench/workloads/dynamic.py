@@ -1,6 +1,6 @@
 """Train a model at random init (no downloads) on shapes drawn per step: the dynamic-shape speed workloads.
 
-    python bench/workloads/dynamic.py --workload {vit,bert,t5,cnn} [--steps 60] [--seed 0] [--device cuda|cpu]
+    python -m bench.workloads.dynamic --workload {vit,bert,t5,cnn} [--steps 60] [--seed 0] [--device cuda|cpu]
                                       [--size small|full] [--warmup N] [--json OUT] [--memory-fraction F]
 
     vit   a mixed-resolution vision transformer (ViT-Base/16, pos. embeddings interpolated): image side and batch
@@ -23,7 +23,7 @@ set as CUDA starts, before the model is built, so the cap holds from the first b
 allocator (native, expandable segments) and under `gmlake run`, which wires torch's memory-fraction hook. A step
 that runs out of memory under the cap (torch.OutOfMemoryError, or gmlake's "gmlake: CUDA out of memory", which
 reaches Python as a RuntimeError) ends the run with one line on stderr and exit status 3 (OOM_EXIT), and the --json
-summary says "oom": true, the step and the peaks so far: bench/cap_search.py bisects on that answer. Without the
+summary says "oom": true, the step and the peaks so far: bench cap search bisects on that answer. Without the
 option nothing changes.
 """
 from __future__ import annotations
@@ -39,7 +39,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from common import (  # noqa: F401 - OOM_EXIT, parse_fraction: defined here before common.py; tests read them
+from torch import nn
+
+from bench.cli import OneLineParser
+from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction: defined here before common.py; tests read them
     OOM_EXIT,
     MachineProbe,
     allocator_name,
@@ -55,9 +58,6 @@ from common import (  # noqa: F401 - OOM_EXIT, parse_fraction: defined here befo
     parse_fraction,
     start_snapshot,
 )
-from torch import nn
-
-from gmlake.cli import OneLineParser
 
 # Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive, in steps of
 # `batch_step` and `shape_step`; `shape` is the image side in pixels or the padded sequence length). The full sizes
@@ -316,7 +316,7 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
         if index == warmup:
             at_warmup = gmlake_stats()
         # Requests made before this step (torch's cumulative count): where the step starts in a captured trace, so
-        # replay can price the steps after warm-up alone (bench/stall_check.py).
+        # replay can price the steps after warm-up alone (bench report stall).
         allocations = torch.cuda.memory_stats().get("allocation.all.allocated") if cuda else None
         inputs = workload.make_inputs(shape, device)
         sync()

@@ -1,14 +1,14 @@
 """FSDP full-shard (ZeRO-3) training with LoRA and recomputation, shapes varying per step, one process per GPU.
 
-    torchrun --nproc-per-node 2 bench/workloads/fsdp_train.py --model opt-1.3b --json out.json
-    torchrun --nproc-per-node 2 -m gmlake run bench/workloads/fsdp_train.py --model opt-1.3b --json out.json
+    torchrun --nproc-per-node 2 -m bench.workloads.fsdp_train --model opt-1.3b --json out.json
+    torchrun --nproc-per-node 2 -m gmlake run -m bench.workloads.fsdp_train --model opt-1.3b --json out.json
 
 Rank 0 writes the summary: each rank's peak allocated and reserved memory, the median step time, tokens per second,
 and `timed_s`, the slowest rank's sum of step times after --warmup (the first quarter by default). Each rank draws
 its own shapes, as each rank's data loader would.
 
 --memory-fraction F (0 < F <= 1) caps each rank with torch.cuda.set_per_process_memory_fraction(F) before the model
-is built (bench/cap_search.py bisects on it). A rank that runs out of memory under it writes its own summary
+is built (bench cap search bisects on it). A rank that runs out of memory under it writes its own summary
 (`oom`, the step, its peaks; rank r > 0 to the --json path with `.rank<r>` before the suffixes) and ends its process
 at once with exit status 3, since the other rank waits in a collective that will never complete; torchrun then
 stops the job (with its own exit status), so the rank's file is what tells an out-of-memory stop from a crash.
@@ -27,8 +27,10 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
-from common import OOM_EXIT, counters_since, memory_fraction, oom_summary, out_of_memory, refuse
-from train_hf import (
+
+from bench.cli import OneLineParser
+from bench.workloads.common import OOM_EXIT, counters_since, memory_fraction, oom_summary, out_of_memory, refuse
+from bench.workloads.train_hf import (
     MODELS,
     MachineProbe,
     add_lora,
@@ -40,8 +42,6 @@ from train_hf import (
     memory_peaks,
     start_snapshot,
 )
-
-from gmlake.cli import OneLineParser
 
 
 def rank_path(path: str, rank: int) -> str:

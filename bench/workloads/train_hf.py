@@ -1,6 +1,6 @@
 """Train a Hugging Face causal LM at random init (no downloads) in bf16, with shapes that vary per step.
 
-    python bench/workloads/train_hf.py --model gpt2-large --lora --ckpt --steps 40 --json out.json
+    python -m bench.workloads.train_hf --model gpt2-large --lora --ckpt --steps 40 --json out.json
 
 The conditions that fragment memory: LoRA (peft), gradient checkpointing, optimizer offload, and batch sizes and
 sequence lengths drawn afresh each step, as a real data loader produces them. The summary's times are over the steps
@@ -9,7 +9,7 @@ after --warmup (the first quarter by default): `timed_s`, their sum, and tokens/
 --memory-fraction F (0 < F <= 1, CUDA only) caps the process with torch.cuda.set_per_process_memory_fraction(F) before
 the model is built, as dynamic.py does: building the model or a step that runs out of memory under the cap ends the
 run with one line on stderr and exit status 3 (OOM_EXIT), the --json summary saying "oom": true, the step and the
-peaks so far (bench/cap_search.py bisects on that answer). Under a cap nothing runs after the timed steps: no
+peaks so far (bench cap search bisects on that answer). Under a cap nothing runs after the timed steps: no
 profiled --gpu-time-steps (0 by default there) and no --max-batch-search, either of which could fail a run that fit.
 """
 from __future__ import annotations
@@ -22,7 +22,9 @@ import time
 from collections.abc import Callable
 
 import torch
-from common import (  # fsdp_train.py imports them from here too
+
+from bench.cli import OneLineParser
+from bench.workloads.common import (  # fsdp_train.py imports them from here too
     MachineProbe,
     allocator_name,
     counters_since,
@@ -36,8 +38,6 @@ from common import (  # fsdp_train.py imports them from here too
     refuse,
     start_snapshot,
 )
-
-from gmlake.cli import OneLineParser
 
 MODELS = {
     # name: (family, hidden, layers, heads, ffn, word_embed_proj_dim)

@@ -1,0 +1,274 @@
+"""Rewrite the generated tables of docs/benchmarks.md from the result files in bench/results.
+
+    python -m bench report docs [--check] [--doc docs/benchmarks.md]
+
+It also draws docs/training.png, the README's figure, from the training suite's results.
+Each generated table sits between `<!-- generated: NAME -->` and `<!-- end generated -->`; everything else in the
+document is prose and stays as it is. NAME picks the table and the results it is made of (RESULTS below), so the
+figures in the document are the files' and nothing else. --check rewrites nothing and exits 1 if the document is not
+what the files give (a stale table).
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import RESULTS, ROOT
+from bench.cli import OneLineParser
+
+GiB = 1 << 30
+DOC = ROOT / "docs" / "benchmarks.md"
+PNG = ROOT / "docs" / "training.png"
+MARK = re.compile(r"(<!-- generated: (?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
+
+# The training suite's current runs. A relabelling names what a run was in today's terms (None: left out): the FSDP
+# call ran today's default as `gmlake-wait`, next to the default of its day; native's FSDP runs are another call's.
+TRAINING: list[tuple[str, dict[str, str | None] | None]] = [
+    ("train/speed-2026-11-30e/train-gpu0.json", None),
+    ("train/speed-2026-11-30g/train-gpu0.json", None),
+    ("train/speed-2026-11-30h/train-gpu0.json", None),
+    ("train/speed-2026-11-30h/train-offload.json", None),
+    ("train/fsdp-2026-12-01/train-fsdp.json", {"gmlake-wait": "gmlake", "gmlake": None, "expandable": "expandable"}),
+    ("train/fsdp-2026-11-30d/train-fsdp.json", {"native": "native"}),
+]
+DYNAMIC = "train/speed-2026-11-30c/summary.json"
+# Cap searches: per workload and allocator the latest finished search among these counts.
+CAPS = ["train/cap-2026-11-30b", "train/cap-2026-11-30c", "train/cap-2026-12-01", "train/cap-2026-12-01c",
+        "train/cap-2026-12-01d", "train/cap-2026-12-01e", "train/cap-2026-12-01f", "train/cap-2026-12-01g",
+        "train/cap-2026-12-01h", "train/cap-2026-12-01i", "train/cap-2026-12-01j"]
+MICRO = "micro-h200-2026-11-30-2003.json"
+AB = "h200-2026-12-01-ab/ab.json"
+ALLOCATORS = ("native", "expandable", "gmlake")
+
+
+def _json(relative: str) -> dict | list:
+    return json.loads((RESULTS / relative).read_text())
+
+
+def _env_line(envs: list[dict]) -> str:
+    dates = sorted(e.get("date", "?")[:10] for e in envs)
+    span = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    first = envs[0]
+    return (f"{first.get('gpu', '?')} (driver {first.get('nvidia_driver', '?')}), torch {first.get('torch', '?')}, "
+            f"{span}.")
+
+
+def _runs_by_key(files: list[tuple[str, dict[str, str | None] | None]]) -> tuple[dict, list[dict]]:
+    runs: dict[tuple[str, str], list[dict]] = {}
+    envs = []
+    for relative, relabel in files:
+        data = _json(relative)
+        envs.append(data["environment"])
+        for run in data["runs"]:
+            if run.get("returncode") != 0:
+                continue
+            label = run["allocator"] if relabel is None else relabel.get(run["allocator"])
+            if label is not None:
+                runs.setdefault((run["workload"], label), []).append(run)
+    return runs, envs
+
+
+def training() -> str:
+    """The training suite: peaks, utilization and tokens/s per workload and allocator."""
+    runs, envs = _runs_by_key(TRAINING)
+    lines = [("| workload | peak reserved GiB: native / expandable / gmlake | utilization: native / expandable / "
+             "gmlake | gmlake tokens/s / expandable's (medians) | runs: native / expandable / gmlake |"),
+             "|---|---|---|---|---|"]
+    for workload in sorted({w for w, _ in runs}):
+        got = {a: runs.get((workload, a), []) for a in ALLOCATORS}
+        reserved = {a: max((r["max_memory_reserved"] for r in rs), default=None) for a, rs in got.items()}
+        util = {a: min((r["max_memory_allocated"] / r["max_memory_reserved"] for r in rs), default=None)
+                for a, rs in got.items()}
+        speed = {a: statistics.median(r["tokens_per_s"] for r in rs) if rs else None for a, rs in got.items()}
+        least = min(v for v in reserved.values() if v)
+        gib = {a: "-" if v is None else (f"**{v / GiB:.2f}**" if v == least else f"{v / GiB:.2f}")
+               for a, v in reserved.items()}
+        ratio = (f"{speed['gmlake'] / speed['expandable']:.2f}" if speed["gmlake"] and speed["expandable"] else "-")
+        lines.append(f"| {workload}{' (per rank, two GPUs)' if 'fsdp' in workload else ''} | "
+                     + " / ".join(gib[a] for a in ALLOCATORS) + " | "
+                     + " / ".join("-" if util[a] is None else f"{util[a]:.3f}" for a in ALLOCATORS)
+                     + f" | {ratio} | " + " / ".join(str(len(got[a])) for a in ALLOCATORS) + " |")
+    return "\n".join(lines) + "\n\n" + _env_line(envs) + "\n"
+
+
+def dynamic() -> str:
+    """The dynamic-shape speed suite: time against native, peaks and utilization, from its summary's rows."""
+    data = _json(DYNAMIC)
+    rows = {(r["workload"], r["allocator"]): r for r in data["rows"]}
+    lines = [("| workload | step time / native's: expandable / gmlake (min-max over runs) | native's own spread | "
+             "peak reserved GiB: native / expandable / gmlake | utilization: native / expandable / gmlake |"),
+             "|---|---|---|---|---|"]
+    for workload in dict.fromkeys(w for w, _ in rows):
+        r = {a: rows.get((workload, a)) for a in ALLOCATORS}
+        if not all(r.values()):
+            continue
+
+        time = {a: f"{x['vs_native']:.3f} ({x['vs_native_min']:.3f}-{x['vs_native_max']:.3f})" for a, x in r.items()}
+        spread = r["native"]["spread_pct"]
+        lines.append(f"| {workload} | {time['expandable']} / {time['gmlake']} | "
+                     + (f"{spread:.1f} %" if r["native"]["runs"] > 1 else "one run") + " | "
+                     + " / ".join(f"{r[a]['peak_reserved_gib']:.2f}" for a in ALLOCATORS) + " | "
+                     + " / ".join(f"{r[a]['utilization']:.3f}" for a in ALLOCATORS) + " |")
+    return "\n".join(lines) + "\n\n" + _env_line([data["environment"]]) + "\n"
+
+
+def caps() -> str:
+    """The cap search: per workload the largest cap that failed and the smallest that fit, per allocator."""
+    latest: dict[tuple[str, str], tuple[str, float, float | None]] = {}
+    peaks: dict[str, int] = {}
+    envs = []
+    for folder in CAPS:
+        record = _json(f"{folder}/cap.json")
+        envs.append(record["environment"])
+        total = record["device_total_memory"]
+        for pair in record["pairs"]:
+            if pair.get("status") != "done" or not pair.get("smallest_fit"):
+                continue
+            date = record["environment"]["date"]
+            key = (pair["workload"], pair["allocator"])
+            if key not in latest or latest[key][0] <= date:
+                fail = pair.get("largest_fail")
+                latest[key] = (date, pair["smallest_fit"] * total / GiB, fail * total / GiB if fail else None)
+            reference = pair.get("reference") or {}
+            if reference.get("max_memory_allocated"):
+                peaks[pair["workload"]] = reference["max_memory_allocated"]
+    lines = ["| workload | peak allocated GiB | expandable segments: failed / fit | gmlake: failed / fit | searched |",
+             "|---|---|---|---|---|"]
+    for workload in sorted({w for w, _ in latest}):
+        cells = []
+        for a in ("expandable", "gmlake"):
+            got = latest.get((workload, a))
+            cells.append("-" if got is None else f"{'-' if got[2] is None else f'{got[2]:.3f}'} / {got[1]:.3f}")
+        dates = sorted({latest[k][0][:10] for k in latest if k[0] == workload})
+        peak = f"{peaks[workload] / GiB:.2f}" if workload in peaks else "-"
+        lines.append(f"| {workload} | {peak} | {cells[0]} | {cells[1]} | {', '.join(dates)} |")
+    return "\n".join(lines) + "\n\n" + _env_line(envs) + "\n"
+
+
+def micro() -> str:
+    """The micro benchmark: the core's cache hits (an A/B of the current core) and the driver's calls."""
+    runs = _json(AB)
+    hits = [r["ns"] for r in runs if r["kind"] == "micro" and r["side"] == "B"]
+    lines = ["| case | ns per malloc+free (median of the runs, min-max) |", "|---|---|"]
+    for case in hits[0]:
+        values = [h[case] for h in hits]
+        lines.append(f"| {case} | {statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f}) |")
+    data = _json(MICRO)
+    lines += ["", "| handle | create | reserve | map | set_access per handle | unmap per handle | release |",
+              "|---|---|---|---|---|---|---|"]
+    for size, row in data["driver_call_us"].items():
+        lines.append(f"| {size} | " + " | ".join(f"{row[k]:.2f}" for k in (
+            "create_chunk", "reserve", "map", "set_access_per_handle", "unmap_per_handle", "release_chunk")) + " |")
+    env = data["environment"]
+    return "\n".join(lines) + (f"\n\nCache hits: {len(hits)} runs pinned to one CPU (`scripts/gpu-ab.sh`, "
+                               f"`{AB}`); driver calls (µs): `{MICRO}`. " + _env_line([env]) + "\n")
+
+
+def latency() -> str:
+    """torch.empty + del through the whole PyTorch stack, the current core against native, from the same A/B."""
+    runs = [r for r in _json(AB) if r["kind"] == "latency" and r["side"] in ("native", "B")]
+    lines = ["| size | native µs (median, min-max) | gmlake µs (median, min-max) | gmlake / native (medians) |",
+             "|---|---|---|---|"]
+    for size in [k for k in runs[0]["us"] if k != "probe_us"]:   # probe_us: the host's load, not a size
+        side = {s: [r["us"][size] for r in runs if r["side"] == s] for s in ("native", "B")}
+        med = {s: statistics.median(v) for s, v in side.items()}
+        lines.append(f"| {size} | {med['native']:.2f} ({min(side['native']):.2f}-{max(side['native']):.2f}) | "
+                     f"{med['B']:.2f} ({min(side['B']):.2f}-{max(side['B']):.2f}) | {med['B'] / med['native']:.2f} |")
+    count = len([r for r in runs if r["side"] == "B"])
+    return "\n".join(lines) + f"\n\n{count} rounds, native and gmlake alternated, every run pinned to one CPU.\n"
+
+
+def replayed() -> str:
+    """The bundled traces replayed under every built-in policy (computed here: replay is deterministic)."""
+    from gmlake import policies
+    from gmlake.replay import bundled_traces, replay
+    from gmlake.trace import load
+
+    names = policies.names()
+    lines = ["| trace | captured: max reserved GiB | " + " | ".join(f"{n}: reserved GiB / utilization / driver s"
+                                                              for n in names) + " |",
+             "|---|---|" + "---|" * len(names)]
+    for path in bundled_traces():
+        trace = load(path)
+        real = trace.meta.get("max_memory_reserved")
+        cells = []
+        for name in names:
+            r = replay(trace, name)
+            cells.append(f"{r.peak_reserved / GiB:.2f} / {r.utilization:.3f} / {r.driver_seconds:.3f}")
+        lines.append(f"| {trace.name} | {real / GiB:.2f} | " if real else f"| {trace.name} | - | ")
+        lines[-1] += " | ".join(cells) + " |"
+    return "\n".join(lines) + "\n"
+
+
+def plot(png: Path) -> None:
+    """The training suite as a picture: utilization, peak reserved and median step time against native's, per
+    workload and allocator (the README's figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs, _ = _runs_by_key(TRAINING)
+    workloads = sorted({w for w, _ in runs})
+    colors = {"native": "tab:red", "expandable": "tab:blue", "gmlake": "tab:green"}
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.6))
+    width = 0.27
+    for i, a in enumerate(ALLOCATORS):
+        xs = [k + (i - 1) * width for k in range(len(workloads))]
+        got = [runs.get((w, a), []) for w in workloads]
+        native = [statistics.median(r["median_step_s"] for r in runs.get((w, "native"), [])) for w in workloads]
+        axes[0].bar(xs, [min(r["max_memory_allocated"] / r["max_memory_reserved"] for r in rs) for rs in got],
+                    width, color=colors[a], label=a)
+        axes[1].bar(xs, [max(r["max_memory_reserved"] for r in rs) / GiB for rs in got], width, color=colors[a])
+        axes[2].bar(xs, [statistics.median(r["median_step_s"] for r in rs) / n for rs, n in zip(got, native)], width,
+                    color=colors[a])
+    titles = ("utilization (peak allocated / peak reserved)", "peak reserved, GiB",
+              "median step time / native's (inside the runs' noise)")
+    for ax, title in zip(axes, titles):
+        ax.set_xticks(range(len(workloads)), workloads, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+    axes[0].set_ylim(0, 1.05)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="upper center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
+                                        "latency": latency, "replay": replayed}
+
+
+def render(text: str) -> str:
+    """`text` with every generated section rewritten; an unknown NAME raises ValueError."""
+    def one(match: re.Match) -> str:
+        name = match["name"]
+        if name not in TABLES:
+            raise ValueError(f"no generated table {name!r}; one of: {', '.join(TABLES)}")
+        return match.group(1) + TABLES[name]() + match.group(4)
+
+    return MARK.sub(one, text)
+
+
+def main(argv: list[str] | None = None, prog: str = "bench report docs") -> int:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--doc", type=Path, default=DOC, help="the document to rewrite (default docs/benchmarks.md)")
+    parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if a table is stale")
+    args = parser.parse_args(argv)
+    try:
+        text = args.doc.read_text()
+        new = render(text)
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"{args.doc}: {exc}")
+    if args.check:
+        stale = new != text
+        print(f"{args.doc}: " + ("stale: run python -m bench report docs" if stale else "up to date"),
+              file=sys.stderr if stale else sys.stdout)
+        return 1 if stale else 0
+    args.doc.write_text(new)
+    plot(PNG)
+    print(f"rewrote {len(MARK.findall(text))} tables in {args.doc} and the figure {PNG}")
+    return 0
