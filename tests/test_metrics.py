@@ -92,7 +92,7 @@ def test_a_failed_replay_has_null_ratios():
 def test_compare_fits_120_columns_by_default_and_shows_every_column_wide(tmp_path, capsys):
     """Piped, the default table fits a 120-column terminal whatever the names' lengths (they fold); --wide adds
     every column, fragmentation and the stall model included."""
-    policy = "gmlake[min_saved_chunks=0,chunk_size=8MiB,max_cached_sblocks=7]"
+    policy = "gmlake[min_saved_chunks=0,expandable_page_large=8MiB,max_cached_sblocks=7]"
     args = ["compare", TINY, "--policy", policy, "--policy", "caching", "--out", str(tmp_path)]
     assert main(args) == EXIT_OK
     narrow = capsys.readouterr().out
