@@ -1,4 +1,4 @@
-"""The evidence behind docs/training.md's analysis, from the traces captured on the GPU (bench/results/traces).
+"""The evidence behind docs/benchmarks.md's analysis, from the traces captured on the GPU (tests/data/results/traces).
 
     python -m bench report analysis [TRACE ...]
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import RESULTS
+from bench import ROOT
 from bench.cli import OneLineParser
 from gmlake.explain import explain
 from gmlake.policies import get
@@ -31,6 +31,9 @@ VARIANTS = {
     "8 MiB handles": {"chunk_size": 8 << 20},
 }
 GiB = 1 << 30
+
+# The traces captured during the suites, and the runs they came from: kept with the tests that replay them.
+CAPTURED = ROOT / "tests" / "data" / "results"
 
 
 def quarters(trace, policy) -> list[tuple[int, float]]:
@@ -74,7 +77,7 @@ def driver_ms_per_step(trace, starts: list[int]) -> list[float]:
 def paired_runs(workload: str) -> list[tuple[str, dict, dict]]:
     """(result file, native run, gmlake run) for each file that ran both on the same GPU, one after the other."""
     out = []
-    for path in sorted((RESULTS / "train").glob("*.json")):
+    for path in sorted((CAPTURED / "train").glob("*.json")):
         runs = {r["allocator"]: r for r in json.loads(path.read_text())["runs"]
                 if r["workload"] == workload and r.get("returncode") == 0 and r.get("per_step")}
         if "native" in runs and "gmlake" in runs:
@@ -85,7 +88,7 @@ def paired_runs(workload: str) -> list[tuple[str, dict, dict]]:
 def main(argv: list[str] | None = None, prog: str = "bench report analysis") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path,
-                        default=sorted((RESULTS / "traces").glob("*.gmtrace")))
+                        default=sorted((CAPTURED / "traces").glob("*.gmtrace")))
     args = parser.parse_args(argv)
     traces = [load(str(p)) for p in args.traces]
 
