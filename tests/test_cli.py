@@ -170,7 +170,9 @@ def _fake_cpu_torch(tmp_path, monkeypatch):
     (pkg / "__init__.py").write_text("__version__ = '9.9.9+cpu'\nclass version:\n    cuda = None\n"
                                      "class _C:\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path / "fake"))
-    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    # Recorded, so that the fake the test imports leaves sys.modules with it (a later importorskip must not find it).
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.delitem(sys.modules, "torch")
 
 
 @pytest.mark.parametrize("command", [["run"], ["capture", "--", "python"]])
