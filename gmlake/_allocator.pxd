@@ -105,6 +105,17 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
     cppclass SBlockKey:
         size_t capacity
         uint64_t serial
+    cppclass SBlockCache:
+        cmap[uint64_t, SBlock*] all
+        cmap[SBlockKey, SBlock*] by_fit
+        cmap[uint64_t, SBlock*] by_age
+        uint64_t tick
+        void add(SBlock* sb)
+        void cache(SBlock* sb)
+        void uncache(SBlock* sb)
+        void forget(SBlock* sb)
+        size_t cached()
+        SBlock* oldest()
     cppclass PrivatePool:
         uint64_t id
         int64_t use_count
@@ -323,9 +334,7 @@ cdef class Allocator:
     cdef BlockStash spare_blocks
     cdef cmap[uintptr_t, Block*] by_addr                 # home address -> primitive block, all states
     cdef cmap[uint64_t, Segment*] segments               # serial -> segment
-    cdef cmap[uint64_t, SBlock*] sblocks                 # serial -> sBlock, cached or in use
-    cdef cmap[SBlockKey, SBlock*] cached                 # cached (not in use) sBlocks, best fit by capacity
-    cdef cmap[uint64_t, SBlock*] lru                     # last use -> cached sBlock
+    cdef SBlockCache sblock_cache                        # every sBlock; the cached ones by fit and by age
     cdef cmap[int64_t, Fence] fences                     # stream -> pending cross-stream fence
     cdef unordered_map[uintptr_t, vector[int64_t]] stream_uses   # live pointer -> other streams that used it
     cdef vector[PendingFree] pending                     # frees waiting for those streams' events, in free order
@@ -339,7 +348,6 @@ cdef class Allocator:
     cdef size_t trace_next                               # ring buffer position once full
     cdef vector[TraceEntry] trace
     cdef uint64_t next_serial
-    cdef uint64_t tick
     cdef uint64_t free_seq
     # Private pools (_pools.pxi): by id, and the active ones in the order they began (the one serving a request is
     # its Request's target). While `capturing` > 0 the core calls no event or synchronize function (Note [Pools and

@@ -248,7 +248,7 @@ cdef class Allocator:
                 del self.deferred_frees[i].block
         for pp in self.pools:
             del pp.second
-        for bp in self.sblocks:
+        for bp in self.sblock_cache.all:
             del bp.second
         for sp in self.segments:
             b = sp.second.first
@@ -302,7 +302,7 @@ cdef class Allocator:
         # Steps 1-2, the cache hit (Note [The cache-hit path]): the best free block, split, unless a cached sBlock
         # may fit it tighter (sblock_first) or the policy places.
         cdef Block* b = _best_free(self, SIZE_LARGE, size, stream)
-        if b != NULL and not self.k.hook_place and not (self.k.sblock_first and self.cached.size()):
+        if b != NULL and not self.k.hook_place and not (self.k.sblock_first and self.sblock_cache.cached()):
             _erase_free(self, b)
             return _take(self, why, b, size, stream)
         return self._alloc_large_miss(why, b, size, stream)
@@ -320,7 +320,7 @@ cdef class Allocator:
         # Note [sBlocks only where no free block fits]: with sblock_first off, a cached sBlock serves a request only
         # when no free block can. Checking whether an sBlock's pieces are free costs a lookup per piece, and an
         # expandable range's long free tail would otherwise send every request through that search.
-        if self.cached.size() and (b == NULL or self.k.sblock_first):
+        if self.sblock_cache.cached() and (b == NULL or self.k.sblock_first):
             sb = _best_cached(self, size, b.size if b != NULL else <size_t>-1, stream)
         if self.k.hook_place:       # placement seam: the policy may pick another block or sBlock, or none
             self.seams.place(self, why, SIZE_LARGE, size, stream, &b, &sb)
@@ -557,10 +557,7 @@ cdef class Allocator:
                 _release_block(self, sb.claimed[i])
             sb.claimed.clear()
             sb.alloc = NULL
-            self.tick += 1
-            sb.last_use = self.tick
-            self.cached[sblock_key(sb)] = sb
-            self.lru[sb.last_use] = sb
+            self.sblock_cache.cache(sb)
             del b
 
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
@@ -764,7 +761,7 @@ cdef class Allocator:
         with nogil:
             self._lock()
             s = self.st
-            cached = self.cached.size()
+            cached = self.sblock_cache.cached()
             pending = self.pending.size()
             orphans = self.orphan_chunks.size() + self.orphan_ranges.size() + self.orphan_events.size()
             for i in range(self.orphan_chunks.size()):

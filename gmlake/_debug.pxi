@@ -130,7 +130,7 @@ def _check_invariants(Allocator self) -> None:
                                  f"{fp.second.seg.owner.id}")
     for sp in self.segments:
         maps.assign(sp.second.sblock_maps.size(), 0)
-        for bp in self.sblocks:
+        for bp in self.sblock_cache.all:
             for i in range(bp.second.chunks.size()):
                 if bp.second.chunks[i].seg == sp.second:
                     maps[bp.second.chunks[i].index] += 1
@@ -139,7 +139,7 @@ def _check_invariants(Allocator self) -> None:
                 raise InvariantError(f"segment {sp.second.serial} chunk {i}: {sp.second.sblock_maps[i]} sBlock "
                                      f"maps counted, {maps[i]} sBlocks map it")
     c = 0
-    for bp in self.sblocks:
+    for bp in self.sblock_cache.all:
         sb = bp.second
         sblock_va += sb.va_size
         j = 0
@@ -156,7 +156,7 @@ def _check_invariants(Allocator self) -> None:
             c += 1
             if sb.claimed.size() != 0:
                 raise InvariantError(f"cached sBlock {sb.serial} claims blocks")
-            if self.cached.count(sblock_key(sb)) == 0 or self.lru.count(sb.last_use) == 0:
+            if self.sblock_cache.by_fit.count(sblock_key(sb)) == 0 or self.sblock_cache.by_age.count(sb.last_use) == 0:
                 raise InvariantError(f"cached sBlock {sb.serial} is not indexed")
         else:
             if not (self.live.count(sb.alloc.addr) or <uintptr_t>sb.alloc in pending_blocks):
@@ -168,8 +168,9 @@ def _check_invariants(Allocator self) -> None:
                 j += sb.claimed[i].size
             if j != sb.alloc.size:
                 raise InvariantError(f"sBlock {sb.serial}: claimed {j} bytes for an allocation of {sb.alloc.size}")
-    if not (c == self.cached.size() == self.lru.size()):
-        raise InvariantError(f"cached sBlocks: {c} counted, {self.cached.size()} indexed, {self.lru.size()} in LRU")
+    if not (c == self.sblock_cache.by_fit.size() == self.sblock_cache.by_age.size()):
+        raise InvariantError(f"cached sBlocks: {c} counted, {self.sblock_cache.by_fit.size()} indexed, "
+                             f"{self.sblock_cache.by_age.size()} in LRU")
     # Every statistic against the structures, and every peak at least its current value.
     counted = (("reserved", self.st.reserved, reserved), ("allocated", self.st.allocated, allocated),
                ("requested", self.st.requested, requested), ("active", self.st.active, active),

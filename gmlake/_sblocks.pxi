@@ -28,8 +28,7 @@ cdef Block* _claim(Allocator self, SBlock* sb, size_t size, int64_t stream) noex
     cdef size_t take, i
     cdef Block* b
     cdef Block* piece
-    self.cached.erase(sblock_key(sb))
-    self.lru.erase(sb.last_use)
+    self.sblock_cache.uncache(sb)
     for i in range(sb.pieces.size()):
         if remaining == 0:
             break
@@ -63,9 +62,9 @@ cdef SBlock* _best_cached(Allocator self, size_t size, size_t below, int64_t str
     cdef SBlockKey key
     key.capacity = size
     key.serial = 0
-    it = self.cached.lower_bound(key)
+    it = self.sblock_cache.by_fit.lower_bound(key)
     cdef size_t tried = 0
-    while it != self.cached.end() and tried < self.k.sblock_search_depth:
+    while it != self.sblock_cache.by_fit.end() and tried < self.k.sblock_search_depth:
         if deref(it).first.capacity >= below:
             return NULL
         if _sblock_fits(self, deref(it).second, size, stream):
@@ -84,9 +83,7 @@ cdef int _evict(Allocator self, Failure* why, SBlock* sb) noexcept nogil:
     _discard_range(self, why, sb.va, sb.va_size, 0, 0, True)
     for i in range(sb.chunks.size()):
         sb.chunks[i].seg.sblock_maps[sb.chunks[i].index] -= 1
-    self.cached.erase(sblock_key(sb))
-    self.lru.erase(sb.last_use)
-    self.sblocks.erase(sb.serial)
+    self.sblock_cache.forget(sb)
     self.st.sblock_va -= sb.va_size
     self.st.sblock_evictions += 1
     del sb
@@ -100,13 +97,13 @@ cdef int _evict_lru(Allocator self, Failure* why, size_t keep, bint synced, int 
     range)."""
     cdef int rc
     cdef SBlock* victim
-    while self.lru.size() > keep:
+    while self.sblock_cache.cached() > keep:
         if not synced:
             rc = _sync(self, why)
             if rc != DRIVER_OK:
                 return rc
             synced = True
-        victim = deref(self.lru.begin()).second
+        victim = self.sblock_cache.oldest()
         if self.k.hook_evict and reason != EVICT_ALL:
             victim = self.seams.evict(self, why, victim, reason)
             if victim == NULL:          # the policy declined: keep the rest
@@ -141,7 +138,7 @@ cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t 
     if _refuse_unannounced_capture(self, why):
         return NULL
     # Trimming the cache synchronizes, which graph capture forbids: the cache may exceed its bound until it ends.
-    if self.k.max_cached_sblocks and self.lru.size() >= self.k.max_cached_sblocks and self.capturing == 0:
+    if self.k.max_cached_sblocks and self.sblock_cache.cached() >= self.k.max_cached_sblocks and self.capturing == 0:
         if _evict_lru(self, why, self.k.max_cached_sblocks - 1, False, EVICT_BOUND) != DRIVER_OK:
             return NULL
     for i in range(pieces.size()):
@@ -189,7 +186,7 @@ cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t 
     sb.chunks = chunks
     for i in range(chunks.size()):
         chunks[i].seg.sblock_maps[chunks[i].index] += 1
-    self.sblocks[sb.serial] = sb
+    self.sblock_cache.add(sb)
     self.st.sblock_va += va_size
     peak_update(&self.st.peak_sblock_va, self.st.sblock_va)
     self.st.stitches += 1

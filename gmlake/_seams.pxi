@@ -39,7 +39,7 @@ cdef SBlock* _hook_evict(Allocator self, Failure* why, SBlock* lru_victim, int r
     cdef vector[SBlock*] order
     cdef pair[uint64_t, SBlock*] entry
     cdef size_t i
-    for entry in self.lru:
+    for entry in self.sblock_cache.by_age:
         order.push_back(entry.second)
     try:
         cached = [_cached_view(self, order[i]) for i in range(order.size())]
@@ -70,8 +70,8 @@ cdef void _hook_place(Allocator self, Failure* why, int pool, size_t size, int64
         if sb != NULL:
             key.capacity = size
             key.serial = 0
-            it = self.cached.lower_bound(key)
-            while it != self.cached.end():
+            it = self.sblock_cache.by_fit.lower_bound(key)
+            while it != self.sblock_cache.by_fit.end():
                 if _sblock_fits(self, deref(it).second, size, stream):
                     sblocks.push_back(deref(it).second)
                     candidates.append(_cached_view(self, deref(it).second))
@@ -198,7 +198,7 @@ cdef object _cached_view(Allocator self, SBlock* sb):
     cdef size_t i
     return CachedSBlock(sb.serial, sb.va, sb.va_size, sb.capacity,
                         tuple([(sb.pieces[i].addr, sb.pieces[i].size) for i in range(sb.pieces.size())]),
-                        sb.chunks.size(), sb.stream, self.tick - sb.last_use if sb.alloc == NULL else 0,
+                        sb.chunks.size(), sb.stream, self.sblock_cache.tick - sb.last_use if sb.alloc == NULL else 0,
                         _sblock_all_free(self, sb))
 
 
@@ -220,7 +220,7 @@ cdef object _with_state(Allocator self, Failure* why, int64_t stream, object hoo
     walk.stream = stream
     blocks = FreeBlocks(walk)
     state = AllocatorState(self.st.reserved, self.st.allocated, self.st.active, self.limit_bytes,
-                           self.driver.capacity, self.cached.size(), stream, blocks,
+                           self.driver.capacity, self.sblock_cache.cached(), stream, blocks,
                            why.request.target.id if why.request != NULL and why.request.target != NULL else 0)
     try:
         return hook(*args, state)

@@ -143,7 +143,7 @@ cdef size_t _release_free(Allocator self, Failure* why, int size_class, size_t w
     cdef vector[Segment*] segs
     cdef pair[uint64_t, Segment*] entry
     cdef size_t released = 0, i
-    if size_class == SIZE_LARGE and self.lru.size():
+    if size_class == SIZE_LARGE and self.sblock_cache.cached():
         if _evict_lru(self, why, 0, True, reason) != DRIVER_OK:
             return 0
     for entry in self.segments:

@@ -157,6 +157,36 @@ struct SBlockKey {
     }
 };
 
+// The sBlock cache (room "sblocks", _sblocks.pxi): every sBlock by serial, and the cached ones (mapped, their
+// allocation freed) by best fit and by age. Its methods change the three together; other rooms only read them.
+struct SBlockCache {
+    std::map<uint64_t, SBlock*> all;         // serial -> sBlock, cached or in use
+    std::map<SBlockKey, SBlock*> by_fit;     // cached sBlocks, best fit by capacity
+    std::map<uint64_t, SBlock*> by_age;      // last use -> cached sBlock, the least recently used first
+    uint64_t tick = 0;                       // the clock of last uses
+    static SBlockKey key_of(const SBlock* sb) { return SBlockKey{sb->capacity, sb->serial}; }
+    // A new sBlock, in use.
+    void add(SBlock* sb) { all[sb->serial] = sb; }
+    // Its allocation was freed: cached, the most recently used.
+    void cache(SBlock* sb) {
+        sb->last_use = ++tick;
+        by_fit[key_of(sb)] = sb;
+        by_age[sb->last_use] = sb;
+    }
+    // In use again.
+    void uncache(SBlock* sb) {
+        by_fit.erase(key_of(sb));
+        by_age.erase(sb->last_use);
+    }
+    // Evicted (it was cached): forgotten; the caller frees it.
+    void forget(SBlock* sb) {
+        uncache(sb);
+        all.erase(sb->serial);
+    }
+    size_t cached() const { return by_age.size(); }
+    SBlock* oldest() const { return by_age.begin()->second; }
+};
+
 // Note [Reusing nodes on the hot path]: a cache hit that splits a free block and merges it back on free would
 // otherwise allocate and free a Block, and a node of each container it enters (free index, address map, live map),
 // every time: about a third of a split + merge's instructions (callgrind of bench/micro.py's cache_hits cases on
