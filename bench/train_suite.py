@@ -31,8 +31,8 @@ WORKLOADS = {
                         ("offload", ["--offload"]))
 }
 FSDP_WORKLOADS = {"opt1.3b-fsdp-lora-ckpt": ["--model", "opt-1.3b"]}      # LoRA + recomputation, always
-# Candidates for the default (`gmlake run` flags), each with the measurement that made it one (docs/training.md,
-# session 7); bench speed offers them too.
+# Candidates for the default (`gmlake run` flags), each with the measurement that made it one (docs/benchmarks.md);
+# bench speed offers them too.
 CANDIDATES = {
     # bench kernels copied 1.2-4.7 % slower on 20 MiB handles than on cudaMalloc memory, and as fast on 64 MiB;
     "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
