@@ -164,6 +164,11 @@ cdef Block* _alloc_expandable(Allocator self, Failure* why, int size_class, size
                 _drop_segment(self, why, seg)     # a segment with nothing mapped holds only VA: give it back
             return NULL
     while c.size < size:
+        # _find_expandable counts a free block of another stream tag (-1) as room, but coalescing does not join it:
+        # growth stops there as out of memory (pressure is then relieved) instead of mapping over a mapped block.
+        if c.next == NULL or c.next.state != BLOCK_UNMAPPED:
+            why.err = ERR_OOM
+            return NULL
         m = _map_pages(self, why, c.next, min_size(size - c.size, c.next.size))
         if m == NULL:
             return NULL
