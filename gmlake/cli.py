@@ -1,9 +1,10 @@
-"""The gmlake command: replay, explain, compare, traces, capture, convert, run.
+"""The gmlake command: replay, explain, compare, tune, traces, capture, convert, run.
 
     gmlake replay TRACE [--policy POLICY ...] [--set [POLICY.]KNOB=VALUE ...] [--device-memory 80GiB] [--cap SIZE]
                         [--json]
     gmlake explain TRACE [--policy POLICY ...] [--set [POLICY.]KNOB=VALUE ...] [--cap SIZE] [--json]
     gmlake compare [TRACE ...] [--cap SIZE] [--out DIR]
+    gmlake tune TRACE [--fit SIZE] [--json] [--plot FILE]   (which policy and knobs suit this job)
     gmlake traces                          (the bundled traces, usable by name as TRACE)
     gmlake capture -o run.pickle.gz -- python train.py ...
     gmlake convert SNAPSHOT [-o trace.gmtrace]
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -279,8 +281,11 @@ def cmd_explain(args) -> int:
     status = EXIT_OUT_OF_MEMORY if any(b.ooms for b in found) else EXIT_OK
     if args.json:
         for b in found:
-            print(json.dumps({**asdict(b), "why": b.why}))
+            print(json.dumps({**asdict(b), "why": b.why, "words": b.words}))
         return status
+    console = _console()
+    for b in found:                               # why, in words, before the account
+        console.print(Text(f"{b.policy}: {b.words}"), soft_wrap=True)
     caption = None
     if status:
         where = " under the memory cap" if args.cap else ""
@@ -301,18 +306,59 @@ def cmd_explain(args) -> int:
     for i, label in enumerate(labels):
         table.add_row(label, *(f"{b.rows()[i][1] / 2**30:.3f}  {100 * b.rows()[i][1] / b.reserved:5.1f}%"
                                for b in found), end_section=i == len(labels) - 1)
+
+    def blocks(count: int, size: int) -> str:
+        return f"{size / 2**30:.3f} in {count} block{'' if count == 1 else 's'}"
+
+    table.add_row(Text("free large blocks, by size:", style="italic"), *("" for _ in found))
     for label in found[0].fragments:
-        table.add_row(f"free large blocks {label}",
-                      *(f"{b.fragments[label][0]} / {b.fragments[label][1] / 2**30:.3f}" for b in found),
+        table.add_row(f"  {label}", *(blocks(*b.fragments[label]) for b in found),
                       end_section=label == list(found[0].fragments)[-1])
+    table.add_row(Text("live blocks in the chunks that hold free pieces:", style="italic"), *("" for _ in found))
     for label in found[0].pinning:
-        table.add_row(f"live blocks sharing those chunks, {label}",
-                      *(f"{b.pinning[label][0]} / {b.pinning[label][1] / 2**30:.3f}" for b in found))
-    console = _console()
+        table.add_row(f"  {label}", *(blocks(*b.pinning[label]) for b in found))
     console.print(table)
     for b in found:
         console.print(Text(f"{b.policy}: {b.why}"))
     return status
+
+
+def cmd_tune(args) -> int:
+    """`gmlake tune`: replay a search of policies and knobs, print the front and the setting to use."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gmlake import tune
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if not args.within >= 1:        # also NaN
+        raise UsageError(f"--within must be a factor of at least 1, got {args.within}")
+    plot = _output_file(args.plot, "--plot") if args.plot else None
+    (trace,) = _load([args.trace], args.device)
+    settings = tune.search_space(trace)
+    bar = Progress(TextColumn("tuning {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[last]}"), console=Console(stderr=True),
+                   disable=not sys.stderr.isatty(), transient=True)
+    with bar:
+        task = bar.add_task(trace.name, total=len(settings), last="")
+        result = tune.tune(trace, fit=args.fit, device_memory=args.device_memory, event_lag=args.event_lag,
+                           within=args.within, jobs=args.jobs, settings=settings,
+                           on_done=lambda o: bar.update(task, advance=1, last=o.policy))
+    _note_unsized([trace], args.device_memory)
+    if plot:
+        _write_atomically({plot: lambda tmp: tune.plot(result, tmp)})
+    if args.json:
+        print(json.dumps(result.record()))
+    else:
+        console = _console()
+        console.print(tune.table(result, every=args.all))
+        for line in tune.recommendation_lines(result):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.print(f"{len(result.outcomes)} settings in {result.seconds:.1f} s on {result.jobs} "
+                      f"process{'es' if result.jobs > 1 else ''}"
+                      + (f"; wrote {plot}" if plot else ""), markup=False, highlight=False)
+    return EXIT_OK if result.recommended is not None else EXIT_OUT_OF_MEMORY
 
 
 def cmd_compare(args) -> int:
@@ -395,18 +441,20 @@ def _program(args, usage: str) -> list[str]:
 
 
 def _check_script(program: list[str]) -> None:
-    """A program is `-m module args` or `script.py args`; the script must exist."""
-    if program[0] != "-m" and not Path(program[0]).is_file():
+    """A program is `-m module args`, `-c code args` or `script.py args`; the script must exist."""
+    if program[0] == "-c" and len(program) < 2:
+        raise UsageError("-c needs the code to run, as python -c takes it")
+    if program[0] not in ("-m", "-c") and not Path(program[0]).is_file():
         raise UsageError(f"no such script: {program[0]}")
 
 
 def cmd_capture(args) -> int:
     """`gmlake capture`: run a Python program with allocator history on, then dump its snapshot. A bare `python`
     (or `python3`, ...) means this interpreter, the one gmlake is installed in; a path to a Python is honoured."""
-    usage = "gmlake capture -o OUT -- python script.py args...  (or: -- python -m module args...)"
+    usage = "gmlake capture -o OUT -- python script.py args...  (or: -- python -m module args..., -- python -c CODE)"
     program = _program(args, usage)
     first = program[0]
-    if first == "-m" or first.endswith(".py"):
+    if first in ("-m", "-c") or first.endswith(".py"):
         python, rest = sys.executable, program
     elif Path(first).name.startswith("python"):
         python, rest = (first if os.sep in first else sys.executable), program[1:]
@@ -492,6 +540,9 @@ def cmd_run(args) -> int | Callable[[], int]:
         if program[0] == "-m":
             sys.argv = program[1:]
             runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+        elif program[0] == "-c":
+            sys.argv = ["-c", *program[2:]]
+            exec(compile(program[1], "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - python -c
         else:
             script = Path(program[0])
             sys.argv = program
@@ -571,6 +622,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for compare.png and compare.jsonl, created if missing (default: gmlake-compare)")
     p.set_defaults(func=cmd_compare)
 
+    p = sub.add_parser("tune", help="find the policy and knobs that suit a trace: replay a search, print the front "
+                                    "of memory and driver time, recommend one")
+    p.add_argument("trace", help=_TRACE_HELP)
+    p.add_argument("--fit", type=_cap, metavar="SIZE",
+                   help="the memory the job must complete in, e.g. 12GiB: a cap on the modelled device (what "
+                        "GMLAKE_LIMIT sets); recommend the fastest setting that completes within it (default: the "
+                        "least peak reserved within --within of the fastest driver time)")
+    p.add_argument("--within", type=float, default=1.05, metavar="X",
+                   help="without --fit: consider settings whose driver time is at most X times the fastest's "
+                        "(default 1.05)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object: every setting's outcome and the recommendation")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG of driver time against memory, the front marked")
+    p.add_argument("--all", action="store_true", help="show every setting, not only the front and the built-ins")
+    p.add_argument("--jobs", type=_count, metavar="N", help="processes to replay on (default: every core)")
+    p.add_argument("--device", type=int, help=_DEVICE_HELP)
+    p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)
+    p.add_argument("--event-lag", type=_event_lag, default=0, metavar="N", help=_EVENT_LAG_HELP)
+    p.set_defaults(func=cmd_tune)
+
     p = sub.add_parser("traces", help="list the bundled traces, which replay, explain and compare take by name")
     p.add_argument("--names", action="store_true", help="only the names, one a line")
     p.set_defaults(func=cmd_traces)
@@ -635,12 +706,41 @@ def _mark_program_start(argv: list[str], parser: argparse.ArgumentParser) -> lis
     return [*argv[:i], "--", *argv[i:]]
 
 
+def _join_negative_values(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """argv with `--opt -5GiB` written `--opt=-5GiB` for the subcommand's options that take a value, so that a
+    negative size reaches the option's own check ("must be at least 1 B") instead of argparse's "expected one
+    argument" (argparse takes `-5GiB` for an option). A program's arguments after `--` are left alone."""
+    if not argv:
+        return argv
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    sub = subs.get(argv[0])
+    if sub is None:
+        return argv
+    takes_value = {s for a in sub._actions for s in a.option_strings if a.nargs is None}
+    out, i = [argv[0]], 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return out + argv[i:]
+        if token in takes_value and i + 1 < len(argv) and re.match(r"-\d", argv[i + 1]):
+            out.append(f"{token}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the gmlake command; returns the exit status (see the module docstring)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser()
-        args = parser.parse_args(_mark_program_start(argv, parser))
+        if not argv:                              # a bare `gmlake`: what it can do, not only that it needs more
+            print(parser.format_help(), end="")
+            print("gmlake: error: name a command (listed above; gmlake COMMAND --help for one)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        args = parser.parse_args(_join_negative_values(_mark_program_start(argv, parser), parser))
         outcome = args.func(args)
     except SystemExit as exc:                     # --help, --version
         return exc.code if isinstance(exc.code, int) else EXIT_OK
