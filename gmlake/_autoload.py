@@ -69,9 +69,10 @@ def enable_from_environment() -> None:
 
         gtorch.enable_from_env()
     except Exception as exc:
+        reason = str(exc).removeprefix("gmlake: ").removeprefix("cannot install gmlake as PyTorch's CUDA allocator: ")
         raise RuntimeError(
             f"gmlake: {VARIABLE}={os.environ.get(VARIABLE)} is set, but gmlake could not be installed as PyTorch's "
-            f"CUDA allocator: {exc}. Unset {VARIABLE} to run on PyTorch's own allocator.") from exc
+            f"CUDA allocator: {reason}. Unset {VARIABLE} to run on PyTorch's own allocator.") from exc
 
 
 def _remove_finder() -> None:

@@ -65,8 +65,8 @@ def dump(path: str | Path, name: str | None = None, **extra) -> Path:
 
 
 def run(out: str | Path, argv: list[str], name: str | None = None) -> None:
-    """Run a Python program (`script.py args` or `-m module args`) in this process, recording its allocations,
-    and dump the snapshot when it exits."""
+    """Run a Python program (`script.py args`, `-m module args` or `-c code args`) in this process, recording its
+    allocations, and dump the snapshot when it exits."""
     if not argv:
         raise SystemExit("gmlake capture: nothing to run")
     start()
@@ -76,6 +76,11 @@ def run(out: str | Path, argv: list[str], name: str | None = None) -> None:
             raise SystemExit("gmlake capture: -m needs a module name")
         sys.argv = argv[1:]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0] == "-c":
+        if len(argv) < 2:
+            raise SystemExit("gmlake capture: -c needs the code to run")
+        sys.argv = ["-c", *argv[2:]]
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - as python -c runs it
     else:
         sys.argv = list(argv)
         sys.path.insert(0, str(Path(argv[0]).resolve().parent))

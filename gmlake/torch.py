@@ -114,6 +114,11 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
         raise TypeError(f"gmlake: policy must be a name or a gmlake.policies.Policy, got {type(policy).__name__}")
     chosen = choice.policy
     chosen.check_knobs()        # a knob its growth does not read fails here, not at the first allocation
+    from gmlake.capture import torch_cuda_problem
+
+    problem = torch_cuda_problem()      # a CPU-only build has no CUDA allocator to replace: say so, not its internals
+    if problem:
+        raise RuntimeError(f"gmlake: cannot install gmlake as PyTorch's CUDA allocator: {problem}")
 
     def factory(device: int) -> Allocator:
         from gmlake import cuda_driver

@@ -23,6 +23,7 @@ import importlib.util
 import os
 import re
 import sys
+import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,22 @@ def split_spec(spec: str) -> tuple[str, dict[str, str]]:
         raise ValueError(f"policy {spec!r}: {exc}") from None
 
 
+def _failure(exc: BaseException) -> str:
+    """A user module's exception as one line, with the file and line it was raised at (a SyntaxError's own place;
+    else the last frame of the traceback outside gmlake and importlib)."""
+    where = None
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f"{exc.filename}:{exc.lineno}"
+        text = exc.msg
+    else:
+        text = str(exc)
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if not f.filename.startswith("<frozen") and Path(f.filename).parent != Path(__file__).parent]
+        if frames:
+            where = f"{frames[-1].filename}:{frames[-1].lineno}"
+    return f"{type(exc).__name__} at {where}: {text}" if where else f"{type(exc).__name__}: {text}"
+
+
 def _load_file(path_text: str, spec: str) -> object:
     """The module a policy file defines, executed once per file."""
     path = Path(path_text).expanduser()
@@ -123,7 +140,7 @@ def _load_file(path_text: str, spec: str) -> object:
         module_spec.loader.exec_module(module)
     except Exception as exc:  # noqa: BLE001 - the user's file may raise anything
         del sys.modules[name]
-        raise ValueError(f"policy {spec!r}: running {path_text} failed: {type(exc).__name__}: {exc}") from None
+        raise ValueError(f"policy {spec!r}: running {path_text} failed: {_failure(exc)}") from None
     _loaded_files[path] = module
     return module
 
@@ -141,7 +158,7 @@ def _import_module(module_name: str, spec: str) -> object:
                              f"folder)") from None
         raise ValueError(f"policy {spec!r}: importing {module_name} failed: ModuleNotFoundError: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - the user's policy code may raise anything
-        raise ValueError(f"policy {spec!r}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+        raise ValueError(f"policy {spec!r}: importing {module_name} failed: {_failure(exc)}") from None
     finally:
         if added and os.getcwd() in sys.path:
             sys.path.remove(os.getcwd())
@@ -191,6 +208,16 @@ def policy_class(base: str) -> type[Policy]:
     return _checked_class(found, base)
 
 
+def _annotated_not_fields(cls: type) -> set[str]:
+    """Names a Policy subclass annotates that are no dataclass field: a class written without @dataclass."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(cls)}
+    return {name for klass in cls.__mro__ if "__dataclass_fields__" not in klass.__dict__
+            for name, hint in vars(klass).get("__annotations__", {}).items()
+            if name not in known and "ClassVar" not in str(hint)}
+
+
 def resolve(spec: str, knobs: Mapping[str, object] | None = None,
             granularity: int | None = 2 << 20) -> PolicyChoice:
     """The policy `spec` names (see the module docstring), with `knobs` and then the spec's own inline knobs
@@ -207,6 +234,11 @@ def resolve(spec: str, knobs: Mapping[str, object] | None = None,
         typed = coerce_knobs(cls, settings, who=spec.strip())
     except ValueError as exc:
         text = str(exc)
+        undeclared = [name for name in settings if name in _annotated_not_fields(cls)]
+        if undeclared:
+            text = (f"policy {spec.strip()}: {cls.__name__} declares {', '.join(undeclared)} but is not a "
+                    f"@dataclass(frozen=True), so {'it is' if len(undeclared) == 1 else 'they are'} no knob: "
+                    f"decorate the class")
         raise ValueError(text if text.startswith("policy ") else f"policy {spec.strip()}: {text}") from None
     try:
         policy = cls(**typed)
