@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gmlake.knobs import format_size
-from gmlake.policies import Policy, PolicyChoice, choice_of
-from gmlake.replay import PEAK_GROWTH_WITHIN, peak_growth_moment, run_requests
+from gmlake.policies import Policy, PolicyChoice, choice_of, get
+from gmlake.replay import PEAK_GROWTH_WITHIN, modelled_device_memory, peak_growth_moment, run_requests
 from gmlake.trace import Trace
 
 MiB = 1 << 20
@@ -65,6 +65,42 @@ class PeakBreakdown:
     event_lag: int = 0          # requests between an event's recording and its completion (Note [Event lag in replay])
     policy_spec: str = ""
     knobs: dict = field(default_factory=dict)
+    # Just before the explained request: the large pool's free blocks its stream may use
+    free_before: int = 0
+    free_pieces_before: int = 0
+    largest_free_before: int = 0
+    page: int = 0               # the page (chunk) its large-pool memory grew by
+    # The same request under other policies, each replayed on its own up to it: {policy label: (what it is,
+    # bytes it grew reserved by, its page)}
+    elsewhere: dict = field(default_factory=dict)
+
+    @property
+    def words(self) -> str:
+        """Why it grew, in words first: what was asked, what was free and in what pieces, how it was served, and
+        what the other policies did with the same request."""
+        text = (f"{_size(self.request_size)} asked (request #{self.request_index}); "
+                f"{_size(self.free_before)} free in {self.free_pieces_before} "
+                f"piece{'' if self.free_pieces_before == 1 else 's'}")
+        if self.free_pieces_before:
+            text += f", the largest {_size(self.largest_free_before)}"
+            text += " (it fits)" if self.largest_free_before >= self.request_size else " (too small)"
+        text += f"; {self.policy} grew reserved by {self._grown(self.growth, self.page)}"
+        others = []
+        for label, (what, grew, page) in self.elsewhere.items():
+            if grew <= 0:
+                others.append(f"{what} ({label}) would have served it with 0 new pages")
+            else:
+                others.append(f"{what} ({label}) would have grown {self._grown(grew, page)}")
+        return text + ("; " + "; ".join(others) if others else "")
+
+    def _grown(self, grew: int, page: int) -> str:
+        text = _size(grew)
+        if page and grew > 0:
+            text += f" ({_pages(grew, page)}"
+            text += ", the rest from free memory)" if grew < self.request_size else ")"
+        elif 0 < grew < self.request_size:
+            text += " (the rest from free memory)"
+        return text
 
     @property
     def why(self) -> str:
@@ -139,6 +175,36 @@ def _free_bytes(segments: list[dict]) -> tuple[int, int, int, dict, dict]:
             {k: tuple(v) for k, v in pinning.items()})
 
 
+def _size(n: int) -> str:
+    return format_size(n) if n else "0 B"
+
+
+def _pages(n: int, page: int) -> str:
+    count = -(-n // page)
+    return f"{count} new page{'' if count == 1 else 's'} of {format_size(page)}"
+
+
+def _free_for_stream(segments: list[dict], stream: int) -> tuple[int, int, int]:
+    """(bytes, pieces, largest) of the large pool's free blocks that `stream` may use (its own and those of no
+    stream), in the default pool."""
+    sizes = [size for seg in segments if seg["pool"] == "large" and not seg.get("private_pool")
+             for _offset, size, state, owner, _requested in seg["blocks"] if state == "free" and owner in (stream, -1)]
+    return sum(sizes), len(sizes), max(sizes, default=0)
+
+
+# What `explain` compares a policy's growth with: the same request under stitching and under expandable segments.
+ELSEWHERE = (("gmlake-paper", "stitching"), ("expandable", "expandable segments"))
+
+
+def _growth_at(trace: Trace, policy: Policy, moment: int, device_memory: int | None, cap: int,
+               event_lag: int) -> int:
+    """Bytes request #`moment` grew reserved memory by under `policy`, replayed on its own up to it."""
+    _, out = run_requests(trace, policy, device_memory, upto=moment + 1, samples=moment + 1, cap=cap,
+                          event_lag=event_lag)
+    reserved = out["timeline"]["reserved"]
+    return int(reserved[moment]) - (int(reserved[moment - 1]) if moment else 0)
+
+
 class NothingToExplain(ValueError):
     """The replay never reserved memory: the trace has no allocations, or none fit the modelled device."""
 
@@ -179,6 +245,19 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
                            f"bytes, not the {reserved_after[moment]} of the full replay")
     small, whole, shared, fragments, pinning = _free_bytes(alloc.segments_info())
     request = trace.requests()[moment]
+    before, _ = run_requests(trace, policy, device_memory, upto=moment, samples=1, cap=cap, event_lag=event_lag)
+    free_before, pieces, largest = _free_for_stream(before.segments_info(), int(request["stream"]))
+    page = policy.chunk_size if policy.segment_rule == "chunks" else \
+        policy.expandable_page_large if policy.segment_rule == "expandable" else 0
+    if page and policy.segment_rule == "expandable" and policy.capped_page_large and cap and \
+            cap < modelled_device_memory(trace, device_memory):
+        page = policy.capped_page_large
+    elsewhere = {}
+    for name, what in ELSEWHERE:
+        other = get(name)
+        if other.label() != choice.label:
+            page_there = other.chunk_size if other.segment_rule == "chunks" else other.expandable_page_large
+            elsewhere[name] = (what, _growth_at(trace, other, moment, device_memory, cap, event_lag), page_there)
     return PeakBreakdown(
         trace=trace.name, policy=choice.label, request_index=moment, request_size=int(request["size"]),
         reserved=stats["reserved_bytes"], requested=stats["requested_bytes"],
@@ -186,4 +265,5 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
         free_in_shared_chunks=shared, fragments=fragments, pinning=pinning, ooms=full["ooms"],
         peak_reserved=full["peak_reserved"], peak_request_index=full["peak_event"], growth=int(growths[moment]),
         later_growth=int(growths[moment + 1:].clip(min=0).sum()), within=within, cap=cap, event_lag=event_lag,
-        policy_spec=choice.spec, knobs=choice.policy.knob_values())
+        policy_spec=choice.spec, knobs=choice.policy.knob_values(), free_before=free_before,
+        free_pieces_before=pieces, largest_free_before=largest, page=page, elsewhere=elsewhere)

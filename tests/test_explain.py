@@ -58,8 +58,42 @@ def test_live_blocks_beside_shared_free_pieces_are_counted_once_by_size_against_
 def test_explain_shows_the_live_blocks_beside_the_free_pieces(capsys):
     assert cli_main(["explain", TINY, "--policy", "gmlake"]) == 0
     out = capsys.readouterr().out
-    assert "live blocks sharing those chunks, smaller than a chunk" in out
-    assert "live blocks sharing those chunks, a chunk or more" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if "live blocks in the chunks that hold free pieces:" in line)
+    assert "  smaller than a chunk" in lines[header + 1] and "  a chunk or more" in lines[header + 2]
+    b = explain(load(TINY), "gmlake")
+    for label, line in zip(b.pinning, lines[header + 1:header + 3]):
+        count, size = b.pinning[label]
+        assert f"{size / 2**30:.3f} in {count} block" in line, line
+
+
+def test_explain_says_why_in_words_first():
+    """What was asked, what was free (pieces, the largest) just before, what the policy grew, and what stitching
+    and expandable segments grew for the same request: each checked against a replay of its own."""
+    trace = load(bundled_traces()[1])                  # gpt2l-lora-ckpt-native
+    b = explain(trace, "caching")
+    stream = int(trace.requests()[b.request_index]["stream"])
+    before, _ = run_requests(trace, "caching", upto=b.request_index, samples=1)
+    free = [size for seg in before.segments_info() if seg["pool"] == "large"
+            for _, size, state, owner, _ in seg["blocks"] if state == "free" and owner in (stream, -1)]
+    assert (b.free_before, b.free_pieces_before, b.largest_free_before) == (sum(free), len(free), max(free))
+    for name in ("gmlake-paper", "expandable"):
+        _, out = run_requests(trace, name, upto=b.request_index + 1, samples=b.request_index + 1)
+        reserved = out["timeline"]["reserved"]
+        assert b.elsewhere[name][1] == reserved[b.request_index] - reserved[b.request_index - 1]
+    words = b.words
+    assert words.startswith(f"2.9 GiB asked (request #{b.request_index}); 6.3 GiB free in {len(free)} pieces, "
+                            f"the largest 1.7 GiB (too small); caching grew reserved by 2.9 GiB")
+    assert "stitching (gmlake-paper) would have grown 1.4 GiB (714 new pages of 2 MiB" in words
+    assert "expandable segments (expandable) would have grown 2.9 GiB" in words
+    assert "stitching" not in explain(trace, "gmlake-paper").words.split("; gmlake-paper grew")[1]
+
+
+def test_cli_explain_prints_the_words_before_the_table(capsys):
+    assert cli_main(["explain", TINY, "--policy", "gmlake", "--policy", "caching"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("gmlake: ") and " asked (request #" in out.splitlines()[0]
+    assert out.index("caching: ") < out.index("reserved memory at each policy's peak growth")
 
 
 def test_min_saved_chunks_0_packs_new_chunks_after_tails():
