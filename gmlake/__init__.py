@@ -6,6 +6,9 @@
     alloc.free(ptr)
 
 Drivers: SimDriver (bookkeeping, any size), HostDriver (real bytes on the CPU), cuda_driver() (CUDA VMM; needs a GPU).
+Policies: GMLakePolicy (the default), PaperPolicy, CachingPolicy and ExpandablePolicy, all subclasses of Policy; subclass
+one to try a variant (docs/policies.md). Traces: gmlake.trace.load(path or bundled name); replay: gmlake.replay;
+which setting suits a trace: gmlake.tune.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from gmlake.errors import (
     OutOfMemoryError,
     PolicyError,
 )
-from gmlake.policies import CachingPolicy, ExpandablePolicy, GMLakePolicy, Policy
+from gmlake.policies import CachingPolicy, ExpandablePolicy, GMLakePolicy, PaperPolicy, Policy
 
 __version__ = "0.1.0"
 
@@ -57,6 +60,7 @@ __all__ = [
     "HostDriver",
     "InvalidPointerError",
     "OutOfMemoryError",
+    "PaperPolicy",
     "Policy",
     "PolicyError",
     "SimDriver",

@@ -168,7 +168,10 @@ include "_debug.pxi"
 
 
 cdef class Allocator:
-    """A stitching allocator for one device.
+    """Allocator(driver, policy=None, *, limit=0)
+--
+
+    A stitching allocator for one device.
 
     Args:
         driver: where physical memory and address space come from (SimDriver, HostDriver, CudaDriver).

@@ -207,7 +207,10 @@ cdef int _load_api() except -1:
 
 
 cdef class CudaDriver(Driver):
-    """CUDA virtual memory management on one device, through driver entry points resolved at run time (nogil)."""
+    """CudaDriver(device=0)
+--
+
+    CUDA virtual memory management on one device, through driver entry points resolved at run time (nogil)."""
     cdef readonly int device
     # The CUDA version the driver supports (cuDriverGetVersion, e.g. 13000) and the one whose entry points are used.
     cdef readonly int driver_version

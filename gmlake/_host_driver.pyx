@@ -55,7 +55,10 @@ cdef void _raise_fd_limit() noexcept nogil:
 
 
 cdef class HostDriver(ModelDriver):
-    """Real bytes on the CPU: chunks are memfd regions mapped with mmap(MAP_FIXED|MAP_SHARED).
+    """HostDriver(capacity=0, granularity=2097152)
+--
+
+    Real bytes on the CPU: chunks are memfd regions mapped with mmap(MAP_FIXED|MAP_SHARED).
 
     Error codes other than DRIVER_OOM are ERRNO_BASE + errno.
     """

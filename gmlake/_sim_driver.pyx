@@ -6,7 +6,10 @@ from gmlake._driver cimport FAULT_RESERVE, FAULT_MAP, FAULT_SET_ACCESS
 
 
 cdef class SimDriver(ModelDriver):
-    """Pretends to be a device with `capacity` bytes (0: unbounded) and allocation `granularity`.
+    """SimDriver(capacity=0, granularity=2097152)
+--
+
+    Pretends to be a device with `capacity` bytes (0: unbounded) and allocation `granularity`.
 
     Addresses are handed out by a bump pointer and never reused, so a stale pointer can never alias a new range.
     """

@@ -13,7 +13,7 @@ from gmlake._allocator import Allocator
 from gmlake._replay import replay_events
 from gmlake._sim_driver import SimDriver
 from gmlake.policies import Policy, PolicyChoice, choice_of
-from gmlake.trace import MAX_DEVICE_MEMORY, Trace
+from gmlake.trace import MAX_DEVICE_MEMORY, Trace, bundled_traces, trace_path  # noqa: F401 - re-exported
 
 GRANULARITY = 2 << 20
 
@@ -319,23 +319,6 @@ def modelled_device_memory(trace: Trace, device_memory: int | None = None) -> in
         raise ValueError(f"device memory must be a whole number of bytes from 1 to {MAX_DEVICE_MEMORY}, "
                          f"got {device_memory!r}")
     return device_memory
-
-
-def bundled_traces() -> list[Path]:
-    """The real training traces shipped with gmlake."""
-    folder = resources.files("gmlake").joinpath("data/traces")
-    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".gmtrace"))
-
-
-def trace_path(name_or_path: str | Path) -> Path:
-    """A trace file: `name_or_path` itself where such a file exists, else the bundled trace of that name
-    (`gpt2l-lora-ckpt-native`, with or without `.gmtrace`). Unknown names are returned unchanged, for the reader to
-    report as missing."""
-    path = Path(name_or_path)
-    if path.exists():
-        return path
-    bundled = {p.name.removesuffix(".gmtrace"): p for p in bundled_traces()}
-    return bundled.get(str(name_or_path).removesuffix(".gmtrace"), path)
 
 
 # Which policy models which captured allocator, and how close its replay must land to the real peak.

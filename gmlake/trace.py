@@ -19,6 +19,7 @@ import pickle
 import struct
 import zlib
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -125,9 +126,28 @@ def _open_bytes(path: Path) -> bytes:
     return data
 
 
+def bundled_traces() -> list[Path]:
+    """The real training traces shipped with gmlake (`gmlake traces` lists them)."""
+    folder = resources.files("gmlake").joinpath("data/traces")
+    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".gmtrace"))
+
+
+def trace_path(name_or_path: str | Path) -> Path:
+    """A trace file: `name_or_path` itself where such a file exists, else the bundled trace of that name
+    (`gpt2l-lora-ckpt-native`, with or without `.gmtrace`). Unknown names are returned unchanged, for the reader to
+    report as missing."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    bundled = {p.name.removesuffix(".gmtrace"): p for p in bundled_traces()}
+    return bundled.get(str(name_or_path).removesuffix(".gmtrace"), path)
+
+
 def load(path: str | Path, device: int | None = None) -> Trace:
-    """Read a PyTorch snapshot (pickle, gzipped or not) or a `.gmtrace` file. Raises TraceError for bad input."""
-    path = Path(path)
+    """Read a PyTorch snapshot (pickle, gzipped or not) or a `.gmtrace` file, by path or by the name of a bundled
+    trace (`load("opt350m-full-ckpt-native")`; see `bundled_traces`). `device` chooses among a snapshot's devices.
+    Raises TraceError for bad input."""
+    path = trace_path(path)
     try:
         with open(path, "rb") as f:
             head = f.read(6)
@@ -136,7 +156,13 @@ def load(path: str | Path, device: int | None = None) -> Trace:
     if not head:
         raise TraceError(f"{path}: empty file, neither a snapshot pickle nor a .gmtrace")
     if head == b"\xfd7zXZ\x00":   # xz: our compact format
-        return load_compact(path)
+        trace = load_compact(path)
+        recorded = trace.meta.get("device")
+        if device is not None and device != recorded:
+            held = f"device {recorded}'s" if recorded is not None else "one device's"
+            raise TraceError(f"{path}: a .gmtrace holds {held} trace only, so --device {device} does not apply "
+                             f"(it chooses among a snapshot's devices)")
+        return trace
     if path.suffix == ".gmtrace":
         raise TraceError(f"{path}: not a .gmtrace file (a .gmtrace is xz-compressed; this is not)")
     return load_snapshot(path, device)
