@@ -1,4 +1,4 @@
-"""docs/policies.md's worked examples run as written: one per seam."""
+"""docs/policies.md's worked examples run as written: one per seam, and it documents all seven."""
 from __future__ import annotations
 
 import re
@@ -11,9 +11,21 @@ BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
 
 
 def test_the_doc_has_an_example_per_seam():
-    for hook in ("choose_block", "should_split", "choose_stitch", "segment_layout", "evict_victim",
-                 "relieve_pressure"):
+    from gmlake.policies.base import Policy
+
+    hooks = ("choose_block", "should_split", "choose_stitch", "allow_stitch", "segment_layout", "evict_victim",
+             "relieve_pressure")
+    assert all(callable(vars(Policy)[hook]) and not Policy().overrides(hook) for hook in hooks)
+    text = DOC.read_text()
+    assert "## 2. The seven hooks" in text
+    for hook in hooks:
         assert any(f"def {hook}(" in block for block in BLOCKS), hook
+        assert f"| `{hook}(" in text, hook                        # in the table of seams
+
+
+def test_the_examples_subclass_the_default_policy_where_a_user_would():
+    bases = [block for block in BLOCKS if "(GMLakePolicy):" in block]
+    assert len(bases) >= 5, len(bases)
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))

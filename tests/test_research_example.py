@@ -1,4 +1,4 @@
-"""examples/research/tlsf.py, the worked research example (docs/research.md): TLSF's size classes computed as the
+"""examples/research/tlsf.py, the worked research example (docs/policies.md): TLSF's size classes computed as the
 paper defines them, and its placement really used by the allocator and by `gmlake replay`."""
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_tlsf_skips_a_block_of_the_requests_own_class_that_best_fit_takes(tlsf):
 
 
 def test_replay_runs_the_example_from_the_command_line():
-    """The example through the CLI, as docs/research.md runs it (on the small test trace)."""
+    """The example through the CLI, as docs/policies.md runs it (on the small test trace)."""
     proc = subprocess.run([sys.executable, "-m", "gmlake", "replay", "tests/data/tiny-gpt2-native.pickle.gz", "--json",
                            "--policy", "gmlake", "--policy", f"{EXAMPLE.relative_to(ROOT)}:TLSFPlacement[sl_bits=2]"],
                           capture_output=True, check=False, text=True, cwd=ROOT)
