@@ -365,7 +365,7 @@ cdef class Allocator:
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
     cdef int empty_cache_nogil(self, Failure* why) noexcept nogil
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil
-    cdef object failure(self, size_t size, Failure* why)
+    cdef object failure(self, size_t size, Failure* why, int64_t request=*)
     cdef void _report(self, Failure* why, Failure* out) noexcept nogil
     cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil
     cdef void _debug_check(self) noexcept nogil

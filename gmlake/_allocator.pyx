@@ -291,7 +291,7 @@ cdef class Allocator:
         if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self, why):
             b = _wait_for_other_stream(self, why, SIZE_SMALL, size, stream)
         if self.k.hook_place and why.err == ERR_NONE:
-            self.seams.place(self, why, SIZE_SMALL, size, stream, &b, NULL)
+            _ask_place(self, why, SIZE_SMALL, size, stream, &b, NULL)
         if b != NULL:
             _erase_free(self, b)
             return _take(self, why, b, size, stream)
@@ -326,7 +326,7 @@ cdef class Allocator:
         if self.sblock_cache.cached() and (b == NULL or self.k.sblock_first):
             sb = _best_cached(self, size, b.size if b != NULL else <size_t>-1, stream)
         if self.k.hook_place:       # placement seam: the policy may pick another block or sBlock, or none
-            self.seams.place(self, why, SIZE_LARGE, size, stream, &b, &sb)
+            _ask_place(self, why, SIZE_LARGE, size, stream, &b, &sb)
         if sb != NULL:
             self.st.sblock_reuses += 1
             return _claim(self, sb, size, stream)
@@ -366,9 +366,7 @@ cdef class Allocator:
         for attempt in range(MAX_PRESSURE_ATTEMPTS):
             action = default = self.growth.pressure_stage(self, attempt)
             if self.k.hook_pressure:
-                action = self.seams.pressure(self, why, size, stream, size_class, attempt, default)
-                if action < PRESSURE_GIVE_UP or action > PRESSURE_RELEASE_ALL:
-                    action = default            # a Cython seam's answer out of range: the built-in's
+                action = _ask_pressure(self, why, size, stream, size_class, attempt, default)
             if action == PRESSURE_GIVE_UP:
                 break
             if _relieve(self, why, size_class, size, action):
@@ -802,16 +800,12 @@ cdef class Allocator:
             "handles": {name: s.handles[i] for i, name in enumerate(CALL_NAMES)},
         }
 
-    cdef object failure(self, size_t size, Failure* why):
+    cdef object failure(self, size_t size, Failure* why, int64_t request=-1):
         """The exception for a call that failed as `why` says: PolicyError (with the hook's exception, from this
-        thread), DriverError naming the driver call, or OutOfMemoryError with the figures at the failure."""
+        thread; `request`: the request's index, where the caller numbers them), DriverError naming the driver call,
+        or OutOfMemoryError with the figures at the failure."""
         if why.err == ERR_POLICY:
-            exc = getattr(self.hook_errors, "exc", None)
-            hook = getattr(self.hook_errors, "hook", "a hook")
-            self.hook_errors.exc = None
-            error = PolicyError(f"gmlake: policy {self.policy.name!r} raised {type(exc).__name__} in {hook}: {exc}")
-            error.__cause__ = exc
-            return error
+            return _policy_error(self, size, request)
         if why.err == ERR_DRIVER:
             return DriverError(CALL_NAMES[why.call], why.code, self.driver.describe_error(why.code))
         if why.err == ERR_RAW_CAPTURE:

@@ -13,7 +13,7 @@ cdef Segment* _laid_out_segment(Allocator self, Failure* why, int size_class, si
     """Growth seam: a new mapped segment for `size` bytes, `segment_size` bytes in chunks of `handle_size` unless
     the policy's segment_layout lays it out otherwise."""
     if self.k.hook_layout:
-        self.seams.layout(self, why, size_class, size, stream, &segment_size, &handle_size)
+        _ask_layout(self, why, size_class, size, stream, &segment_size, &handle_size)
     return _new_segment(self, why, size_class, segment_size, handle_size, stream, True)
 
 

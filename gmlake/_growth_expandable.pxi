@@ -113,7 +113,7 @@ cdef Block* _find_expandable(Allocator self, Failure* why, int size_class, size_
     cdef size_t reserve = round_up(self.k.expandable_reserve, page)
     cdef Segment* seg
     if self.k.hook_layout:          # growth seam: the new range's size and page
-        self.seams.layout(self, why, size_class, size, stream, &reserve, &page)
+        _ask_layout(self, why, size_class, size, stream, &reserve, &page)
     if reserve < size:
         why.err = ERR_OOM
         return NULL

@@ -104,7 +104,7 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
                 window_allocated = 0
         t1 = monotonic_ns()
     if failed:
-        raise alloc.failure(size[i], &why)
+        raise alloc.failure(size[i], &why, i)
     te[taken] = n
     tr[taken] = alloc.st.reserved
     ta[taken] = alloc.st.allocated

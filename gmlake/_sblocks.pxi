@@ -105,7 +105,7 @@ cdef int _evict_lru(Allocator self, Failure* why, size_t keep, bint synced, int 
             synced = True
         victim = self.sblock_cache.oldest()
         if self.k.hook_evict and reason != EVICT_ALL:
-            victim = self.seams.evict(self, why, victim, reason)
+            victim = _ask_evict(self, why, victim, reason)
             if victim == NULL:          # the policy declined: keep the rest
                 return DRIVER_OK
         rc = _evict(self, why, victim)
@@ -261,7 +261,7 @@ cdef void _choose_stitch(Allocator self, Failure* why, size_t size, int64_t stre
         return
     if pieces.empty():
         remaining[0] = size
-    self.seams.stitch(self, why, size, stream, blocks, pieces, remaining)
+    _ask_stitch(self, why, size, stream, blocks, pieces, remaining)
 
 
 cdef bint _stitch_allowed(Allocator self, Failure* why, size_t size, int64_t stream, vector[Piece]& pieces,

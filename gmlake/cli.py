@@ -10,9 +10,11 @@
     gmlake convert SNAPSHOT [-o trace.gmtrace]
     gmlake run train.py args...            (gmlake as PyTorch's CUDA allocator; or: gmlake run -m module args...)
 
-Exit statuses: 0 success; 2 bad input (one line on stderr, nothing written); 3 a replay in which requests ran out of
-memory (results are still printed and written, marked as failed); 1 an internal error (a bug: one line on stderr,
-GMLAKE_TRACEBACK=1 shows the traceback); 130 interrupted. `run` and `capture` end with the program's own status.
+Exit statuses: 0 success; 2 bad input (one line on stderr, nothing written), including a policy of the user's whose
+hook raised or answered out of range (GMLAKE_TRACEBACK=1 shows the hook's own traceback); 3 a replay in which
+requests ran out of memory (results are still printed and written, marked as failed); 1 an internal error (a bug: one
+line on stderr, GMLAKE_TRACEBACK=1 shows the traceback); 130 interrupted. `run` and `capture` end with the program's
+own status.
 
 POLICY is a spec (gmlake.policies.resolve): a built-in name, a name an installed package declares in the
 `gmlake.policies` entry point group, `module:Class` or `path/to/file.py:Class`, optionally followed by its own knobs
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gmlake import __version__, policies
+from gmlake.errors import PolicyError
 from gmlake.knobs import parse_size
 from gmlake.trace import MAX_DEVICE_MEMORY
 
@@ -748,8 +751,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except (UsageError, ValueError, OverflowError, MemoryError, OSError) as exc:
-        # TraceError, knob and size errors are ValueErrors; OSError: a file that cannot be read or written.
+    except (UsageError, ValueError, OverflowError, MemoryError, OSError, PolicyError) as exc:
+        # TraceError, knob and size errors are ValueErrors; OSError: a file that cannot be read or written;
+        # PolicyError: the user's policy hook raised or answered out of range (their code, whose traceback they get).
+        if isinstance(exc, PolicyError) and os.environ.get("GMLAKE_TRACEBACK"):
+            traceback.print_exception(exc.__cause__ or exc)
         print(f"gmlake: error: {error_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - the last resort: one line and exit status 1, never a traceback

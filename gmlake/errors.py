@@ -75,7 +75,24 @@ class InvalidPointerError(GmlakeError, ValueError):
 
 
 class PolicyError(GmlakeError, RuntimeError):
-    """A Python policy hook raised; the request it was deciding was undone."""
+    """A policy hook raised, or answered out of range (its type or its value); the request it was deciding was
+    undone and the allocator stays usable. The hook's own exception is the `__cause__` (its traceback is the
+    policy's code).
+
+    Attributes: policy (the policy's label, as results name it), hook, request (the request's index where a replay
+    numbers them, else None), size (bytes asked) and stream of the request, bad_answer (True: the hook answered out
+    of range; False: it raised).
+    """
+
+    def __init__(self, message: str, *, policy: str = "", hook: str = "", request: int | None = None, size: int = 0,
+                 stream: int = 0, bad_answer: bool = False) -> None:
+        super().__init__(message)
+        self.policy = policy
+        self.hook = hook
+        self.request = request
+        self.size = size
+        self.stream = stream
+        self.bad_answer = bad_answer
 
 
 class InvariantError(GmlakeError, AssertionError):

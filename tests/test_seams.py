@@ -597,7 +597,8 @@ def test_a_raising_hook_is_named_in_the_error(driver):
             raise LookupError("no layout for you")
 
     alloc = Allocator(driver, Raises())
-    with pytest.raises(PolicyError, match="raised LookupError in segment_layout: no layout for you"):
+    with pytest.raises(PolicyError, match=r"^gmlake: policy Raises raised LookupError in segment_layout \(alloc of "
+                                          r"4194304 bytes on stream 0\): no layout for you$"):
         alloc.malloc(4 * MiB)
     assert alloc.stats()["allocated_bytes"] == 0
     alloc.check()

@@ -114,8 +114,9 @@ class Policy:
     # Every decision the core makes is a seam: the built-in answer is computed in C, and a subclass that overrides the
     # seam's method is asked from Python (with the GIL) at that decision only; the core checks `overrides` once, when
     # the Allocator is built. Hooks run while the allocator's lock is held: they must not call the allocator.
-    # An answer of the wrong type or out of range fails the request with a PolicyError naming the hook; the
-    # allocator stays usable. See docs/policies.md for a worked example of each.
+    # Answers are strict (True/False, an int that is not a bool, None only where allowed). An answer of the wrong
+    # type or out of range fails the request with a PolicyError naming the hook; the allocator stays usable. See
+    # docs/policies.md for a worked example of each.
 
     def choose_block(self, size: int, stream: int, pool: str, candidates: list, default: int | None,
                      state: AllocatorState) -> int | None:
