@@ -12,10 +12,12 @@ from gmlake._clock cimport monotonic_ns
 
 def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64_t[:] stream,
                   const uint64_t[:] size, const uint32_t[:] ident, size_t samples=2000,
-                  const uint64_t[:] pool=None, uint64_t event_lag=0) -> dict:
+                  const uint64_t[:] pool=None, uint64_t event_lag=0, int64_t[:] progress=None) -> dict:
     """Serve each alloc (action 0) and free (action 1) in order; other actions are skipped. The timeline samples
-    (about `samples` of them) hold the largest reserved and allocated values since the previous sample. `pool`, if
-    given, names per event the private pool (already begun) an alloc is served from, 0 for the default pool.
+    (about `samples` of them) hold the largest reserved, allocated and requested values since the previous sample.
+    `pool`, if given, names per event the private pool (already begun) an alloc is served from, 0 for the default
+    pool. `progress`, if given (two int64s, for another thread to watch): the loop writes the events done into
+    progress[0] as it goes, and stops early (returning "stopped": True) once progress[1] is non-zero.
 
     A request the allocator cannot serve is counted as an OOM and its free skipped, as a training run that caught
     the error would go on. A driver error stops the replay. Allocation ids must be below the number of events
@@ -48,19 +50,30 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
     t_event = np.zeros(slots, dtype=np.int64)
     t_reserved = np.zeros(slots, dtype=np.int64)
     t_allocated = np.zeros(slots, dtype=np.int64)
+    t_requested = np.zeros(slots, dtype=np.int64)
     cdef int64_t[:] te = t_event
     cdef int64_t[:] tr = t_reserved
     cdef int64_t[:] ta = t_allocated
+    cdef int64_t[:] tq = t_requested
+    cdef bint watched = progress is not None
+    if watched and progress.shape[0] < 2:
+        raise ValueError("replay_events: progress needs two int64s (events done, stop)")
     cdef size_t taken = 0, served = 0, ooms = 0
     cdef size_t peak_reserved = 0, allocated_at_peak = 0, peak_allocated = 0, peak_event = 0
-    cdef size_t window_reserved = 0, window_allocated = 0
+    cdef size_t window_reserved = 0, window_allocated = 0, window_requested = 0
     cdef uintptr_t p
     cdef int failed = 0
+    cdef bint stopped = False
     cdef Failure why
     cdef double t0, t1
     with nogil:
         t0 = monotonic_ns()
         for i in range(n):
+            if watched:
+                progress[0] = i
+                if progress[1]:
+                    stopped = True
+                    break
             if lagged:
                 model.clock += 1
             if action[i] == 0:
@@ -95,19 +108,26 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
                 window_reserved = alloc.st.reserved
             if alloc.st.allocated > window_allocated:
                 window_allocated = alloc.st.allocated
+            if alloc.st.requested > window_requested:
+                window_requested = alloc.st.requested
             if i % every == 0:
                 te[taken] = i
                 tr[taken] = window_reserved
                 ta[taken] = window_allocated
+                tq[taken] = window_requested
                 taken += 1
                 window_reserved = 0
                 window_allocated = 0
+                window_requested = 0
         t1 = monotonic_ns()
     if failed:
         raise alloc.failure(size[i], &why, i)
+    if watched:
+        progress[0] = i if stopped else n
     te[taken] = n
     tr[taken] = alloc.st.reserved
     ta[taken] = alloc.st.allocated
+    tq[taken] = alloc.st.requested
     taken += 1
     return {
         "events": n,
@@ -118,5 +138,7 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
         "peak_allocated": peak_allocated,
         "allocated_at_peak_reserved": allocated_at_peak,
         "peak_event": peak_event,
-        "timeline": {"event": t_event[:taken], "reserved": t_reserved[:taken], "allocated": t_allocated[:taken]},
+        "stopped": stopped,
+        "timeline": {"event": t_event[:taken], "reserved": t_reserved[:taken], "allocated": t_allocated[:taken],
+                     "requested": t_requested[:taken]},
     }

@@ -195,11 +195,11 @@ def _write_atomically(files: dict[Path, Callable[[Path], object]]) -> None:
         raise
 
 
-def _torch_cuda_problem(what: str) -> str | None:
-    """Why this interpreter's PyTorch cannot serve `gmlake {what}`, or None."""
+def _torch_cuda_problem(what: str, device: bool = False) -> str | None:
+    """Why this interpreter's PyTorch cannot serve `gmlake {what}`, or None (`device`: see torch_cuda_problem)."""
     from gmlake.capture import torch_cuda_problem
 
-    problem = torch_cuda_problem()
+    problem = torch_cuda_problem(device)
     return f"gmlake {what}: {problem}" if problem else None
 
 
@@ -217,7 +217,8 @@ def cmd_replay(args) -> int:
     (trace,) = _load([args.trace], args.device)
     if args.smallest_cap:
         return _smallest_caps(trace, chosen, args.json, args.event_lag)
-    results = [replay(trace, choice, device_memory=args.device_memory, event_lag=args.event_lag, cap=args.cap or 0)
+    results = [replay(trace, choice, device_memory=args.device_memory, event_lag=args.event_lag, cap=args.cap or 0,
+                      progress=True)
                for choice in chosen]
     _note_unsized([trace], args.device_memory)
     if args.json:
@@ -470,7 +471,7 @@ def cmd_capture(args) -> int:
     _check_script(rest)
     output = _output_file(args.output, "--output")
     if python == sys.executable:
-        problem = _torch_cuda_problem("capture")
+        problem = _torch_cuda_problem("capture", device=True)
         if problem:
             raise UsageError(problem)
     cmd = [python, "-m", "gmlake.capture", str(output)]

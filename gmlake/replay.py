@@ -181,12 +181,13 @@ class ReplayResult:
 
 
 def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
-           samples: int = 2000, event_lag: int = 0, cap: int = 0) -> ReplayResult:
+           samples: int = 2000, event_lag: int = 0, cap: int = 0, progress: bool = False) -> ReplayResult:
     """Run `trace`'s requests through `policy` (a spec such as "gmlake" or "my.py:Mine[knob=1]", a Policy, or a
     PolicyChoice) on a simulated device of `device_memory` bytes (default: the captured device's size where the
     trace records it, else MAX_DEVICE_MEMORY). A request the device cannot serve counts as an out-of-memory
-    (`ReplayResult.ooms`, `failed`). The requests up to the peak are replayed a second time (a replay is
-    deterministic) to read what was requested at that moment.
+    (`ReplayResult.ooms`, `failed`). One pass: the bytes reserved, allocated and requested after every request
+    give the state at the peak and at the moment of peak growth. `progress`: show a progress bar on stderr once the
+    replay has run PROGRESS_AFTER seconds (a Python hook can make a long trace take that long); Ctrl-C stops it.
 
     Note [Event lag in replay]: a trace records when each free completed, not when the GPU finished the work queued
     before it, so by default every event the allocator records (the fences of `cross_stream`) is complete when
@@ -205,22 +206,21 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
     n = len(trace.requests())
     # One sample per request (the reserved and allocated bytes right after it), to find the moment of peak growth;
     # the timeline kept is then cut to `samples` windows exactly as the replay loop would have sampled it.
-    alloc, out = run_requests(trace, policy, device_memory, samples=max(1, n), event_lag=event_lag, cap=cap)
+    alloc, out = run_requests(trace, choice, device_memory, samples=max(1, n), event_lag=event_lag, cap=cap,
+                              progress=progress)
     stats = alloc.stats()
     per_request = out["timeline"]
     out["timeline"] = _windows(per_request, n, samples)
     growth_event = peak_growth_moment(per_request["reserved"][:n]) if out["peak_reserved"] else 0
-    at = {}
-    for moment in {out["peak_event"], growth_event} if out["peak_reserved"] else ():
-        state, _ = run_requests(trace, policy, device_memory, upto=moment + 1, samples=1, event_lag=event_lag,
-                                cap=cap)
-        at[moment] = state.stats()
-        if (at[moment]["reserved_bytes"], at[moment]["allocated_bytes"]) != (
-                per_request["reserved"][moment], per_request["allocated"][moment]):
-            raise RuntimeError(f"replay: replaying {moment + 1} requests did not reach the state the full replay "
-                               f"had after them")   # the replay is deterministic; this guards the bookkeeping
-    none = {"reserved_bytes": 0, "allocated_bytes": 0, "requested_bytes": 0}
-    peak_state, growth_state = at.get(out["peak_event"], none), at.get(growth_event, none)
+
+    def state_after(request: int) -> dict:
+        """The bytes right after `request` (one sample per request: sample i is request i's)."""
+        if not out["peak_reserved"]:
+            return {"reserved_bytes": 0, "allocated_bytes": 0, "requested_bytes": 0}
+        assert per_request["event"][request] == request
+        return {f"{key}_bytes": int(per_request[key][request]) for key in ("reserved", "allocated", "requested")}
+
+    peak_state, growth_state = state_after(out["peak_event"]), state_after(growth_event)
     record = choice.record()
     return ReplayResult(
         trace=trace.name,
@@ -279,10 +279,12 @@ def _windows(per_request: dict, n: int, samples: int) -> dict:
 
 def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_memory: int | None = None,
                  upto: int | None = None, samples: int = 2000, event_lag: int = 0,
-                 cap: int = 0) -> tuple[Allocator, dict]:
+                 cap: int = 0, progress: bool = False) -> tuple[Allocator, dict]:
     """Serve the trace's first `upto` requests (default: all) with a fresh allocator on the sim driver; return the
-    allocator, in the state they left it, and replay_events' result. `event_lag` and `cap`: see `replay`."""
-    policy = choice_of(policy).policy
+    allocator, in the state they left it, and replay_events' result. `event_lag`, `cap` and `progress`: see
+    `replay`."""
+    choice = choice_of(policy)
+    policy = choice.policy
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
         raise ValueError(f"cap must be a whole number of bytes >= 0, got {cap!r}")
     alloc = Allocator(SimDriver(capacity=modelled_device_memory(trace, device_memory), granularity=GRANULARITY),
@@ -296,17 +298,63 @@ def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", d
         # Note [Pools in traces]: each graph pool routes only the requests that name it, for the whole replay.
         for key in np.unique(pools[pools != 0]).tolist():
             alloc.begin_allocate_to_pool(key, [])
-    out = replay_events(
-        alloc,
-        np.ascontiguousarray(req["action"]),
-        np.ascontiguousarray(req["stream"]),
-        np.ascontiguousarray(req["size"]),
-        np.ascontiguousarray(dense_ids.reshape(-1), dtype=np.uint32),
-        samples,
-        pools,
-        event_lag,
-    )
-    return alloc, out
+    args = (alloc, np.ascontiguousarray(req["action"]), np.ascontiguousarray(req["stream"]),
+            np.ascontiguousarray(req["size"]), np.ascontiguousarray(dense_ids.reshape(-1), dtype=np.uint32), samples,
+            pools, event_lag)
+    if not progress:
+        return alloc, replay_events(*args)
+    return alloc, _with_progress(lambda watch: replay_events(*args, watch), len(req), f"{trace.name}: {choice.label}")
+
+
+PROGRESS_AFTER = 3.0    # seconds a replay runs before it shows a progress bar
+
+
+def _progress_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _with_progress(run, events: int, label: str) -> dict:
+    """run(watch) (replay_events with its `progress` array) in a worker thread, this thread showing a rich progress
+    bar on stderr once it has run PROGRESS_AFTER seconds, where stderr is a terminal. Ctrl-C here stops the worker's
+    loop, then interrupts."""
+    import threading
+
+    watch = np.zeros(2, dtype=np.int64)
+    done: dict = {}
+
+    def work() -> None:
+        try:
+            done["out"] = run(watch)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            done["error"] = exc
+
+    worker = threading.Thread(target=work, name="gmlake-replay", daemon=True)
+    worker.start()
+    try:
+        worker.join(PROGRESS_AFTER)
+        console = _progress_console() if worker.is_alive() else None
+        if console is not None and console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            with Progress(TextColumn("replaying {task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("events"), TimeRemainingColumn(), console=console, transient=True) as bar:
+                task = bar.add_task(label, total=events)
+                while worker.is_alive():
+                    worker.join(0.2)
+                    bar.update(task, completed=int(watch[0]))
+        while worker.is_alive():                # no terminal to draw on: wait, still interruptible
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        watch[1] = 1
+        worker.join()
+        raise
+    if "error" in done:
+        raise done["error"]
+    if done["out"]["stopped"]:
+        raise KeyboardInterrupt
+    return done["out"]
 
 
 def modelled_device_memory(trace: Trace, device_memory: int | None = None) -> int:
