@@ -16,15 +16,25 @@ from pathlib import Path
 DEFAULT_MAX_ENTRIES = 20_000_000
 
 
-def torch_cuda_problem() -> str | None:
+def torch_cuda_problem(device: bool = False) -> str | None:
     """Why this interpreter's PyTorch cannot record or serve CUDA memory, or None: PyTorch missing, or a build
-    without CUDA (a CPU-only torch has no CUDA allocator to record or replace)."""
+    without CUDA (a CPU-only torch has no CUDA allocator to record or replace); with `device` (capture records a
+    run, which needs one), also a CUDA build that finds no usable device (no NVIDIA driver, no GPU visible)."""
     try:
         import torch
     except ImportError:
         return f"PyTorch is not installed in this Python ({sys.executable})"
     if getattr(torch.version, "cuda", None) is None or not hasattr(torch._C, "_cuda_customAllocator"):
         return f"this PyTorch ({torch.__version__}) has no CUDA (a CPU-only build); install a CUDA build of PyTorch"
+    if device:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")         # torch warns that it found no driver; the line below says it
+            usable = torch.cuda.is_available() and torch.cuda.device_count() > 0
+        if not usable:
+            return (f"no usable CUDA device: this PyTorch ({torch.__version__}, CUDA {torch.version.cuda}) finds "
+                    f"none (no NVIDIA driver loaded, or CUDA_VISIBLE_DEVICES hides every GPU)")
     return None
 
 
@@ -89,7 +99,7 @@ def run(out: str | Path, argv: list[str], name: str | None = None) -> None:
 
 if __name__ == "__main__":
     # python -m gmlake.capture OUT [--name NAME] -- program args...
-    problem = torch_cuda_problem()
+    problem = torch_cuda_problem(device=True)
     if problem:
         print(f"gmlake: error: gmlake capture: {problem}", file=sys.stderr)
         sys.exit(2)
