@@ -171,6 +171,8 @@ cdef bint _relieve(Allocator self, Failure* why, int size_class, size_t size, in
     if action == PRESSURE_RELEASE_OTHER:
         changed += _release_free(self, why, SIZE_LARGE if size_class == SIZE_SMALL else SIZE_SMALL, size, EVICT_PRESSURE)
     elif action == PRESSURE_RELEASE_ALL:
-        changed += _release_free(self, why, SIZE_SMALL, 0, EVICT_PRESSURE) + \
-            _release_free(self, why, SIZE_LARGE, 0, EVICT_PRESSURE)
+        # the small size class first, then the large (its cached sBlocks evicted, then its chunks): two statements,
+        # since C leaves the order of a sum's operands open, and an evict_victim hook sees which came first
+        changed += _release_free(self, why, SIZE_SMALL, 0, EVICT_PRESSURE)
+        changed += _release_free(self, why, SIZE_LARGE, 0, EVICT_PRESSURE)
     return changed > 0 and why.err == ERR_NONE

@@ -17,6 +17,7 @@ import pytest
 import gmlake
 from gmlake import Allocator, PolicyError, SimDriver
 from gmlake.policies import PaperPolicy
+from gmlake.policies.view import AllocatorState, FreeBlock
 from gmlake.replay import replay, run_requests, trace_path
 from gmlake.trace import load
 
@@ -129,6 +130,7 @@ BAD_ANSWERS = [
     ("choose_block", 10**6, "not None or an index into"),  # out of range
     ("choose_block", -1, "not None or an index into"),
     ("choose_block", True, "not None or an index into"),   # a bool is no index
+    ("choose_block", False, "not None or an index into"),  # (not even where index 0 is there)
     ("choose_block", "first", "not None or an index into"),
     ("choose_block", 0.0, "not None or an index into"),
     ("choose_stitch", 3, "not a list of indices"),
@@ -137,6 +139,7 @@ BAD_ANSWERS = [
     ("choose_stitch", [99], "not distinct indices"),
     ("choose_stitch", [-1], "not distinct indices"),
     ("choose_stitch", [True], "not distinct indices"),
+    ("choose_stitch", [False], "not distinct indices"),
     ("segment_layout", (2 * MiB, 2 * MiB), "a segment smaller than the request"),   # granular, but too small
     ("segment_layout", (6 * MiB, 3 * MiB), "handles not a multiple of the driver's granularity"),
     ("segment_layout", (4 * MiB, 0), "handles of 0 bytes"),
@@ -151,6 +154,7 @@ BAD_ANSWERS = [
     ("evict_victim", 1, "not None or an index into 1 cached"),     # one past the end
     ("evict_victim", -1, "not None or an index into 1 cached"),
     ("evict_victim", True, "not None or an index into 1 cached"),
+    ("evict_victim", False, "not None or an index into 1 cached"),
     ("evict_victim", "oldest", "not None or an index into 1 cached"),
     ("relieve_pressure", "panic", "not None or one of sync"),
     ("relieve_pressure", 1, "not None or one of sync"),
@@ -355,24 +359,42 @@ class DefaultChoice(PaperPolicy):
         return default
 
 
-def test_a_python_choose_block_costs_a_few_microseconds_a_call():
-    """Note [Views built on read]: the same decisions as the built-in, and each call (a request of the replay) well
-    under what building every candidate's view cost (about 20 µs a call on this trace)."""
+def python_call_seconds(policy) -> float:
+    """What calling the hook costs by itself: a Python method call with its six arguments (best of 3)."""
+    import time
+
+    state = AllocatorState(0, 0, 0, 0, 0, 0, 0, ())
+    candidates = [FreeBlock(0, 4 * MiB, 0, 1, 0)] * 18
+    best = None
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(100_000):
+            policy.choose_block(4 * MiB, 0, "large", candidates, 0, state)
+        took = (time.perf_counter() - started) / 100_000
+        best = took if best is None else min(best, took)
+    return best
+
+
+def test_a_python_choose_block_costs_little_more_than_the_python_call():
+    """Note [Views built on read]: the same decisions as the built-in, and each call (a request of the replay) a
+    small multiple of the Python call itself, where building every candidate's view made it about 150 times that.
+    Both are timed here, so the bound holds on a slow or busy machine."""
     trace = load(trace_path("opt350m-full-ckpt-native"))
-    seconds = {}
+    seconds, stats = {}, []
     for policy in (PaperPolicy(), DefaultChoice()):
         best = None
         for _ in range(3):
             alloc, out = run_requests(trace, policy, samples=1)
             best = out["seconds"] if best is None else min(best, out["seconds"])
         seconds[type(policy).__name__] = best
-        stats = alloc.stats()
-        stats.pop("calls"), stats.pop("handles")
-        seconds.setdefault("stats", []).append(stats)
-    assert seconds["stats"][0] == seconds["stats"][1]
+        s = alloc.stats()
+        s.pop("calls"), s.pop("handles")
+        stats.append(s)
+    assert stats[0] == stats[1]
     allocs = int((trace.requests()["action"] == 0).sum())
     per_call = (seconds["DefaultChoice"] - seconds["PaperPolicy"]) / allocs
-    assert per_call < 8e-6, f"{per_call * 1e6:.1f} µs a choose_block call"
+    call = python_call_seconds(DefaultChoice())
+    assert per_call < 60 * call, f"{per_call * 1e6:.2f} µs a choose_block call, {call * 1e6:.3f} µs the call alone"
 
 
 # ---------------------------------------------------------------- the Cython seams' answers
