@@ -172,3 +172,27 @@ def test_a_policys_actions_stop_being_asked_once_the_request_fits():
     assert asked[1][1] == asked[0][1]                    # sync released nothing
     assert [s[0] for s in pools(alloc)["small"]] == [4] and pools(alloc)["large"][0][2] == 4 * MiB
     alloc.check()
+
+
+def test_release_all_returns_the_small_pool_before_evicting_then_the_large_pools_chunks():
+    """"release_all" (the built-in second stage, or a policy's first): the small pool's free segments go first,
+    then the cached sBlocks (least recently used first), then the large pool's free chunks."""
+
+    @dataclass(frozen=True)
+    class AllAtOnce(Watched):
+        def relieve_pressure(self, size, stream, pool, attempt, default, state):
+            return "release_all"
+
+    alloc = Allocator(SimDriver(capacity=GiB), AllAtOnce(no_stitch_for=30 * MiB))
+    free_small_segments(alloc, 4)
+    fragment(alloc, [4, 4, 4])
+    alloc.free(alloc.malloc(12 * MiB))
+    before = alloc.stats()
+    Watched.evictions.clear()
+    alloc.set_limit(before["allocated_bytes"] + 30 * MiB)
+    alloc.malloc(30 * MiB)
+    ((reason, cached, reserved),) = Watched.evictions
+    assert reason == "pressure" and len(cached) == 1
+    assert reserved == before["reserved_bytes"] - 8 * MiB       # the small pool's 8 MiB back, no large chunk yet
+    assert alloc.stats()["chunks_released"] == 4 + 6
+    alloc.check()
