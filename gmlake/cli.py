@@ -195,11 +195,12 @@ def _write_atomically(files: dict[Path, Callable[[Path], object]]) -> None:
         raise
 
 
-def _torch_cuda_problem(what: str, device: bool = False) -> str | None:
-    """Why this interpreter's PyTorch cannot serve `gmlake {what}`, or None (`device`: see torch_cuda_problem)."""
+def _torch_cuda_problem(what: str) -> str | None:
+    """Why this interpreter's PyTorch cannot serve `gmlake {what}`, or None. `capture` records a run, so it also
+    needs a usable device; `run` does not (the program decides what it does without one)."""
     from gmlake.capture import torch_cuda_problem
 
-    problem = torch_cuda_problem(device)
+    problem = torch_cuda_problem(device=what == "capture")
     return f"gmlake {what}: {problem}" if problem else None
 
 
@@ -471,7 +472,7 @@ def cmd_capture(args) -> int:
     _check_script(rest)
     output = _output_file(args.output, "--output")
     if python == sys.executable:
-        problem = _torch_cuda_problem("capture", device=True)
+        problem = _torch_cuda_problem("capture")
         if problem:
             raise UsageError(problem)
     cmd = [python, "-m", "gmlake.capture", str(output)]
