@@ -1,5 +1,6 @@
 """The smallest cap a run fits under, found by bisection: the search itself (pure, so tests drive it with a fake
-oracle; bench cap search drives it with GPU processes) and replay's answer for a trace (`smallest_cap`).
+oracle; bench cap search drives it with GPU processes) and replay's answer for a trace (`smallest_cap`), beside
+the smallest device it fits on with no cap (`smallest_device_memory`).
 
 Why a cap and not peak reserved: peak reserved is what an allocator keeps when nothing presses it. Under a cap it
 can release cached memory and retry, so what a job fits into is the smallest cap it completes under.
@@ -89,7 +90,22 @@ def smallest_cap(trace, policy, resolution: float = 0.002, event_lag: int = 0) -
     GPU cap search (`python -m bench cap search`) measures. A cap is not a smaller device: PyTorch's expandable
     segments answer the two differently (Note [Releasing before the cap binds]). The bounds need no probe: the
     policy's own uncapped peak reserved fits, and one byte below its peak allocated cannot."""
-    from gmlake.replay import replay
+    return _smallest_limit(trace, policy, "cap", resolution, event_lag)
+
+
+def smallest_device_memory(trace, policy, resolution: float = 0.002,
+                           event_lag: int = 0) -> tuple[int, int, list[int]]:
+    """The smallest device, with no cap, on which replaying `trace` through `policy` serves every request, to a
+    relative `resolution`: (smallest device memory that fit, largest that failed, every size probed), in bytes.
+    Where the device itself is the limit (the usual out-of-memory) the allocator meets it as a driver that has no
+    more memory to give, not as a cap it knows of, so a policy may fit the two differently. The upper bound, the
+    policy's uncapped peak reserved, is probed (and widened while it fails, up to the trace's own device)."""
+    return _smallest_limit(trace, policy, "device_memory", resolution, event_lag)
+
+
+def _smallest_limit(trace, policy, limit: str, resolution: float, event_lag: int) -> tuple[int, int, list[int]]:
+    """smallest_cap (`limit` "cap") or smallest_device_memory (`limit` "device_memory"), written once."""
+    from gmlake.replay import modelled_device_memory, replay, run_requests
 
     uncapped = replay(trace, policy, samples=0, event_lag=event_lag)
     if uncapped.failed:
@@ -97,8 +113,10 @@ def smallest_cap(trace, policy, resolution: float = 0.002, event_lag: int = 0) -
                          f"({uncapped.ooms} requests), so no cap can fit it")
     reserved = uncapped.peak_reserved
     size = lambda fraction: math.ceil(fraction * reserved)
-    fits = lambda fraction: replay(trace, policy, cap=size(fraction), samples=0,
-                                   event_lag=event_lag).ooms == 0
+    fits = lambda fraction: run_requests(trace, policy, samples=1, event_lag=event_lag,   # one pass: ooms only
+                                         **{limit: size(fraction)})[1]["ooms"] == 0
     floor = (uncapped.peak_allocated - 1) / reserved
-    result, probed = drive(bisect_fraction(floor, 1.0, resolution, floor=floor), fits)
+    ceiling = 1.0 if limit == "cap" else max(1.0, modelled_device_memory(trace) / reserved)
+    search = bisect_fraction(floor, 1.0, resolution, floor=floor, hi_fits=limit == "cap", ceiling=ceiling)
+    result, probed = drive(search, fits)
     return size(result.smallest_fit), size(result.largest_fail), [size(f) for f in probed]

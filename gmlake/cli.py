@@ -236,11 +236,12 @@ GiB = 1 << 30
 
 
 def _smallest_caps(trace, chosen: list, as_json: bool, event_lag: int = 0) -> int:
-    """`gmlake replay --smallest-cap`: per policy, the smallest memory cap the trace fits under (gmlake.cap)."""
+    """`gmlake replay --smallest-cap`: per policy, the smallest memory cap the trace fits under and, beside it, the
+    smallest device it fits on with no cap (gmlake.cap)."""
     from rich.table import Table
     from rich.text import Text
 
-    from gmlake.cap import smallest_cap
+    from gmlake.cap import smallest_cap, smallest_device_memory
     from gmlake.replay import replay
 
     rows = []
@@ -250,20 +251,27 @@ def _smallest_caps(trace, chosen: list, as_json: bool, event_lag: int = 0) -> in
             raise UsageError(f"{trace.name}: {uncapped.policy} runs out of memory on the modelled device even "
                              f"uncapped; give a larger --device-memory to replay it")
         fit, fail, probed = smallest_cap(trace, choice, event_lag=event_lag)
+        device_fit, device_fail, device_probed = smallest_device_memory(trace, choice, event_lag=event_lag)
         rows.append({"trace": trace.name, "policy": uncapped.policy, "smallest_cap": fit,
-                     "largest_failing_cap": fail, "peak_allocated": uncapped.peak_allocated,
-                     "uncapped_peak_reserved": uncapped.peak_reserved, "replays": len(probed) + 1})
+                     "largest_failing_cap": fail, "smallest_device_memory": device_fit,
+                     "largest_failing_device_memory": device_fail, "peak_allocated": uncapped.peak_allocated,
+                     "uncapped_peak_reserved": uncapped.peak_reserved,
+                     "replays": len(probed) + len(device_probed) + 2})
     if as_json:
         for row in rows:
             print(json.dumps(row))
         return EXIT_OK
-    t = Table(title=f"{trace.name}: the smallest memory cap per policy (GiB, by replay, to 0.2 %)")
-    for col in ("policy", "peak allocated", "smallest cap", "largest that fails", "uncapped reserved", "replays"):
+    t = Table(title=f"{trace.name}: the smallest memory cap and the smallest device (no cap) per policy "
+                    f"(GiB, and over the peak allocated; by replay, to 0.2 %)")
+    for col in ("policy", "peak allocated", "smallest cap", "x peak", "smallest device", "x peak",
+                "uncapped reserved", "replays"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
-        t.add_row(Text(r["policy"]), *(f"{r[k] / GiB:.3f}" for k in ("peak_allocated", "smallest_cap",
-                                                                     "largest_failing_cap",
-                                                                     "uncapped_peak_reserved")), str(r["replays"]))
+        peak = r["peak_allocated"]
+        t.add_row(Text(r["policy"]), f"{peak / GiB:.3f}",
+                  f"{r['smallest_cap'] / GiB:.3f}", f"{r['smallest_cap'] / peak:.4f}",
+                  f"{r['smallest_device_memory'] / GiB:.3f}", f"{r['smallest_device_memory'] / peak:.4f}",
+                  f"{r['uncapped_peak_reserved'] / GiB:.3f}", str(r["replays"]))
     _console().print(t)
     return EXIT_OK
 
@@ -614,7 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--smallest-cap", dest="smallest_cap", action="store_true",
                            help="instead: bisect, by replay, for the smallest memory cap each policy serves "
                                 "every request under (torch.cuda.set_per_process_memory_fraction's cap, on the "
-                                "trace's device: what a job fits into)")
+                                "trace's device: what a job fits into) and, beside it, the smallest device with "
+                                "no cap (where the device itself is the limit)")
         p.set_defaults(func=func)
 
     p = sub.add_parser("compare", help="replay traces (default: the bundled ones) under every policy; table + PNG")

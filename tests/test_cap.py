@@ -136,3 +136,40 @@ def test_replay_under_a_cap_from_the_command_line():
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--cap" in proc.stderr
     proc = gmlake_cli("replay", "opt350m-full-ckpt-native", "--smallest-cap", "--cap", "20GiB")
     assert proc.returncode == 2 and "drop --cap" in proc.stderr
+
+
+@pytest.mark.parametrize("policy", ["expandable", "gmlake"])
+def test_the_smallest_device_fits_with_no_cap_and_the_bracket_is_within_the_resolution(gpt2l, policy):
+    from gmlake.cap import smallest_device_memory
+
+    fit, fail, probed = smallest_device_memory(gpt2l, policy, resolution=0.002)
+    assert replay(gpt2l, policy, device_memory=fit, samples=0).ooms == 0
+    assert replay(gpt2l, policy, device_memory=fail, samples=0).ooms > 0
+    assert fail < fit <= fail * 1.002 + 1 and fit in probed
+    assert replay(gpt2l, policy, samples=0).peak_allocated <= fit
+
+
+def test_the_device_and_the_cap_are_different_limits_for_gmlake(gpt2l):
+    """A cap is a limit gmlake knows of, and its finer pages under one (Note [Finer pages under a cap]) pack closer
+    than the 20 MiB pages it keeps where the device itself runs out: on this trace 11.84 GiB under a cap, 11.90 on
+    a device with no cap (2026-12-02). The expandable model, with one page size, fits both alike."""
+    from gmlake.cap import smallest_device_memory
+
+    assert smallest_cap(gpt2l, "gmlake")[0] < smallest_device_memory(gpt2l, "gmlake")[0]
+    cap, device = smallest_cap(gpt2l, "expandable")[0], smallest_device_memory(gpt2l, "expandable")[0]
+    assert abs(cap - device) <= 0.002 * cap
+
+
+def test_replay_smallest_cap_shows_the_smallest_device_beside_it():
+    import json
+
+    proc = gmlake_cli("replay", "tests/data/tiny-gpt2-native.pickle.gz", "--smallest-cap", "--json",
+                      "--policy", "gmlake", "--policy", "expandable")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["policy"] for r in rows] == ["gmlake", "expandable"]
+    for r in rows:
+        assert r["largest_failing_device_memory"] < r["smallest_device_memory"] <= r["uncapped_peak_reserved"]
+        assert r["peak_allocated"] <= r["smallest_device_memory"]
+    table = gmlake_cli("replay", "tests/data/tiny-gpt2-native.pickle.gz", "--smallest-cap", "--policy", "gmlake")
+    assert table.returncode == 0 and "smallest device" in table.stdout and "smallest cap" in table.stdout
