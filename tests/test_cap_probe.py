@@ -71,3 +71,31 @@ def test_a_cap_in_bytes_over_the_device_is_refused():
     with pytest.raises(ValueError, match="more than the device"):
         cap_probe.as_fraction(2.0 * TOTAL, TOTAL)
     assert cap_probe.as_fraction(0.5, TOTAL) == 0.5
+
+
+def test_device_limit_probes_leave_the_bytes_free_at_memory_fraction_1(monkeypatch, tmp_path):
+    """--device-limit: each probe runs uncapped (fraction 1) with the device filled to leave CAP bytes free, the
+    bytes reaching the workload as $GMLAKE_BENCH_LEAVE_FREE (workloads/common.py's limit_memory)."""
+    import os
+
+    seen = []
+
+    def fake_probe(workload, allocator, purpose, fraction, timeout_s, *, settings, out, index):
+        seen.append((purpose, fraction, os.environ.get(cap_probe.LEAVE_FREE_ENV),
+                     os.environ.get("CUDA_MODULE_LOADING")))
+        return {"index": index, "workload": workload, "allocator": allocator, "fraction": fraction, "fit": True,
+                "wall_s": 20.0}
+
+    monkeypatch.setattr(cap_probe.cap_search, "device_total_memory", lambda: TOTAL)
+    monkeypatch.setattr(cap_probe.cap_search, "run_probe", fake_probe)
+    monkeypatch.delenv(cap_probe.LEAVE_FREE_ENV, raising=False)
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
+    cap_probe.main(["opt1.3b-ckpt:gmlake@13540000000", "opt1.3b-ckpt:gmlake-paper@13300000000", "--device-limit",
+                    "--out", str(tmp_path)])
+    assert seen == [("device", 1.0, "13540000000", "EAGER"), ("device", 1.0, "13300000000", "EAGER")]
+    assert cap_probe.LEAVE_FREE_ENV not in os.environ and "CUDA_MODULE_LOADING" not in os.environ  # nothing stays
+    record = json.loads((tmp_path / "cap-probe.json").read_text())
+    assert [p["limit"] for p in record["probes"]] == ["device", "device"]
+    assert abs(record["probes"][1]["cap_bytes"] - 13300000000) <= 1
+    says = one_line_exit_2(["-m", "bench", "cap", "probe", "vit:gmlake@0.1", "--device-limit"])
+    assert "takes each CAP in bytes" in says

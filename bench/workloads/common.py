@@ -218,6 +218,35 @@ def memory_fraction(script: str, text: str | None, device: str) -> float | None:
     return fraction
 
 
+LEAVE_FREE_ENV = "GMLAKE_BENCH_LEAVE_FREE"   # bytes: the device is the limit (bench/cap_probe.py --device-limit)
+
+
+def limit_memory(fraction: float) -> int:
+    """Cap this process at `fraction` of the device (torch.cuda.set_per_process_memory_fraction, which initialises
+    CUDA) and, where $GMLAKE_BENCH_LEAVE_FREE names a number of bytes, make the device itself the limit: take all
+    of the device's free memory but that many bytes, outside any allocator (cuMemAlloc, held until the process
+    ends), so the allocator runs out where a device that much larger than this process's CUDA context would.
+    Returns the bytes taken (0: none). The filler is taken once the context exists, so the context's own memory is
+    not counted in the bytes left; kernels loaded later are (CUDA_MODULE_LOADING=EAGER loads them up front)."""
+    import ctypes
+
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    leave = os.environ.get(LEAVE_FREE_ENV)
+    if not leave:
+        return 0
+    free, _ = torch.cuda.mem_get_info()           # also makes the primary context current on this thread
+    take = free - int(leave)
+    if take <= 0:
+        return 0
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    pointer = ctypes.c_uint64()
+    rc = libcuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(take))
+    if rc != 0:
+        raise RuntimeError(f"cuMemAlloc of {take} bytes to leave {leave} free failed: CUresult {rc}")
+    limit_memory.filler = pointer                 # kept for the process's life
+    return take
+
+
 def out_of_memory(exc: BaseException) -> bool:
     """Whether `exc` is an allocation failure: torch.OutOfMemoryError under torch's allocator, a RuntimeError
     saying "out of memory" under gmlake (a pluggable allocator's error reaches Python as a RuntimeError)."""

@@ -52,6 +52,7 @@ from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction: d
     gmlake_policy_name,
     gmlake_stats,
     gpu_time,
+    limit_memory,
     memory_fraction,
     memory_peaks,
     out_of_memory,
@@ -403,8 +404,9 @@ def main() -> None:
         sys.exit("dynamic.py: CUDA is not available here; use --device cpu (with --size small) for a smoke test")
 
     device = torch.device(args.device)
+    filler = 0
     if fraction is not None:
-        torch.cuda.set_per_process_memory_fraction(fraction)     # initialises CUDA; the cap holds from the first byte
+        filler = limit_memory(fraction)     # initialises CUDA; the cap holds from the first byte
     cfg = preset(args.workload, args.size, args.batch, args.shape)
     torch.manual_seed(args.seed)
     records: list[dict] = []
@@ -428,7 +430,7 @@ def main() -> None:
         **summarize(records, warmup),
     }
     if fraction is not None:
-        summary.update(memory_fraction=fraction, oom=False)
+        summary.update(memory_fraction=fraction, oom=False, filler_bytes=filler)
     if args.device == "cuda":
         summary.update(memory_peaks())
         summary["utilization"] = summary["max_memory_allocated"] / summary["max_memory_reserved"]

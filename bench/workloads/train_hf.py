@@ -32,6 +32,7 @@ from bench.workloads.common import (  # fsdp_train.py imports them from here too
     exit_out_of_memory,
     gmlake_stats,
     gpu_time,
+    limit_memory,
     memory_fraction,
     memory_peaks,
     out_of_memory,
@@ -219,8 +220,9 @@ def main() -> None:
         refuse("train_hf.py", "--memory-fraction takes neither --max-batch-search nor --gpu-time-steps above 0")
 
     cuda = args.device == "cuda"
+    filler = 0
     if fraction is not None:
-        torch.cuda.set_per_process_memory_fraction(fraction)     # initialises CUDA; the cap holds from the first byte
+        filler = limit_memory(fraction)     # initialises CUDA; the cap holds from the first byte
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     head = {"model": args.model, "lora": args.lora, "ckpt": args.ckpt, "offload": args.offload, "steps": args.steps,
@@ -242,7 +244,7 @@ def main() -> None:
     summary = {**head, "timed_s": timed_s, "median_step_s": statistics.median(s["step_s"] for s in timed),
                "tokens_per_s": sum(s["batch"] * s["seq"] for s in timed) / timed_s}
     if fraction is not None:
-        summary.update(memory_fraction=fraction, oom=False)
+        summary.update(memory_fraction=fraction, oom=False, filler_bytes=filler)
     if cuda:
         summary.update(memory_peaks())
         summary["gmlake"] = gmlake_stats()
