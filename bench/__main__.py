@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "kernels": ("bench.vmm_kernels", "kernels on cudaMalloc memory against VMM memory of chosen page sizes"),
     "replay-speed": ("bench.replay_speed", "replay's events per second; --against OLD_CHECKOUT for an A/B"),
     "fsdp-pattern": ("bench.fsdp_pattern", "FSDP's streams modelled on the sim driver"),
+    "edge": ("bench.edge", "at the edge of memory, by replay: where each policy fits, what fitting costs there"),
     "report": {
         "docs": ("bench.report_docs", "rewrite docs/benchmarks.md's generated tables from bench/results"),
         "training": ("bench.report_training", "the training suite's tables and plot"),

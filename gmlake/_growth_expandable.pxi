@@ -50,7 +50,16 @@ cdef inline size_t _page(Allocator self, int size_class) noexcept nogil:
     less than the expandable model where 20 MiB pages needed more, at several times their driver time.
     A cap at or above the device's memory is none. A range made before the cap was set keeps its pages and what it
     has mapped, but grows no more (_coarser_range): growth goes to a range of this page, so a cap set after the
-    model was loaded still gets finer pages for what comes after."""
+    model was loaded still gets finer pages for what comes after.
+
+    Why from the moment the cap is set, and not once the headroom under it runs low: what a page strands is
+    decided when the blocks beside it are placed, mostly in the first step, long before the limit is near (on a
+    recomputation trace, a gap of a few MiB that each layer leaves between its checkpoints, none a whole 20 MiB
+    page). Finer pages only once the headroom fell below 5-60 % of the cap, or only after a growth first found no
+    memory, needed 0.4-4 % of the peak allocated more than finer pages from the start on those traces, where
+    these pages cost up to 8x the expandable model's priced driver time under a cap (`python -m bench edge` measures
+    a policy's fit and price per trace). For the same reason the device itself, when it is the limit, gets no
+    finer pages: the allocator cannot tell in time that it will be."""
     if size_class == SIZE_SMALL:
         return self.k.expandable_page_small
     if _cap_binds(self):
