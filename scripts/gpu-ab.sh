@@ -28,7 +28,7 @@ for side in A B; do
   rm -rf "${TREE[$side]}"; git worktree prune
   if [ "$rev" = . ]; then
     mkdir -p "${TREE[$side]}" \
-      && git ls-files -co --exclude-standard -z | tar -c --null -T - | tar -x -C "${TREE[$side]}" || exit 1
+      && git ls-files -co --exclude-standard -z | tar -c --null --ignore-failed-read -T - 2>/dev/null | tar -x -C "${TREE[$side]}" || exit 1
   else
     git worktree add -q --detach "${TREE[$side]}" "$rev" || exit 1
   fi
