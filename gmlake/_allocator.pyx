@@ -1043,7 +1043,7 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
       free_nogil         _free_locked: the live map; _retire, _release_block: _coalesce with free neighbours,
                          _insert_free
     Anything else (no block fits, a cached sBlock may fit tighter, a hook places) leaves the path at
-    _alloc_large_miss. bench/micro.py times it (cache_hits), callgrind counts it."""
+    _alloc_large_miss. `python -m bench micro --cache-hits` times it, callgrind counts it."""
     cdef size_t rounded
     cdef Block* b = NULL
     cdef int64_t stream = request.stream

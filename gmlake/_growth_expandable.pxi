@@ -46,7 +46,7 @@ cdef inline size_t _page(Allocator self, int size_class) noexcept nogil:
     from fitting where PyTorch's expandable segments fit, whose releases under pressure repack their ranges
     (Note [Releasing before the cap binds]). Finer pages cost driver time (cuMemSetAccess is priced per handle),
     which a run with no cap should not pay, but under a cap memory is what binds. Replayed under caps (`gmlake
-    replay --smallest-cap`, bench/cap_search.py, which the GPU cap search checks), 4 MiB pages fit every trace in
+    replay --smallest-cap`, `python -m bench cap search` checks it on the GPU), 4 MiB pages fit every trace in
     less than the expandable model where 20 MiB pages needed more, at several times their driver time.
     A cap at or above the device's memory is none. A range made before the cap was set keeps its pages and what it
     has mapped, but grows no more (_coarser_range): growth goes to a range of this page, so a cap set after the
@@ -149,8 +149,8 @@ cdef bint _request_over_cap(Allocator self, Failure* why, int size_class, size_t
     whenever a large request arrives near the cap, long before the cap binds: the free space of the range's tail
     goes back, and the next growth maps into the lowest hole with room, packing later blocks into the holes of
     earlier ones. Counting only the pages mapped, the range keeps its free tail until the cap binds, by then in
-    pieces that no growth can join. On the GPU (bench/cap_search.py) expandable segments fit under lower caps than
-    the exact count replays, and inside the GPU's brackets with this check (tests/test_training_traces.py)."""
+    pieces that no growth can join. On the GPU (`python -m bench cap search`) expandable segments fit under lower
+    caps than the exact count replays, and inside the GPU's brackets with this check (tests/test_training_traces.py)."""
     if not (self.k.cap_counts_request and self.limit_bytes) or \
             self.st.reserved + _pytorch_alloc_size(self, size_class, size) <= self.limit_bytes:
         return False

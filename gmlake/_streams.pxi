@@ -156,7 +156,7 @@ cdef Block* _wait_for_other_stream(Allocator self, Failure* why, int size_class,
     instead). The price is that ordering: work the requesting stream queues from now on cannot overlap
     what the other stream had queued (FSDP's prefetch stream can end up waiting for compute), so the wait is taken
     only where a single block fits, not for a stitch, and only on a miss: a stream that finds a block of its own
-    (a prefetching side stream reusing its buffers, say) never waits. On two H200s (FSDP, bench/train_suite.py)
+    (a prefetching side stream reusing its buffers, say) never waits. On two H200s (FSDP, `python -m bench train`)
     the default reserved less with the wait, at no cost in tokens/s the runs could resolve, so the default takes
     it; gmlake-paper does not (cross_stream_wait=False, as the paper describes). Blocks freed on a stream are used
     only by their stream's work (a record_stream'ed block enters the index once its other streams' events are
@@ -205,13 +205,13 @@ cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
     Completed events are destroyed at once, so no event is queried twice after it is done. That needs the entries
     walked in the order their frees were made: retired entries are compacted out in place, keeping the order (a
     swap-with-last removal would let a newer incomplete event of S hide older completed ones, so that their memory
-    stayed pending for many passes while the stream kept busy, and reserved: `bench/fsdp_pattern.py --lag 2` shows
-    it, tests/test_fsdp_pattern.py checks the backlog stays small). A pass ends as soon as every stream with pending
-    events has shown an incomplete one (`pending_per_stream` counts them), so a request costs a few entries, not a
-    walk over hundreds (`bench/micro.py`'s pending300_4KiB times a cache hit with 300 frees pending on a busy
-    stream). A skipped event only ever delays a free; it never hands out memory early. Polling only when no free
-    block fits (fewer queries) was tried and rejected: on `bench/fsdp_pattern.py` it reserved more, with and
-    without a lag, and its priced driver time rose with the stitches: a request that polls late is served a
+    stayed pending for many passes while the stream kept busy, and reserved: `python -m bench fsdp-pattern --lag 2`
+    shows it, tests/test_fsdp_pattern.py checks the backlog stays small). A pass ends as soon as every stream with
+    pending events has shown an incomplete one (`pending_per_stream` counts them), so a request costs a few entries,
+    not a walk over hundreds (`python -m bench micro`'s pending300_4KiB times a cache hit with 300 frees pending on
+    a busy stream). A skipped event only ever delays a free; it never hands out memory early. Polling only when no
+    free block fits (fewer queries) was tried and rejected: on `python -m bench fsdp-pattern` it reserved more, with
+    and without a lag, and its priced driver time rose with the stitches: a request that polls late is served a
     worse-fitting block while its best fit still sits pending."""
     cdef size_t i = 0, kept = 0, j, k
     cdef bint busy_stream

@@ -189,7 +189,7 @@ struct SBlockCache {
 
 // Note [Reusing nodes on the hot path]: a cache hit that splits a free block and merges it back on free would
 // otherwise allocate and free a Block, and a node of each container it enters (free index, address map, live map),
-// every time: about a third of a split + merge's instructions (callgrind of bench/micro.py's cache_hits cases on
+// every time: about a third of a split + merge's instructions (callgrind of `python -m bench micro`'s cache-hit cases on
 // the sim driver). Each allocator keeps up to 64 spares of each for its next
 // requests, used only under its lock. A node moves between maps of one type (the default pool's free index and a
 // private pool's), which C++17 node handles allow; spares are freed with the allocator.

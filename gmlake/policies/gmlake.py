@@ -29,15 +29,12 @@ class GMLakePolicy(Policy):
     stream's work is done (`cross_stream=True`). The fence is recorded only on a miss, for each other stream that
     holds free blocks, so a step that fits in what is free costs no event call. Keeping blocks on their stream as
     PyTorch does strands FSDP's gradients and unsharded parameters, freed on one stream, where the next layer's
-    stream cannot use them: on two H200s (opt-1.3b FSDP, 24 steps, 2026-11-30) blocks kept per stream reserved
-    8.21 GiB a rank (utilization 0.80) at 1.10-1.14x native's step time, shared 7.14-7.29 GiB (0.90-0.92) at
-    0.99-1.05x; expandable segments 9.38 GiB (0.70). Single-stream traces replay identically either way.
+    stream cannot use them: over FSDP on two H200s, blocks kept per stream reserved about 15 % more a rank than
+    blocks shared, at a slower step. Single-stream traces replay identically either way.
     Handing blocks over only once an event is done costs memory while the GPU trails the CPU, so on a miss the
     requesting stream takes another stream's free block at once after a wait on the GPU (`cross_stream_wait`, Note
-    [Waiting for another stream's free block], gmlake/_streams.pxi). Same FSDP run, two rounds interleaved
-    (2026-12-01): 7.24-7.31 GB reserved on the larger rank (utilization 0.967-0.975) with the wait, 7.47-7.77 GB
-    (0.909-0.945) without, expandable segments 10.07 GB; tokens/s 14,386-15,075 with, 13,408-15,587 without,
-    14,625-16,790 for expandable segments: no cost the runs can resolve.
+    [Waiting for another stream's free block], gmlake/_streams.pxi): on the same FSDP run it reserved 3-7 % less a
+    rank than without the wait, at no cost to tokens/s that the runs resolve (docs/benchmarks.md, training suite).
     """
 
     name: ClassVar[str] = "gmlake"
