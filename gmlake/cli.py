@@ -644,8 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "GMLAKE_LIMIT sets); recommend the fastest setting that completes within it (default: the "
                         "least peak reserved within --within of the fastest driver time)")
     p.add_argument("--within", type=float, default=1.05, metavar="X",
-                   help="without --fit: consider settings whose driver time is at most X times the fastest's "
-                        "(default 1.05)")
+                   help="without --fit: consider settings whose driver time is at most X times the fastest's, "
+                        "or 50 ms more (default 1.05)")
     p.add_argument("--json", action="store_true",
                    help="one JSON object: every setting's outcome and the recommendation")
     p.add_argument("--plot", metavar="FILE", help="write a PNG of driver time against memory, the front marked")

@@ -47,6 +47,10 @@ from gmlake.trace import Trace
 MiB = 1 << 20
 GiB = 1 << 30
 WITHIN = 1.05           # without --fit: the least memory among settings this close to the fastest driver time
+# ... or this close in seconds: a captured trace is tens of steps, so 50 ms of priced driver time over all of it is
+# about a millisecond a step, well inside a step's own run-to-run variation. Without it the ratio alone compares
+# milliseconds: a rule that keeps only PyTorch's own 3 ms would give up gigabytes to save 25 ms over a whole run.
+TIE_SECONDS = 0.05
 RESOLUTION = 0.002      # the bisections' relative resolution, as `gmlake replay --smallest-cap`'s
 PAGES = (4 * MiB, 8 * MiB, 20 * MiB, 64 * MiB, 128 * MiB)
 
@@ -280,8 +284,8 @@ def mark_front(outcomes: list[Outcome]) -> None:
 def recommend(outcomes: list[Outcome], fit: int | None, within: float = WITHIN) -> tuple[Outcome | None, str]:
     """The setting to use, and why in words. With `fit`: the fastest (least priced driver time within that memory)
     of those that complete in it, ties to the least peak reserved there. Without: the least peak reserved among
-    the settings whose driver time is within `within` times the fastest's, ties to the fastest. Settings that ran
-    out of memory uncapped are never chosen."""
+    the settings whose driver time is within `within` times the fastest's or TIE_SECONDS of it, ties to the fastest.
+    Settings that ran out of memory uncapped are never chosen."""
     ok = [o for o in outcomes if not o.failed]
     if fit is not None:
         fitting = [o for o in ok if o.fits]
@@ -296,10 +300,11 @@ def recommend(outcomes: list[Outcome], fit: int | None, within: float = WITHIN) 
     if not ok:
         return None, "every setting runs out of memory on the modelled device"
     fastest = min(o.driver_seconds for o in ok)
-    near = [o for o in ok if o.driver_seconds <= within * fastest]
+    bound = max(within * fastest, fastest + TIE_SECONDS)
+    near = [o for o in ok if o.driver_seconds <= bound]
     best = min(near, key=lambda o: (o.peak_reserved, o.driver_seconds, o.smallest_cap or 0, len(o.knobs)))
-    return best, (f"the least peak reserved of the {_settings(len(near))} within {within:g}x the fastest driver "
-                  f"time ({fastest:.3f} s)")
+    return best, (f"the least peak reserved of the {_settings(len(near))} within {within:g}x or "
+                  f"{TIE_SECONDS * 1000:g} ms of the fastest driver time ({fastest:.3f} s)")
 
 
 def _settings(n: int) -> str:
@@ -443,5 +448,5 @@ def plot(result: TuneResult, out: Path) -> Path:
     return out
 
 
-__all__ = ["WITHIN", "Outcome", "Setting", "TuneResult", "enable_call", "env_line", "evaluate", "mark_front",
+__all__ = ["TIE_SECONDS", "WITHIN", "Outcome", "Setting", "TuneResult", "enable_call", "env_line", "evaluate", "mark_front",
            "plot", "recommend", "recommendation_lines", "search_space", "table", "tune"]

@@ -68,8 +68,9 @@ def test_without_fit_the_least_memory_near_the_fastest(result):
     best = result.recommended
     ok = [o for o in result.outcomes if not o.failed]
     fastest = min(o.driver_seconds for o in ok)
-    assert best.driver_seconds <= tune.WITHIN * fastest
-    assert all(o.peak_reserved >= best.peak_reserved for o in ok if o.driver_seconds <= tune.WITHIN * fastest)
+    bound = max(tune.WITHIN * fastest, fastest + tune.TIE_SECONDS)
+    assert best.driver_seconds <= bound
+    assert all(o.peak_reserved >= best.peak_reserved for o in ok if o.driver_seconds <= bound)
     assert best.front
     wider = tune.recommend(result.outcomes, None, within=1e9)[0]      # any driver time: the least memory overall
     assert wider.peak_reserved == min(o.peak_reserved for o in ok)
