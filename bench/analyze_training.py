@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import ROOT
-from bench.cli import OneLineParser
+from bench.cli import OneLineParser, error_line
 from gmlake.explain import explain
 from gmlake.policies import get
 from gmlake.replay import driver_seconds, replay, run_requests
@@ -27,8 +27,8 @@ VARIANTS = {
     "min_saved_chunks=0": {"min_saved_chunks": 0},
     "sblock_search_depth=64": {"sblock_search_depth": 64},
     "both": {"min_saved_chunks": 0, "sblock_search_depth": 64},
-    "both + 4 MiB handles": {"min_saved_chunks": 0, "sblock_search_depth": 64, "chunk_size": 4 << 20},
-    "8 MiB handles": {"chunk_size": 8 << 20},
+    "both + 4 MiB pages": {"min_saved_chunks": 0, "sblock_search_depth": 64, "expandable_page_large": 4 << 20},
+    "8 MiB pages": {"expandable_page_large": 8 << 20},
 }
 GiB = 1 << 30
 
@@ -50,13 +50,14 @@ def quarters(trace, policy) -> list[tuple[int, float]]:
 
 
 def step_starts(trace, per_step: list[dict]) -> list[int]:
-    """The request index at which each step begins: its input ids, batch x seq int64, are its first allocation."""
+    """The request index at which each step begins: its input ids, batch x seq int64, are its first allocation.
+    Steps the trace does not reach (a capture that ended first) are left out."""
     req = trace.requests()
     starts, at = [], 0
     for step in per_step:
         hits = np.nonzero((req["action"][at:] == ALLOC) & (req["size"][at:] == step["batch"] * step["seq"] * 8))[0]
         if not len(hits):
-            raise ValueError(f"{trace.name}: no input-ids allocation for step {len(starts)}")
+            break
         at += int(hits[0])
         starts.append(at)
         at += 1
@@ -90,7 +91,10 @@ def main(argv: list[str] | None = None, prog: str = "bench report analysis") -> 
     parser.add_argument("traces", nargs="*", type=Path,
                         default=sorted((CAPTURED / "traces").glob("*.gmtrace")))
     args = parser.parse_args(argv)
-    traces = [load(str(p)) for p in args.traces]
+    try:
+        traces = [load(str(p)) for p in args.traces]
+    except (OSError, ValueError) as exc:
+        parser.error(error_line(exc))
 
     print("### Where gmlake's reserved memory is at its peak\n")
     print("| trace | request that set the peak | reserved GiB | requested | free in shared chunks "
@@ -124,7 +128,8 @@ def main(argv: list[str] | None = None, prog: str = "bench report analysis") -> 
         driver = np.array(driver_ms_per_step(t, step_starts(t, pairs[0][2]["per_step"])))
         for name, native, gm in pairs:
             excess = np.array([g["step_s"] - n["step_s"] for g, n in zip(gm["per_step"], native["per_step"])]) * 1e3
-            d, e = driver[1:], excess[1:]
+            steps = min(len(driver), len(excess))      # the steps both the trace and the runs reach
+            d, e = driver[1:steps], excess[1:steps]
             busy, quiet = d > 20, d < 5
             print(f"| {t.name} | {name} | {int(busy.sum())} | {d[busy].sum():.0f} | {e[busy].sum():.0f} | "
                   f"{e[busy].sum() / d[busy].sum():.1f} | {int(quiet.sum())} | {statistics.median(e[quiet]):.0f} | "
