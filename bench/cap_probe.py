@@ -240,9 +240,8 @@ def main(argv: list[str] | None = None, prog: str = "bench cap probe") -> None:
         return True
 
     for (workload, allocator, cap), fraction in zip(args.requests, fractions):
-        if args.device_limit and workload not in outside:
-            if not calibrate(workload):
-                break
+        if args.device_limit and workload not in outside and not calibrate(workload):
+            break                                   # the deadline
         if args.calibrate_only:
             continue
         if args.device_limit and outside[workload] is None:
