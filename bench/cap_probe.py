@@ -3,6 +3,7 @@
 
     python -m bench cap probe bert:gmlake@22420000000 cnn:gmlake@13540000000 cnn:expandable@13540000000
     python -m bench cap probe vit:expandable@0.15201 --steps 20 --deadline 300 --out DIR
+    python -m bench cap probe --device-limit opt1.3b-lora-ckpt:gmlake@7640216268 [--outside W=BYTES ...] [--warm]
 
 Why: the cap search (bench cap search) bisects to a resolution, 0.2 % at best in one call; two allocators whose
 thresholds lie closer than that come out as a tie. Replay (`gmlake cap`, or the search's --predict) places each
@@ -58,14 +59,15 @@ def leave_free(allocator_bytes: int, outside: int) -> int:
 
 def outside_check(probe: dict, outside: int, tolerance: int = OUTSIDE_TOLERANCE) -> dict:
     """How a probe's own bytes outside the allocator compare with the calibration's O: the difference, whether it is
-    within `tolerance`, and the bytes its allocator could have had (free after the filler less the bytes outside).
+    within `tolerance`, and the bytes its allocator could have had (free after the filler and what it held then,
+    less the bytes outside).
     {} where the probe recorded none (it crashed before, or an old workload)."""
     own = probe.get("outside_allocator_bytes")
     if own is None:
         return {}
     out = {"outside_drift": own - outside, "calibration_held": abs(own - outside) <= tolerance}
     if probe.get("free_after_filler") is not None:
-        out["allocator_had"] = probe["free_after_filler"] - own
+        out["allocator_had"] = probe["free_after_filler"] + (probe.get("reserved_at_filler") or 0) - own
     return out
 
 
