@@ -3,6 +3,7 @@
 
     python -m bench cap probe bert:gmlake@22420000000 cnn:gmlake@13540000000 cnn:expandable@13540000000
     python -m bench cap probe vit:expandable@0.15201 --steps 20 --deadline 300 --out DIR
+    python -m bench cap probe --device-limit opt1.3b-lora-ckpt:gmlake@7640216268 [--outside W=BYTES ...] [--warm]
 
 Why: the cap search (bench cap search) bisects to a resolution, 0.2 % at best in one call; two allocators whose
 thresholds lie closer than that come out as a tie. Replay (`gmlake cap`, or the search's --predict) places each
@@ -13,12 +14,21 @@ Each CAP is a fraction of the device's memory (at most 1) or a number of bytes (
 process started exactly as a cap-search probe (`cap_search.run_probe`: the suite's shapes, --steps, --seed), in the
 order given; --deadline stops starting probes that would likely end after it.
 
---device-limit makes the device itself the limit instead of a cap: each CAP (bytes) is what the probe's process
-finds free once its CUDA context exists; the rest of the device's free memory is taken outside any allocator
-(common.limit_memory, $GMLAKE_BENCH_LEAVE_FREE), the process runs at memory fraction 1 (which caps nothing, and
-turns an out-of-memory into exit 3), with CUDA_MODULE_LOADING=EAGER so that kernels loaded later take nothing from
-those bytes.
-Output: DIR/cap-probe.json (environment, device total, every probe with its cap in bytes) and a line per probe.
+--device-limit makes the device itself the limit instead of a cap: each CAP (bytes) is what the probe's allocator
+can have. The process runs at memory fraction 1 (which caps nothing, and turns an out-of-memory into exit 3), with
+CUDA_MODULE_LOADING=EAGER; once its CUDA context exists, all of the device's free memory but CAP + O bytes is taken
+outside any allocator (common.limit_memory, $GMLAKE_BENCH_LEAVE_FREE). O is the memory the process takes outside
+its allocator after that point (Note [Memory outside the allocator] in workloads/common.py: CUDA's libraries'
+handles, kernels and workspaces, taken during the first steps: 0.6-0.7 GB on the H200, where the first probes left
+it out and every one ran out of memory). O is measured per workload by a calibration run first: the workload, with
+the same steps and seed, under --calibrate-with (default native) with no filler, whose run records the bytes taken
+outside its allocator at its end. --outside WORKLOAD=BYTES gives O instead, --no-calibrate takes O as 0, --warm
+runs common.warm_libraries before the filler in every run (calibrations too), --calibrate-only runs only the
+calibrations. Every probe records its own bytes outside the allocator (at its end, or at its out-of-memory, and
+after each step), and is flagged where they differ from O by more than OUTSIDE_TOLERANCE: then the allocator did not
+get CAP bytes, and the probe does not say what it means to.
+Output: DIR/cap-probe.json (environment, device total, every calibration and probe with its cap in bytes) and a
+line per probe.
 """
 from __future__ import annotations
 
@@ -36,6 +46,43 @@ from bench.speed_suite import GIB, expected_duration
 from bench.train_suite import environment
 
 LEAVE_FREE_ENV = "GMLAKE_BENCH_LEAVE_FREE"     # workloads/common.py's: not imported from there, which imports torch
+WARM_ENV = "GMLAKE_BENCH_WARM"                 # workloads/common.py's, likewise
+OUTSIDE_TOLERANCE = 32 << 20    # a probe whose bytes outside the allocator differ from the calibration's by more is
+                                # flagged: its allocator had that much more or less than CAP
+
+
+def leave_free(allocator_bytes: int, outside: int) -> int:
+    """The bytes a device-limit probe leaves free after its filler: what its allocator may have, plus what the
+    process will take outside the allocator (the calibration's O; a negative O, noise, counts as 0)."""
+    return int(allocator_bytes) + max(0, int(outside))
+
+
+def outside_check(probe: dict, outside: int, tolerance: int = OUTSIDE_TOLERANCE) -> dict:
+    """How a probe's own bytes outside the allocator compare with the calibration's O: the difference, whether it is
+    within `tolerance`, and the bytes its allocator could have had (free after the filler and what it held then,
+    less the bytes outside).
+    {} where the probe recorded none (it crashed before, or an old workload)."""
+    own = probe.get("outside_allocator_bytes")
+    if own is None:
+        return {}
+    out = {"outside_drift": own - outside, "calibration_held": abs(own - outside) <= tolerance}
+    if probe.get("free_after_filler") is not None:
+        out["allocator_had"] = probe["free_after_filler"] + (probe.get("reserved_at_filler") or 0) - own
+    return out
+
+
+def parse_outside(item: str, workloads: set[str]) -> tuple[str, int]:
+    """--outside WORKLOAD=BYTES -> (workload, bytes); ValueError with the reason."""
+    workload, sep, text = item.partition("=")
+    if not sep or workload not in workloads:
+        raise ValueError(f"--outside takes WORKLOAD=BYTES with WORKLOAD one of the probes', got {item!r}")
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"--outside {workload}: BYTES must be a whole number >= 0, got {text!r}")
+    return workload, value
 
 
 def parse_probe(item: str) -> tuple[str, str, float]:
@@ -71,7 +118,18 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap probe") -> 
     parser.add_argument("probes", nargs="+", metavar="WORKLOAD:ALLOCATOR@CAP",
                         help="CAP: a fraction of the device's memory, or bytes (a number above 1)")
     parser.add_argument("--device-limit", action="store_true",
-                        help="each CAP is the bytes left free on the device (no cap): the device is the limit")
+                        help="no cap: the device itself is the limit, and each CAP is the bytes the allocator can "
+                             "have (the filler leaves CAP + the bytes the process takes outside its allocator free)")
+    parser.add_argument("--calibrate-with", default="native", metavar="ALLOCATOR",
+                        help="--device-limit: the allocator of each workload's calibration run (default native)")
+    parser.add_argument("--outside", action="append", default=[], metavar="WORKLOAD=BYTES",
+                        help="--device-limit: the bytes WORKLOAD takes outside its allocator, known: no calibration")
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="--device-limit: no calibration, the bytes outside taken as 0 (CAP is then shared)")
+    parser.add_argument("--warm", action="store_true",
+                        help="--device-limit: warm CUDA's libraries before the filler, in every run")
+    parser.add_argument("--calibrate-only", action="store_true",
+                        help="--device-limit: run the calibrations of the probes' workloads, not the probes")
     cap_search.add_run_options(parser)
     parser.add_argument("--out", default=str(RESULTS / "train" / "cap-probe"))
     args = parser.parse_args(argv)
@@ -80,8 +138,26 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap probe") -> 
         args.requests = [parse_probe(item) for item in args.probes]
     except ValueError as exc:
         parser.error(str(exc))
+    device_only = [flag for flag, given in (("--outside", args.outside), ("--no-calibrate", args.no_calibrate),
+                                            ("--warm", args.warm), ("--calibrate-only", args.calibrate_only),
+                                            ("--calibrate-with", args.calibrate_with != "native")) if given]
+    if device_only and not args.device_limit:
+        parser.error(f"{device_only[0]} goes with --device-limit")
     if args.device_limit and any(cap <= 1 for _, _, cap in args.requests):
-        parser.error("--device-limit takes each CAP in bytes (the bytes left free)")
+        parser.error("--device-limit takes each CAP in bytes (the bytes the allocator can have)")
+    workloads = {workload for workload, _, _ in args.requests}
+    try:
+        args.outside = dict(parse_outside(item, workloads) for item in args.outside)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.no_calibrate and (args.outside or args.calibrate_only):
+        parser.error("--no-calibrate takes neither --outside nor --calibrate-only")
+    calibrated = sorted(workloads - set(args.outside)) if args.device_limit and not args.no_calibrate else []
+    unknown = [w for w in calibrated if args.calibrate_with not in cap_search.SUITES[w].ALLOCATORS]
+    if unknown:
+        parser.error(f"--calibrate-with {args.calibrate_with}: workload {unknown[0]} takes no such allocator")
+    if args.calibrate_only and not calibrated:
+        parser.error("--calibrate-only: every workload already has --outside")
     return args
 
 
@@ -106,40 +182,101 @@ def main(argv: list[str] | None = None, prog: str = "bench cap probe") -> None:
         record["wall_s"] = round(time.perf_counter() - started, 1)
         (out / "cap-probe.json").write_text(json.dumps(record, indent=1) + "\n")
 
-    for (workload, allocator, cap), fraction in zip(args.requests, fractions):
-        left = args.deadline - (time.perf_counter() - started) if args.deadline else None
-        if left is not None and left < max(expected_duration(workload, record["probes"]), 1.0):
+    record["calibrations"] = []
+    outside: dict[str, int | None] = dict(args.outside)         # per workload: O, or None where calibration failed
+    record["outside"] = {w: {"bytes": o, "from": "--outside"} for w, o in outside.items()}
+
+    def time_left() -> float | None:
+        return args.deadline - (time.perf_counter() - started) if args.deadline else None
+
+    def run(workload: str, allocator: str, purpose: str, fraction: float, env: dict[str, str]) -> dict | None:
+        """One run with `env` added to this process's environment for it alone (the suites' command() reads it);
+        None where the deadline leaves no time for it."""
+        left = time_left()
+        if left is not None and left < max(expected_duration(workload, record["probes"] + record["calibrations"]),
+                                           1.0):
             record["stopped"] = f"deadline: {left:.0f} s left"
-            print(f"{record['stopped']}; not starting more probes", flush=True)
-            break
-        # the probe's environment is this process's (the suites' command()), for this probe only
-        extra = {LEAVE_FREE_ENV: str(int(cap)), "CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING",
-                                                                                      "EAGER")} \
-            if args.device_limit else {}          # CUDA_MODULE_LOADING=LAZY where startup time matters more
-        kept = {name: os.environ.get(name) for name in extra}
-        os.environ.update(extra)
+            print(f"{record['stopped']}; not starting more runs", flush=True)
+            return None
+        kept = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
         try:
-            probe = cap_search.run_probe(workload, allocator, "device" if args.device_limit else "fixed",
-                                         1.0 if args.device_limit else fraction,
-                                         args.timeout if left is None else min(args.timeout, left), settings=args,
-                                         out=out, index=len(record["probes"]))
+            return cap_search.run_probe(workload, allocator, purpose, fraction,
+                                        args.timeout if left is None else min(args.timeout, left), settings=args,
+                                        out=out, index=len(record["probes"]) + len(record["calibrations"]))
         finally:
             for name, value in kept.items():
                 if value is None:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-        probe["cap_bytes"] = int(fraction * total)
+
+    # CUDA_MODULE_LOADING=LAZY where startup time matters more
+    device_env = {"CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING", "EAGER"),
+                  **({WARM_ENV: "1"} if args.warm else {})}
+
+    def calibrate(workload: str) -> bool:
+        """O for `workload`: a run under --calibrate-with with no filler (it leaves the whole device free) that
+        records the bytes it took outside its allocator. False where the deadline stopped it."""
+        if args.no_calibrate:
+            outside[workload] = 0
+            record["outside"][workload] = {"bytes": 0, "from": "--no-calibrate"}
+            return True
+        cal = run(workload, args.calibrate_with, "calibrate", 1.0, {**device_env, LEAVE_FREE_ENV: str(total)})
+        if cal is None:
+            return False
+        record["calibrations"].append(cal)
+        outside[workload] = cal.get("outside_allocator_bytes") if cal["fit"] else None
+        record["outside"][workload] = {"bytes": outside[workload], "from": "calibration",
+                                       "calibration": len(record["calibrations"]) - 1}
+        save()
+        if outside[workload] is None:
+            why = cal.get("error") or cal.get("outside_allocator_error") or "it recorded no bytes outside"
+            print(f"{workload}: calibration under {args.calibrate_with} failed, its probes are skipped: "
+                  f"{why[-300:]}", flush=True)
+        else:
+            steps = [b for b in cal.get("outside_by_step") or () if b is not None]
+            print(f"{workload}: {outside[workload]:,} B outside the allocator (calibration under "
+                  f"{args.calibrate_with}{', warmed' if args.warm else ''}, {cal['wall_s']:.0f} s"
+                  + (f"; after step 1: {steps[0]:,} B" if steps else "") + ")", flush=True)
+        return True
+
+    for (workload, allocator, cap), fraction in zip(args.requests, fractions):
+        if args.device_limit and workload not in outside and not calibrate(workload):
+            break                                   # the deadline
+        if args.calibrate_only:
+            continue
+        if args.device_limit and outside[workload] is None:
+            record.setdefault("skipped", []).append({"workload": workload, "allocator": allocator, "cap_bytes":
+                                                     int(cap), "why": "the workload's calibration failed"})
+            save()
+            continue
+        leave = leave_free(int(cap), outside[workload]) if args.device_limit else None
+        probe = run(workload, allocator, "device" if args.device_limit else "fixed",
+                    1.0 if args.device_limit else fraction,
+                    {**device_env, LEAVE_FREE_ENV: str(leave)} if args.device_limit else {})
+        if probe is None:
+            break
+        probe["cap_bytes"] = int(cap) if args.device_limit else int(fraction * total)
         probe["limit"] = "device" if args.device_limit else "cap"
+        if args.device_limit:
+            probe.update(outside_calibrated=outside[workload], leave_free=leave,
+                         **outside_check(probe, outside[workload]))
         record["probes"].append(probe)
         save()
         outcome = "fit" if probe["fit"] else "OOM" if probe.get("oom") else "ERROR"
         reserved = probe.get("max_memory_reserved")
-        print(f"{workload} / {allocator} {'with free' if args.device_limit else 'at'} {fraction:.6f} "
-              f"({probe['cap_bytes']:,} B, "
-              f"{probe['cap_bytes'] / GIB:.3f} GiB): {outcome}"
+        where = (f"with {probe['cap_bytes']:,} B for the allocator (+ {outside[workload]:,} outside)"
+                 if args.device_limit else f"at {fraction:.6f} ({probe['cap_bytes']:,} B, "
+                                           f"{probe['cap_bytes'] / GIB:.3f} GiB)")
+        drift = ""
+        if "outside_drift" in probe:
+            drift = (f"; outside {probe['outside_allocator_bytes']:,} B, {probe['outside_drift'] / 2**20:+.1f} MiB "
+                     f"against the calibration" + ("" if probe["calibration_held"] else
+                                                    f" (OFF by more than {OUTSIDE_TOLERANCE >> 20} MiB)"))
+        print(f"{workload} / {allocator} {where}: {outcome}"
               + (f", peak reserved {reserved:,} B" if reserved else "")
-              + (f" (OOM at step {probe['oom_step']})" if probe.get("oom_step") is not None else "")
+              + (f" (OOM at step {probe['oom_step']})" if probe.get("oom_step") is not None else "") + drift
               + (f": {probe['error'][-300:]}" if "error" in probe else ""), flush=True)
     save()
     print(f"results in {out / 'cap-probe.json'}")

@@ -338,12 +338,22 @@ def run_probe(workload: str, allocator: str, purpose: str, fraction: float | Non
              "wall_s": round(time.perf_counter() - started, 1),
              **{k: measured.get(k) for k in ("timed_s", "max_memory_allocated", "max_memory_reserved", "oom_step")},
              "driver_busy_after_s": driver_busy_after_warmup(measured)}
+    # under a device limit (bench cap probe --device-limit): the filler and the bytes taken outside the allocator,
+    # at the end or at the out-of-memory, and after each step that completed
+    probe.update({k: measured[k] for k in DEVICE_LIMIT_KEYS if k in measured})
+    by_step = [step.get("outside_allocator_bytes") for step in measured.get("per_step") or ()]
+    if any(value is not None for value in by_step):
+        probe["outside_by_step"] = by_step
     if not probe["fit"] and measured.get("oom"):
         probe["oom"] = True
     elif not probe["fit"]:
         probe["error"] = (proc.stderr or proc.stdout or "no output")[-2000:]
         probe["killed"] = killed
     return probe
+
+
+DEVICE_LIMIT_KEYS = ("leave_free", "filler_bytes", "free_after_filler", "reserved_at_filler", "warmed",
+                     "outside_allocator_bytes", "outside_allocator_error")     # workloads/common.device_limit_fields
 
 
 def driver_busy_after_warmup(summary: dict) -> float | None:

@@ -81,8 +81,6 @@ def drive(search: Search[T], fits: Callable[[float], bool]) -> tuple[T, list[flo
         return stop.value, probed
 
 
-
-
 def smallest_cap(trace, policy, resolution: float = 0.002, event_lag: int = 0) -> tuple[int, int, list[int]]:
     """The smallest memory cap under which replaying `trace` through `policy` serves every request, to a relative
     `resolution`: (smallest cap that fit, largest that failed, every cap probed), in bytes. The cap is replayed as
@@ -101,6 +99,29 @@ def smallest_device_memory(trace, policy, resolution: float = 0.002,
     more memory to give, not as a cap it knows of, so a policy may fit the two differently. The upper bound, the
     policy's uncapped peak reserved, is probed (and widened while it fails, up to the trace's own device)."""
     return _smallest_limit(trace, policy, "device_memory", resolution, event_lag)
+
+
+def limits(trace, policy, resolution: float = 0.002, event_lag: int = 0) -> dict:
+    """Both searches for one trace and policy, as `gmlake replay --smallest-cap` and `gmlake compare --smallest-cap`
+    report them (one call of `smallest_cap` and one of `smallest_device_memory`): the smallest cap and the smallest
+    device that fit and the largest of each that failed, in bytes; the two that fit over the policy's uncapped peak
+    allocated (`*_x_peak`); that peak, the uncapped peak reserved, and the replays the two searches took. Raises
+    ValueError where the policy runs out of memory on the trace's device even uncapped."""
+    from gmlake.replay import replay
+
+    uncapped = replay(trace, policy, samples=0, event_lag=event_lag)
+    if uncapped.failed:
+        raise ValueError(f"{trace.name}: {uncapped.policy} runs out of memory on the modelled device even "
+                         f"uncapped ({uncapped.ooms} requests)")
+    fit, fail, probed = smallest_cap(trace, policy, resolution, event_lag)
+    device_fit, device_fail, device_probed = smallest_device_memory(trace, policy, resolution, event_lag)
+    peak = uncapped.peak_allocated
+    return {"trace": trace.name, "policy": uncapped.policy,
+            "smallest_cap": fit, "largest_failing_cap": fail, "smallest_cap_x_peak": fit / peak,
+            "smallest_device_memory": device_fit, "largest_failing_device_memory": device_fail,
+            "smallest_device_memory_x_peak": device_fit / peak,
+            "peak_allocated": peak, "uncapped_peak_reserved": uncapped.peak_reserved,
+            "replays": len(probed) + len(device_probed) + 2}
 
 
 def _smallest_limit(trace, policy, limit: str, resolution: float, event_lag: int) -> tuple[int, int, list[int]]:

@@ -3,7 +3,7 @@
     gmlake replay TRACE [--policy POLICY ...] [--set [POLICY.]KNOB=VALUE ...] [--device-memory 80GiB] [--cap SIZE]
                         [--json]
     gmlake explain TRACE [--policy POLICY ...] [--set [POLICY.]KNOB=VALUE ...] [--cap SIZE] [--json]
-    gmlake compare [TRACE ...] [--cap SIZE] [--out DIR]
+    gmlake compare [TRACE ...] [--cap SIZE] [--out DIR] [--smallest-cap [--jobs N]] [--json]
     gmlake tune TRACE [--fit SIZE] [--json] [--plot FILE]   (which policy and knobs suit this job)
     gmlake traces                          (the bundled traces, usable by name as TRACE)
     gmlake capture -o run.pickle.gz -- python train.py ...
@@ -237,41 +237,30 @@ GiB = 1 << 30
 
 def _smallest_caps(trace, chosen: list, as_json: bool, event_lag: int = 0) -> int:
     """`gmlake replay --smallest-cap`: per policy, the smallest memory cap the trace fits under and, beside it, the
-    smallest device it fits on with no cap (gmlake.cap)."""
+    smallest device it fits on with no cap (gmlake.cap.limits, on the machine's cores)."""
     from rich.table import Table
     from rich.text import Text
 
-    from gmlake.cap import smallest_cap, smallest_device_memory
-    from gmlake.replay import replay
+    from gmlake.compare import limit_cells, smallest_limits
 
-    rows = []
-    for choice in chosen:
-        uncapped = replay(trace, choice, samples=0, event_lag=event_lag)
-        if uncapped.failed:
-            raise UsageError(f"{trace.name}: {uncapped.policy} runs out of memory on the modelled device even "
-                             f"uncapped; give a larger --device-memory to replay it")
-        fit, fail, probed = smallest_cap(trace, choice, event_lag=event_lag)
-        device_fit, device_fail, device_probed = smallest_device_memory(trace, choice, event_lag=event_lag)
-        rows.append({"trace": trace.name, "policy": uncapped.policy, "smallest_cap": fit,
-                     "largest_failing_cap": fail, "smallest_device_memory": device_fit,
-                     "largest_failing_device_memory": device_fail, "peak_allocated": uncapped.peak_allocated,
-                     "uncapped_peak_reserved": uncapped.peak_reserved,
-                     "replays": len(probed) + len(device_probed) + 2})
+    rows = smallest_limits([trace], chosen, event_lag=event_lag, progress=sys.stderr.isatty())
+    for row in rows:
+        if "error" in row:
+            raise UsageError(f"{row['error']}; give a larger --device-memory to replay it")
     if as_json:
         for row in rows:
             print(json.dumps(row))
         return EXIT_OK
     t = Table(title=f"{trace.name}: the smallest memory cap and the smallest device (no cap) per policy "
-                    f"(GiB, and over the peak allocated; by replay, to 0.2 %)")
-    for col in ("policy", "peak allocated", "smallest cap", "x peak", "smallest device", "x peak",
-                "uncapped reserved", "replays"):
+                    f"(GiB, and over the peak allocated: xP; by replay, to 0.2 %)")
+    columns = ("policy", "peak allocated", "smallest cap", "cap xP", "smallest device", "device xP",
+               "uncapped reserved", "replays")
+    for col in columns:
         t.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
-        peak = r["peak_allocated"]
-        t.add_row(Text(r["policy"]), f"{peak / GiB:.3f}",
-                  f"{r['smallest_cap'] / GiB:.3f}", f"{r['smallest_cap'] / peak:.4f}",
-                  f"{r['smallest_device_memory'] / GiB:.3f}", f"{r['smallest_device_memory'] / peak:.4f}",
-                  f"{r['uncapped_peak_reserved'] / GiB:.3f}", str(r["replays"]))
+        cells = {**limit_cells(r), "policy": Text(r["policy"]), "peak allocated": f"{r['peak_allocated'] / GiB:.3f}",
+                 "uncapped reserved": f"{r['uncapped_peak_reserved'] / GiB:.3f}", "replays": str(r["replays"])}
+        t.add_row(*(cells[col] for col in columns))
     _console().print(t)
     return EXIT_OK
 
@@ -374,12 +363,25 @@ def cmd_tune(args) -> int:
     return EXIT_OK if result.recommended is not None else EXIT_OUT_OF_MEMORY
 
 
+# What `compare --smallest-cap` adds to each replay's record, from gmlake.cap.limits (None where the policy ran out
+# of memory even uncapped)
+LIMIT_KEYS = ("smallest_device_memory", "largest_failing_device_memory", "smallest_device_memory_x_peak",
+              "smallest_cap", "largest_failing_cap", "smallest_cap_x_peak", "replays")
+
+
 def cmd_compare(args) -> int:
     """`gmlake compare`: traces (default: the bundled ones) under every policy; table, PNG, JSON lines."""
     from gmlake import compare
     from gmlake.replay import bundled_traces
 
     chosen = _policy_choices(args.policy, args.set)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.smallest_cap and (args.device_memory is not None or args.cap is not None):
+        raise UsageError("--smallest-cap searches for the device and the memory cap itself; drop "
+                         + ("--device-memory" if args.device_memory is not None else "--cap"))
+    if args.jobs is not None and not args.smallest_cap:
+        raise UsageError("--jobs sets the processes of --smallest-cap's searches; give --smallest-cap too")
     out = _output_dir(args.out, "--out")
     specs = args.traces or [str(p) for p in bundled_traces()]
     if not specs:
@@ -387,15 +389,25 @@ def cmd_compare(args) -> int:
     traces = _load(specs, args.device)
     results = compare.run(traces, chosen, progress=sys.stderr.isatty(), device_memory=args.device_memory,
                           event_lag=args.event_lag, cap=args.cap or 0)
+    limits = (compare.smallest_limits(traces, chosen, event_lag=args.event_lag, jobs=args.jobs,
+                                      progress=sys.stderr.isatty()) if args.smallest_cap else None)
     _note_unsized(traces, args.device_memory)
+    records = [r.summary() for r in results]
+    for record, row in zip(records, limits or ()):
+        record.update({key: row.get(key) for key in LIMIT_KEYS})
     console = _console(120, args.wide)
-    console.print(compare.table(results, traces, wide=args.wide))
+    if args.json:
+        for record in records:
+            print(json.dumps(record))
+    else:
+        console.print(compare.table(results, traces, wide=args.wide, limits=limits))
     out.mkdir(parents=True, exist_ok=True)
     png, jsonl = out / "compare.png", out / "compare.jsonl"
-    lines = "".join(json.dumps(r.summary()) + "\n" for r in results)
+    lines = "".join(json.dumps(record) + "\n" for record in records)
     _write_atomically({png: lambda tmp: compare.plot(results, traces, tmp, format="png"),
                        jsonl: lambda tmp: tmp.write_text(lines)})
-    console.print(f"wrote {png} and {jsonl}", markup=False, highlight=False)
+    if not args.json:
+        console.print(f"wrote {png} and {jsonl}", markup=False, highlight=False)
     return EXIT_OUT_OF_MEMORY if any(r.failed for r in results) else EXIT_OK
 
 
@@ -632,6 +644,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=_SET_HELP)
     _add_device_options(p)
     p.add_argument("--wide", action="store_true", help=_WIDE_HELP)
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per line, one per trace and policy, instead of the table (compare.jsonl "
+                        "holds the same)")
+    p.add_argument("--smallest-cap", dest="smallest_cap", action="store_true",
+                   help="also bisect, by replay, for the smallest device (no cap: the device itself is the limit) "
+                        "and the smallest memory cap (torch.cuda.set_per_process_memory_fraction's) each policy "
+                        "serves every request on, as `gmlake replay --smallest-cap` does: columns in the table, "
+                        "bytes in the JSON")
+    p.add_argument("--jobs", type=_count, metavar="N",
+                   help="processes for --smallest-cap's searches (default: every core)")
     p.add_argument("--out", default="gmlake-compare", metavar="DIR",
                    help="folder for compare.png and compare.jsonl, created if missing (default: gmlake-compare)")
     p.set_defaults(func=cmd_compare)

@@ -36,6 +36,100 @@ def run(traces: list[Trace], policies: list[Policy | str | PolicyChoice], progre
     return results
 
 
+# ------------------------------------------------------------------ the smallest device and cap (--smallest-cap)
+
+_limit_worker: dict = {}
+
+
+def _start_limit_worker(traces: list[Trace], chosen: list[PolicyChoice], event_lag: int) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle: it cancels what is left
+    _limit_worker.update(traces=traces, chosen=chosen, event_lag=event_lag)
+
+
+def _limits_of(traces: list[Trace], chosen: list[PolicyChoice], event_lag: int, pair: tuple[int, int]) -> dict:
+    """gmlake.cap.limits of one (trace, policy) pair by index, or {"error": why} where the policy runs out of
+    memory even uncapped (its replay in the table says so already)."""
+    from gmlake.cap import limits
+
+    trace, choice = traces[pair[0]], chosen[pair[1]]
+    try:
+        return limits(trace, choice, event_lag=event_lag)
+    except ValueError as exc:
+        return {"trace": trace.name, "policy": choice.label, "error": str(exc)}
+
+
+def _limits_in_worker(pair: tuple[int, int]) -> dict:
+    w = _limit_worker
+    return _limits_of(w["traces"], w["chosen"], w["event_lag"], pair)
+
+
+def smallest_limits(traces: list[Trace], policies: list[Policy | str | PolicyChoice], event_lag: int = 0,
+                    jobs: int | None = None, progress: bool = True) -> list[dict]:
+    """gmlake.cap.limits (the smallest device and the smallest cap, by replay) of every trace under every policy, in
+    `run`'s order (trace by trace, the policies in turn), on `jobs` processes (default: every core, as `gmlake tune`),
+    with a progress bar on stderr. A pair whose policy runs out of memory even uncapped is {"error": why}."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from gmlake.tune import default_jobs
+
+    chosen = [choice_of(p) for p in policies]
+    pairs = [(t, c) for t in range(len(traces)) for c in range(len(chosen))]
+    jobs = max(1, min(jobs or default_jobs(), len(pairs)))
+    bar = Progress(TextColumn("smallest device and cap"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), console=Console(stderr=True), disable=not progress,
+                   transient=True)
+    if jobs == 1:
+        out = []
+        with bar:
+            task = bar.add_task("", total=len(pairs))
+            for pair in pairs:
+                out.append(_limits_of(traces, chosen, event_lag, pair))
+                bar.update(task, advance=1, description=f"{out[-1]['trace']} / {out[-1]['policy']}")
+        return out
+    # The workers are forked, and so get the traces and policies (a policy of a file included) without pickling;
+    # every one starts at the first submit, before the progress bar's thread does.
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_limit_worker,
+                               initargs=(traces, chosen, event_lag))
+    try:
+        pending = [pool.submit(_limits_in_worker, pair) for pair in pairs]
+        with bar:
+            task = bar.add_task("", total=len(pairs))
+            for future in as_completed(pending):
+                row = future.result()
+                bar.update(task, advance=1, description=f"{row['trace']} / {row['policy']}")
+        return [f.result() for f in pending]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# The columns of the smallest device and cap, shared by `gmlake replay --smallest-cap` and `gmlake compare
+# --smallest-cap`: (header, key of gmlake.cap.limits' row, as GiB or as a multiple of the peak allocated).
+LIMIT_COLUMNS = {"smallest device": ("smallest_device_memory", "GiB"),
+                 "device xP": ("smallest_device_memory_x_peak", "x"),
+                 "smallest cap": ("smallest_cap", "GiB"), "cap xP": ("smallest_cap_x_peak", "x")}
+
+
+LIMIT_WORDS = ("device, cap: the smallest device (no cap) and the smallest memory cap "
+               "(set_per_process_memory_fraction) on which each policy serves every request, by replay to 0.2 %, in GiB and over its peak allocated "
+               "(xP)")
+
+
+def limit_cells(row: dict | None) -> dict:
+    """The cells of LIMIT_COLUMNS for one row of gmlake.cap.limits ("-" for none, or a row that has an error)."""
+    if not row or "error" in row:
+        return dict.fromkeys(LIMIT_COLUMNS, "-")
+    return {col: f"{row[key] / GiB:.3f}" if unit == "GiB" else f"{row[key]:.4f}"
+            for col, (key, unit) in LIMIT_COLUMNS.items()}
+
+
 def policy_colors(labels: list[str]) -> dict[str, str]:
     """A colour per policy label: built-ins their fixed colour, the others distinct colours from qualitative
     colormaps (in order of first appearance), never one a built-in has."""
@@ -107,16 +201,23 @@ WIDE_COLUMNS = ("trace", "real reserved (under)", "policy", "OOMs", "allocated",
                 "Mevents/s")
 
 
-def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False):
+def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False, limits: list[dict] | None = None):
     """A rich Table of the results, with each trace's real peak where the trace records it, and the memory cap in
     the title where replays had one. A failed replay (some requests out of memory) shows its out-of-memory count in
     red, no utilization, and a caption says so. By default the columns that fit a 120-column terminal (peaks in GiB,
-    utilization, stitches, priced driver time); `wide`: every column, fragmentation and the stall model included."""
+    utilization, stitches, priced driver time); `wide`: every column, fragmentation and the stall model included.
+    `limits` (`smallest_limits`, one row per result, in order): the smallest device and cap over the peak allocated
+    beside them (`wide`: in GiB too)."""
     from rich.table import Table
 
     real = {t.name: t.meta for t in traces}
     failed = [r for r in results if r.failed]
     columns = list(WIDE_COLUMNS if wide else DEFAULT_COLUMNS)
+    if limits is not None:
+        shown = list(LIMIT_COLUMNS) if wide else ["device xP", "cap xP"]
+        columns[columns.index("alloc/res") + 1:columns.index("alloc/res") + 1] = shown
+        if not wide:
+            columns.remove("captured")          # room for the two, within 120 columns; --wide shows it
     if failed and "OOMs" not in columns:
         columns.insert(columns.index("policy") + 1, "OOMs")
     caption = None
@@ -132,7 +233,10 @@ def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False):
                    "ext@growth: reserved - allocated after the request that brought reserved within 1 % of its peak "
                    "(the moment `gmlake explain` explains); time lost: driver time x the stall factor "
                    f"{driver_costs()['stall_factor']}, a rough estimate (the loss per driver second ranged 0.85-2.5x "
-                   "over six GPU runs)")
+                   "over six GPU runs)" + (f"; {LIMIT_WORDS}" if limits is not None else ""))
+    elif limits is not None:
+        caption = f"alloc/res: peak allocated / peak reserved (utilization); {LIMIT_WORDS}; --wide: every column, " \
+                  "--json: every figure"
     else:
         caption = ("captured: the traced run's own peak reserved; alloc/res: peak allocated / peak reserved "
                    "(utilization); --wide: fragmentation, driver calls, time lost, replay speed; --json: every figure")
@@ -146,8 +250,8 @@ def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False):
         t.add_column(col, justify="left" if col in NAMES else "right",
                      overflow="fold" if col in NAMES else "ellipsis",
                      min_width=min(widest.get(col, 0), name_width) or None)
-    for r in results:
-        cells = _cells(r, real.get(r.trace, {}))
+    for i, r in enumerate(results):
+        cells = {**_cells(r, real.get(r.trace, {})), **limit_cells(limits[i] if limits is not None else None)}
         t.add_row(*(cells[col] for col in columns))
     return t
 

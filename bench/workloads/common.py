@@ -219,6 +219,89 @@ def memory_fraction(script: str, text: str | None, device: str) -> float | None:
 
 
 LEAVE_FREE_ENV = "GMLAKE_BENCH_LEAVE_FREE"   # bytes: the device is the limit (bench/cap_probe.py --device-limit)
+WARM_ENV = "GMLAKE_BENCH_WARM"               # "1": warm CUDA's libraries before the filler is placed
+
+# Where limit_memory placed a filler (or, with nothing to take, would have): what it took, the device's free bytes
+# right after, and what the allocator held then (0, unless warm_libraries left something). Empty: no device limit.
+_device_limit: dict = {}
+
+
+def filler_bytes(free: int, leave: int) -> int:
+    """The bytes the filler takes so that `leave` of `free` stay free: none where `leave` is all there is."""
+    return max(0, free - leave)
+
+
+def outside_allocator_bytes(free_after_filler: int, free_now: int, reserved_now: int,
+                            reserved_at_filler: int = 0) -> int:
+    """The device memory this process took outside its allocator since the filler was placed: what left the free
+    memory ((free right after the filler) - (free now)) and is not the allocator's growth since (reserved now -
+    reserved then). Note [Memory outside the allocator]: CUDA's libraries take memory on first use (handles, their
+    kernels, workspaces, local memory for kernels that spill), after the filler; a device limit must leave room for
+    it, or the allocator gets less than the bytes the probe means to give it."""
+    return free_after_filler - free_now - (reserved_now - reserved_at_filler)
+
+
+def _reserved_now() -> int:
+    """The allocator's reserved bytes: gmlake's own under gmlake, torch's otherwise."""
+    if allocator_name() == "gmlake":
+        import gmlake.torch as gt
+
+        return gt.memory_reserved()
+    return torch.cuda.memory_reserved()
+
+
+def device_limit_fields() -> dict:
+    """For a run under a device limit ($GMLAKE_BENCH_LEAVE_FREE): the bytes asked to be left free, the filler's
+    size, the free bytes right after it, and the bytes held outside the allocator now (`outside_allocator_bytes`).
+    {} without a device limit. Never raises: at an out-of-memory it reports why it could not measure instead."""
+    if not _device_limit:
+        return {}
+    out = dict(_device_limit)
+    try:
+        free_now, _ = torch.cuda.mem_get_info()
+        out["outside_allocator_bytes"] = outside_allocator_bytes(
+            _device_limit["free_after_filler"], free_now, _reserved_now(), _device_limit["reserved_at_filler"])
+    except Exception as exc:  # noqa: BLE001 - a measurement must not hide the run's own outcome
+        out["outside_allocator_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return out
+
+
+def outside_now() -> dict:
+    """A step's record of the bytes held outside the allocator so far ({} without a device limit)."""
+    fields = device_limit_fields()
+    return {"outside_allocator_bytes": fields["outside_allocator_bytes"]} if "outside_allocator_bytes" in fields \
+        else {}
+
+
+def warm_libraries(device: str = "cuda") -> None:
+    """Use, once and small, what training uses of CUDA's libraries (cuBLAS and cuBLASLt GEMMs in bf16 and fp32
+    with and without bias, forward and backward, attention, norms, softmax, cross entropy, an optimizer step), then
+    give back every byte the allocator took for it (cuBLAS workspaces included): what the libraries keep for
+    themselves is taken before the filler instead of after it. Whether that is most of the memory taken outside the
+    allocator is measured ($GMLAKE_BENCH_WARM=1 in a calibration), not assumed."""
+    import torch.nn.functional as F
+
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(64, 128, 256, device=device, dtype=dtype, requires_grad=True)
+        w = torch.randn(512, 256, device=device, dtype=dtype, requires_grad=True)
+        b = torch.zeros(512, device=device, dtype=dtype, requires_grad=True)
+        h = F.gelu(F.linear(x, w, b)) + F.linear(x, w)                     # addmm (cuBLASLt) and mm
+        h = F.layer_norm(h, (512,))
+        q = h.view(64, 128, 8, 64).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(64, 128, 512)
+        logits = a @ w                                                      # bmm-shaped matmul
+        loss = F.cross_entropy(logits.float().view(-1, 256), torch.randint(0, 256, (64 * 128,), device=device))
+        loss.backward()
+        optim = torch.optim.AdamW([x, w, b], lr=1e-4)
+        optim.step()
+        del x, w, b, h, q, a, logits, loss, optim
+    if device != "cuda":                # a smoke test on the CPU
+        return
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
 
 
 def limit_memory(fraction: float) -> int:
@@ -226,24 +309,30 @@ def limit_memory(fraction: float) -> int:
     CUDA) and, where $GMLAKE_BENCH_LEAVE_FREE names a number of bytes, make the device itself the limit: take all
     of the device's free memory but that many bytes, outside any allocator (cuMemAlloc, held until the process
     ends), so the allocator runs out where a device that much larger than this process's CUDA context would.
-    Returns the bytes taken (0: none). The filler is taken once the context exists, so the context's own memory is
-    not counted in the bytes left; kernels loaded later are (CUDA_MODULE_LOADING=EAGER loads them up front)."""
+    Returns the bytes taken (0: none, where the bytes to leave are all that is free: a calibration run measures
+    then, with no filler). The filler is taken once the context exists, so the context's own memory is not counted
+    in the bytes left; memory CUDA's libraries take later is (Note [Memory outside the allocator]):
+    `device_limit_fields` measures it, and $GMLAKE_BENCH_WARM=1 runs `warm_libraries` before the filler."""
     import ctypes
 
     torch.cuda.set_per_process_memory_fraction(fraction)
     leave = os.environ.get(LEAVE_FREE_ENV)
     if not leave:
         return 0
+    if os.environ.get(WARM_ENV) == "1":
+        warm_libraries()
     free, _ = torch.cuda.mem_get_info()           # also makes the primary context current on this thread
-    take = free - int(leave)
-    if take <= 0:
-        return 0
-    libcuda = ctypes.CDLL("libcuda.so.1")
-    pointer = ctypes.c_uint64()
-    rc = libcuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(take))
-    if rc != 0:
-        raise RuntimeError(f"cuMemAlloc of {take} bytes to leave {leave} free failed: CUresult {rc}")
-    limit_memory.filler = pointer                 # kept for the process's life
+    take = filler_bytes(free, int(leave))
+    if take > 0:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        pointer = ctypes.c_uint64()
+        rc = libcuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(take))
+        if rc != 0:
+            raise RuntimeError(f"cuMemAlloc of {take} bytes to leave {leave} free failed: CUresult {rc}")
+        limit_memory.filler = pointer             # kept for the process's life
+    free_after, _ = torch.cuda.mem_get_info()
+    _device_limit.update(leave_free=int(leave), filler_bytes=take, free_after_filler=free_after,
+                         reserved_at_filler=_reserved_now(), warmed=os.environ.get(WARM_ENV) == "1")
     return take
 
 
@@ -257,7 +346,8 @@ def oom_summary(head: dict, step: int | None, fraction: float, exc: BaseExceptio
     """The summary of a run that ran out of memory under its cap: `head` (what ran), then oom, the step, the error's
     first line and the peaks so far."""
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
-    return {**head, "memory_fraction": fraction, "oom": True, "oom_step": step, "error": first_line, **memory_peaks()}
+    return {**head, "memory_fraction": fraction, "oom": True, "oom_step": step, "error": first_line, **memory_peaks(),
+            **device_limit_fields()}
 
 
 def exit_out_of_memory(script: str, head: dict, records: list[dict], fraction: float, exc: BaseException,

@@ -47,6 +47,7 @@ from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction: d
     MachineProbe,
     allocator_name,
     counters_since,
+    device_limit_fields,
     dump_snapshot,
     exit_out_of_memory,
     gmlake_policy_name,
@@ -56,6 +57,7 @@ from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction: d
     memory_fraction,
     memory_peaks,
     out_of_memory,
+    outside_now,
     parse_fraction,
     start_snapshot,
 )
@@ -332,6 +334,7 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
             record.update(stitches=now[0] - counters[0], driver_calls=now[1] - counters[1])
         counters = now
         record.update(probe())
+        record.update(outside_now())       # under a device limit: memory taken outside the allocator so far
         records.append(record)
     if at_warmup is None:            # warm-up covers every step: nothing is timed after it
         at_warmup = gmlake_stats()
@@ -430,7 +433,7 @@ def main() -> None:
         **summarize(records, warmup),
     }
     if fraction is not None:
-        summary.update(memory_fraction=fraction, oom=False, filler_bytes=filler)
+        summary.update({"memory_fraction": fraction, "oom": False, "filler_bytes": filler, **device_limit_fields()})
     if args.device == "cuda":
         summary.update(memory_peaks())
         summary["utilization"] = summary["max_memory_allocated"] / summary["max_memory_reserved"]

@@ -28,6 +28,7 @@ from bench.workloads.common import (  # fsdp_train.py imports them from here too
     MachineProbe,
     allocator_name,
     counters_since,
+    device_limit_fields,
     dump_snapshot,
     exit_out_of_memory,
     gmlake_stats,
@@ -36,6 +37,7 @@ from bench.workloads.common import (  # fsdp_train.py imports them from here too
     memory_fraction,
     memory_peaks,
     out_of_memory,
+    outside_now,
     refuse,
     start_snapshot,
 )
@@ -160,7 +162,7 @@ def train(args: argparse.Namespace, device: torch.device,
             optim.zero_grad(set_to_none=True)
         sync()
         steps.append({"batch": batch, "seq": seq, "step_s": time.perf_counter() - t0, "loss": loss.item(), **probe(),
-                      **before})
+                      **before, **outside_now()})   # under a device limit: bytes outside the allocator so far
 
     def train_step(batch: int, seq: int) -> None:
         ids = torch.randint(0, vocab, (batch, seq), device=device)
@@ -244,7 +246,7 @@ def main() -> None:
     summary = {**head, "timed_s": timed_s, "median_step_s": statistics.median(s["step_s"] for s in timed),
                "tokens_per_s": sum(s["batch"] * s["seq"] for s in timed) / timed_s}
     if fraction is not None:
-        summary.update(memory_fraction=fraction, oom=False, filler_bytes=filler)
+        summary.update({"memory_fraction": fraction, "oom": False, "filler_bytes": filler, **device_limit_fields()})
     if cuda:
         summary.update(memory_peaks())
         summary["gmlake"] = gmlake_stats()
