@@ -138,7 +138,8 @@ cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t 
     if _refuse_unannounced_capture(self, why):
         return NULL
     # Trimming the cache synchronizes, which graph capture forbids: the cache may exceed its bound until it ends.
-    if self.k.max_cached_sblocks and self.sblock_cache.cached() >= self.k.max_cached_sblocks and self.capturing == 0:
+    if self.k.max_cached_sblocks and self.sblock_cache.cached() >= self.k.max_cached_sblocks and \
+            not _capturing(self):
         if _evict_lru(self, why, self.k.max_cached_sblocks - 1, False, EVICT_BOUND) != DRIVER_OK:
             return NULL
     for i in range(pieces.size()):
@@ -174,8 +175,7 @@ cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t 
         _discard_range(self, why, va, va_size, at - va, mapped, True)
         return NULL
     sb = new SBlock()
-    sb.serial = self.next_serial
-    self.next_serial += 1
+    sb.serial = _new_serial(self)
     sb.va = va
     sb.va_size = va_size
     seg = chunks[0].seg
@@ -314,8 +314,9 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
 
 cdef void _descending(Allocator self, int64_t stream, vector[Block*]& out) noexcept nogil:
     """Free large pBlocks of `stream`, largest first."""
-    cdef FreeIndex.iterator it = self.free_large.lower_bound(free_key(stream + 1, 0))
-    while it != self.free_large.begin():
+    cdef FreeIndex* index = free_index(self, SIZE_LARGE)
+    cdef FreeIndex.iterator it = index.lower_bound(free_key(stream + 1, 0))
+    while it != index.begin():
         dec(it)
         if deref(it).first.stream != stream:
             break
