@@ -55,13 +55,6 @@ from gmlake.errors import (OutOfMemoryError, DriverError, InvalidPointerError, P
 from typing import Iterable
 from gmlake.policies.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock, FreeBlocks
 
-cdef extern from "Python.h" nogil:
-    ctypedef struct PyThreadState:
-        pass
-    int PyGILState_Check()
-    PyThreadState* PyEval_SaveThread()
-    void PyEval_RestoreThread(PyThreadState*)
-
 from gmlake._clock cimport timespec, clock_gettime, CLOCK_REALTIME
 
 SIZE_CLASS_NAMES = ("small", "large")
@@ -262,6 +255,8 @@ cdef class Allocator:
     def __dealloc__(self):
         # Bookkeeping only: driver resources are returned by close(); an allocator dropped with live memory leaks
         # it on purpose rather than unmapping memory that tensors may still use.
+        # The one place outside the rooms that reaches into their state: each holds Blocks, sBlocks, segments and
+        # pools by pointer, deleted here; the room structs' own destructors then free their containers.
         cdef pair[uint64_t, Segment*] sp
         cdef pair[uint64_t, SBlock*] bp
         cdef Block* b
@@ -537,21 +532,12 @@ cdef class Allocator:
 
     cdef void _retire(self, Block* b) noexcept nogil:
         """Return a freed allocation's memory: its pBlock, or its sBlock's claimed pieces (the sBlock is cached)."""
-        cdef SBlock* sb
-        cdef size_t i
         self._record(TRACE_FREE_COMPLETED, b.addr, b.requested, b.stream)
         self.st.active -= b.size
         if b.seg != NULL:
             _release_block(self, b)
         else:
-            sb = b.sblock
-            for i in range(sb.claimed.size()):
-                sb.claimed[i].stream = b.stream
-                _release_block(self, sb.claimed[i])
-            sb.claimed.clear()
-            sb.alloc = NULL
-            self.sblock_cache.cache(sb)
-            del b
+            _release_stitched(self, b)
 
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
         """Bytes held by the live allocation at ptr; 0 if ptr is not one."""

@@ -2,6 +2,9 @@
 # eviction.
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
+#
+# Owns Allocator.sblock_cache (SBlockCache, _structs.h), changed only by its own methods, called only from here
+# (_claim, _release_stitched, _stitch, _evict); other rooms read it.
 
 
 cdef bint _sblock_fits(Allocator self, SBlock* sb, size_t size, int64_t stream) noexcept nogil:
@@ -54,6 +57,20 @@ cdef Block* _claim(Allocator self, SBlock* sb, size_t size, int64_t stream) noex
     a.sblock = sb
     sb.alloc = a
     return a
+
+
+cdef inline void _release_stitched(Allocator self, Block* a) noexcept nogil:
+    """A stitched allocation freed: its claimed pieces return to the free index (as its stream's), its sBlock is
+    cached, and the allocation's Block is deleted."""
+    cdef SBlock* sb = a.sblock
+    cdef size_t i
+    for i in range(sb.claimed.size()):
+        sb.claimed[i].stream = a.stream
+        _release_block(self, sb.claimed[i])
+    sb.claimed.clear()
+    sb.alloc = NULL
+    self.sblock_cache.cache(sb)
+    del a
 
 
 cdef SBlock* _best_cached(Allocator self, size_t size, size_t below, int64_t stream) noexcept nogil:

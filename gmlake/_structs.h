@@ -1,5 +1,6 @@
-// Plain data of the allocator core: records, orderings, and the spares the hot path reuses (NodeStash,
-// BlockStash). All allocator logic lives in _allocator.pyx; docs/design.md maps its rooms.
+// Plain data of the allocator core: records, orderings, the spares the hot path reuses (NodeStash, BlockStash), each
+// room's state (FreeRoom, SegmentRoom, SBlockCache, StreamRoom, PoolRoom, OrphanRoom) and the lock's guard
+// (ScopedLock). All allocator logic lives in _allocator.pyx and its rooms; docs/design.md maps them.
 //
 // Vocabulary (one name per concept):
 //   chunk       one physical allocation from the driver (cuMemCreate), mapped only whole; the driver's name for it is
