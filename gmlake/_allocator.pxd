@@ -8,11 +8,8 @@ from gmlake._driver cimport Driver
 from cython.operator cimport dereference as deref, predecrement as dec
 
 cdef extern from "<mutex>" namespace "std" nogil:
-    # Declared without except+: lock() only throws on misuse, and we call it from noexcept nogil code.
     cppclass std_mutex "std::mutex":
-        void lock()
-        bint try_lock()
-        void unlock()
+        pass
 
 cdef extern from "_structs.h" namespace "gmlake" nogil:
     cdef enum BlockState:
@@ -150,6 +147,47 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         void drop(Block* block)
         size_t held()
 
+# The rooms' state (_structs.h): each room's in one field of the Allocator, written only by the room's own functions
+# (its .pxi); other rooms call those, and may read. docs/design.md's table says which room owns which.
+cdef extern from "_structs.h" namespace "gmlake" nogil:
+    cppclass Fence:
+        uint64_t event
+        uint64_t seq
+    cppclass FreeRoom:                          # room "blocks", _blocks.pxi
+        FreeIndex small
+        FreeIndex large
+        FreeIndex holes_small
+        FreeIndex holes_large
+        cmap[uintptr_t, Block*] by_addr
+        uint64_t seq
+        FreeIndexStash index_nodes
+        AddrStash addr_nodes
+        BlockStash spare_blocks
+    cppclass SegmentRoom:                       # room "segments", _segments.pxi
+        cmap[uint64_t, Segment*] by_serial
+        uint64_t next_serial
+    cppclass StreamRoom:                        # room "streams", _streams.pxi
+        cmap[int64_t, Fence] fences
+        unordered_map[uintptr_t, vector[int64_t]] uses
+        vector[PendingFree] pending
+        cmap[int64_t, size_t] pending_per_stream
+        vector[uint64_t] spare_events
+    cppclass PoolRoom:                          # room "pools", _pools.pxi
+        cmap[uint64_t, PrivatePool*] by_id
+        vector[PrivatePool*] active
+        size_t capturing
+        vector[PendingFree] deferred_frees
+    cppclass OrphanRoom:                        # room "vmm", _vmm.pxi
+        vector[OrphanChunk] chunks
+        vector[OrphanRange] ranges
+        vector[uint64_t] events
+        size_t count()
+    # The allocator's lock, released when the function that declared it returns (Note [Waiting for the lock without
+    # the GIL]). Declared without except+: lock() only throws on misuse, and it is called from noexcept nogil code.
+    cppclass ScopedLock:
+        ScopedLock()
+        void acquire(std_mutex& mutex)
+
 # Driver calls, counted by kind.
 cdef enum Call:
     CALL_CREATE = 0
@@ -285,11 +323,6 @@ cdef enum PressureAction:
 cdef enum:
     MAX_PRESSURE_ATTEMPTS = 4
 
-cdef struct Fence:
-    uint64_t event
-    uint64_t seq
-
-
 # Which seams a Seams subclass decides in Cython (its `overridden` bits).
 cdef enum SeamBit:
     SEAM_PLACE = 1
@@ -319,46 +352,24 @@ cdef class Allocator:
     cdef size_t limit_bytes
     cdef size_t max_request
     cdef Stats st
-    cdef FreeIndex free_small
-    cdef FreeIndex free_large
-    cdef FreeIndex unmapped_small                        # unmapped holes, by (stream, segment, offset)
-    cdef FreeIndex unmapped_large
     cdef object hook_errors                              # threading.local: the exception a hook raised, per thread
     cdef bint checking                                   # debug_checks: every invariant after every operation
     cdef uint64_t checks_run
     cdef object invariant_error                          # what a debug check found, for the next Python call
     cdef unordered_map[uintptr_t, Block*] live           # user pointer -> allocated block
-    cdef FreeIndexStash free_nodes                       # Note [Reusing nodes on the hot path]
-    cdef AddrStash addr_nodes
-    cdef LiveStash live_nodes
-    cdef BlockStash spare_blocks
-    cdef cmap[uintptr_t, Block*] by_addr                 # home address -> primitive block, all states
-    cdef cmap[uint64_t, Segment*] segments               # serial -> segment
-    cdef SBlockCache sblock_cache                        # every sBlock; the cached ones by fit and by age
-    cdef cmap[int64_t, Fence] fences                     # stream -> pending cross-stream fence
-    cdef unordered_map[uintptr_t, vector[int64_t]] stream_uses   # live pointer -> other streams that used it
-    cdef vector[PendingFree] pending                     # frees waiting for those streams' events, in free order
-    cdef cmap[int64_t, size_t] pending_per_stream        # stream -> pending events recorded on it
-    cdef vector[uint64_t] spare_events                   # events to record again (Note [Reusing events])
-    cdef vector[OrphanChunk] orphan_chunks               # what the driver refused to take back, to retry
-    cdef vector[OrphanRange] orphan_ranges
-    cdef vector[uint64_t] orphan_events
+    cdef LiveStash live_nodes                            # Note [Reusing nodes on the hot path]
     cdef bint tracing                                    # recording history (record_memory_history)
     cdef size_t trace_max
     cdef size_t trace_next                               # ring buffer position once full
     cdef vector[TraceEntry] trace
-    cdef uint64_t next_serial
-    cdef uint64_t free_seq
-    # Private pools (_pools.pxi): by id, and the active ones in the order they began (the one serving a request is
-    # its Request's target). While `capturing` > 0 the core calls no event or synchronize function (Note [Pools and
-    # graph capture]); frees that would need one wait in deferred_frees.
-    cdef cmap[uint64_t, PrivatePool*] pools
-    cdef vector[PrivatePool*] active_pools
-    cdef readonly size_t capturing
-    cdef vector[PendingFree] deferred_frees
+    # The rooms' state, one field each, written only by the room's own functions (_structs.h, docs/design.md).
+    cdef FreeRoom frees                                  # free index, holes, blocks by address (_blocks.pxi)
+    cdef SegmentRoom segments                            # segments (_segments.pxi)
+    cdef SBlockCache sblock_cache                        # every sBlock; the cached ones by fit and by age (_sblocks.pxi)
+    cdef StreamRoom streams                              # fences, record_stream's uses and pending frees (_streams.pxi)
+    cdef PoolRoom pools                                  # private pools and graph capture (_pools.pxi)
+    cdef OrphanRoom orphans                              # what the driver refused to take back (_vmm.pxi)
 
-    cdef void _lock(self) noexcept nogil
-    cdef void _unlock(self) noexcept nogil
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* why) noexcept nogil
     cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
                                         Failure* why) noexcept nogil
@@ -485,7 +496,7 @@ cdef inline FreeKey free_key(int64_t stream, size_t size) noexcept nogil:
 
 cdef inline FreeIndex* free_index(Allocator a, int size_class) noexcept nogil:
     """The default pool's free index of a size class (SIZE_SMALL or SIZE_LARGE)."""
-    return &a.free_small if size_class == SIZE_SMALL else &a.free_large
+    return &a.frees.small if size_class == SIZE_SMALL else &a.frees.large
 
 
 cdef inline Block* smallest_free(FreeIndex* index, int64_t stream, size_t size) noexcept nogil:

@@ -20,8 +20,10 @@ Rooms, one file each, included below as module-level nogil functions over the Al
   _segments.pxi  segments and their chunks; pressure actions    _growth*.pxi   the Growth interface, its strategies
   _sblocks.pxi   stitch-or-grow, the stitch, the sBlock cache   _streams.pxi   fences, deferred frees, events
   _pools.pxi     private pools (CUDA graphs) and capture rules  _seams.pxi     the policy's hooks (Python, Cython)
-This file keeps the lock (one acquire and one release per entry point), malloc/free/empty_cache, the cache-hit
-path, statistics and the Python API.
+Each room owns its state in one field of the Allocator (`frees`, `segments`, `sblock_cache`, `streams`, `pools`,
+`orphans`: _structs.h), written only by its own functions. This file keeps the lock (a ScopedLock, acquired once per
+entry point and released when the entry point returns), malloc/free/empty_cache, the cache-hit path, statistics, the
+history, the live map and the Python API.
 
 Every decision orders blocks by (stream, size, segment serial, offset), never by address, so the sim, host and cuda
 drivers make the same choices for the same requests: a replayed trace predicts the GPU run.
@@ -52,13 +54,6 @@ from gmlake.errors import (OutOfMemoryError, DriverError, InvalidPointerError, P
                            CaptureOutOfMemoryError)
 from typing import Iterable
 from gmlake.policies.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock, FreeBlocks
-
-cdef extern from "Python.h" nogil:
-    ctypedef struct PyThreadState:
-        pass
-    int PyGILState_Check()
-    PyThreadState* PyEval_SaveThread()
-    void PyEval_RestoreThread(PyThreadState*)
 
 from gmlake._clock cimport timespec, clock_gettime, CLOCK_REALTIME
 
@@ -151,6 +146,34 @@ cdef struct BlockRow:
     int64_t stream
     size_t used
 
+# pools_info's rows, copied under the lock; each pool's streams are streams[first_stream:end_stream].
+cdef struct PoolRow:
+    uint64_t id
+    int64_t use_count
+    bint active
+    bint capturing
+    bint all_streams
+    size_t first_stream
+    size_t end_stream
+    size_t segments
+    size_t reserved
+    size_t allocated
+
+# What stats() and spares copy under the lock.
+cdef struct StatsCopy:
+    Stats st
+    size_t cached
+    size_t pending
+    size_t orphans
+    size_t orphan_bytes
+
+cdef struct Spares:
+    size_t blocks
+    size_t free_index_nodes
+    size_t address_nodes
+    size_t live_nodes
+    size_t events
+
 
 # The rooms of the core: module-level functions over the Allocator's state (see _allocator.pxd).
 include "_vmm.pxi"
@@ -227,12 +250,13 @@ cdef class Allocator:
         # trace.MAX_DEVICE_MEMORY) where the driver models no bound, so no request loops over millions of chunks.
         self.max_request = driver.capacity if driver.capacity else (<size_t>1 << 42)
         self.set_limit(limit)
-        self.next_serial = 1
         self.checking = GMLAKE_DEBUG
 
     def __dealloc__(self):
         # Bookkeeping only: driver resources are returned by close(); an allocator dropped with live memory leaks
         # it on purpose rather than unmapping memory that tensors may still use.
+        # The one place outside the rooms that reaches into their state: each holds Blocks, sBlocks, segments and
+        # pools by pointer, deleted here; the room structs' own destructors then free their containers.
         cdef pair[uint64_t, Segment*] sp
         cdef pair[uint64_t, SBlock*] bp
         cdef Block* b
@@ -243,17 +267,17 @@ cdef class Allocator:
             if lp.second.seg == NULL:
                 del lp.second
         cdef pair[uint64_t, PrivatePool*] pp
-        for i in range(self.pending.size()):
-            if self.pending[i].block.seg == NULL:
-                del self.pending[i].block
-        for i in range(self.deferred_frees.size()):
-            if self.deferred_frees[i].block.seg == NULL:
-                del self.deferred_frees[i].block
-        for pp in self.pools:
+        for i in range(self.streams.pending.size()):
+            if self.streams.pending[i].block.seg == NULL:
+                del self.streams.pending[i].block
+        for i in range(self.pools.deferred_frees.size()):
+            if self.pools.deferred_frees[i].block.seg == NULL:
+                del self.pools.deferred_frees[i].block
+        for pp in self.pools.by_id:
             del pp.second
         for bp in self.sblock_cache.all:
             del bp.second
-        for sp in self.segments:
+        for sp in self.segments.by_serial:
             b = sp.second.first
             while b != NULL:
                 nxt = b.next
@@ -349,7 +373,7 @@ cdef class Allocator:
         cdef Block* b = self._try_alloc(why, size_class, size, stream)
         if b != NULL or why.err != ERR_OOM:
             return b
-        if self.capturing:
+        if _capturing(self):
             # Every stage of relief synchronizes: Note [Pools and graph capture].
             why.err = ERR_CAPTURE
             return NULL
@@ -378,61 +402,37 @@ cdef class Allocator:
         why.err = ERR_OOM
         return NULL
 
-    cdef void _lock(self) noexcept nogil:
-        """Take the allocator's lock. Note [Waiting for the lock without the GIL]: policy hooks run under this lock
-        and take the GIL. A thread that holds the GIL and calls in (torch allocates from Python with the GIL held)
-        must not wait for the lock while holding it, or a hook in the lock's holder waits for the GIL forever: such
-        a thread lets the GIL go while it waits. Only the contended path pays for the check."""
-        cdef PyThreadState* saved
-        if self.mutex.try_lock():
-            return
-        if PyGILState_Check():
-            saved = PyEval_SaveThread()
-            self.mutex.lock()
-            PyEval_RestoreThread(saved)
-        else:
-            self.mutex.lock()
-
-    cdef void _unlock(self) noexcept nogil:
-        """Let the lock go: in the entry point that took it (_lock), once, at its end."""
-        self.mutex.unlock()
-
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* out) noexcept nogil:
         """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `out` is given, says why there."""
-        cdef uintptr_t ptr
+        cdef ScopedLock held
         cdef Request request
         request.stream = stream
         request.target = NULL
         request.capture_check = CAPTURE_UNCHECKED
-        self._lock()
-        if unlikely(self.active_pools.size() != 0):
+        held.acquire(self.mutex)
+        if unlikely(_any_pool_active(self)):
             request.target = _pool_for(self, stream)
-        ptr = _serve(self, &request, size, out)
-        self._unlock()
-        return ptr
+        return _serve(self, &request, size, out)
 
     cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
                                         Failure* out) noexcept nogil:
         """Allocate from active private pool `pool_id` whatever the stream (0: the default pool), for a caller that
         routes requests itself, as the torch bridge does with PyTorch's stream filters."""
+        cdef ScopedLock held
         cdef Failure why
-        cdef uintptr_t ptr = 0
         cdef Request request
         request.stream = stream
         request.target = NULL
         request.capture_check = CAPTURE_UNCHECKED
-        self._lock()
-        it = self.pools.find(pool_id) if pool_id != 0 else self.pools.end()
-        if pool_id != 0 and (it == self.pools.end() or not deref(it).second.active):
-            no_failure(&why)
-            why.err = ERR_NO_POOL
-            self._report(&why, out)
-        else:
-            if pool_id != 0:
-                request.target = deref(it).second
-            ptr = _serve(self, &request, size, out)
-        self._unlock()
-        return ptr
+        held.acquire(self.mutex)
+        if pool_id != 0:
+            request.target = _active_pool(self, pool_id)
+            if request.target == NULL:
+                no_failure(&why)
+                why.err = ERR_NO_POOL
+                self._report(&why, out)
+                return 0
+        return _serve(self, &request, size, out)
 
     cdef void _report(self, Failure* why, Failure* out) noexcept nogil:
         """Hand a call's failure to its caller (`out`, if given), with the byte counts at this moment. Under the
@@ -450,12 +450,12 @@ cdef class Allocator:
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil:
         """Free an allocation; ERR_INVALID_FREE (state untouched) if ptr is not live. If other streams used it
         (record_stream), its memory returns only once events recorded on them now have completed."""
+        cdef ScopedLock held
         cdef Failure why                    # a driver error while freeing leaves an orphan to retry, not a failure
         no_failure(&why)
-        self._lock()
+        held.acquire(self.mutex)
         cdef int rc = self._free_locked(&why, ptr)
         self._debug_check()
-        self._unlock()
         return rc
 
     cdef void _debug_check(self) noexcept nogil:
@@ -509,17 +509,11 @@ cdef class Allocator:
         """How many spare Blocks and container nodes the hot path holds for its next requests (Note [Reusing nodes
         on the hot path]): at most 64 of each, freed with the allocator; and how many events it keeps to record
         again (Note [Reusing events]): at most 1,024, destroyed by empty_cache."""
-        cdef size_t blocks, free_index_nodes, address_nodes, live_nodes, events
+        cdef Spares n
         with nogil:
-            self._lock()
-            blocks = self.spare_blocks.held()
-            free_index_nodes = self.free_nodes.held()
-            address_nodes = self.addr_nodes.held()
-            live_nodes = self.live_nodes.held()
-            events = self.spare_events.size()
-            self._unlock()
-        return {"blocks": blocks, "free_index_nodes": free_index_nodes, "address_nodes": address_nodes,
-                "live_nodes": live_nodes, "events": events}
+            _count_spares(self, &n)
+        return {"blocks": n.blocks, "free_index_nodes": n.free_index_nodes, "address_nodes": n.address_nodes,
+                "live_nodes": n.live_nodes, "events": n.events}
 
     cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil:
         it = self.live.find(ptr)
@@ -532,60 +526,40 @@ cdef class Allocator:
         self.st.live_blocks -= 1
         self.st.allocated -= b.size
         self.st.requested -= b.requested
-        uses = self.stream_uses.find(ptr)
-        if uses != self.stream_uses.end():
-            if self.capturing:
-                _defer_uses(self, b, deref(uses).second)
-            else:
-                _await_uses(self, why, b, deref(uses).second)
-            self.stream_uses.erase(uses)
-            return ERR_NONE
-        self._retire(b)
+        if not _free_after_uses(self, why, b, ptr):
+            self._retire(b)
         return ERR_NONE
 
     cdef void _retire(self, Block* b) noexcept nogil:
         """Return a freed allocation's memory: its pBlock, or its sBlock's claimed pieces (the sBlock is cached)."""
-        cdef SBlock* sb
-        cdef size_t i
         self._record(TRACE_FREE_COMPLETED, b.addr, b.requested, b.stream)
         self.st.active -= b.size
         if b.seg != NULL:
             _release_block(self, b)
         else:
-            sb = b.sblock
-            for i in range(sb.claimed.size()):
-                sb.claimed[i].stream = b.stream
-                _release_block(self, sb.claimed[i])
-            sb.claimed.clear()
-            sb.alloc = NULL
-            self.sblock_cache.cache(sb)
-            del b
+            _release_stitched(self, b)
 
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
         """Bytes held by the live allocation at ptr; 0 if ptr is not one."""
-        cdef size_t n = 0
-        self._lock()
+        cdef ScopedLock held
+        held.acquire(self.mutex)
         it = self.live.find(ptr)
-        if it != self.live.end():
-            n = deref(it).second.size
-        self._unlock()
-        return n
+        return deref(it).second.size if it != self.live.end() else 0
 
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil:
         """Note that `stream` uses the live allocation at ptr: its free will wait for that stream's work."""
-        cdef int rc
-        self._lock()
-        rc = _note_stream_use(self, ptr, stream)
-        self._unlock()
-        return rc
+        cdef ScopedLock held
+        held.acquire(self.mutex)
+        return _note_stream_use(self, ptr, stream)
 
     cdef int empty_cache_nogil(self, Failure* out) noexcept nogil:
         """Return every cached sBlock range and every fully free chunk to the driver."""
+        cdef ScopedLock held
         cdef Failure failure
         cdef Failure* why = &failure
         no_failure(why)
-        self._lock()
-        if self.capturing:
+        held.acquire(self.mutex)
+        if _capturing(self):
             why.err = ERR_CAPTURE          # it synchronizes: Note [Pools and graph capture]
         else:
             # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
@@ -596,16 +570,14 @@ cdef class Allocator:
                 _release_free(self, why, SIZE_SMALL, 0, EVICT_ALL)
                 _release_free(self, why, SIZE_LARGE, 0, EVICT_ALL)
             self._debug_check()
-        cdef int err = why.err
         self._report(why, out)
-        self._unlock()
-        return err
+        return why.err
 
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil:
         """Cap the physical memory held (0: none), under the lock: torch's memory-fraction hook calls it."""
-        self._lock()
+        cdef ScopedLock held
+        held.acquire(self.mutex)
         self.limit_bytes = limit
-        self._unlock()
 
     # ------------------------------------------------------------------ Python API
 
@@ -616,6 +588,11 @@ cdef class Allocator:
         cdef size_t n = limit
         with nogil:
             self.set_limit_nogil(n)
+
+    @property
+    def capturing(self) -> int:
+        """How many active private pools are under graph capture (Note [Pools and graph capture])."""
+        return self.pools.capturing
 
     @property
     def limit(self) -> int:
@@ -676,24 +653,14 @@ cdef class Allocator:
         cdef size_t kept = max_entries
         cdef bint on = bool(enabled)
         with nogil:
-            self._lock()
-            self.tracing = on
-            if on:
-                self.trace_max = kept
-                if self.trace.size() > self.trace_max:
-                    self.trace.clear()
-                    self.trace_next = 0
-            self._unlock()
+            _set_tracing(self, on, kept)
 
     def history(self) -> list:
         """The recorded events, oldest first, as PyTorch snapshot trace entries (dicts)."""
         cdef vector[TraceEntry] copy
         cdef size_t start, i, n
         with nogil:
-            self._lock()
-            copy = self.trace
-            start = self.trace_next if self.trace.size() == self.trace_max else 0
-            self._unlock()
+            start = _copy_history(self, copy)
         names = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
                  "segment_unmap", "oom")
         n = copy.size()
@@ -747,27 +714,16 @@ cdef class Allocator:
     def reset_peak_stats(self) -> None:
         """Reset every peak to the current value."""
         with nogil:
-            self._lock()
-            self.st.peak_allocated = self.st.allocated
-            self.st.peak_requested = self.st.requested
-            self.st.peak_reserved = self.st.reserved
-            self.st.peak_active = self.st.active
-            self.st.peak_sblock_va = self.st.sblock_va
-            self._unlock()
+            _reset_peaks(self)
 
     def stats(self) -> dict:
         """Byte counts with their peaks, event counts, and driver calls (and handles touched) by kind."""
+        cdef StatsCopy c
         cdef Stats s
-        cdef size_t cached, pending, orphans, orphan_bytes = 0, i
+        cdef size_t i
         with nogil:
-            self._lock()
-            s = self.st
-            cached = self.sblock_cache.cached()
-            pending = self.pending.size()
-            orphans = self.orphan_chunks.size() + self.orphan_ranges.size() + self.orphan_events.size()
-            for i in range(self.orphan_chunks.size()):
-                orphan_bytes += self.orphan_chunks[i].size
-            self._unlock()
+            _copy_stats(self, &c)
+        s = c.st
         return {
             "allocated_bytes": s.allocated,
             "peak_allocated_bytes": s.peak_allocated,
@@ -780,10 +736,10 @@ cdef class Allocator:
             "sblock_va_bytes": s.sblock_va,
             "peak_sblock_va_bytes": s.peak_sblock_va,
             "live_blocks": s.live_blocks,
-            "pending_frees": pending,
-            "orphans": orphans,
-            "orphan_chunk_bytes": orphan_bytes,
-            "cached_sblocks": cached,
+            "pending_frees": c.pending,
+            "orphans": c.orphans,
+            "orphan_chunk_bytes": c.orphan_bytes,
+            "cached_sblocks": c.cached,
             "allocs": s.allocs,
             "frees": s.frees,
             "stitches": s.stitches,
@@ -831,11 +787,11 @@ cdef class Allocator:
         if self.live.size():
             raise RuntimeError(f"gmlake: cannot close: {self.live.size()} allocations are still live")
         self.empty_cache()
-        if self.pools.size():
+        if self.pools.by_id.size():
             raise RuntimeError(f"gmlake: cannot close: private pools {sorted(self.pools_ids())} still hold memory "
                                f"(release_pool each, ending any still active)")
-        if self.segments.size():
-            raise RuntimeError(f"gmlake: {self.segments.size()} segments could not be released")
+        if self.segments.by_serial.size():
+            raise RuntimeError(f"gmlake: {self.segments.by_serial.size()} segments could not be released")
         orphans = self.stats()["orphans"]
         if orphans:
             raise RuntimeError(f"gmlake: the driver refused to take back {orphans} chunks, ranges or events")
@@ -868,10 +824,7 @@ cdef class Allocator:
         cdef bint cap = bool(capturing)
         cdef int rc
         with nogil:
-            self._lock()
-            rc = _begin_pool(self, p, chosen, every, cap)
-            self._debug_check()
-            self._unlock()
+            rc = _begin_pool_nogil(self, p, chosen, every, cap)
         self._raise_invariant_error()
         if rc == POOL_ALREADY_ACTIVE:
             raise ValueError(f"gmlake: private pool {pid} is already active; end_allocate_to_pool({pid}) first")
@@ -887,9 +840,7 @@ cdef class Allocator:
         cdef uint64_t p = pid
         cdef int rc
         with nogil:
-            self._lock()
-            rc = _retain_pool(self, p)
-            self._unlock()
+            rc = _retain_pool_nogil(self, p)
         if rc == POOL_NOT_ACTIVE:
             raise ValueError(f"gmlake: retain_pool: private pool {pid} is not active")
 
@@ -902,10 +853,7 @@ cdef class Allocator:
         cdef Failure why                    # the deferred frees' events: one that fails waits for the device
         no_failure(&why)
         with nogil:
-            self._lock()
-            rc = _end_pool(self, &why, p)
-            self._debug_check()
-            self._unlock()
+            rc = _end_pool_nogil(self, &why, p)
         self._raise_invariant_error()
         if rc == POOL_NOT_ACTIVE:
             raise ValueError(f"gmlake: end_allocate_to_pool: private pool {pid} is not active")
@@ -922,11 +870,7 @@ cdef class Allocator:
         cdef Failure why
         no_failure(&why)
         with nogil:
-            self._lock()
-            rc = _release_private_pool(self, &why, p, &released)
-            self._report(&why, &why)
-            self._debug_check()
-            self._unlock()
+            rc = _release_pool_nogil(self, &why, p, &released)
         self._raise_invariant_error()
         if rc == POOL_UNKNOWN:
             raise ValueError(f"gmlake: release_pool: private pool {pid} has no use to release (never begun, or "
@@ -941,36 +885,25 @@ cdef class Allocator:
     def pools_info(self) -> list:
         """One dict per private pool: id, use_count, active, capturing, streams (None: every stream), segments,
         reserved_bytes, allocated_bytes (its blocks in use)."""
-        cdef pair[uint64_t, PrivatePool*] pp
-        cdef pair[uint64_t, Segment*] sp
-        cdef PrivatePool* p
-        cdef Block* b
-        out = []
-        used = {}
+        cdef vector[PoolRow] pools
+        cdef vector[int64_t] streams
+        cdef size_t i, j
         with nogil:
-            self._lock()
-        try:
-            for sp in self.segments:
-                if sp.second.owner != NULL:
-                    b = sp.second.first
-                    while b != NULL:
-                        if b.state != BLOCK_FREE:
-                            used[sp.second.owner.id] = used.get(sp.second.owner.id, 0) + b.size
-                        b = b.next
-            for pp in self.pools:
-                p = pp.second
-                out.append({"id": p.id, "use_count": p.use_count, "active": p.active, "capturing": p.capturing,
-                            "streams": None if p.all_streams or not p.active else list(p.streams),
-                            "segments": p.segments, "reserved_bytes": p.reserved,
-                            "allocated_bytes": used.get(p.id, 0)})
-        finally:
-            self._unlock()
+            _copy_pools(self, pools, streams)
+        out = []
+        for i in range(pools.size()):
+            chosen = None
+            if pools[i].active and not pools[i].all_streams:
+                chosen = [streams[j] for j in range(pools[i].first_stream, pools[i].end_stream)]
+            out.append({"id": pools[i].id, "use_count": pools[i].use_count, "active": pools[i].active,
+                        "capturing": pools[i].capturing, "streams": chosen, "segments": pools[i].segments,
+                        "reserved_bytes": pools[i].reserved, "allocated_bytes": pools[i].allocated})
         return out
 
     def pools_ids(self) -> list:
         """The ids of the private pools that exist (in use, or released but still holding memory)."""
         cdef pair[uint64_t, PrivatePool*] pp
-        return [pp.first for pp in self.pools]
+        return [pp.first for pp in self.pools.by_id]
 
     @staticmethod
     def _pool_id(pool_id) -> int:
@@ -982,39 +915,14 @@ cdef class Allocator:
         """One dict per segment: serial, pool, size, chunk size, mapped chunks, private pool id (0: the default
         pool), and its blocks' states.
 
-        The walk is copied into plain rows under the lock, without the GIL, and turned into Python objects after:
-        holding the lock while taking the GIL could deadlock against a thread that allocates with the GIL held."""
+        The walk is copied into plain rows under the lock, without the GIL, and turned into Python objects after the
+        lock is let go, as every Python method does: Python code run under the lock could free memory of this
+        allocator (a finalizer run by the garbage collector), whose lock is not reentrant."""
         cdef vector[SegmentRow] segs
         cdef vector[BlockRow] rows
-        cdef SegmentRow seg_row
-        cdef BlockRow row
-        cdef pair[uint64_t, Segment*] sp
-        cdef Block* b
         cdef size_t i, j
         with nogil:
-            self._lock()
-            for sp in self.segments:
-                seg_row.serial = sp.second.serial
-                seg_row.private_pool = sp.second.owner.id if sp.second.owner != NULL else 0
-                seg_row.va = sp.second.va
-                seg_row.size_class = sp.second.size_class
-                seg_row.size = sp.second.size
-                seg_row.chunk_size = sp.second.chunk_size
-                seg_row.mapped_chunks = sp.second.mapped_chunks
-                seg_row.first_row = rows.size()
-                b = sp.second.first
-                while b != NULL:
-                    row.offset = b.addr - sp.second.va
-                    row.size = b.size
-                    row.state = b.state
-                    row.stream = b.stream
-                    # A claimed piece's bytes are all in use by its stitched allocation.
-                    row.used = b.requested if b.state == BLOCK_ALLOCATED else b.size if b.state == BLOCK_CLAIMED else 0
-                    rows.push_back(row)
-                    b = b.next
-                seg_row.end_row = rows.size()
-                segs.push_back(seg_row)
-            self._unlock()
+            _copy_segments(self, segs, rows)
         names = ("free", "allocated", "claimed", "unmapped")
         out = []
         for i in range(segs.size()):
@@ -1029,12 +937,13 @@ cdef class Allocator:
 
 
 cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Failure* out) noexcept nogil:
-    """malloc once the lock is held and the request's target chosen (the caller releases the lock). Note [A call's
-    failure].
+    """malloc once the lock is held and the request's target chosen (the caller's ScopedLock releases it). Note [A
+    call's failure].
 
     Note [The cache-hit path]: a request that a free block serves, in one compilation unit, every step inline or
     a direct call, no Python, no driver call:
-      malloc_nogil       a Request on the stack, _lock, the private pool if any is active (one size() check)
+      malloc_nogil       a Request on the stack, the lock (ScopedLock.acquire), the private pool if any is active
+                         (one size() check)
       _serve             pending frees polled only if any wait; the size rounded; the statistics below
       _alloc             the size class; _try_alloc: a private pool's request goes to _alloc_in_pool
       _alloc_large       _best_free: _peek_fit of the stream's own blocks and of those of no stream (one
@@ -1051,7 +960,7 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
     cdef Failure* why = &failure
     no_failure(why)
     why.request = request
-    if self.pending.size() and self.capturing == 0 and not _unannounced_capture(self, why):
+    if _has_pending(self) and not _capturing(self) and not _unannounced_capture(self, why):
         _process_pending(self, why)
     why.err = ERR_NONE
     # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
@@ -1093,3 +1002,156 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
         return 0
     self._debug_check()
     return b.addr
+
+
+# ---------------------------------------------------------------------- the Python API's locked steps
+# Each Python method that needs the lock calls one of these without the GIL: it takes the lock (a ScopedLock, let go
+# when it returns), copies or changes what the method needs, and returns before any Python object is made, so no
+# Python code (a finalizer that frees memory of this allocator, say) ever runs under the lock.
+
+cdef int _begin_pool_nogil(Allocator self, uint64_t pool_id, vector[int64_t]& streams, bint all_streams,
+                           bint capturing) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    cdef int rc = _begin_pool(self, pool_id, streams, all_streams, capturing)
+    self._debug_check()
+    return rc
+
+
+cdef int _retain_pool_nogil(Allocator self, uint64_t pool_id) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    return _retain_pool(self, pool_id)
+
+
+cdef int _end_pool_nogil(Allocator self, Failure* why, uint64_t pool_id) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    cdef int rc = _end_pool(self, why, pool_id)
+    self._debug_check()
+    return rc
+
+
+cdef int _release_pool_nogil(Allocator self, Failure* why, uint64_t pool_id, size_t* released) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    cdef int rc = _release_private_pool(self, why, pool_id, released)
+    self._report(why, why)
+    self._debug_check()
+    return rc
+
+
+cdef void _copy_pools(Allocator self, vector[PoolRow]& rows, vector[int64_t]& streams) noexcept nogil:
+    """pools_info's rows: each pool, and the bytes its blocks in use hold."""
+    cdef ScopedLock held
+    cdef unordered_map[uint64_t, size_t] used
+    cdef pair[uint64_t, Segment*] sp
+    cdef pair[uint64_t, PrivatePool*] pp
+    cdef PrivatePool* p
+    cdef PoolRow row
+    cdef Block* b
+    held.acquire(self.mutex)
+    for sp in self.segments.by_serial:
+        if sp.second.owner != NULL:
+            b = sp.second.first
+            while b != NULL:
+                if b.state != BLOCK_FREE:
+                    used[sp.second.owner.id] += b.size
+                b = b.next
+    for pp in self.pools.by_id:
+        p = pp.second
+        row.id = p.id
+        row.use_count = p.use_count
+        row.active = p.active
+        row.capturing = p.capturing
+        row.all_streams = p.all_streams
+        row.first_stream = streams.size()
+        streams.insert(streams.end(), p.streams.begin(), p.streams.end())
+        row.end_stream = streams.size()
+        row.segments = p.segments
+        row.reserved = p.reserved
+        row.allocated = used[p.id]
+        rows.push_back(row)
+
+
+cdef void _copy_segments(Allocator self, vector[SegmentRow]& segs, vector[BlockRow]& rows) noexcept nogil:
+    """segments_info's rows: each segment, and each of its blocks."""
+    cdef ScopedLock held
+    cdef SegmentRow seg_row
+    cdef BlockRow row
+    cdef pair[uint64_t, Segment*] sp
+    cdef Block* b
+    held.acquire(self.mutex)
+    for sp in self.segments.by_serial:
+        seg_row.serial = sp.second.serial
+        seg_row.private_pool = sp.second.owner.id if sp.second.owner != NULL else 0
+        seg_row.va = sp.second.va
+        seg_row.size_class = sp.second.size_class
+        seg_row.size = sp.second.size
+        seg_row.chunk_size = sp.second.chunk_size
+        seg_row.mapped_chunks = sp.second.mapped_chunks
+        seg_row.first_row = rows.size()
+        b = sp.second.first
+        while b != NULL:
+            row.offset = b.addr - sp.second.va
+            row.size = b.size
+            row.state = b.state
+            row.stream = b.stream
+            # A claimed piece's bytes are all in use by its stitched allocation.
+            row.used = b.requested if b.state == BLOCK_ALLOCATED else b.size if b.state == BLOCK_CLAIMED else 0
+            rows.push_back(row)
+            b = b.next
+        seg_row.end_row = rows.size()
+        segs.push_back(seg_row)
+
+
+cdef void _count_spares(Allocator self, Spares* n) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    n.blocks = self.frees.spare_blocks.held()
+    n.free_index_nodes = self.frees.index_nodes.held()
+    n.address_nodes = self.frees.addr_nodes.held()
+    n.live_nodes = self.live_nodes.held()
+    n.events = self.streams.spare_events.size()
+
+
+cdef void _copy_stats(Allocator self, StatsCopy* c) noexcept nogil:
+    cdef ScopedLock held
+    cdef size_t i
+    held.acquire(self.mutex)
+    c.st = self.st
+    c.cached = self.sblock_cache.cached()
+    c.pending = self.streams.pending.size()
+    c.orphans = self.orphans.count()
+    c.orphan_bytes = 0
+    for i in range(self.orphans.chunks.size()):
+        c.orphan_bytes += self.orphans.chunks[i].size
+
+
+cdef void _reset_peaks(Allocator self) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    self.st.peak_allocated = self.st.allocated
+    self.st.peak_requested = self.st.requested
+    self.st.peak_reserved = self.st.reserved
+    self.st.peak_active = self.st.active
+    self.st.peak_sblock_va = self.st.sblock_va
+
+
+cdef void _set_tracing(Allocator self, bint on, size_t kept) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    self.tracing = on
+    if on:
+        self.trace_max = kept
+        if self.trace.size() > self.trace_max:
+            self.trace.clear()
+            self.trace_next = 0
+
+
+cdef size_t _copy_history(Allocator self, vector[TraceEntry]& copy) noexcept nogil:
+    """The history ring, copied; returns where its oldest entry is."""
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    copy = self.trace
+    return self.trace_next if self.trace.size() == self.trace_max else 0

@@ -1,18 +1,22 @@
 # The allocator core, room "blocks": the free index (best fit by stream, size, segment, offset), unmapped holes, and
 # block surgery: split, merge, take.
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
+#
+# Owns Allocator.frees (FreeRoom, _structs.h): the default pool's free index, the holes, every pBlock by address,
+# the free clock and the spares the hot path reuses. Only the functions here write it; other rooms call them (a
+# private pool's free index is the pools room's, but its blocks enter and leave it here, through _index_of).
 
 
 cdef void _insert_free(Allocator self, Block* b) noexcept nogil:
-    self.free_nodes.put(_index_of(self, b)[0], key_of(b), b)
+    self.frees.index_nodes.put(_index_of(self, b)[0], key_of(b), b)
 
 
 cdef void _erase_free(Allocator self, Block* b) noexcept nogil:
-    self.free_nodes.take(_index_of(self, b)[0], key_of(b))
+    self.frees.index_nodes.take(_index_of(self, b)[0], key_of(b))
 
 
 cdef FreeIndex* _holes(Allocator self, int size_class) noexcept nogil:
-    return &self.unmapped_small if size_class == SIZE_SMALL else &self.unmapped_large
+    return &self.frees.holes_small if size_class == SIZE_SMALL else &self.frees.holes_large
 
 
 cdef void _insert_hole(Allocator self, Block* b) noexcept nogil:
@@ -82,7 +86,7 @@ cdef Block* _best_free(Allocator self, int size_class, size_t size, int64_t stre
 
 cdef Block* _split(Allocator self, Block* b, size_t size) noexcept nogil:
     """Cut b after `size` bytes; b keeps the head. Returns the tail (same state, not indexed)."""
-    cdef Block* tail = self.spare_blocks.make()
+    cdef Block* tail = self.frees.spare_blocks.make()
     tail.addr = b.addr + size
     tail.size = b.size - size
     tail.stream = b.stream
@@ -95,21 +99,21 @@ cdef Block* _split(Allocator self, Block* b, size_t size) noexcept nogil:
         b.next.prev = tail
     b.next = tail
     b.size = size
-    self.addr_nodes.put(self.by_addr, tail.addr, tail)
+    self.frees.addr_nodes.put(self.frees.by_addr, tail.addr, tail)
     return tail
 
 
 cdef void _absorb_next(Allocator self, Block* b) noexcept nogil:
     """Merge b's next neighbour into b (the neighbour is unindexed by the caller first)."""
     cdef Block* n = b.next
-    self.addr_nodes.take(self.by_addr, n.addr)
+    self.frees.addr_nodes.take(self.frees.by_addr, n.addr)
     b.size += n.size
     b.next = n.next
     if n.next != NULL:
         n.next.prev = b
     if n.free_seq > b.free_seq:
         b.free_seq = n.free_seq
-    self.spare_blocks.drop(n)
+    self.frees.spare_blocks.drop(n)
 
 
 cdef Block* _coalesce(Allocator self, Block* b) noexcept nogil:
@@ -151,8 +155,8 @@ cdef Block* _take(Allocator self, Failure* why, Block* b, size_t size, int64_t s
 
 
 cdef Block* _containing(Allocator self, uintptr_t addr) noexcept nogil:
-    cdef cmap[uintptr_t, Block*].iterator it = self.by_addr.upper_bound(addr)
-    if it == self.by_addr.begin():
+    cdef cmap[uintptr_t, Block*].iterator it = self.frees.by_addr.upper_bound(addr)
+    if it == self.frees.by_addr.begin():
         return NULL
     dec(it)
     cdef Block* b = deref(it).second
@@ -161,8 +165,44 @@ cdef Block* _containing(Allocator self, uintptr_t addr) noexcept nogil:
 
 cdef void _release_block(Allocator self, Block* b) noexcept nogil:
     """A block returns to the free index: stamped, merged, indexed."""
-    self.free_seq += 1
+    self.frees.seq += 1
     b.state = BLOCK_FREE
     b.sblock = NULL
-    b.free_seq = self.free_seq
+    b.free_seq = self.frees.seq
     _insert_free(self, _coalesce(self, b))
+
+
+cdef inline uint64_t _free_clock(Allocator self) noexcept nogil:
+    """The free clock: the free_seq of the latest free (a fence covers the frees up to it)."""
+    return self.frees.seq
+
+
+cdef Block* _first_block(Allocator self, Segment* seg, int64_t stream, bint mapped) noexcept nogil:
+    """A new segment's one block, spanning it: free (not yet indexed: the caller takes or indexes it) or, if not
+    `mapped`, an unmapped hole, indexed."""
+    cdef Block* b = new Block()
+    b.addr = seg.va
+    b.size = seg.size
+    b.stream = stream
+    b.state = BLOCK_FREE if mapped else BLOCK_UNMAPPED
+    b.seg = seg
+    seg.first = b
+    self.frees.by_addr[b.addr] = b
+    if not mapped:
+        _insert_hole(self, b)
+    return b
+
+
+cdef void _forget_blocks(Allocator self, Segment* seg) noexcept nogil:
+    """A dropped segment's blocks (unmapped holes, once all its chunks are released): out of the holes and the
+    address map, and deleted."""
+    cdef Block* b = seg.first
+    cdef Block* nxt
+    while b != NULL:
+        nxt = b.next
+        if b.state == BLOCK_UNMAPPED:
+            _erase_hole(self, b)
+        self.frees.by_addr.erase(b.addr)
+        del b
+        b = nxt
+    seg.first = NULL

@@ -21,32 +21,34 @@ def _check_invariants(Allocator self) -> None:
     cdef vector[int] maps
     cdef pair[uint64_t, PrivatePool*] pp
     cdef PrivatePool* owner
-    cdef size_t index_count = self.free_small.size() + self.free_large.size()
+    cdef size_t index_count = self.frees.small.size() + self.frees.large.size()
     pending_blocks = set()
     per_stream: dict[int, int] = {}
-    for i in range(self.pending.size()):
-        pending_blocks.add(<uintptr_t>self.pending[i].block)
-        active += self.pending[i].block.size
-        if self.pending[i].events.empty() or self.pending[i].events.size() != self.pending[i].streams.size():
+    cdef PendingFree* pend
+    for i in range(self.streams.pending.size()):
+        pend = &self.streams.pending[i]
+        pending_blocks.add(<uintptr_t>pend.block)
+        active += pend.block.size
+        if pend.events.empty() or pend.events.size() != pend.streams.size():
             raise InvariantError("a pending free waits for no event, or its events and streams disagree")
-        for j in range(self.pending[i].streams.size()):
-            per_stream[self.pending[i].streams[j]] = per_stream.get(self.pending[i].streams[j], 0) + 1
-    if per_stream != {entry.first: entry.second for entry in self.pending_per_stream}:
+        for j in range(pend.streams.size()):
+            per_stream[pend.streams[j]] = per_stream.get(pend.streams[j], 0) + 1
+    if per_stream != {entry.first: entry.second for entry in self.streams.pending_per_stream}:
         raise InvariantError("the count of pending events per stream disagrees with the pending frees")
     # Note [Reusing events]: a spare is an event nothing queries or waits on; one still in use would be recorded
     # again under its waiter.
-    in_use = {self.pending[i].events[j] for i in range(self.pending.size())
-              for j in range(self.pending[i].events.size())}
-    in_use.update(entry.second.event for entry in self.fences)
-    spares = [self.spare_events[i] for i in range(self.spare_events.size())]
+    in_use = {self.streams.pending[i].events[j] for i in range(self.streams.pending.size())
+              for j in range(self.streams.pending[i].events.size())}
+    in_use.update(entry.second.event for entry in self.streams.fences)
+    spares = [self.streams.spare_events[i] for i in range(self.streams.spare_events.size())]
     if len(spares) > MAX_SPARE_EVENTS or len(set(spares)) != len(spares) or not in_use.isdisjoint(spares) \
             or 0 in spares:
         raise InvariantError("a spare event is held twice, or is still in use, or the spares pass their bound")
-    for i in range(self.deferred_frees.size()):
-        if not self.capturing or self.deferred_frees[i].block.state == BLOCK_FREE:
+    for i in range(self.pools.deferred_frees.size()):
+        if not self.pools.capturing or self.pools.deferred_frees[i].block.state == BLOCK_FREE:
             raise InvariantError("a free waits for a capture to end, but none is running, or its block is free")
-        pending_blocks.add(<uintptr_t>self.deferred_frees[i].block)
-        active += self.deferred_frees[i].block.size
+        pending_blocks.add(<uintptr_t>self.pools.deferred_frees[i].block)
+        active += self.pools.deferred_frees[i].block.size
     _check_private_pools(self)
     for lp in self.live:
         if lp.second.addr != lp.first or lp.second.state != BLOCK_ALLOCATED:
@@ -57,7 +59,7 @@ def _check_invariants(Allocator self) -> None:
         allocated += lp.second.size
         requested += lp.second.requested
         active += lp.second.size
-    for sp in self.segments:
+    for sp in self.segments.by_serial:
         seg = sp.second
         if seg.handles.size() != seg.size // seg.chunk_size:
             raise InvariantError(f"segment {seg.serial}: chunk count")
@@ -75,7 +77,7 @@ def _check_invariants(Allocator self) -> None:
         while b != NULL:
             if b.addr != at or b.size == 0 or b.seg != seg:
                 raise InvariantError(f"blocks do not tile segment {seg.serial} at offset {at - seg.va}")
-            if self.by_addr.count(b.addr) == 0 or self.by_addr[b.addr] != b:
+            if self.frees.by_addr.count(b.addr) == 0 or self.frees.by_addr[b.addr] != b:
                 raise InvariantError(f"address index misses the block at 0x{b.addr:x}")
             if b.next != NULL and b.next.prev != b:
                 raise InvariantError(f"block links broken at 0x{b.addr:x}")
@@ -111,24 +113,24 @@ def _check_invariants(Allocator self) -> None:
             b = b.next
         if at != seg.va + seg.size:
             raise InvariantError(f"blocks do not cover segment {seg.serial}")
-    for pp in self.pools:
+    for pp in self.pools.by_id:
         index_count += pp.second.free_small.size() + pp.second.free_large.size()
     if index_count != free_count:
         raise InvariantError("free index holds blocks that are not free")
-    if self.unmapped_small.size() + self.unmapped_large.size() != hole_count:
+    if self.frees.holes_small.size() + self.frees.holes_large.size() != hole_count:
         raise InvariantError("hole index does not hold exactly the holes")
-    for fp in self.free_large:
+    for fp in self.frees.large:
         if fp.second.seg.size_class != SIZE_LARGE or fp.second.state != BLOCK_FREE:
             raise InvariantError("large free index holds a block that is not a free large-pool block")
-    for fp in self.free_small:
+    for fp in self.frees.small:
         if fp.second.seg.owner != NULL:
             raise InvariantError(f"the default free index holds block 0x{fp.second.addr:x} of private pool "
                                  f"{fp.second.seg.owner.id}")
-    for fp in self.free_large:
+    for fp in self.frees.large:
         if fp.second.seg.owner != NULL:
             raise InvariantError(f"the default free index holds block 0x{fp.second.addr:x} of private pool "
                                  f"{fp.second.seg.owner.id}")
-    for sp in self.segments:
+    for sp in self.segments.by_serial:
         maps.assign(sp.second.sblock_maps.size(), 0)
         for bp in self.sblock_cache.all:
             for i in range(bp.second.chunks.size()):
@@ -202,7 +204,7 @@ def _check_private_pools(Allocator self) -> None:
     cdef Block* b
     cdef size_t i, capturing = 0, active = 0
     counts = {}
-    for sp in self.segments:
+    for sp in self.segments.by_serial:
         seg = sp.second
         if seg.owner == NULL:
             if seg.free_index != free_index(self, seg.size_class):
@@ -211,7 +213,7 @@ def _check_private_pools(Allocator self) -> None:
         p = seg.owner
         if seg.free_index != (&p.free_small if seg.size_class == SIZE_SMALL else &p.free_large):
             raise InvariantError(f"segment {seg.serial} of private pool {p.id} indexes its free blocks elsewhere")
-        if self.pools.count(p.id) == 0 or self.pools[p.id] != p:
+        if self.pools.by_id.count(p.id) == 0 or self.pools.by_id[p.id] != p:
             raise InvariantError(f"segment {seg.serial} belongs to a private pool that is not known")
         n, r = counts.get(p.id, (0, 0))
         counts[p.id] = (n + 1, r + seg.size)
@@ -220,7 +222,7 @@ def _check_private_pools(Allocator self) -> None:
         for i in range(seg.sblock_maps.size()):
             if seg.sblock_maps[i]:
                 raise InvariantError(f"segment {seg.serial} of private pool {p.id} is stitched into an sBlock")
-    for pp in self.pools:
+    for pp in self.pools.by_id:
         p = pp.second
         if p.id != pp.first or p.use_count < 0:
             raise InvariantError(f"private pool {pp.first}: id {p.id}, use count {p.use_count}")
@@ -239,9 +241,9 @@ def _check_private_pools(Allocator self) -> None:
         for fp in p.free_large:
             if fp.second.seg.owner != p or fp.second.seg.size_class != SIZE_LARGE or fp.second.state != BLOCK_FREE:
                 raise InvariantError(f"private pool {p.id}'s large free index holds a block not its own free one")
-    if active != self.active_pools.size() or capturing != self.capturing:
-        raise InvariantError(f"{self.active_pools.size()} pools listed active, {active} marked; {self.capturing} "
+    if active != self.pools.active.size() or capturing != self.pools.capturing:
+        raise InvariantError(f"{self.pools.active.size()} pools listed active, {active} marked; {self.pools.capturing} "
                              f"capturing counted, {capturing} marked")
-    for i in range(self.active_pools.size()):
-        if not self.active_pools[i].active:
-            raise InvariantError(f"private pool {self.active_pools[i].id} is listed active but is not")
+    for i in range(self.pools.active.size()):
+        if not self.pools.active[i].active:
+            raise InvariantError(f"private pool {self.pools.active[i].id} is listed active but is not")

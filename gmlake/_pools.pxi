@@ -33,6 +33,11 @@
 #   - a pool block freed during capture serves the pool's next request on its stream at once: the graph orders
 #     the work, as PyTorch's stream-keyed reuse does.
 # Unmapping or releasing is never needed on a capturing pool's behalf: its memory only grows while it lives.
+#
+# Owns Allocator.pools (PoolRoom, _structs.h): the pools by id, the active ones, how many capture, and the frees
+# deferred during capture; and each PrivatePool's fields (its free index: its blocks enter and leave it through the
+# blocks room). Only the functions here write them. Other rooms ask _capturing() whether a capture runs, and tell a
+# pool of its segments through _pool_gained_segment and _pool_lost_segment.
 
 cdef enum PoolStatus:
     POOL_OK = 0
@@ -50,12 +55,47 @@ cdef inline FreeIndex* _index_of(Allocator self, Block* b) noexcept nogil:
     return b.seg.free_index
 
 
+cdef inline bint _capturing(Allocator self) noexcept nogil:
+    """Is a graph captured into a pool now (Note [Pools and graph capture])? The one question other rooms ask of
+    the pools room's state: no event or synchronize call while it is so."""
+    return self.pools.capturing != 0
+
+
+cdef inline bint _any_pool_active(Allocator self) noexcept nogil:
+    """Is any private pool active (so that a request asks _pool_for which serves it)?"""
+    return self.pools.active.size() != 0
+
+
+cdef PrivatePool* _active_pool(Allocator self, uint64_t pool_id) noexcept nogil:
+    """Active pool `pool_id`, or NULL if it is not active (malloc_in_pool_nogil's target)."""
+    it = self.pools.by_id.find(pool_id)
+    if it == self.pools.by_id.end() or not deref(it).second.active:
+        return NULL
+    return deref(it).second
+
+
+cdef void _pool_gained_segment(Allocator self, PrivatePool* p, Segment* seg) noexcept nogil:
+    """seg is p's now: its free blocks go to p's free index."""
+    seg.owner = p
+    seg.free_index = &p.free_small if seg.size_class == SIZE_SMALL else &p.free_large
+    p.segments += 1
+    p.reserved += seg.size
+
+
+cdef void _pool_lost_segment(Allocator self, PrivatePool* p, Segment* seg) noexcept nogil:
+    """p's segment seg was dropped; a released pool is forgotten with its last segment."""
+    p.segments -= 1
+    p.reserved -= seg.size
+    if p.use_count == 0 and p.segments == 0:
+        _forget_pool(self, p)
+
+
 cdef PrivatePool* _pool_for(Allocator self, int64_t stream) noexcept nogil:
     """The active pool that serves `stream` (the first begun whose streams hold it), or NULL: the default pool."""
     cdef size_t i, j
     cdef PrivatePool* p
-    for i in range(self.active_pools.size()):
-        p = self.active_pools[i]
+    for i in range(self.pools.active.size()):
+        p = self.pools.active[i]
         if p.all_streams:
             return p
         for j in range(p.streams.size()):
@@ -81,31 +121,8 @@ cdef Block* _alloc_in_pool(Allocator self, Failure* why, int kind, size_t size, 
     seg = _laid_out_segment(self, why, kind, size, segment_size, handle_size, stream)
     if seg == NULL:
         return NULL
-    seg.owner = p
-    seg.free_index = &p.free_small if kind == SIZE_SMALL else &p.free_large
-    p.segments += 1
-    p.reserved += seg.size
+    _pool_gained_segment(self, p, seg)
     return _take(self, why, seg.first, size, stream)
-
-
-cdef void _await_uses(Allocator self, Failure* why, Block* b, vector[int64_t]& streams) noexcept nogil:
-    """A free whose block other streams used: it returns once events recorded on them now have completed."""
-    cdef PendingFree pend
-    cdef uint64_t event = 0
-    cdef size_t i
-    pend.block = b
-    for i in range(streams.size()):
-        if _record_event(self, why, streams[i], &event) == DRIVER_OK:
-            pend.events.push_back(event)
-            pend.streams.push_back(streams[i])
-            self.pending_per_stream[streams[i]] += 1
-        else:
-            # No event: the only safe course is to wait for the device.
-            _sync(self, why)
-    if pend.events.empty():             # waited for the device instead: nothing left to wait for
-        self._retire(b)
-        return
-    self.pending.push_back(pend)
 
 
 cdef void _defer_uses(Allocator self, Block* b, vector[int64_t]& streams) noexcept nogil:
@@ -114,14 +131,14 @@ cdef void _defer_uses(Allocator self, Block* b, vector[int64_t]& streams) noexce
     cdef PendingFree pend
     pend.block = b
     pend.streams = streams
-    self.deferred_frees.push_back(pend)
+    self.pools.deferred_frees.push_back(pend)
 
 
 cdef void _end_capture(Allocator self, Failure* why) noexcept nogil:
     """The last capture ended: the frees deferred during it record their events now."""
     cdef vector[PendingFree] deferred
     cdef size_t i
-    deferred.swap(self.deferred_frees)
+    deferred.swap(self.pools.deferred_frees)
     for i in range(deferred.size()):
         _await_uses(self, why, deferred[i].block, deferred[i].streams)
 
@@ -129,12 +146,12 @@ cdef void _end_capture(Allocator self, Failure* why) noexcept nogil:
 cdef int _begin_pool(Allocator self, uint64_t pool_id, vector[int64_t]& streams, bint all_streams,
                      bint capturing) noexcept nogil:
     cdef PrivatePool* p
-    it = self.pools.find(pool_id)
-    if it == self.pools.end():
+    it = self.pools.by_id.find(pool_id)
+    if it == self.pools.by_id.end():
         p = new PrivatePool()
         p.id = pool_id
         p.use_count = 1
-        self.pools[pool_id] = p
+        self.pools.by_id[pool_id] = p
     else:
         p = deref(it).second
         if p.active:
@@ -146,15 +163,15 @@ cdef int _begin_pool(Allocator self, uint64_t pool_id, vector[int64_t]& streams,
     p.capturing = capturing
     p.all_streams = all_streams
     p.streams = streams
-    self.active_pools.push_back(p)
+    self.pools.active.push_back(p)
     if capturing:
-        self.capturing += 1
+        self.pools.capturing += 1
     return POOL_OK
 
 
 cdef int _retain_pool(Allocator self, uint64_t pool_id) noexcept nogil:
-    it = self.pools.find(pool_id)
-    if it == self.pools.end() or not deref(it).second.active:
+    it = self.pools.by_id.find(pool_id)
+    if it == self.pools.by_id.end() or not deref(it).second.active:
         return POOL_NOT_ACTIVE
     deref(it).second.use_count += 1
     return POOL_OK
@@ -162,20 +179,20 @@ cdef int _retain_pool(Allocator self, uint64_t pool_id) noexcept nogil:
 
 cdef int _end_pool(Allocator self, Failure* why, uint64_t pool_id) noexcept nogil:
     cdef size_t i
-    it = self.pools.find(pool_id)
-    if it == self.pools.end() or not deref(it).second.active:
+    it = self.pools.by_id.find(pool_id)
+    if it == self.pools.by_id.end() or not deref(it).second.active:
         return POOL_NOT_ACTIVE
     cdef PrivatePool* p = deref(it).second
-    for i in range(self.active_pools.size()):
-        if self.active_pools[i] == p:
-            self.active_pools.erase(self.active_pools.begin() + i)
+    for i in range(self.pools.active.size()):
+        if self.pools.active[i] == p:
+            self.pools.active.erase(self.pools.active.begin() + i)
             break
     p.active = False
     p.streams.clear()
     if p.capturing:
         p.capturing = False
-        self.capturing -= 1
-        if self.capturing == 0:
+        self.pools.capturing -= 1
+        if self.pools.capturing == 0:
             _end_capture(self, why)
     return POOL_OK
 
@@ -210,7 +227,7 @@ cdef void _merge_whole(Allocator self, Segment* seg) noexcept nogil:
 
 
 cdef void _forget_pool(Allocator self, PrivatePool* p) noexcept nogil:
-    self.pools.erase(p.id)
+    self.pools.by_id.erase(p.id)
     del p
 
 
@@ -220,7 +237,7 @@ cdef size_t _release_pool_segments(Allocator self, Failure* why, PrivatePool* p)
     cdef vector[Segment*] segs
     cdef pair[uint64_t, Segment*] entry
     cdef size_t released = 0, i
-    for entry in self.segments:
+    for entry in self.segments.by_serial:
         if entry.second.owner == p and _wholly_free(entry.second):
             segs.push_back(entry.second)
     for i in range(segs.size()):
@@ -233,8 +250,8 @@ cdef int _release_private_pool(Allocator self, Failure* why, uint64_t pool_id, s
     """Drop one use of a pool; the last returns its wholly free segments now, unless a capture is running (then at
     the next empty_cache or memory pressure)."""
     released[0] = 0
-    it = self.pools.find(pool_id)
-    if it == self.pools.end() or deref(it).second.use_count == 0:
+    it = self.pools.by_id.find(pool_id)
+    if it == self.pools.by_id.end() or deref(it).second.use_count == 0:
         return POOL_UNKNOWN
     cdef PrivatePool* p = deref(it).second
     if p.active:
@@ -245,7 +262,7 @@ cdef int _release_private_pool(Allocator self, Failure* why, uint64_t pool_id, s
     if p.segments == 0:
         _forget_pool(self, p)
         return POOL_OK
-    if self.capturing:
+    if _capturing(self):
         return POOL_OK
     # Replays of the pool's graphs may still be queued: wait for them before unmapping.
     why.err = ERR_NONE

@@ -2,6 +2,9 @@
 # eviction.
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
+#
+# Owns Allocator.sblock_cache (SBlockCache, _structs.h), changed only by its own methods, called only from here
+# (_claim, _release_stitched, _stitch, _evict); other rooms read it.
 
 
 cdef bint _sblock_fits(Allocator self, SBlock* sb, size_t size, int64_t stream) noexcept nogil:
@@ -54,6 +57,20 @@ cdef Block* _claim(Allocator self, SBlock* sb, size_t size, int64_t stream) noex
     a.sblock = sb
     sb.alloc = a
     return a
+
+
+cdef inline void _release_stitched(Allocator self, Block* a) noexcept nogil:
+    """A stitched allocation freed: its claimed pieces return to the free index (as its stream's), its sBlock is
+    cached, and the allocation's Block is deleted."""
+    cdef SBlock* sb = a.sblock
+    cdef size_t i
+    for i in range(sb.claimed.size()):
+        sb.claimed[i].stream = a.stream
+        _release_block(self, sb.claimed[i])
+    sb.claimed.clear()
+    sb.alloc = NULL
+    self.sblock_cache.cache(sb)
+    del a
 
 
 cdef SBlock* _best_cached(Allocator self, size_t size, size_t below, int64_t stream) noexcept nogil:
@@ -138,7 +155,8 @@ cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t 
     if _refuse_unannounced_capture(self, why):
         return NULL
     # Trimming the cache synchronizes, which graph capture forbids: the cache may exceed its bound until it ends.
-    if self.k.max_cached_sblocks and self.sblock_cache.cached() >= self.k.max_cached_sblocks and self.capturing == 0:
+    if self.k.max_cached_sblocks and self.sblock_cache.cached() >= self.k.max_cached_sblocks and \
+            not _capturing(self):
         if _evict_lru(self, why, self.k.max_cached_sblocks - 1, False, EVICT_BOUND) != DRIVER_OK:
             return NULL
     for i in range(pieces.size()):
@@ -174,8 +192,7 @@ cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t 
         _discard_range(self, why, va, va_size, at - va, mapped, True)
         return NULL
     sb = new SBlock()
-    sb.serial = self.next_serial
-    self.next_serial += 1
+    sb.serial = _new_serial(self)
     sb.va = va
     sb.va_size = va_size
     seg = chunks[0].seg
@@ -314,8 +331,9 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
 
 cdef void _descending(Allocator self, int64_t stream, vector[Block*]& out) noexcept nogil:
     """Free large pBlocks of `stream`, largest first."""
-    cdef FreeIndex.iterator it = self.free_large.lower_bound(free_key(stream + 1, 0))
-    while it != self.free_large.begin():
+    cdef FreeIndex* index = free_index(self, SIZE_LARGE)
+    cdef FreeIndex.iterator it = index.lower_bound(free_key(stream + 1, 0))
+    while it != index.begin():
         dec(it)
         if deref(it).first.stream != stream:
             break

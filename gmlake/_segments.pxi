@@ -2,6 +2,10 @@
 # memory pressure.
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
+#
+# Owns Allocator.segments (SegmentRoom, _structs.h): every segment by serial, and the serials segments and sBlocks
+# take (_new_serial). A segment's blocks are the blocks room's (_first_block, _forget_blocks); a private pool's
+# count of its segments is the pools room's (_pool_gained_segment, _pool_lost_segment).
 
 
 cdef Segment* _new_segment(Allocator self, Failure* why, int size_class, size_t size, size_t chunk_size, int64_t stream,
@@ -25,8 +29,7 @@ cdef Segment* _new_segment(Allocator self, Failure* why, int size_class, size_t 
     if _map_new_chunks(self, why, va, n, chunk_size, handles, size, True) != DRIVER_OK:
         return NULL                 # the reservation is freed too
     cdef Segment* seg = new Segment()
-    seg.serial = self.next_serial
-    self.next_serial += 1
+    seg.serial = _new_serial(self)
     seg.va = va
     seg.size = size
     seg.chunk_size = chunk_size
@@ -39,23 +42,23 @@ cdef Segment* _new_segment(Allocator self, Failure* why, int size_class, size_t 
         seg.handles.assign(size // chunk_size, 0)
     seg.sblock_maps.assign(size // chunk_size, 0)
     seg.mapped_chunks = n
-    cdef Block* b = new Block()
-    b.addr = va
-    b.size = size
-    b.stream = stream
-    b.state = BLOCK_FREE if mapped else BLOCK_UNMAPPED
-    b.seg = seg
-    seg.first = b
-    self.by_addr[va] = b
-    self.segments[seg.serial] = seg
+    _first_block(self, seg, stream, mapped)
+    self.segments.by_serial[seg.serial] = seg
     self.st.segments_created += 1
     if not mapped:
-        _insert_hole(self, b)
         return seg
     self._record(TRACE_SEGMENT_ALLOC, va, size, stream)
     self.st.reserved += size
     peak_update(&self.st.peak_reserved, self.st.reserved)
     return seg
+
+
+cdef inline uint64_t _new_serial(Allocator self) noexcept nogil:
+    """The next serial of the creation order segments and sBlocks share (it orders free blocks the same way on
+    every driver)."""
+    cdef uint64_t serial = self.segments.next_serial
+    self.segments.next_serial += 1
+    return serial
 
 
 cdef size_t _release_chunks(Allocator self, Failure* why, Segment* seg, size_t wanted) noexcept nogil:
@@ -117,23 +120,11 @@ cdef size_t _release_chunks(Allocator self, Failure* why, Segment* seg, size_t w
 
 cdef void _drop_segment(Allocator self, Failure* why, Segment* seg) noexcept nogil:
     """Forget a segment whose chunks are all released; frees its VA."""
-    cdef Block* b = seg.first
-    cdef Block* nxt
-    while b != NULL:
-        nxt = b.next
-        if b.state == BLOCK_UNMAPPED:
-            _erase_hole(self, b)
-        self.by_addr.erase(b.addr)
-        del b
-        b = nxt
+    _forget_blocks(self, seg)
     _discard_range(self, why, seg.va, seg.size, 0, 0, True)
-    self.segments.erase(seg.serial)
-    cdef PrivatePool* owner = seg.owner
-    if owner != NULL:
-        owner.segments -= 1
-        owner.reserved -= seg.size
-        if owner.use_count == 0 and owner.segments == 0:
-            _forget_pool(self, owner)      # released, and its last segment is gone
+    self.segments.by_serial.erase(seg.serial)
+    if seg.owner != NULL:
+        _pool_lost_segment(self, seg.owner, seg)
     del seg
 
 
@@ -146,7 +137,7 @@ cdef size_t _release_free(Allocator self, Failure* why, int size_class, size_t w
     if size_class == SIZE_LARGE and self.sblock_cache.cached():
         if _evict_lru(self, why, 0, True, reason) != DRIVER_OK:
             return 0
-    for entry in self.segments:
+    for entry in self.segments.by_serial:
         if entry.second.size_class == size_class and _releasable(entry.second):
             segs.push_back(entry.second)
     for i in range(segs.size()):

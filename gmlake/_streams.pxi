@@ -2,6 +2,11 @@
 # deferred by record_stream, and the events all of them record.
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
+#
+# Owns Allocator.streams (StreamRoom, _structs.h), as RMM's stream_ordered_memory_resource owns stream ordering:
+# the fences, the streams each live pointer was used on (record_stream), the frees pending on their events and the
+# spare events. Only the functions here write it; the entry points call _note_stream_use, _free_after_uses,
+# _has_pending and _process_pending, the pools room _await_uses when a capture ends.
 
 
 cdef enum:
@@ -19,9 +24,9 @@ cdef int _record_event(Allocator self, Failure* why, int64_t stream, uint64_t* e
     only two ways the core lets go of one: cuStreamWaitEvent orders the stream after the event's record at the time
     of the call, which a later record does not move. empty_cache and close destroy the spares."""
     cdef uint64_t spare = 0
-    if not self.spare_events.empty():
-        spare = self.spare_events.back()
-        self.spare_events.pop_back()
+    if not self.streams.spare_events.empty():
+        spare = self.streams.spare_events.back()
+        self.streams.spare_events.pop_back()
     event[0] = spare
     cdef int rc = _call(self, why, CALL_EVENT_RECORD, self.driver.record_event(stream, event), 0)
     if rc != DRIVER_OK and spare != 0:
@@ -32,8 +37,8 @@ cdef int _record_event(Allocator self, Failure* why, int64_t stream, uint64_t* e
 
 cdef void _release_event(Allocator self, Failure* why, uint64_t event) noexcept nogil:
     """An event nothing will query or wait on again: kept for the next record, or destroyed past the bound."""
-    if self.spare_events.size() < MAX_SPARE_EVENTS:
-        self.spare_events.push_back(event)
+    if self.streams.spare_events.size() < MAX_SPARE_EVENTS:
+        self.streams.spare_events.push_back(event)
     else:
         _destroy_event(self, why, event)
 
@@ -41,7 +46,7 @@ cdef void _release_event(Allocator self, Failure* why, uint64_t event) noexcept 
 cdef void _destroy_spare_events(Allocator self, Failure* why) noexcept nogil:
     cdef vector[uint64_t] spares
     cdef size_t i
-    spares.swap(self.spare_events)
+    spares.swap(self.streams.spare_events)
     for i in range(spares.size()):
         _destroy_event(self, why, spares[i])
 
@@ -86,7 +91,7 @@ cdef size_t _migrate_to(Allocator self, int64_t stream, uint64_t upto, int64_t t
 
 cdef inline bint _may_reclaim(Allocator self, Failure* why) noexcept nogil:
     """May a request fence other streams' frees now? Not under a capture, announced or not: it records events."""
-    return self.capturing == 0 and not _unannounced_capture(self, why)
+    return not _capturing(self) and not _unannounced_capture(self, why)
 
 
 cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint wait) noexcept nogil:
@@ -102,40 +107,40 @@ cdef size_t _reclaim_streams(Allocator self, Failure* why, int64_t stream, bint 
     cdef pair[int64_t, Fence] entry
     if not self.k.cross_stream:
         # Blocks stay with their stream, as in PyTorch; only a synchronize is owed under pressure.
-        if wait and _sync(self, why) == DRIVER_OK and self.pending.size():
-            moved = self.pending.size()
+        if wait and _sync(self, why) == DRIVER_OK and self.streams.pending.size():
+            moved = self.streams.pending.size()
             _process_pending(self, why)
         return moved
     if wait:
         if _sync(self, why) != DRIVER_OK:
             return 0
         _process_pending(self, why)
-        for entry in self.fences:
+        for entry in self.streams.fences:
             _release_event(self, why, entry.second.event)
-        self.fences.clear()
-        return _migrate(self, ANY_STREAM, self.free_seq)
+        self.streams.fences.clear()
+        return _migrate(self, ANY_STREAM, _free_clock(self))
     # Fence each other stream that holds free blocks: an event now covers all work queued before its frees.
     for size_class in range(2):
         index = free_index(self, size_class)
         it = index.begin()
         while it != index.end():
             s = deref(it).first.stream
-            if s != ANY_STREAM and s != stream and self.fences.count(s) == 0:
-                fence.seq = self.free_seq
+            if s != ANY_STREAM and s != stream and self.streams.fences.count(s) == 0:
+                fence.seq = _free_clock(self)
                 rc = _record_event(self, why, s, &fence.event)
                 if rc != DRIVER_OK:
                     return moved
-                self.fences[s] = fence
+                self.streams.fences[s] = fence
             it = index.lower_bound(free_key(s + 1, 0))
-    for entry in self.fences:
+    for entry in self.streams.fences:
         rc = _call(self, why, CALL_EVENT_QUERY, self.driver.query_event(entry.second.event), 0)
         if rc == EVENT_DONE:
             done.push_back(entry.first)
     for i in range(done.size()):
-        fence = self.fences[done[i]]
+        fence = self.streams.fences[done[i]]
         moved += _migrate(self, done[i], fence.seq)
         _release_event(self, why, fence.event)
-        self.fences.erase(done[i])
+        self.streams.fences.erase(done[i])
     return moved
 
 
@@ -185,15 +190,15 @@ cdef Block* _wait_for_other_stream(Allocator self, Failure* why, int size_class,
         return NULL
     self.st.stream_waits += 1
     cdef uintptr_t addr = best.addr
-    _migrate_to(self, best.stream, self.free_seq, stream)
+    _migrate_to(self, best.stream, _free_clock(self), stream)
     return _containing(self, addr)      # merged with the requesting stream's free neighbours, maybe
 
 
 cdef inline void _count_pending_event_done(Allocator self, int64_t stream) noexcept nogil:
     # operator[] yields a reference; Cython copies the pair an iterator derefs to, so that decrement would be lost
-    self.pending_per_stream[stream] -= 1
-    if self.pending_per_stream[stream] == 0:
-        self.pending_per_stream.erase(stream)
+    self.streams.pending_per_stream[stream] -= 1
+    if self.streams.pending_per_stream[stream] == 0:
+        self.streams.pending_per_stream.erase(stream)
 
 
 cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
@@ -218,19 +223,19 @@ cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
     cdef int rc
     cdef vector[int64_t] busy
     cdef PendingFree* entry
-    while i < self.pending.size():
-        if busy.size() == self.pending_per_stream.size():
+    while i < self.streams.pending.size():
+        if busy.size() == self.streams.pending_per_stream.size():
             # Every stream with pending events has an incomplete one: nothing further can be done (the common case
             # while the GPU trails the CPU, found in a few entries instead of a walk over hundreds).
             if kept == i:               # nothing retired this pass: the vector stands as it is
-                kept = self.pending.size()
+                kept = self.streams.pending.size()
                 break
-            while i < self.pending.size():
-                self.pending[kept] = move(self.pending[i])
+            while i < self.streams.pending.size():
+                self.streams.pending[kept] = move(self.streams.pending[i])
                 kept += 1
                 i += 1
             break
-        entry = &self.pending[i]
+        entry = &self.streams.pending[i]
         j = 0
         while j < entry.events.size():
             busy_stream = False
@@ -254,10 +259,10 @@ cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
             self._retire(entry.block)
         else:
             if kept != i:
-                self.pending[kept] = move(self.pending[i])      # the event vectors move: no copy per pass
+                self.streams.pending[kept] = move(self.streams.pending[i])      # the event vectors move: no copy per pass
             kept += 1
         i += 1
-    self.pending.resize(kept)
+    self.streams.pending.resize(kept)
     why.err = ERR_NONE
 
 
@@ -269,9 +274,48 @@ cdef int _note_stream_use(Allocator self, uintptr_t ptr, int64_t stream) noexcep
     if it == self.live.end():
         return ERR_INVALID_FREE
     if deref(it).second.stream != stream:
-        uses = &self.stream_uses[ptr]
+        uses = &self.streams.uses[ptr]
         for i in range(uses.size()):
             if deref(uses)[i] == stream:
                 return ERR_NONE
         uses.push_back(stream)
     return ERR_NONE
+
+
+cdef inline bint _has_pending(Allocator self) noexcept nogil:
+    """Do frees wait for other streams' events (so that a request polls them: Note [Polling pending frees])?"""
+    return self.streams.pending.size() != 0
+
+
+cdef inline bint _free_after_uses(Allocator self, Failure* why, Block* b, uintptr_t ptr) noexcept nogil:
+    """A free of the live block b at ptr: if other streams used it (record_stream), it waits for their work (for the
+    capture to end first, under a capture: _defer_uses) and True; False if it may be retired now."""
+    uses = self.streams.uses.find(ptr)
+    if uses == self.streams.uses.end():
+        return False
+    if _capturing(self):
+        _defer_uses(self, b, deref(uses).second)
+    else:
+        _await_uses(self, why, b, deref(uses).second)
+    self.streams.uses.erase(uses)
+    return True
+
+
+cdef void _await_uses(Allocator self, Failure* why, Block* b, vector[int64_t]& streams) noexcept nogil:
+    """A free whose block other streams used: it returns once events recorded on them now have completed."""
+    cdef PendingFree pend
+    cdef uint64_t event = 0
+    cdef size_t i
+    pend.block = b
+    for i in range(streams.size()):
+        if _record_event(self, why, streams[i], &event) == DRIVER_OK:
+            pend.events.push_back(event)
+            pend.streams.push_back(streams[i])
+            self.streams.pending_per_stream[streams[i]] += 1
+        else:
+            # No event: the only safe course is to wait for the device.
+            _sync(self, why)
+    if pend.events.empty():             # waited for the device instead: nothing left to wait for
+        self._retire(b)
+        return
+    self.streams.pending.push_back(pend)

@@ -1,5 +1,6 @@
-// Plain data of the allocator core: records, orderings, and the spares the hot path reuses (NodeStash,
-// BlockStash). All allocator logic lives in _allocator.pyx; docs/design.md maps its rooms.
+// Plain data of the allocator core: records, orderings, the spares the hot path reuses (NodeStash, BlockStash), each
+// room's state (FreeRoom, SegmentRoom, SBlockCache, StreamRoom, PoolRoom, OrphanRoom) and the lock's guard
+// (ScopedLock). All allocator logic lives in _allocator.pyx and its rooms; docs/design.md maps them.
 //
 // Vocabulary (one name per concept):
 //   chunk       one physical allocation from the driver (cuMemCreate), mapped only whole; the driver's name for it is
@@ -11,8 +12,10 @@
 //   pool        a private pool (a CUDA graph's: PrivatePool); every other memory is the default pool's
 //   growth      how new memory is laid out when no free block fits (Growth, _allocator.pxd)
 #pragma once
+#include <Python.h>     // ScopedLock lets the GIL go while it waits (PyGILState_Check, PyEval_SaveThread)
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -147,6 +150,12 @@ struct PrivatePool {
     std::map<FreeKey, Block*> free_large;
 };
 
+// A cross-stream fence: an event recorded on a stream, covering the frees made on it up to `seq`.
+struct Fence {
+    uint64_t event;
+    uint64_t seq;
+};
+
 // Best-fit order of cached sBlocks: capacity, then age.
 struct SBlockKey {
     size_t capacity;
@@ -226,7 +235,8 @@ struct NodeStash {
     void take_at(Map& map, typename Map::iterator it) {
         typename Map::node_type node = map.extract(it);
         if (spare.size() < kept) spare.push_back(std::move(node));
-    }    size_t held() const { return spare.size(); }
+    }
+    size_t held() const { return spare.size(); }
 };
 
 // new Block() and delete, with spares.
@@ -245,7 +255,89 @@ struct BlockStash {
     void drop(Block* b) {
         if (spare.size() < kept) spare.push_back(b);
         else delete b;
-    }    size_t held() const { return spare.size(); }
+    }
+    size_t held() const { return spare.size(); }
+};
+
+// ---------------------------------------------------------------- the rooms' state
+// Each room of the core (docs/design.md) keeps its state in one of these, held by the Allocator as one field. The
+// functions of the room's own .pxi are its only writers; other rooms call them, and may read. Plain data: the
+// logic is in the rooms, which inline into the one compilation unit of _allocator.pyx.
+
+// Room "blocks" (_blocks.pxi), Allocator.frees: the free index, the unmapped holes, every pBlock by address.
+struct FreeRoom {
+    std::map<FreeKey, Block*> small;             // the default pool's free blocks, by size class
+    std::map<FreeKey, Block*> large;
+    std::map<FreeKey, Block*> holes_small;       // unmapped holes, by (stream, segment, offset)
+    std::map<FreeKey, Block*> holes_large;
+    std::map<uintptr_t, Block*> by_addr;         // home address -> primitive block, all states
+    uint64_t seq = 0;                            // the free clock: Block::free_seq of the latest free
+    NodeStash<std::map<FreeKey, Block*>> index_nodes;    // Note [Reusing nodes on the hot path]
+    NodeStash<std::map<uintptr_t, Block*>> addr_nodes;
+    BlockStash spare_blocks;
+};
+
+// Room "segments" (_segments.pxi), Allocator.segments: every segment, and the serials of segments and sBlocks.
+struct SegmentRoom {
+    std::map<uint64_t, Segment*> by_serial;
+    uint64_t next_serial = 1;                    // segments and sBlocks share one creation order
+};
+
+// Room "streams" (_streams.pxi), Allocator.streams: stream ordering.
+struct StreamRoom {
+    std::map<int64_t, Fence> fences;                               // stream -> pending cross-stream fence
+    std::unordered_map<uintptr_t, std::vector<int64_t>> uses;      // live pointer -> other streams that used it
+    std::vector<PendingFree> pending;            // frees waiting for those streams' events, in free order
+    std::map<int64_t, size_t> pending_per_stream;    // stream -> pending events recorded on it
+    std::vector<uint64_t> spare_events;          // events to record again (Note [Reusing events])
+};
+
+// Room "pools" (_pools.pxi), Allocator.pools: private pools, by id, and the active ones in the order they began (the
+// one serving a request is its Request's target). While `capturing` > 0 the core calls no event or synchronize
+// function (Note [Pools and graph capture]); frees that would need one wait in deferred_frees.
+struct PoolRoom {
+    std::map<uint64_t, PrivatePool*> by_id;
+    std::vector<PrivatePool*> active;
+    size_t capturing = 0;                        // active pools under capture; other rooms ask _capturing()
+    std::vector<PendingFree> deferred_frees;
+};
+
+// Room "vmm" (_vmm.pxi), Allocator.orphans: what the driver refused to take back, to retry.
+struct OrphanRoom {
+    std::vector<OrphanChunk> chunks;
+    std::vector<OrphanRange> ranges;
+    std::vector<uint64_t> events;
+    size_t count() const { return chunks.size() + ranges.size() + events.size(); }
+};
+
+// The allocator's lock, held from acquire() to the end of the C function that declared it (Cython declares C++
+// locals at the top of the function, so the destructor runs at its exit, on every return path): one acquire per
+// entry point, no release written by hand.
+//
+// Note [Waiting for the lock without the GIL]: policy hooks run under this lock and take the GIL. A thread that holds
+// the GIL and calls in (torch allocates from Python with the GIL held) must not wait for the lock while holding it,
+// or a hook in the lock's holder waits for the GIL forever: such a thread lets the GIL go while it waits. Only the
+// contended path pays for the check.
+struct ScopedLock {
+    std::mutex* held = nullptr;
+    ScopedLock() = default;
+    ScopedLock(const ScopedLock&) = delete;
+    ScopedLock& operator=(const ScopedLock&) = delete;
+    ~ScopedLock() {
+        if (held) held->unlock();
+    }
+    void acquire(std::mutex& mutex) {
+        if (!mutex.try_lock()) {
+            if (PyGILState_Check()) {
+                PyThreadState* saved = PyEval_SaveThread();
+                mutex.lock();
+                PyEval_RestoreThread(saved);
+            } else {
+                mutex.lock();
+            }
+        }
+        held = &mutex;
+    }
 };
 
 }  // namespace gmlake

@@ -2,6 +2,9 @@
 # driver refused to take back (orphans), retried later.
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
+#
+# Owns Allocator.orphans (OrphanRoom, _structs.h), written only here (_release_handle, _discard_range,
+# _destroy_event, _retry_orphans), and the call counters of the statistics (_call).
 
 
 cdef int _call(Allocator self, Failure* why, int kind, int rc, uint64_t handles) noexcept nogil:
@@ -26,10 +29,10 @@ cdef bint _unannounced_capture(Allocator self, Failure* why) noexcept nogil:
     driver call and is not checked: asking the driver on every cache hit would double its cost (PyTorch's own
     allocator does not check either). A request that polls record_stream's deferred frees (cuEventQuery) asks
     too, so while such frees are pending every request asks once; stats()["capture_queries"] counts the questions.
-    An announced capture (`capturing` > 0) has its own rules."""
+    An announced capture (_capturing(), room pools) has its own rules."""
     cdef bint capturing = False
     cdef Request* request = why.request
-    if self.capturing or request == NULL:      # only a request (malloc) asks the driver for new memory
+    if _capturing(self) or request == NULL:      # only a request (malloc) asks the driver for new memory
         return False
     if request.capture_check == CAPTURE_UNCHECKED:
         self.st.capture_queries += 1
@@ -61,7 +64,7 @@ cdef void _release_handle(Allocator self, Failure* why, uint64_t handle, size_t 
     if _call(self, why, CALL_RELEASE, self.driver.release_chunk(handle, size), 1) != DRIVER_OK:
         orphan.handle = handle
         orphan.size = size
-        self.orphan_chunks.push_back(orphan)
+        self.orphans.chunks.push_back(orphan)
 
 
 cdef void _discard_range(Allocator self, Failure* why, uintptr_t va, size_t size, size_t mapped, size_t handles,
@@ -75,12 +78,12 @@ cdef void _discard_range(Allocator self, Failure* why, uintptr_t va, size_t size
     orphan.handles = handles
     orphan.release_va = release_va
     if mapped and _call(self, why, CALL_UNMAP, self.driver.unmap(va, mapped), handles) != DRIVER_OK:
-        self.orphan_ranges.push_back(orphan)
+        self.orphans.ranges.push_back(orphan)
         return
     orphan.mapped = 0
     orphan.handles = 0
     if release_va and _call(self, why, CALL_FREE_VA, self.driver.free_va(va, size), 0) != DRIVER_OK:
-        self.orphan_ranges.push_back(orphan)
+        self.orphans.ranges.push_back(orphan)
 
 
 cdef int _map_new_chunks(Allocator self, Failure* why, uintptr_t va, size_t n, size_t chunk_size,
@@ -120,7 +123,7 @@ cdef int _map_new_chunks(Allocator self, Failure* why, uintptr_t va, size_t n, s
 
 cdef void _destroy_event(Allocator self, Failure* why, uint64_t event) noexcept nogil:
     if _call(self, why, CALL_EVENT_DESTROY, self.driver.destroy_event(event), 0) != DRIVER_OK:
-        self.orphan_events.push_back(event)
+        self.orphans.events.push_back(event)
 
 
 cdef size_t _retry_orphans(Allocator self, Failure* why) noexcept nogil:
@@ -129,9 +132,9 @@ cdef size_t _retry_orphans(Allocator self, Failure* why) noexcept nogil:
     cdef vector[OrphanRange] ranges
     cdef vector[uint64_t] events
     cdef size_t i
-    chunks.swap(self.orphan_chunks)
-    ranges.swap(self.orphan_ranges)
-    events.swap(self.orphan_events)
+    chunks.swap(self.orphans.chunks)
+    ranges.swap(self.orphans.ranges)
+    events.swap(self.orphans.events)
     for i in range(ranges.size()):
         _discard_range(self, why, ranges[i].va, ranges[i].size, ranges[i].mapped, ranges[i].handles,
                             ranges[i].release_va)
@@ -139,4 +142,4 @@ cdef size_t _retry_orphans(Allocator self, Failure* why) noexcept nogil:
         _release_handle(self, why, chunks[i].handle, chunks[i].size)
     for i in range(events.size()):
         _destroy_event(self, why, events[i])
-    return self.orphan_chunks.size() + self.orphan_ranges.size() + self.orphan_events.size()
+    return self.orphans.count()

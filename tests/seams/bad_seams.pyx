@@ -6,7 +6,7 @@ from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from cython.operator cimport dereference as deref, preincrement as inc
 from gmlake._allocator cimport (Allocator, Failure, Seams, Block, SBlock, Piece, FreeIndex, SEAM_PLACE, SEAM_STITCH,
-                                SEAM_LAYOUT, SEAM_EVICT, SEAM_PRESSURE, SIZE_SMALL)
+                                SEAM_LAYOUT, SEAM_EVICT, SEAM_PRESSURE, SIZE_SMALL, SIZE_LARGE, free_index)
 
 cdef enum:
     # place modes
@@ -73,8 +73,8 @@ cdef class BadSeams(Seams):
 
     cdef void place(self, Allocator a, Failure* why, int pool, size_t size, int64_t stream, Block** b,
                     SBlock** sb) noexcept nogil:
-        cdef FreeIndex* own = &a.free_small if pool == SIZE_SMALL else &a.free_large
-        cdef FreeIndex* other = &a.free_large if pool == SIZE_SMALL else &a.free_small
+        cdef FreeIndex* own = free_index(a, pool)
+        cdef FreeIndex* other = free_index(a, SIZE_LARGE if pool == SIZE_SMALL else SIZE_SMALL)
         cdef pair[uintptr_t, Block*] live
         if not self.armed:
             return

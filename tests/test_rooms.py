@@ -1,0 +1,64 @@
+"""The core's rooms own their state: each room's field of the Allocator is written only by the room's own file
+(docs/design.md, "The rooms"). A check of the source, so a change that writes another room's state is caught here."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+CORE = Path(__file__).resolve().parent.parent / "gmlake"
+
+# The Allocator's field for each room, and the one file whose functions may write it.
+OWNERS = {
+    "frees": "_blocks.pxi",
+    "segments": "_segments.pxi",
+    "sblock_cache": "_sblocks.pxi",
+    "streams": "_streams.pxi",
+    "pools": "_pools.pxi",
+    "orphans": "_vmm.pxi",
+}
+
+# What changes a container or a room's value: an assignment, or a call of a method that changes its object.
+MUTATORS = ("push_back", "pop_back", "erase", "insert", "clear", "swap", "put", "take", "take_at", "make", "drop",
+            "assign", "resize", "add", "cache", "uncache", "forget")
+
+
+def writes(field: str):
+    return re.compile(rf"\b(?:self|a)\.{field}\.[\w.\[\]]*?(?:\s*[-+*/]?=(?!=)|\.(?:{'|'.join(MUTATORS)})\()")
+
+
+def core_files():
+    return sorted(p for p in CORE.iterdir() if p.suffix in (".pyx", ".pxi", ".pxd"))
+
+
+@pytest.mark.parametrize("field", sorted(OWNERS))
+def test_a_room_state_is_written_only_by_its_room(field):
+    pattern = writes(field)
+    found = [f"{path.name}:{n}: {line.strip()}"
+             for path in core_files() if path.name != OWNERS[field]
+             for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, f"Allocator.{field} is room {OWNERS[field]}'s; written elsewhere:\n" + "\n".join(found)
+
+
+def test_the_check_sees_writes():
+    pattern = writes("streams")
+    assert pattern.search("    self.streams.pending_per_stream[streams[i]] += 1")
+    assert pattern.search("    self.streams.pending.push_back(pend)")
+    assert pattern.search("    a.streams.spare_events = spares")
+    assert not pattern.search("    if self.streams.pending.size() == 0:")
+    assert not pattern.search("    n.events = self.streams.spare_events.size()")
+
+
+def test_capturing_is_asked_of_the_pools_room():
+    """Other rooms ask _capturing() whether a graph is captured; only the pools room (and the debug checks and the
+    Python property, which report the count) reads its count."""
+    readers = {"_pools.pxi", "_debug.pxi", "_allocator.pyx"}
+    found = [f"{path.name}:{n}" for path in core_files() if path.name not in readers
+             for n, line in enumerate(path.read_text().splitlines(), 1) if ".pools.capturing" in line]
+    assert not found
+    assert _allocator_reads() == 1
+
+
+def _allocator_reads() -> int:
+    return (CORE / "_allocator.pyx").read_text().count(".pools.capturing")
