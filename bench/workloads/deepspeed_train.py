@@ -137,11 +137,7 @@ def preflight(args) -> int:
         print(f"{SCRIPT}: preflight: deepspeed is not importable ({exc}); install it (see bench/deepspeed_suite.py)",
               file=sys.stderr)
         return 1
-    info.update(deepspeed=deepspeed.__version__, torch=torch.__version__,
-                cuda=torch.cuda.is_available() and torch.cuda.get_device_name(0))
-    if args.device == "cuda" and not info["cuda"]:
-        print(f"{SCRIPT}: preflight: torch sees no CUDA device", file=sys.stderr)
-        return 1
+    info.update(deepspeed=deepspeed.__version__, torch=torch.__version__)
     if args.optimizer == "cpu-adam":
         started = time.perf_counter()
         try:
@@ -156,6 +152,10 @@ def preflight(args) -> int:
                   + "; --optimizer torch-adamw runs without it", file=sys.stderr)
             return 1
         info["cpu_adam_load_s"] = round(time.perf_counter() - started, 1)
+    info["cuda"] = torch.cuda.is_available() and torch.cuda.get_device_name(0)      # after the build, which needs none
+    if args.device == "cuda" and not info["cuda"]:
+        print(f"{SCRIPT}: preflight: torch sees no CUDA device", file=sys.stderr)
+        return 1
     print(json.dumps({"preflight": "ok", "optimizer": args.optimizer, **info}))
     return 0
 
@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         "vocab": args.vocab, "seed": args.seed, "params": n_params, "init_s": init_s,
         "losses": [s["loss"] for s in steps], "timed_s": sum(timed), "median_step_s": statistics.median(timed),
         "tokens_per_s": sum(args.batch * s["seq"] for s in steps[args.warmup:]) / sum(timed),
-        "torch": torch.__version__, "deepspeed": deepspeed.__version__,
+        "torch": torch.__version__, "deepspeed": deepspeed.__version__, "torch_threads": torch.get_num_threads(),
+        "cpus": len(os.sched_getaffinity(0)), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
     }
     if cuda:
         summary["init_reserved"] = init_reserved
