@@ -11,6 +11,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "train": ("bench.train_suite", "the training suite: LLM fine-tuning workloads under native, expandable, gmlake"),
     "speed": ("bench.speed_suite", "the dynamic-shape speed suite: four workloads, allocators interleaved"),
+    "deepspeed": ("bench.deepspeed_suite",
+                  "DeepSpeed ZeRO-2/3 with the optimizer on the CPU: native, expandable, gmlake interleaved"),
     "cap": {
         "search": ("bench.cap_search", "the smallest memory cap at which each workload completes, per allocator"),
         "probe": ("bench.cap_probe", "does a workload complete at exactly this cap"),

@@ -1,0 +1,404 @@
+"""DeepSpeed ZeRO-2 and ZeRO-3 with the optimizer offloaded to the CPU, on one GPU, under native, expandable
+segments and gmlake, interleaved.
+
+    python -m bench deepspeed [--stages 2 3] [--allocators native expandable gmlake] [--rounds 2] [--steps 40]
+                              [--optimizer cpu-adam|torch-adamw|auto] [--launch alternate|deepspeed|direct]
+                              [--deadline SECONDS] [--timeout 180] [--out DIR] [--device cuda|cpu]
+
+Each run is a fresh process of bench/workloads/deepspeed_train.py (same seed, so the same sequence lengths and, with
+deterministic kernels, the same losses under every allocator). The order is speed suite's: rounds outermost, each
+stage's allocators A B C in even rounds and C B A in odd ones, so two rounds make A B C C B A per stage.
+
+How a run starts: through DeepSpeed's launcher, `deepspeed --num_gpus 1 bench/workloads/deepspeed_train.py ...`,
+gmlake by `GMLAKE=1` in its environment; or as one process, `python -m bench.workloads.deepspeed_train ...`, gmlake by
+`python -m gmlake run -m bench.workloads.deepspeed_train ...`. --launch alternate (the default) takes the launcher
+for the first stage and one process for the second in round 1, the other way round in round 2, so that round 1 alone
+starts gmlake both ways (a deadline that cuts the suite short keeps both) and every allocator of a stage and round
+starts the same way. Each run checks that it ran under the allocator it was meant to.
+
+First a preflight (seconds, or a minute or two the first time: DeepSpeed builds its CPU Adam with torch's JIT): it
+stops the suite with one line if deepspeed is not importable, torch sees no GPU, or CPU Adam does not build.
+`--optimizer auto` falls back to torch's AdamW on the CPU (DeepSpeed's `torch_adam`) where CPU Adam does not build.
+
+Per stage and allocator the table gives peak reserved and allocated (over the training steps), utilization (peak
+allocated / peak reserved), the median step time after warm-up (the median over runs of each run's median, with the
+runs' min-max) against native's and expandable's, the largest difference between a run's per-step losses and native's
+first run (0: identical), and gmlake's stitches and driver calls after warm-up. Native's own spread is printed too.
+
+Output: DIR/runs/NN-zeroS-ALLOCATOR.json (the workload's summary with its per-step records, plus the command, launch,
+return code and wall time) and .log (its output), DIR/summary.json (environment, settings, preflight, every run
+without its per-step records, the table's rows), rewritten after every run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import RESULTS, ROOT, child_env
+from bench.cli import OneLineParser
+from bench.speed_suite import run_order, spread_pct
+from bench.train_suite import environment
+
+WORKLOAD_MODULE = "bench.workloads.deepspeed_train"
+WORKLOAD_SCRIPT = "bench/workloads/deepspeed_train.py"
+ALLOCATORS = ("native", "expandable", "gmlake")
+TORCH_ALLOC_CONF = {"native": "", "expandable": "expandable_segments:True"}
+LAUNCHES = ("alternate", "deepspeed", "direct")
+OPTIMIZERS = ("cpu-adam", "torch-adamw", "auto")
+GIB = 1 << 30
+BASE_PORT = 29600          # MASTER_PORT of run NN: BASE_PORT + NN (a run never waits on the last one's socket)
+# the workload's sizes, passed through as they are (flag, default): a 16 x 1024 GPT-2 (255M parameters, GPT-2's 50257
+# tokens), so that CPU Adam's step over them keeps a run near half a minute and the matrix inside one device command
+SIZES = (("--batch", 8), ("--min-seq", 128), ("--max-seq", 1024), ("--hidden", 1024), ("--layers", 16),
+         ("--vocab", 50257))
+CPU_SIZES = {"--batch": 2, "--min-seq": 16, "--max-seq": 64, "--hidden": 64, "--layers": 2, "--vocab": 512}
+
+
+def stage_name(stage: int) -> str:
+    return f"zero{stage}"
+
+
+def launch_of(round_: int, stage_index: int, launch: str) -> str:
+    """How the runs of `round_` of the stage_index-th stage start: "deepspeed" (the launcher) or "direct" (one
+    process). "alternate" switches with the stage and the round, so that the first round alone starts gmlake both
+    ways and, over two rounds, each stage runs both ways."""
+    if launch == "alternate":
+        return "deepspeed" if (round_ + stage_index) % 2 == 0 else "direct"
+    return launch
+
+
+def deepspeed_launcher() -> list[str]:
+    """DeepSpeed's launcher: `deepspeed` on PATH, else its module under this Python (the same program)."""
+    found = shutil.which("deepspeed")
+    return [found] if found else [sys.executable, "-m", "deepspeed.launcher.runner"]
+
+
+def workload_args(stage: int, args) -> list[str]:
+    out = ["--stage", str(stage), "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed),
+           "--optimizer", args.optimizer, "--device", args.device]
+    for flag, _ in SIZES:
+        out += [flag, str(getattr(args, flag[2:].replace("-", "_")))]
+    return out
+
+
+def command(stage: int, allocator: str, launch: str, args, json_path: Path, port: int,
+            launcher: list[str] | None = None) -> tuple[list[str], dict]:
+    """The command line and environment of one run."""
+    env = {**child_env(), "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": TORCH_ALLOC_CONF.get(allocator, ""),
+           "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+           "MASTER_PORT": str(port)}
+    env.pop("GMLAKE", None)
+    script = [*workload_args(stage, args), "--json", str(json_path)]
+    if launch == "deepspeed":
+        if allocator == "gmlake":
+            env["GMLAKE"] = "1"
+        launcher = launcher or deepspeed_launcher()
+        return [*launcher, "--num_gpus", "1", "--master_port", str(port), WORKLOAD_SCRIPT, *script], env
+    if allocator == "gmlake":
+        return [sys.executable, "-m", "gmlake", "run", "-m", WORKLOAD_MODULE, *script], env
+    return [sys.executable, "-m", WORKLOAD_MODULE, *script], env
+
+
+def run_process(cmd: list[str], env: dict, timeout_s: float) -> tuple[int, str, bool]:
+    """Run `cmd` from the repository root in a process group of its own; on timeout kill that group (the launcher's
+    children too, which would otherwise hold the GPU). Returns (exit status, output, timed out)."""
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+        return proc.returncode, out, False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, _ = proc.communicate()
+        return -9, out or "", True
+
+
+def expected_allocator(allocator: str, device: str) -> str:
+    return "cpu" if device == "cpu" else allocator
+
+
+def run_one(index: int, round_: int, stage: int, allocator: str, launch: str, args, timeout_s: float) -> dict:
+    """One run in a fresh process; its measurements merged with the command, launch, return code and wall time."""
+    base = Path(args.out) / "runs" / f"{index:02d}-{stage_name(stage)}-{allocator}"
+    json_path, log_path = base.with_suffix(".json"), base.with_suffix(".log")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.unlink(missing_ok=True)
+    cmd, env = command(stage, allocator, launch, args, json_path.resolve(), BASE_PORT + index)
+    started = time.perf_counter()
+    code, output, timed_out = run_process(cmd, env, timeout_s)
+    log_path.write_text(output)
+    run = {"index": index, "round": round_, "stage": stage, "allocator": allocator, "launch": launch,
+           "command": ("GMLAKE=1 " if env.get("GMLAKE") else "")
+           + (f"PYTORCH_CUDA_ALLOC_CONF={env['PYTORCH_CUDA_ALLOC_CONF']} " if env["PYTORCH_CUDA_ALLOC_CONF"] else "")
+           + " ".join(cmd), "returncode": code, "wall_s": round(time.perf_counter() - started, 1)}
+    if code == 0 and json_path.exists():
+        measured = json.loads(json_path.read_text())
+        run["allocator_seen"] = measured.pop("allocator", None)
+        run.update(measured)
+        if run.get("max_memory_reserved"):
+            run["utilization"] = run["max_memory_allocated"] / run["max_memory_reserved"]
+        if run["allocator_seen"] != expected_allocator(allocator, args.device):
+            run["error"] = f"ran under {run['allocator_seen']!r}, not {allocator!r}: the launch did not select it"
+    else:
+        why = f"killed after {timeout_s:.0f} s (timeout or deadline)" if timed_out else f"exit status {code}"
+        run["error"] = why + "\n" + (output or "no output")[-3000:]
+    json_path.write_text(json.dumps(run, indent=1) + "\n")
+    return run
+
+
+def loss_diff(losses: list[float], reference: list[float]) -> float | None:
+    """The largest |loss - reference| over the steps; None where the two ran different numbers of steps."""
+    if not losses or len(losses) != len(reference):
+        return None
+    return max(abs(a - b) for a, b in zip(losses, reference))
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def table_rows(runs: list[dict], stages: list[int], allocators: list[str]) -> list[dict]:
+    """One row per stage and allocator with a run (see the module's docstring for the figures)."""
+    rows = []
+    for stage in stages:
+        done_of = {a: [r for r in runs if r["stage"] == stage and r["allocator"] == a and "error" not in r]
+                   for a in allocators}
+        native_runs = sorted(done_of.get("native", []), key=lambda r: r["index"])
+        reference = native_runs[0]["losses"] if native_runs else None
+        medians = {a: _median([r["median_step_s"] for r in done]) for a, done in done_of.items()}
+        reserved = {a: _median([r["max_memory_reserved"] for r in done if r.get("max_memory_reserved")])
+                    for a, done in done_of.items()}
+        for allocator in allocators:
+            done = done_of[allocator]
+            failed = sum(1 for r in runs if r["stage"] == stage and r["allocator"] == allocator and "error" in r)
+            if not done:
+                if failed:
+                    rows.append({"stage": stage, "allocator": allocator, "runs": 0, "failed": failed})
+                continue
+            steps = [r["median_step_s"] for r in done]
+            row = {"stage": stage, "allocator": allocator, "runs": len(done), "failed": failed,
+                   "launches": sorted({r["launch"] for r in done}), "optimizer": sorted({r["optimizer"] for r in done}),
+                   "median_step_s": medians[allocator], "step_s_runs": steps, "step_s_min": min(steps),
+                   "step_s_max": max(steps), "spread_pct": spread_pct(steps)}
+            native_median, expandable_median = medians.get("native"), medians.get("expandable")
+            if native_median:
+                row.update(step_vs_native=medians[allocator] / native_median,
+                           step_vs_native_min=min(steps) / native_median, step_vs_native_max=max(steps) / native_median)
+            row["step_vs_expandable"] = _ratio(medians[allocator], expandable_median)
+            if reserved[allocator]:
+                row.update(peak_reserved_gib=reserved[allocator] / GIB,
+                           peak_reserved_gib_runs=[r["max_memory_reserved"] / GIB for r in done],
+                           peak_allocated_gib=_median([r["max_memory_allocated"] for r in done]) / GIB,
+                           utilization=_median([r["utilization"] for r in done]),
+                           reserved_vs_native=_ratio(reserved[allocator], reserved.get("native")),
+                           reserved_vs_expandable=_ratio(reserved[allocator], reserved.get("expandable")),
+                           num_alloc_retries=max((r.get("num_alloc_retries") or 0) for r in done))
+            if reference is not None:
+                diffs = [loss_diff(r["losses"], reference) for r in done if r is not native_runs[0]]
+                row["loss_max_abs_diff_vs_native"] = max(diffs) if diffs and None not in diffs else None
+                row["losses_compared"] = len(diffs)
+            after = [r["gmlake_after_warmup"] for r in done if r.get("gmlake_after_warmup")]
+            if after:
+                row.update(stitches_after_warmup=_median([a["stitches"] for a in after]),
+                           driver_calls_after_warmup=_median([a["driver_calls"] for a in after]),
+                           driver_busy_s_after_warmup=_median([a.get("driver_busy_s", 0.0) for a in after]))
+            totals = [r["gmlake"] for r in done if r.get("gmlake")]
+            if totals:
+                row.update(stitches=_median([t["stitches"] for t in totals]),
+                           driver_calls=_median([sum(t["calls"].values()) for t in totals]))
+            rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict], warmup: int, steps: int) -> str:
+    """The table printed at the end, and native's run-to-run spread under it."""
+    def cell(value, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    header = (f"{'stage':<6} {'allocator':<11} {'runs':>4} {'resv GiB':>9} {'vs nat':>7} {'vs exp':>7} "
+              f"{'alloc GiB':>9} {'util':>6} {'step s':>7} {'min-max':>13} {'vs nat':>7} {'vs exp':>7} "
+              f"{'loss diff':>9} {'stitches':>8} {'drv calls':>9}")
+    lines = [(f"peaks over the training steps; step = median step time after {warmup} warm-up steps of {steps}, "
+              "median over runs (min-max: the runs' medians); loss diff = largest |loss - native run 1's| over the "
+              "steps; stitches, driver calls: gmlake's after warm-up"), header, "-" * len(header)]
+    for row in rows:
+        name = stage_name(row["stage"])
+        if not row["runs"]:
+            lines.append(f"{name:<6} {row['allocator']:<11} {0:>4} failed {row['failed']} time(s)")
+            continue
+        lines.append(
+            f"{name:<6} {row['allocator']:<11} {row['runs']:>4} {cell(row.get('peak_reserved_gib'), '.2f'):>9} "
+            f"{cell(row.get('reserved_vs_native'), '.3f'):>7} {cell(row.get('reserved_vs_expandable'), '.3f'):>7} "
+            f"{cell(row.get('peak_allocated_gib'), '.2f'):>9} {cell(row.get('utilization'), '.3f'):>6} "
+            f"{row['median_step_s']:>7.3f} {row['step_s_min']:>6.3f}-{row['step_s_max']:<6.3f} "
+            f"{cell(row.get('step_vs_native'), '.3f'):>7} {cell(row.get('step_vs_expandable'), '.3f'):>7} "
+            f"{cell(row.get('loss_max_abs_diff_vs_native'), '.2g'):>9} "
+            f"{cell(row.get('stitches_after_warmup'), '.0f'):>8} {cell(row.get('driver_calls_after_warmup'), '.0f'):>9}"
+            + (f"  ({row['failed']} failed)" if row["failed"] else ""))
+    native = [f"{stage_name(r['stage'])} {r['spread_pct']:.1f}% over {r['runs']} runs" for r in rows
+              if r["allocator"] == "native" and r["runs"]]
+    if native:
+        lines.append("native's own run-to-run spread of step time (a ratio closer to 1.00 than this is not resolved): "
+                     + ", ".join(native))
+    return "\n".join(lines)
+
+
+def preflight(args) -> tuple[dict | None, str]:
+    """The workload's --preflight in a fresh process: (its JSON, "") where the runs can go ahead, else (None, the
+    one line that says why). With --optimizer auto, CPU Adam first, torch's AdamW where that fails (args.optimizer is
+    set to what will run)."""
+    tried = ["cpu-adam", "torch-adamw"] if args.optimizer == "auto" else [args.optimizer]
+    why = ""
+    for optimizer in tried:
+        cmd = [sys.executable, "-m", WORKLOAD_MODULE, "--preflight", "--optimizer", optimizer, "--device", args.device]
+        env = {**child_env(), "PYTHONUNBUFFERED": "1"}
+        env.pop("GMLAKE", None)
+        code, output, timed_out = run_process(cmd, env, args.preflight_timeout)
+        lines = [line for line in output.splitlines() if line.strip()]
+        if code == 0 and lines:
+            try:
+                info = json.loads(lines[-1])
+            except json.JSONDecodeError:
+                info = None
+            if info is not None:
+                args.optimizer = optimizer
+                if why:
+                    info["fell_back_because"] = why
+                return info, ""
+        mine = [line for line in lines if "preflight:" in line]
+        why = (f"timed out after {args.preflight_timeout:.0f} s (the CPU Adam build?)" if timed_out
+               else (mine[-1] if mine else (lines[-1] if lines else f"exit status {code}, no output")))
+        if optimizer == "cpu-adam" and len(tried) > 1:
+            print(f"preflight: {why}\npreflight: --optimizer auto: falling back to torch-adamw", flush=True)
+    return None, why
+
+
+def write_summary(path: Path, record: dict) -> None:
+    """The summary JSON: runs without their per-step records (those are in runs/)."""
+    slim = {**record, "runs": [{k: v for k, v in r.items() if k != "per_step"} for r in record["runs"]]}
+    path.write_text(json.dumps(slim, indent=1) + "\n")
+
+
+def build_parser(prog: str) -> OneLineParser:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--stages", nargs="+", type=int, choices=(2, 3), default=[2, 3])
+    parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
+    parser.add_argument("--rounds", type=int, default=2, help="each round runs every allocator once per stage")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=10, help="steps not timed")
+    parser.add_argument("--seed", type=int, default=0)
+    for flag, default in SIZES:
+        parser.add_argument(flag, type=int, help=f"the workload's {flag} (default {default}; on the CPU "
+                                                 f"{CPU_SIZES[flag]})")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="cpu-adam",
+                        help="cpu-adam: DeepSpeedCPUAdam; torch-adamw: torch's AdamW on the CPU; auto: CPU Adam "
+                             "where it builds, else torch-adamw")
+    parser.add_argument("--launch", choices=LAUNCHES, default="alternate",
+                        help="deepspeed: the deepspeed launcher (gmlake: GMLAKE=1); direct: one process (gmlake: "
+                             "gmlake run -m); alternate: one stage each way, swapped in odd rounds")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: a smoke test of the suite on DeepSpeed's CPU accelerator, native only, tiny model")
+    parser.add_argument("--deadline", type=float, default=0,
+                        help="seconds from the start: start no run that would likely end after it, and stop one "
+                             "still running at it (0: none)")
+    parser.add_argument("--timeout", type=float, default=180, help="seconds one run may take")
+    parser.add_argument("--preflight-timeout", type=float, default=420,
+                        help="seconds the preflight may take (it builds CPU Adam the first time)")
+    parser.add_argument("--out", default=str(RESULTS / "deepspeed"))
+    return parser
+
+
+def check_args(parser: OneLineParser, args) -> None:
+    """Refuse what cannot run, with one line (exit status 2), and fill the sizes' defaults."""
+    if args.rounds < 1 or args.steps < 1 or not 0 <= args.warmup < args.steps:
+        parser.error("need --rounds >= 1, --steps >= 1 and 0 <= --warmup < --steps")
+    if args.timeout <= 0 or args.preflight_timeout <= 0 or args.deadline < 0:
+        parser.error("need --timeout and --preflight-timeout above 0 and --deadline >= 0")
+    for flag, default in SIZES:
+        name = flag[2:].replace("-", "_")
+        if getattr(args, name) is None:
+            setattr(args, name, CPU_SIZES[flag] if args.device == "cpu" else default)
+        if getattr(args, name) < 1:
+            parser.error(f"need {flag} >= 1")
+    if args.min_seq > args.max_seq:
+        parser.error("need --min-seq <= --max-seq")
+    if args.hidden % max(1, args.hidden // 64):
+        parser.error("need --hidden divisible by its heads (hidden / 64)")
+    args.stages = list(dict.fromkeys(args.stages))
+    args.allocators = list(dict.fromkeys(args.allocators))
+    if args.device == "cpu" and args.allocators != ["native"]:
+        skipped = [a for a in args.allocators if a != "native"]
+        print(f"skipping {', '.join(skipped)}: they need CUDA (--device cpu); running native only", flush=True)
+        args.allocators = ["native"]
+
+
+def main(argv: list[str] | None = None, prog: str = "bench deepspeed") -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    started = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info, why = preflight(args)
+    if info is None:
+        print(f"{prog}: preflight failed: {why}", file=sys.stderr)
+        (out / "summary.json").write_text(json.dumps({"preflight_error": why}, indent=1) + "\n")
+        return 1
+    print("preflight: " + json.dumps(info), flush=True)
+    order = run_order(args.stages, args.allocators, args.rounds)
+    record = {"environment": environment(), "settings": dict(vars(args)), "preflight": info,
+              "deepspeed_launcher": " ".join(deepspeed_launcher()),
+              "order": [f"{stage_name(s)}:{a}:r{r}:{launch_of(r, args.stages.index(s), args.launch)}"
+                        for r, s, a in order],
+              "runs": [], "rows": []}
+    print(f"{len(order)} runs: ZeRO {', '.join(map(str, args.stages))}; {args.steps} steps ({args.warmup} warm-up), "
+          f"optimizer {args.optimizer}, launch {args.launch}, deadline {args.deadline or 'none'}", flush=True)
+    for index, (round_, stage, allocator) in enumerate(order):
+        elapsed = time.perf_counter() - started
+        timeout_s = args.timeout
+        if args.deadline:
+            left = args.deadline - elapsed
+            done = [r["wall_s"] for r in record["runs"] if "error" not in r and r["stage"] == stage]
+            expected = max(done or [r["wall_s"] for r in record["runs"] if "error" not in r] or [0.0])
+            if left < max(expected, 1.0):
+                record["not_started"] = [f"{stage_name(s)}:{a}:r{r}" for r, s, a in order[index:]]
+                print(f"deadline: {left:.0f} s left, a ZeRO-{stage} run takes about {expected:.0f} s; "
+                      f"not starting the last {len(order) - index} runs", flush=True)
+                break
+            timeout_s = min(timeout_s, left)
+        launch = launch_of(round_, args.stages.index(stage), args.launch)
+        print(f"== [{index + 1}/{len(order)}] round {round_ + 1} ZeRO-{stage} / {allocator} ({launch}) at "
+              f"{elapsed:.0f} s", flush=True)
+        run = run_one(index, round_, stage, allocator, launch, args, timeout_s)
+        record["runs"].append(run)
+        if "error" in run:
+            print(f"   FAILED: {run['error'][-1500:]}", flush=True)
+        else:
+            print("   " + json.dumps({k: run.get(k) for k in ("median_step_s", "max_memory_reserved",
+                                                              "max_memory_allocated", "utilization", "init_s",
+                                                              "wall_s")}), flush=True)
+        record["rows"] = table_rows(record["runs"], args.stages, args.allocators)
+        write_summary(out / "summary.json", record)
+    record["suite_wall_s"] = round(time.perf_counter() - started, 1)
+    write_summary(out / "summary.json", record)
+    print(f"\nsuite: {len(record['runs'])} runs in {record['suite_wall_s']:.0f} s; results in {out}")
+    print(format_table(record["rows"], args.warmup, args.steps))
+    failed = sum(1 for r in record["runs"] if "error" in r)
+    if failed or not record["runs"]:
+        print(f"{prog}: {failed} of {len(record['runs'])} runs failed", file=sys.stderr)
+        return 1
+    return 0
