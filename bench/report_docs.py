@@ -40,6 +40,14 @@ DYNAMIC = "train/speed-2026-11-30c/summary.json"
 CAPS = ["train/cap-2026-11-30b", "train/cap-2026-11-30c", "train/cap-2026-12-01", "train/cap-2026-12-01c",
         "train/cap-2026-12-01d", "train/cap-2026-12-01e", "train/cap-2026-12-01f", "train/cap-2026-12-01g",
         "train/cap-2026-12-01h", "train/cap-2026-12-01i", "train/cap-2026-12-01j"]
+# The device itself as the limit: probes at replay's thresholds (bench/plans/edge-probes.json), calibrated for the
+# memory the process takes outside the allocator.
+DEVICE_LIMIT = "h200-2026-12-02b/device-limit-probes.json"
+EDGE_PLAN = ROOT / "bench" / "plans" / "edge-probes.json"
+# DeepSpeed ZeRO on one GPU: the suite's summaries (a later call may add the runs an earlier one's deadline cut).
+DEEPSPEED = ["h200-2026-12-02b/deepspeed/summary.json", "h200-2026-12-02b/deepspeed/summary-zero3-gmlake.json"]
+# At the edge of memory, by replay: `python -m bench edge --json` (held by tests/test_edge.py).
+EDGE = ROOT / "tests" / "data" / "edge-figures.json"
 MICRO = "micro-h200-2026-11-30-2003.json"
 AB = "h200-2026-12-01-ab/ab.json"
 ALLOCATORS = ("native", "expandable", "gmlake")
@@ -149,6 +157,95 @@ def caps() -> str:
     return "\n".join(lines) + "\n\n" + _env_line(envs) + "\n"
 
 
+def device_limit() -> str:
+    """Where the device itself is the limit: per probe the bytes the allocator could have, replay's threshold for it,
+    whether the run fit, and the memory the process held outside the allocator against its calibration."""
+    record = _json(DEVICE_LIMIT)
+    plan = json.loads(EDGE_PLAN.read_text())
+    threshold = {(t["workload"], t["allocator"]): t["smallest_device_memory"] for t in plan["thresholds"]}
+    lines = [("| workload | allocator | bytes for the allocator | x replay's smallest device | replay says | "
+              "on the H200 | peak reserved | outside the allocator: calibrated / this run |"),
+             "|---|---|---|---|---|---|---|---|"]
+    for p in record["probes"]:
+        ratio = p["cap_bytes"] / threshold[(p["workload"], p["allocator"])]
+        ran = "fit" if p["fit"] else f"out of memory at step {p['oom_step']}"
+        lines.append(f"| {p['workload']} | {p['allocator']} | {p['cap_bytes']:,} | {ratio:.3f} | "
+                     f"{'fit' if ratio >= 1 else 'out of memory'} | {ran} | {p['max_memory_reserved']:,} | "
+                     f"{p['outside_calibrated'] / 2**20:.0f} / {p['outside_allocator_bytes'] / 2**20:.0f} MiB |")
+    return "\n".join(lines) + "\n\n" + _env_line([record["environment"]]) + "\n"
+
+
+def deepspeed() -> str:
+    """DeepSpeed ZeRO on one GPU: per stage and allocator the peaks, utilization, step time and the losses against
+    native's, from every run of the summaries in DEEPSPEED."""
+    runs, envs = [], []
+    for relative in DEEPSPEED:
+        record = _json(relative)
+        envs.append(record["environment"])
+        runs += [r for r in record["runs"] if r.get("returncode") == 0]
+    lines = [("| ZeRO stage | allocator | launched by | runs | peak reserved GiB | peak allocated GiB | utilization | "
+              "median step s | largest loss difference from native's |"),
+             "|---|---|---|---|---|---|---|---|---|"]
+    for stage in sorted({r["stage"] for r in runs}):
+        native = next((r for r in runs if r["stage"] == stage and r["allocator"] == "native"), None)
+        for allocator in ALLOCATORS:
+            mine = [r for r in runs if r["stage"] == stage and r["allocator"] == allocator]
+            if not mine:
+                continue
+            diff = max((abs(a - b) for r in mine for a, b in zip(r["losses"], native["losses"])), default=None) \
+                if native else None
+            launches = ", ".join(sorted({r["launch"] for r in mine}))
+            lines.append(f"| {stage} | {allocator} | {launches} | {len(mine)} | "
+                         f"{statistics.median(r['max_memory_reserved'] for r in mine) / GiB:.2f} | "
+                         f"{statistics.median(r['max_memory_allocated'] for r in mine) / GiB:.2f} | "
+                         f"{statistics.median(r['utilization'] for r in mine):.3f} | "
+                         f"{statistics.median(r['median_step_s'] for r in mine):.3f} | "
+                         f"{'-' if diff is None else f'{diff:g}'} |")
+    return "\n".join(lines) + "\n\n" + _env_line(envs) + "\n"
+
+
+def edge() -> str:
+    """At the edge of memory, by replay: per trace the smallest device and cap as multiples of the peak allocated P
+    for the default, the expandable model and gmlake-paper, the priced driver time at a cap of 1.05x P, the driver
+    calls of a cap that never binds, utilization; then how many traces meet each goal. Traces whose figures are the
+    same (one workload captured under two allocators) share a row."""
+    record = json.loads(EDGE.read_text())
+    rows: dict[str, dict[str, dict]] = {}
+    for r in record["rows"]:
+        rows.setdefault(r["trace"], {})[r["policy"]] = r
+    lines = [("| trace | P GiB | smallest device, x P: gmlake / expandable / paper | smallest cap, x P | "
+              "priced driver s, cap 1.05x P: gmlake / expandable | calls, cap 2x P / none (gmlake) | "
+              "utilization, none: gmlake / paper |"), "|---|---|---|---|---|---|---|"]
+    shown: dict[str, str] = {}
+    for name, by in rows.items():
+        g, e, p = by["gmlake"], by["expandable"], by["gmlake-paper"]
+        peak = g["peak_allocated"]
+        device, cap = (" / ".join(f"{r[limit] / peak:.4f}" for r in (g, e, p))
+                       for limit in ("smallest_device", "smallest_cap"))
+        cells = (f"{peak / GiB:.2f} | {device} | {cap} | "
+                 f"{g['cap_1.05']['driver_seconds']:.3f} / {e['cap_1.05']['driver_seconds']:.3f} | "
+                 f"{g['cap_unbinding']['driver_calls']:,} / {g['uncapped']['driver_calls']:,} | "
+                 f"{g['utilization']:.3f} / {p['utilization']:.3f}")
+        twin = next((other for other, c in shown.items() if c == cells), None)
+        if twin is not None:           # the same workload under another allocator: one row, the common name
+            common = twin
+            while common and not name.startswith(common):
+                common = common[:-1]
+            shown[common.rstrip("-") or twin] = shown.pop(twin)
+            continue
+        shown[name] = cells
+    lines += [f"| {name} | {cells} |" for name, cells in shown.items()]
+    goals = record["goals"]
+    met = {k: sum(g[k]["met"] for g in goals) for k in goals[0] if k != "trace"}
+    words = {"smallest_device": "smallest device", "smallest_cap": "smallest cap",
+             "cap_1.02": "speed at a cap of 1.02x P",
+             "device_1.02": "at a device of 1.02x P", "cap_1.05": "at a cap of 1.05x P",
+             "device_1.05": "at a device of 1.05x P", "unbinding": "a 2x cap costs nothing",
+             "uncapped": "utilization 0.99 uncapped"}
+    return ("\n".join(lines) + f"\n\nOf {len(goals)} traces, each goal met on: "
+            + ", ".join(f"{words[k]} {n}" for k, n in met.items()) + ".\n")
+
+
 def micro() -> str:
     """The micro benchmark: the core's cache hits (an A/B of the current core) and the driver's calls."""
     runs = _json(AB)
@@ -239,7 +336,8 @@ def plot(png: Path) -> None:
 
 
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
-                                        "latency": latency, "replay": replayed}
+                                        "latency": latency, "replay": replayed, "device-limit": device_limit,
+                                        "deepspeed": deepspeed, "edge": edge}
 
 
 def render(text: str) -> str:
