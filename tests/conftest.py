@@ -32,6 +32,17 @@ def driver(request):
     return gmlake.SimDriver() if request.param == "sim" else gmlake.HostDriver()
 
 
+def fragment(alloc: gmlake.Allocator, sizes_mib: list[int], stream: int = 0) -> list[int]:
+    """Leave free blocks of `sizes_mib` MiB, each in its own segment, separated by live 2 MiB guards (returned)."""
+    parts, guards = [], []
+    for size in sizes_mib:
+        parts.append(alloc.malloc(size * MiB, stream))
+        guards.append(alloc.malloc(2 * MiB, stream))
+    for p in parts:
+        alloc.free(p)
+    return guards
+
+
 def snapshot(alloc: gmlake.Allocator) -> tuple:
     """Everything observable about an allocator's state, for 'nothing changed' checks."""
     return alloc.stats(), alloc.segments_info()

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from conftest import fragment
+
 from gmlake import Allocator, SimDriver
 from gmlake.policies import PaperPolicy
 
@@ -19,17 +21,6 @@ def pools(alloc: Allocator) -> dict[str, list[tuple[int, int, int]]]:
     for s in alloc.segments_info():
         out[s["pool"]].append((s["serial"], s["size"], sum(b[1] for b in s["blocks"] if b[2] == "free")))
     return out
-
-
-def fragment(alloc: Allocator, sizes_mib: list[int]) -> list[int]:
-    """Free blocks of `sizes_mib` MiB, each in its own segment, behind live 2 MiB guards."""
-    parts, guards = [], []
-    for size in sizes_mib:
-        parts.append(alloc.malloc(size * MiB))
-        guards.append(alloc.malloc(2 * MiB))
-    for p in parts:
-        alloc.free(p)
-    return guards
 
 
 def free_small_segments(alloc: Allocator, n: int) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from conftest import fragment
 
 import gmlake
 from gmlake import Allocator, PolicyError, SimDriver
@@ -68,17 +69,6 @@ class AnswersOnce(PaperPolicy):
 
     def relieve_pressure(self, size, stream, pool, attempt, default, state):
         return self._once("relieve_pressure", default)
-
-
-def fragment(alloc: Allocator, sizes_mib: list[int], stream: int = 0) -> list[int]:
-    """Leave free blocks of `sizes_mib` MiB, each in its own segment, separated by live 2 MiB guards."""
-    parts, guards = [], []
-    for size in sizes_mib:
-        parts.append(alloc.malloc(size * MiB, stream))
-        guards.append(alloc.malloc(2 * MiB, stream))
-    for p in parts:
-        alloc.free(p)
-    return guards
 
 
 # Each setup leaves the allocator where the next request asks the hook, and returns that request as (bytes, stream).

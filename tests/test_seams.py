@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import fragment
 
 import gmlake
 from gmlake import Allocator, OutOfMemoryError, PolicyError
@@ -28,17 +29,6 @@ from gmlake.trace import load
 MiB = 1 << 20
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def fragment(alloc: Allocator, sizes_mib: list[int], stream: int = 0) -> list[int]:
-    """Leave free blocks of `sizes_mib` MiB, each in its own segment, separated by live 2 MiB guards."""
-    parts, guards = [], []
-    for size in sizes_mib:
-        parts.append(alloc.malloc(size * MiB, stream))
-        guards.append(alloc.malloc(2 * MiB, stream))
-    for p in parts:
-        alloc.free(p)
-    return guards
 
 
 def claimed(alloc: Allocator) -> set:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import fragment
 
 from gmlake import Allocator, SimDriver
 from gmlake.policies import PaperPolicy
@@ -28,16 +29,6 @@ COUNTERS = {"allocated_bytes", "requested_bytes", "reserved_bytes", "active_byte
             "pending_frees", "orphans", "orphan_chunk_bytes", "cached_sblocks", "allocs", "frees", "stitches",
             "stitched_handles", "sblock_reuses", "sblock_evictions", "segments_created", "chunks_released", "ooms",
             "stream_migrations", "stream_waits", "capture_queries", "calls", "handles"}
-
-
-def fragment(alloc: Allocator, sizes_mib: list[int]) -> list[int]:
-    parts, guards = [], []
-    for size in sizes_mib:
-        parts.append(alloc.malloc(size * MiB))
-        guards.append(alloc.malloc(2 * MiB))
-    for p in parts:
-        alloc.free(p)
-    return guards
 
 
 def every_peak_above_its_current(alloc: Allocator) -> list[int]:
