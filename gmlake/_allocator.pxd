@@ -47,6 +47,7 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         vector[uint64_t] handles
         vector[int] sblock_maps
         size_t mapped_chunks
+        cmap[size_t, vector[uint64_t]] slots
         Block* first
     cppclass Piece:
         uintptr_t addr
@@ -202,6 +203,8 @@ cdef enum Call:
     CALL_EVENT_QUERY
     CALL_EVENT_DESTROY
     CALL_EVENT_WAIT
+    CALL_COPY_OUT       # device to host (re-backing's copy of live slots)
+    CALL_COPY_IN        # host to device
     NUM_CALLS
 
 cdef enum Err:
@@ -264,6 +267,8 @@ cdef struct Stats:
     uint64_t stream_migrations
     uint64_t stream_waits         # blocks of another stream taken after a wait on the GPU (cross_stream_wait)
     uint64_t capture_queries          # cuStreamIsCapturing asked (Note [Unannounced capture]); not in `calls`
+    uint64_t rebacked_chunks          # chunks re-backed in slots (Note [Taking slots back at the edge])
+    uint64_t copied_bytes             # bytes the re-backing copied out and in again (each counted once)
     uint64_t calls[<int>NUM_CALLS]
     uint64_t handles[<int>NUM_CALLS]
 
@@ -294,6 +299,7 @@ cdef struct Knobs:
     size_t expandable_page_large
     size_t capped_page_large      # expandable_page_large where 0: Note [Finer pages under a cap]
     size_t expandable_reserve     # 9/8 of the device's memory where 0
+    size_t reback_slot            # 0: never re-back (Note [Taking slots back at the edge])
     # What the growth says of itself (Growth.fit_counts_unmapped)
     bint fit_counts_unmapped
     # Which seams the policy overrides in Python (read once, at construction): the core calls Python only there.
@@ -318,6 +324,7 @@ cdef enum PressureAction:
     PRESSURE_SYNC
     PRESSURE_RELEASE_OTHER
     PRESSURE_RELEASE_ALL
+    PRESSURE_REBACK
 
 # At most this many pressure actions per request, so a policy cannot loop a request forever.
 cdef enum:

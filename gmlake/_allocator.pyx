@@ -12,12 +12,14 @@ A request is served by the first step that succeeds (the policy's knobs and grow
      growth says that saves enough over growing (`min_saved_chunks`);
   4. grow, as the growth lays new memory out: an expandable range by chunks (the default), a segment of whole
      chunks, or PyTorch's native segment sizes (Growth, _growth.pxi);
-  5. under memory pressure: wait for all streams, give back memory the other size class holds, then everything free;
+  5. under memory pressure: wait for all streams, give back memory the other size class holds, then everything free,
+     then (the default policy) the free slots of partly used chunks (_rebacking.pxi);
   6. fail with an out-of-memory error.
 
 Rooms, one file each, included below as module-level nogil functions over the Allocator's state:
   _vmm.pxi       driver calls, counted, and orphans retried     _blocks.pxi    free index, holes, split and merge
   _segments.pxi  segments and their chunks; pressure actions    _growth*.pxi   the Growth interface, its strategies
+  _rebacking.pxi partly used chunks re-backed in slots at the edge
   _sblocks.pxi   stitch-or-grow, the stitch, the sBlock cache   _streams.pxi   fences, deferred frees, events
   _pools.pxi     private pools (CUDA graphs) and capture rules  _seams.pxi     the policy's hooks (Python, Cython)
 Each room owns its state in one field of the Allocator (`frees`, `segments`, `sblock_cache`, `streams`, `pools`,
@@ -47,6 +49,7 @@ cdef extern from *:
 from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from libcpp.utility cimport move
+from libcpp.algorithm cimport sort
 from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
 from gmlake._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
 
@@ -65,7 +68,7 @@ SEAM_HOOKS = {"choose_block": SEAM_PLACE, "should_split": SEAM_SPLIT, "choose_st
 EVICT_REASONS = ("all", "bound", "pressure")
 
 CALL_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
-              "event_record", "event_query", "event_destroy", "event_wait")
+              "event_record", "event_query", "event_destroy", "event_wait", "copy_out", "copy_in")
 
 
 cdef inline size_t round_up(size_t n, size_t m) noexcept nogil:
@@ -179,6 +182,7 @@ cdef struct Spares:
 include "_vmm.pxi"
 include "_blocks.pxi"
 include "_segments.pxi"
+include "_rebacking.pxi"
 include "_growth.pxi"
 include "_growth_chunks.pxi"
 include "_growth_pytorch.pxi"
@@ -752,6 +756,8 @@ cdef class Allocator:
             "stream_migrations": s.stream_migrations,
             "stream_waits": s.stream_waits,
             "capture_queries": s.capture_queries,
+            "rebacked_chunks": s.rebacked_chunks,
+            "copied_bytes": s.copied_bytes,
             "calls": {name: s.calls[i] for i, name in enumerate(CALL_NAMES)},
             "handles": {name: s.handles[i] for i, name in enumerate(CALL_NAMES)},
         }

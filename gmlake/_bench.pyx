@@ -29,6 +29,8 @@ def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles)
     cdef uintptr_t va = 0, va2 = 0
     cdef size_t i, span = chunk_size * handles
     cdef double t0, t_create, t_reserve, t_map, t_access, t_unmap, t_release, t_free, t_map_one, t_access_one
+    cdef double t_copy_out, t_copy_in
+    cdef vector[char] host
     cdef int rc = DRIVER_OK
     _check(driver, driver.synchronize(), "synchronize")
     with nogil:
@@ -58,6 +60,19 @@ def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles)
         rc = driver.set_access(va, span)
         t_access = now_us() - t0
     _check(driver, rc, "set_access")
+    # The copies re-backing makes (Note [Taking slots back at the edge]): the whole range to pageable host memory
+    # and back, as one call each.
+    host.resize(span)
+    with nogil:
+        t0 = now_us()
+        rc = driver.copy_out(&host[0], va, span)
+        t_copy_out = now_us() - t0
+    _check(driver, rc, "copy_out")
+    with nogil:
+        t0 = now_us()
+        rc = driver.copy_in(va, &host[0], span)
+        t_copy_in = now_us() - t0
+    _check(driver, rc, "copy_in")
     # One handle alone, for the fixed part of set_access.
     _check(driver, driver.reserve(chunk_size, driver.granularity, &va2), "reserve")
     with nogil:
@@ -95,6 +110,8 @@ def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles)
         "unmap_per_handle": t_unmap / handles,
         "free_va": t_free,
         "release_chunk": t_release / handles,
+        "copy_out_per_mib": t_copy_out * (1 << 20) / span,
+        "copy_in_per_mib": t_copy_in * (1 << 20) / span,
         "chunk_size": chunk_size,
         "handles": handles,
     }

@@ -84,6 +84,22 @@ cdef Block* _best_free(Allocator self, int size_class, size_t size, int64_t stre
     return own
 
 
+cdef Block* _carve_hole(Allocator self, Block* b, uintptr_t lo, uintptr_t hi) noexcept nogil:
+    """Make [lo, hi) of free, indexed b an unmapped hole, merged with unmapped neighbours and indexed; what b held
+    before lo and after hi stays free and indexed. Returns the hole."""
+    cdef Block* hole = b
+    _erase_free(self, b)
+    if lo > b.addr:
+        hole = _split(self, b, lo - b.addr)
+        _insert_free(self, b)
+    if hole.addr + hole.size > hi:
+        _insert_free(self, _split(self, hole, hi - hole.addr))
+    hole.state = BLOCK_UNMAPPED
+    hole = _merge_holes(self, hole)
+    _insert_hole(self, hole)
+    return hole
+
+
 cdef Block* _split(Allocator self, Block* b, size_t size) noexcept nogil:
     """Cut b after `size` bytes; b keeps the head. Returns the tail (same state, not indexed)."""
     cdef Block* tail = self.frees.spare_blocks.make()

@@ -92,5 +92,7 @@ cdef struct CudaApi:
     CUresult (*cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned int flags) noexcept nogil
     CUresult (*cuStreamIsCapturing)(CUstream stream, int* status) noexcept nogil      # CUstreamCaptureStatus
     CUresult (*cuThreadExchangeStreamCaptureMode)(int* mode) noexcept nogil           # CUstreamCaptureMode
+    CUresult (*cuMemcpyDtoH)(void* dst, CUdeviceptr src, size_t size) noexcept nogil       # the _v2 entry points
+    CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void* src, size_t size) noexcept nogil
     CUresult (*cuGetErrorName)(CUresult error, const char** text) noexcept nogil
     CUresult (*cuGetErrorString)(CUresult error, const char** text) noexcept nogil

@@ -52,12 +52,14 @@ cdef enum CudaCall:
     CALL_STREAM_WAIT_EVENT
     CALL_STREAM_IS_CAPTURING
     CALL_EXCHANGE_CAPTURE_MODE
+    CALL_MEMCPY_DTOH
+    CALL_MEMCPY_HTOD
 
 _CALL_NAMES = (
     "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuMemGetAllocationGranularity", "cuMemGetInfo",
     "cuMemCreate", "cuMemRelease", "cuMemAddressReserve", "cuMemAddressFree", "cuMemMap", "cuMemUnmap",
     "cuMemSetAccess", "cuCtxSynchronize", "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventDestroy",
-    "cuStreamWaitEvent", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode",
+    "cuStreamWaitEvent", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode", "cuMemcpyDtoH", "cuMemcpyHtoD",
 )
 
 
@@ -194,6 +196,8 @@ cdef int _load_api() except -1:
         _resolve(get_proc, "cuStreamIsCapturing", <void**>&resolved.cuStreamIsCapturing, requested)
         _resolve(get_proc, "cuThreadExchangeStreamCaptureMode", <void**>&resolved.cuThreadExchangeStreamCaptureMode,
                  requested)
+        _resolve(get_proc, "cuMemcpyDtoH", <void**>&resolved.cuMemcpyDtoH, requested)
+        _resolve(get_proc, "cuMemcpyHtoD", <void**>&resolved.cuMemcpyHtoD, requested)
         _resolve(get_proc, "cuGetErrorName", <void**>&resolved.cuGetErrorName, requested)
         _resolve(get_proc, "cuGetErrorString", <void**>&resolved.cuGetErrorString, requested)
     except BaseException:
@@ -336,6 +340,20 @@ cdef class CudaDriver(Driver):
         cdef double started
         cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuMemSetAccess(<CUdeviceptr>va, size, &self.access, 1), CALL_MEM_SET_ACCESS)
+        self._leave(pushed, started)
+        return rc
+
+    cdef int copy_out(self, void* host, uintptr_t va, size_t size) noexcept nogil:
+        cdef double started
+        cdef bint pushed = self._enter(&started)
+        cdef int rc = _code(api.cuMemcpyDtoH(host, <CUdeviceptr>va, size), CALL_MEMCPY_DTOH)
+        self._leave(pushed, started)
+        return rc
+
+    cdef int copy_in(self, uintptr_t va, const void* host, size_t size) noexcept nogil:
+        cdef double started
+        cdef bint pushed = self._enter(&started)
+        cdef int rc = _code(api.cuMemcpyHtoD(<CUdeviceptr>va, host, size), CALL_MEMCPY_HTOD)
         self._leave(pushed, started)
         return rc
 

@@ -15,7 +15,7 @@ def _check_invariants(Allocator self) -> None:
     cdef Block* b
     cdef SBlock* sb
     cdef size_t reserved = 0, allocated = 0, requested = 0, active = 0, free_count = 0, hole_count = 0
-    cdef size_t sblock_va = 0, i, j, c
+    cdef size_t sblock_va = 0, i, j, c, unit, mapped_slots
     cdef FreeKey key
     cdef uintptr_t at
     cdef vector[int] maps
@@ -67,9 +67,19 @@ def _check_invariants(Allocator self) -> None:
         for i in range(seg.handles.size()):
             if seg.handles[i] != 0:
                 c += 1
+                reserved += seg.chunk_size
+                if _slotted(seg, i):
+                    raise InvariantError(f"segment {seg.serial} chunk {i}: mapped whole and re-backed in slots")
+            elif _slotted(seg, i):
+                if seg.slots[i].size() * self.k.reback_slot != seg.chunk_size or seg.chunk_size <= self.k.reback_slot:
+                    raise InvariantError(f"segment {seg.serial} chunk {i}: {seg.slots[i].size()} slots")
+                mapped_slots = sum(1 for h in seg.slots[i] if h != 0)
+                c += mapped_slots != 0
+                reserved += mapped_slots * self.k.reback_slot
+        if seg.slots.size() and (seg.owner != NULL or seg.size_class != SIZE_LARGE):
+            raise InvariantError(f"segment {seg.serial}: re-backed chunks outside the default pool's large class")
         if c != seg.mapped_chunks or c == 0:
             raise InvariantError(f"segment {seg.serial}: mapped chunk count {seg.mapped_chunks}, {c} handles")
-        reserved += c * seg.chunk_size
         at = seg.va
         b = seg.first
         if b == NULL or b.prev != NULL:
@@ -104,11 +114,15 @@ def _check_invariants(Allocator self) -> None:
                     raise InvariantError(f"hole at 0x{b.addr:x} is not indexed")
                 if b.next != NULL and b.next.state == BLOCK_UNMAPPED:
                     raise InvariantError(f"neighbouring holes at 0x{b.addr:x} are not merged")
-            for i in range((b.addr - seg.va) // seg.chunk_size,
-                           (b.addr + b.size - seg.va + seg.chunk_size - 1) // seg.chunk_size):
-                if (b.state == BLOCK_UNMAPPED) != (seg.handles[i] == 0):
-                    raise InvariantError(f"segment {seg.serial} chunk {i}: block state {b.state} over "
-                                         f"{'a released' if seg.handles[i] == 0 else 'a live'} chunk")
+            unit = _unit_floor(self, seg, b.addr - seg.va)
+            while unit < b.addr + b.size - seg.va:
+                if (b.state == BLOCK_UNMAPPED) != (_unit_handle(self, seg, unit) == 0):
+                    raise InvariantError(f"segment {seg.serial} at offset {unit}: block state {b.state} over "
+                                         f"{'a released' if _unit_handle(self, seg, unit) == 0 else 'a live'} unit")
+                if b.state == BLOCK_UNMAPPED and (unit < b.addr - seg.va or
+                                                  unit + _unit_at(self, seg, unit) > b.addr + b.size - seg.va):
+                    raise InvariantError(f"hole at 0x{b.addr:x} does not cover whole units")
+                unit += _unit_at(self, seg, unit)
             at += b.size
             b = b.next
         if at != seg.va + seg.size:

@@ -36,6 +36,10 @@ cdef class Driver:
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil
     cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil
     cdef int synchronize(self) noexcept nogil
+    # Copy device memory at `va` to host memory and back, synchronously, for re-backing (the caller synchronized the
+    # device first). The sim driver has no bytes and copies nothing.
+    cdef int copy_out(self, void* host, uintptr_t va, size_t size) noexcept nogil
+    cdef int copy_in(self, uintptr_t va, const void* host, size_t size) noexcept nogil
     # Record an event on `stream`: a new one, written to *event, where *event is 0; else *event, one this driver
     # made and has not destroyed, recorded again (Note [Reusing events]).
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil
@@ -67,6 +71,7 @@ cdef enum FaultKind:
     FAULT_SET_ACCESS
     FAULT_SYNC
     FAULT_EVENT
+    FAULT_COPY
     NUM_FAULTS
 
 cdef enum:

@@ -58,6 +58,12 @@ cdef class Driver:
     cdef int synchronize(self) noexcept nogil:
         return NOT_IMPLEMENTED
 
+    cdef int copy_out(self, void* host, uintptr_t va, size_t size) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int copy_in(self, uintptr_t va, const void* host, size_t size) noexcept nogil:
+        return NOT_IMPLEMENTED
+
     cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil:
         return NOT_IMPLEMENTED
 
@@ -284,7 +290,7 @@ class StreamModel:
 
 
 FAULT_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
-               "event_record")
+               "event_record", "copy")
 
 
 cdef class ModelDriver(Driver):

@@ -51,8 +51,11 @@ cdef class Growth:
 
     cdef int pressure_stage(self, Allocator a, int attempt) noexcept nogil:
         """The built-in stages: with blocks shared across streams, release what the other size class holds free,
-        then everything; with blocks kept per stream (PyTorch's rule), everything, twice; then give up. Every
+        then everything; with blocks kept per stream (PyTorch's rule), everything, twice; then, where the policy
+        sets reback_slot, re-back partly used chunks (Note [Taking slots back at the edge]); then give up. Every
         action first waits for all streams."""
+        if attempt == 2 and a.k.reback_slot:
+            return PRESSURE_REBACK
         if attempt >= 2:
             return PRESSURE_GIVE_UP
         if attempt == 0 and a.k.cross_stream:

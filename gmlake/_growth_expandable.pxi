@@ -5,32 +5,45 @@
 
 
 cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) noexcept nogil:
-    """Map new chunks over the first `size` bytes (rounded up to whole chunks) of an unmapped hole. The mapped
-    part becomes free, merged with its free neighbours and indexed; it is returned. NULL with why.err set on
-    failure, leaving the hole as it was."""
+    """Map new chunks over the first `size` bytes (rounded up to whole units: chunks, or slots where the chunk was
+    re-backed) of an unmapped hole. The mapped part becomes free, merged with its free neighbours and indexed; it is
+    returned. NULL with why.err set on failure, leaving the hole as it was."""
     cdef Segment* seg = hole.seg
-    cdef size_t C = seg.chunk_size
-    cdef size_t n = min_size((size + C - 1) // C, hole.size // C)
-    cdef size_t first = (hole.addr - seg.va) // C
-    cdef size_t i
+    cdef size_t start = hole.addr - seg.va
+    cdef size_t end = start
+    cdef size_t at, unit, run, n, i
     cdef vector[uint64_t] handles
-    if self.limit_bytes and self.st.reserved + n * C > self.limit_bytes:
+    while end < start + hole.size and end - start < size:
+        end += _unit_at(self, seg, end)
+    if self.limit_bytes and self.st.reserved + (end - start) > self.limit_bytes:
         why.err = ERR_OOM
         return NULL
     if _refuse_unannounced_capture(self, why):
         return NULL
-    # The hole's VA belongs to the segment: a failure unmaps only (the segment frees its reservation).
-    if _map_new_chunks(self, why, hole.addr, n, C, handles, n * C, False) != DRIVER_OK:
-        return NULL
-    for i in range(n):
-        seg.handles[first + i] = handles[i]
-    seg.mapped_chunks += n
-    self._record(TRACE_SEGMENT_MAP, hole.addr, n * C, hole.stream)
-    self.st.reserved += n * C
+    # Runs of units of one size, each created and mapped with one cuMemSetAccess; a failure gives back the runs
+    # mapped before it. The hole's VA belongs to the segment: a failure unmaps only (the segment frees its
+    # reservation).
+    at = start
+    while at < end:
+        unit = _unit_at(self, seg, at)
+        run = at
+        n = 0
+        while run < end and _unit_at(self, seg, run) == unit:
+            run += unit
+            n += 1
+        if _map_new_chunks(self, why, seg.va + at, n, unit, handles, n * unit, False) != DRIVER_OK:
+            if at > start:
+                _unmap_units(self, why, seg, start, at, _units_in(self, seg, start, at))
+            return NULL
+        for i in range(n):
+            _set_unit(self, seg, at + i * unit, handles[i])
+        at = run
+    self._record(TRACE_SEGMENT_MAP, hole.addr, end - start, hole.stream)
+    self.st.reserved += end - start
     peak_update(&self.st.peak_reserved, self.st.reserved)
     _erase_hole(self, hole)
-    if hole.size > n * C:
-        _insert_hole(self, _split(self, hole, n * C))
+    if hole.size > end - start:
+        _insert_hole(self, _split(self, hole, end - start))
     hole.state = BLOCK_FREE
     hole.free_seq = 0
     cdef Block* b = _coalesce(self, hole)
@@ -41,25 +54,20 @@ cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) n
 cdef inline size_t _page(Allocator self, int size_class) noexcept nogil:
     """The page a new expandable range of `size_class` maps.
 
-    Note [Finer pages under a cap]: a handle maps only whole, so the free space left inside pages that also hold
-    live blocks is out of reach of growth and stitching alike; at 20 MiB pages that is what keeps a capped run
-    from fitting where PyTorch's expandable segments fit, whose releases under pressure repack their ranges
-    (Note [Releasing before the cap binds]). Finer pages cost driver time (cuMemSetAccess is priced per handle),
-    which a run with no cap should not pay, but under a cap memory is what binds. Replayed under caps (`gmlake
-    replay --smallest-cap`, `python -m bench cap search` checks it on the GPU), 4 MiB pages fit every trace in
-    less than the expandable model where 20 MiB pages needed more, at several times their driver time.
-    A cap at or above the device's memory is none. A range made before the cap was set keeps its pages and what it
-    has mapped, but grows no more (_coarser_range): growth goes to a range of this page, so a cap set after the
-    model was loaded still gets finer pages for what comes after.
+    Note [Finer pages under a cap]: `capped_page_large` (0: the uncapped page) is the page of a large-pool range
+    made while a cap below the device's memory is set; a range made before the cap keeps its pages and what it has
+    mapped, but grows no more (_coarser_range), so a cap set after the model was loaded still gets that page for
+    what comes after. A cap at or above the device's memory is none.
 
-    Why from the moment the cap is set, and not once the headroom under it runs low: what a page strands is
-    decided when the blocks beside it are placed, mostly in the first step, long before the limit is near (on a
-    recomputation trace, a gap of a few MiB that each layer leaves between its checkpoints, none a whole 20 MiB
-    page). Finer pages only once the headroom fell below 5-60 % of the cap, or only after a growth first found no
-    memory, needed 0.4-4 % of the peak allocated more than finer pages from the start on those traces, where
-    these pages cost up to 8x the expandable model's priced driver time under a cap (`python -m bench edge` measures
-    a policy's fit and price per trace). For the same reason the device itself, when it is the limit, gets no
-    finer pages: the allocator cannot tell in time that it will be."""
+    The default used to map 4 MiB pages under any cap, to reach the free space inside pages that also hold live
+    blocks, where 20 MiB pages left a capped run needing more than PyTorch's expandable segments. It paid for that
+    from the moment the cap was set, bound or not: several times the expandable model's driver time at every cap.
+    Re-backing at the edge (Note [Taking slots back at the edge], _rebacking.pxi) reaches the same space only when
+    the limit binds, so the default now keeps 20 MiB pages under a cap. Replayed on the edge suite's 22 traces
+    (`python -m bench edge`, docs/benchmarks.md "At the edge of memory"), it fits the smallest cap within 0.2 % of
+    the peak of the better of the expandable model and gmlake-paper on 20 (4 MiB pages: 21), is within 1.5x the
+    expandable model's priced driver time at a cap of 1.05x the peak on 19 (4 MiB pages: 0), and a cap that never
+    binds costs nothing on all 22 (4 MiB pages: none). The knob stays for research."""
     if size_class == SIZE_SMALL:
         return self.k.expandable_page_small
     if _cap_binds(self):
@@ -214,8 +222,8 @@ cdef class ExpandableGrowth(Growth):
             return False
         while hole.state != BLOCK_UNMAPPED:
             hole = hole.next
-        if hole.size < fresh:
-            return False                # no error: grow the range instead
+        if hole.size < fresh or not _whole_chunks(hole.seg, hole.addr, hole.addr + fresh):
+            return False                # no error: grow the range instead (a stitch maps whole chunks only)
         piece.addr = hole.addr
         piece.size = shortfall
         seg = hole.seg

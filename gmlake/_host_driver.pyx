@@ -10,7 +10,7 @@ import os
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libc.errno cimport errno, ENOMEM
 from gmlake._driver cimport ModelDriver, DRIVER_OK, DRIVER_OOM
-from gmlake._driver cimport FAULT_RESERVE, FAULT_MAP, FAULT_SET_ACCESS
+from gmlake._driver cimport FAULT_RESERVE, FAULT_MAP, FAULT_SET_ACCESS, FAULT_COPY
 
 cdef extern from "<sys/mman.h>" nogil:
     void* mmap(void* addr, size_t length, int prot, int flags, int fd, long offset)
@@ -28,6 +28,7 @@ cdef extern from "<unistd.h>" nogil:
 
 cdef extern from "<string.h>" nogil:
     char* strerror(int errnum)
+    void* memcpy(void* dest, const void* src, size_t n)
 
 cdef extern from "<sys/resource.h>" nogil:
     struct rlimit:
@@ -153,6 +154,18 @@ cdef class HostDriver(ModelDriver):
         if mprotect(<void*>va, size, PROT_READ | PROT_WRITE) != 0:
             return _errno_code()
         return DRIVER_OK
+
+    cdef int copy_out(self, void* host, uintptr_t va, size_t size) noexcept nogil:
+        cdef int fault = self.fault(FAULT_COPY)
+        if fault == DRIVER_OK:
+            memcpy(host, <const void*>va, size)
+        return fault
+
+    cdef int copy_in(self, uintptr_t va, const void* host, size_t size) noexcept nogil:
+        cdef int fault = self.fault(FAULT_COPY)
+        if fault == DRIVER_OK:
+            memcpy(<void*>va, host, size)
+        return fault
 
     def _write_physical(self, handle: int, offset: int, data: bytes) -> None:
         """A queued kernel's write landing: into the chunk's memfd itself, so every mapping of it sees the bytes."""

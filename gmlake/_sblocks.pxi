@@ -246,12 +246,14 @@ cdef size_t _cut_pieces(Allocator self, vector[Block*]& blocks, size_t size, vec
         if b.addr + b.size <= start:
             continue
         if b.addr + b.size - start >= remaining:
+            if not _whole_chunks(seg, start, start + remaining):
+                continue
             piece.addr = start
             piece.size = remaining
             pieces.push_back(piece)
             return 0
         aligned_end = seg.va + ((b.addr + b.size - seg.va) // C) * C
-        if aligned_end <= start:
+        if aligned_end <= start or not _whole_chunks(seg, start, aligned_end):
             continue
         usable = aligned_end - start
         piece.addr = start

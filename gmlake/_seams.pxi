@@ -511,6 +511,8 @@ cdef void _ask_stitch(Allocator self, Failure* why, size_t size, int64_t stream,
             wrong = "a piece outside the free blocks offered"
         elif pieces[i].size == 0:
             wrong = "an empty piece"
+        elif not _whole_chunks(owner.seg, pieces[i].addr, pieces[i].addr + pieces[i].size):
+            wrong = "a piece in a chunk re-backed in slots"
         elif i > 0 and (pieces[i].addr - owner.seg.va) % owner.seg.chunk_size:
             wrong = "a piece after the first starting inside a chunk"
         elif (i + 1 < pieces.size() or remaining[0]) and \
@@ -584,11 +586,11 @@ cdef int _ask_pressure(Allocator self, Failure* why, size_t size, int64_t stream
     """Release-under-pressure seam: the policy's answer must be a PressureAction; else the request fails and the
     built-in's action is taken meanwhile."""
     cdef int action = self.seams.pressure(self, why, size, stream, pool, attempt, default)
-    if PRESSURE_GIVE_UP <= action <= PRESSURE_RELEASE_ALL:
+    if PRESSURE_GIVE_UP <= action <= PRESSURE_REBACK:
         return action
     with gil:
         _bad_answer(self, why, "relieve_pressure", f"relieve_pressure answered action {action}, not one of "
-                                                   f"{PRESSURE_GIVE_UP}-{PRESSURE_RELEASE_ALL} (PressureAction)")
+                                                   f"{PRESSURE_GIVE_UP}-{PRESSURE_REBACK} (PressureAction)")
     return default
 
 

@@ -61,57 +61,142 @@ cdef inline uint64_t _new_serial(Allocator self) noexcept nogil:
     return serial
 
 
+# A segment's memory is mapped in units: a whole chunk (one handle), or, in a chunk re-backed at the edge (Note
+# [Taking slots back at the edge], _rebacking.pxi), a slot of reback_slot bytes (one handle each). Growth maps,
+# and release unmaps, whole units; the functions below are the only ones that read a unit's handle.
+
+cdef inline bint _slotted(Segment* seg, size_t chunk) noexcept nogil:
+    """Was chunk `chunk` of seg re-backed in slots?"""
+    return not seg.slots.empty() and seg.slots.count(chunk) != 0
+
+
+cdef inline size_t _unit_at(Allocator self, Segment* seg, size_t offset) noexcept nogil:
+    """The size of the unit at `offset` (a unit boundary) of seg."""
+    return self.k.reback_slot if _slotted(seg, offset // seg.chunk_size) else seg.chunk_size
+
+
+cdef inline size_t _unit_floor(Allocator self, Segment* seg, size_t offset) noexcept nogil:
+    """The start of the unit that holds `offset`."""
+    cdef size_t C = seg.chunk_size
+    if _slotted(seg, offset // C):
+        return offset - offset % self.k.reback_slot
+    return offset - offset % C
+
+
+cdef inline size_t _unit_ceil(Allocator self, Segment* seg, size_t offset) noexcept nogil:
+    """The first unit boundary at or after `offset`."""
+    cdef size_t floor = _unit_floor(self, seg, offset)
+    return offset if floor == offset else floor + _unit_at(self, seg, floor)
+
+
+cdef inline uint64_t _unit_handle(Allocator self, Segment* seg, size_t offset) noexcept nogil:
+    """The handle mapped at the unit starting at `offset` (0: unmapped)."""
+    cdef size_t C = seg.chunk_size
+    if _slotted(seg, offset // C):
+        return seg.slots[offset // C][(offset % C) // self.k.reback_slot]
+    return seg.handles[offset // C]
+
+
+cdef void _set_unit(Allocator self, Segment* seg, size_t offset, uint64_t handle) noexcept nogil:
+    """Record the handle now mapped at the unit starting at `offset` (0: none), keeping mapped_chunks: the chunks
+    with anything mapped."""
+    cdef size_t C = seg.chunk_size
+    cdef size_t chunk = offset // C
+    cdef bint before, after
+    cdef vector[uint64_t]* slots
+    if _slotted(seg, chunk):
+        slots = &seg.slots[chunk]
+        before = _any_slot_mapped(slots[0])
+        slots[0][(offset % C) // self.k.reback_slot] = handle
+        after = _any_slot_mapped(slots[0])
+    else:
+        before = seg.handles[chunk] != 0
+        seg.handles[chunk] = handle
+        after = handle != 0
+    if after and not before:
+        seg.mapped_chunks += 1
+    elif before and not after:
+        seg.mapped_chunks -= 1
+
+
+cdef inline bint _any_slot_mapped(vector[uint64_t]& slots) noexcept nogil:
+    cdef size_t i
+    for i in range(slots.size()):
+        if slots[i] != 0:
+            return True
+    return False
+
+
+cdef bint _whole_chunks(Segment* seg, uintptr_t lo, uintptr_t hi) noexcept nogil:
+    """Does [lo, hi) lie in chunks mapped whole (none re-backed in slots)? What a stitch maps must: it maps a
+    chunk's one handle."""
+    cdef size_t C = seg.chunk_size
+    cdef size_t i
+    if seg.slots.empty():
+        return True
+    for i in range((lo - seg.va) // C, (hi - seg.va + C - 1) // C):
+        if seg.slots.count(i):
+            return False
+    return True
+
+
+cdef int _unmap_units(Allocator self, Failure* why, Segment* seg, size_t lo, size_t hi, size_t units) noexcept nogil:
+    """Unmap the `units` units of seg in [lo, hi) (offsets) in one call and give their handles back. Returns the
+    unmap's code (on failure nothing changed)."""
+    cdef size_t at = lo, size
+    cdef int rc = _call(self, why, CALL_UNMAP, self.driver.unmap(seg.va + lo, hi - lo), units)
+    if rc != DRIVER_OK:
+        return rc
+    while at < hi:
+        size = _unit_at(self, seg, at)
+        _release_handle(self, why, _unit_handle(self, seg, at), size)
+        _set_unit(self, seg, at, 0)
+        self.st.chunks_released += 1
+        at += size
+    return DRIVER_OK
+
+
+cdef size_t _units_in(Allocator self, Segment* seg, size_t lo, size_t hi) noexcept nogil:
+    """How many units tile [lo, hi) (unit boundaries) of seg."""
+    cdef size_t n = 0
+    while lo < hi:
+        lo += _unit_at(self, seg, lo)
+        n += 1
+    return n
+
+
 cdef size_t _release_chunks(Allocator self, Failure* why, Segment* seg, size_t wanted) noexcept nogil:
-    """Return to the driver chunks of seg that lie wholly in free blocks and that no sBlock maps, until
-    `wanted` bytes are released (0: all). The caller has synchronized. Returns the bytes released."""
+    """Return to the driver the units of seg (whole chunks, or slots of re-backed ones) that lie wholly in free
+    blocks and that no sBlock maps, until `wanted` bytes are released (0: all). The caller has synchronized.
+    Returns the bytes released."""
     cdef size_t C = seg.chunk_size
     cdef size_t released = 0
-    cdef size_t first, end, i, j, k
+    cdef size_t lo, hi, end, units
     cdef Block* b = seg.first
     cdef Block* nxt
-    cdef Block* hole
-    cdef uintptr_t lo, hi
-    cdef int rc
     while b != NULL and (wanted == 0 or released < wanted):
         nxt = b.next
         if b.state == BLOCK_FREE:
-            first = (b.addr - seg.va + C - 1) // C
-            end = (b.addr + b.size - seg.va) // C
-            i = first
-            while i < end:
-                if seg.sblock_maps[i] != 0:
-                    i += 1
-                    continue
-                j = i
-                while j < end and seg.sblock_maps[j] == 0:
-                    j += 1
-                lo = seg.va + i * C
-                hi = seg.va + j * C
-                rc = _call(self, why, CALL_UNMAP, self.driver.unmap(lo, hi - lo), j - i)
-                if rc != DRIVER_OK:
+            end = b.addr + b.size - seg.va
+            lo = _unit_ceil(self, seg, b.addr - seg.va)
+            while lo < end:
+                # the first run of whole units in b that no sBlock maps
+                while lo < end and lo + _unit_at(self, seg, lo) <= end and seg.sblock_maps[lo // C] != 0:
+                    lo += _unit_at(self, seg, lo)
+                hi = lo
+                units = 0
+                while hi < end and hi + _unit_at(self, seg, hi) <= end and seg.sblock_maps[hi // C] == 0:
+                    hi += _unit_at(self, seg, hi)
+                    units += 1
+                if units == 0:
+                    break
+                if _unmap_units(self, why, seg, lo, hi, units) != DRIVER_OK:
                     return released
-                for k in range(i, j):
-                    _release_handle(self, why, seg.handles[k], C)
-                    seg.handles[k] = 0
-                    self.st.chunks_released += 1
-                seg.mapped_chunks -= j - i
-                self._record(TRACE_SEGMENT_UNMAP, lo, hi - lo, b.stream)
+                self._record(TRACE_SEGMENT_UNMAP, seg.va + lo, hi - lo, b.stream)
                 self.st.reserved -= hi - lo
                 released += hi - lo
-                # Carve the hole out of b: [b.addr, lo) stays free, [lo, hi) becomes unmapped.
-                _erase_free(self, b)
-                hole = b
-                if lo > b.addr:
-                    hole = _split(self, b, lo - b.addr)
-                    _insert_free(self, b)
-                if hole.addr + hole.size > hi:
-                    nxt = _split(self, hole, hi - hole.addr)
-                    _insert_free(self, nxt)
-                hole.state = BLOCK_UNMAPPED
-                hole = _merge_holes(self, hole)
-                _insert_hole(self, hole)
-                nxt = hole.next
-                break   # continue from the block after the hole
+                nxt = _carve_hole(self, b, seg.va + lo, seg.va + hi).next   # continue after the hole
+                break
         b = nxt
     if seg.mapped_chunks == 0:
         _drop_segment(self, why, seg)
@@ -152,7 +237,8 @@ cdef size_t _release_free(Allocator self, Failure* why, int size_class, size_t w
 cdef bint _relieve(Allocator self, Failure* why, int size_class, size_t size, int action) noexcept nogil:
     """Step 5, one attempt: carry out a PressureAction (the growth's built-in stage, or what the policy's
     relieve_pressure chose). Each action first waits for every stream, so every free block serves any stream;
-    "release_other_pool" then returns what the other size class holds free, "release_all" everything free. True if
+    "release_other_pool" then returns what the other size class holds free, "release_all" everything free, "reback"
+    everything free and then the free slots of partly used chunks (Note [Taking slots back at the edge]). True if
     anything changed."""
     cdef size_t changed
     why.err = ERR_NONE
@@ -166,4 +252,10 @@ cdef bint _relieve(Allocator self, Failure* why, int size_class, size_t size, in
         # since C leaves the order of a sum's operands open, and an evict_victim hook sees which came first
         changed += _release_free(self, why, SIZE_SMALL, 0, EVICT_PRESSURE)
         changed += _release_free(self, why, SIZE_LARGE, 0, EVICT_PRESSURE)
+    elif action == PRESSURE_REBACK:
+        # what is free first, as release_all (a policy may ask for this stage first), then the partly used chunks
+        changed += _release_free(self, why, SIZE_SMALL, 0, EVICT_PRESSURE)
+        changed += _release_free(self, why, SIZE_LARGE, 0, EVICT_PRESSURE)
+        if why.err == ERR_NONE:
+            changed += _reback_chunks(self, why)
     return changed > 0 and why.err == ERR_NONE

@@ -2,7 +2,7 @@
 """The simulation driver: bookkeeping only, no memory behind it, so it can model a device of any size."""
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from gmlake._driver cimport ModelDriver, DRIVER_OK, DRIVER_OOM
-from gmlake._driver cimport FAULT_RESERVE, FAULT_MAP, FAULT_SET_ACCESS
+from gmlake._driver cimport FAULT_RESERVE, FAULT_MAP, FAULT_SET_ACCESS, FAULT_COPY
 
 
 cdef class SimDriver(ModelDriver):
@@ -69,3 +69,9 @@ cdef class SimDriver(ModelDriver):
 
     cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil:
         return self.fault(FAULT_SET_ACCESS)
+
+    cdef int copy_out(self, void* host, uintptr_t va, size_t size) noexcept nogil:
+        return self.fault(FAULT_COPY)       # no bytes: the copy is counted and priced (gmlake.replay)
+
+    cdef int copy_in(self, uintptr_t va, const void* host, size_t size) noexcept nogil:
+        return self.fault(FAULT_COPY)

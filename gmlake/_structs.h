@@ -70,7 +70,11 @@ struct Segment {
     std::map<FreeKey, Block*>* free_index = nullptr;   // where its free blocks are indexed: its pool's, by kind
     std::vector<uint64_t> handles;   // 0: chunk released (an unmapped hole)
     std::vector<int> sblock_maps;    // how many sBlocks map each chunk: it can be released only at zero
-    size_t mapped_chunks = 0;
+    size_t mapped_chunks = 0;        // chunks with memory mapped: a whole handle, or any of a re-backed chunk's slots
+    // Re-backed chunks (Note [Taking slots back at the edge], _rebacking.pxi): chunk index -> one handle per slot of
+    // reback_slot bytes (0: that slot unmapped); such a chunk's entry in `handles` is 0. Empty in every run that
+    // never reached its limit.
+    std::map<size_t, std::vector<uint64_t>> slots;
     Block* first = nullptr;
 };
 

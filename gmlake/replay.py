@@ -28,6 +28,7 @@ def driver_seconds(stats: dict, costs: dict | None = None) -> float:
     costs = costs or driver_costs()
     us = sum(stats["calls"].get(k, 0) * v for k, v in costs["per_call"].items())
     us += sum(stats["handles"].get(k, 0) * v for k, v in costs["per_handle"].items())
+    us += sum(stats.get(k, 0) / (1 << 20) * v for k, v in costs.get("per_mib", {}).items())
     return us * 1e-6
 
 

@@ -228,6 +228,16 @@ static CUresult fake_cuThreadExchangeStreamCaptureMode(int *mode) {
     return SUCCESS;
 }
 
+static CUresult fake_cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t size) {
+    ENTER("cuMemcpyDtoH");
+    return dst && src && size ? SUCCESS : INVALID_VALUE;
+}
+
+static CUresult fake_cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t size) {
+    ENTER("cuMemcpyHtoD");
+    return dst && src && size ? SUCCESS : INVALID_VALUE;
+}
+
 static const char *error_name(CUresult error, int description) {
     switch (error) {
     case SUCCESS: return description ? "no error" : "CUDA_SUCCESS";
@@ -272,6 +282,8 @@ static const struct { const char *name; void *function; } entry_points[] = {
     {"cuStreamWaitEvent", fake_cuStreamWaitEvent},
     {"cuStreamIsCapturing", fake_cuStreamIsCapturing},
     {"cuThreadExchangeStreamCaptureMode", fake_cuThreadExchangeStreamCaptureMode},
+    {"cuMemcpyDtoH", fake_cuMemcpyDtoH},
+    {"cuMemcpyHtoD", fake_cuMemcpyHtoD},
     {"cuGetErrorName", fake_cuGetErrorName},
     {"cuGetErrorString", fake_cuGetErrorString},
 };

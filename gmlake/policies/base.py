@@ -45,6 +45,9 @@ class Policy:
           `expandable_page_small` / `expandable_page_large` bytes; `capped_page_large` (0: the same) for a
           large-pool range made while a cap below the device's memory is set; a coarser range made before the cap
           grows no more while it holds (Note [Finer pages under a cap]).
+      reback_slot: under "expandable", as the last pressure stage, re-back each partly used chunk in handles of
+        this many bytes, one per slot that holds live bytes (copied through the host, pointers unchanged), giving
+        its free slots back to the driver (0: never). Note [Taking slots back at the edge].
       stitch: whether to stitch free blocks at all (under "chunks" and "expandable"; "pytorch" never stitches).
       min_stitch_size: requests below this size never stitch; they get new chunks instead.
       min_saved_chunks: a stitch that also needs new chunks must save at least this many of them (1: stitch only
@@ -106,6 +109,7 @@ class Policy:
     expandable_page_large: int = knob(20 * MiB, unit="bytes", minimum=1, granular=True, growths=("expandable",))
     capped_page_large: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     expandable_reserve: int = knob(0, unit="bytes", minimum=0, growths=("expandable",))
+    reback_slot: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     max_cached_sblocks: int = knob(4096, unit="count", minimum=0, growths=STITCHING)
     sblock_search_depth: int = knob(8, unit="count", minimum=1, growths=STITCHING)
     sblock_first: bool = knob(True, growths=STITCHING)

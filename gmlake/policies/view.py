@@ -12,8 +12,10 @@ from typing import NamedTuple
 #: stream (so blocks freed on any stream serve any stream), then:
 #:   "sync": releases nothing more;
 #:   "release_other_pool": returns free memory of the pool the request does not use (up to the request's size);
-#:   "release_all": returns every free chunk of both pools, evicting cached sBlocks (asking `evict_victim`).
-PRESSURE_ACTIONS = ("sync", "release_other_pool", "release_all")
+#:   "release_all": returns every free chunk of both pools, evicting cached sBlocks (asking `evict_victim`);
+#:   "reback": "release_all", then re-backs every partly used chunk in slots of `reback_slot` bytes, giving the free
+#:   slots back (Note [Taking slots back at the edge]; nothing more where the policy's reback_slot is 0).
+PRESSURE_ACTIONS = ("sync", "release_other_pool", "release_all", "reback")
 
 
 class FreeBlock(NamedTuple):
