@@ -298,6 +298,9 @@ def build_parser(prog: str) -> OneLineParser:
     parser.add_argument("--stages", nargs="+", type=int, choices=(2, 3), default=[2, 3])
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
     parser.add_argument("--rounds", type=int, default=2, help="each round runs every allocator once per stage")
+    parser.add_argument("--first-round", type=int, default=0, metavar="N",
+                        help="start at round N (0-based): a later call continues a suite a deadline cut short, in "
+                             "the order and with the launches that round has in a whole suite")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10, help="steps not timed")
     parser.add_argument("--seed", type=int, default=0)
@@ -324,8 +327,8 @@ def build_parser(prog: str) -> OneLineParser:
 
 def check_args(parser: OneLineParser, args) -> None:
     """Refuse what cannot run, with one line (exit status 2), and fill the sizes' defaults."""
-    if args.rounds < 1 or args.steps < 1 or not 0 <= args.warmup < args.steps:
-        parser.error("need --rounds >= 1, --steps >= 1 and 0 <= --warmup < --steps")
+    if args.rounds < 1 or args.steps < 1 or not 0 <= args.warmup < args.steps or args.first_round < 0:
+        parser.error("need --rounds >= 1, --first-round >= 0, --steps >= 1 and 0 <= --warmup < --steps")
     if args.timeout <= 0 or args.preflight_timeout <= 0 or args.deadline < 0:
         parser.error("need --timeout and --preflight-timeout above 0 and --deadline >= 0")
     for flag, default in SIZES:
@@ -359,7 +362,8 @@ def main(argv: list[str] | None = None, prog: str = "bench deepspeed") -> int:
         (out / "summary.json").write_text(json.dumps({"preflight_error": why}, indent=1) + "\n")
         return 1
     print("preflight: " + json.dumps(info), flush=True)
-    order = run_order(args.stages, args.allocators, args.rounds)
+    order = [o for o in run_order(args.stages, args.allocators, args.first_round + args.rounds)
+             if o[0] >= args.first_round]
     record = {"environment": environment(), "settings": dict(vars(args)), "preflight": info,
               "deepspeed_launcher": " ".join(deepspeed_launcher()),
               "order": [f"{stage_name(s)}:{a}:r{r}:{launch_of(r, args.stages.index(s), args.launch)}"

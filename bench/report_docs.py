@@ -14,6 +14,7 @@ import json
 import re
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,8 +45,10 @@ CAPS = ["train/cap-2026-11-30b", "train/cap-2026-11-30c", "train/cap-2026-12-01"
 # memory the process takes outside the allocator.
 DEVICE_LIMIT = "h200-2026-12-02b/device-limit-probes.json"
 EDGE_PLAN = ROOT / "bench" / "plans" / "edge-probes.json"
-# DeepSpeed ZeRO on one GPU: the suite's summaries (a later call may add the runs an earlier one's deadline cut).
-DEEPSPEED = ["h200-2026-12-02b/deepspeed/summary.json", "h200-2026-12-02b/deepspeed/summary-zero3-gmlake.json"]
+# DeepSpeed ZeRO on one GPU: the suite's summaries, every round (a later call may add the runs an earlier one's
+# deadline cut, or run a later round with --first-round); each run's own round number places it.
+DEEPSPEED = ["h200-2026-12-02b/deepspeed/summary.json", "h200-2026-12-02b/deepspeed/summary-zero3-gmlake.json",
+             "h200-2026-12-02c/deepspeed/summary.json"]
 # At the edge of memory, by replay: `python -m bench edge --json` (held by tests/test_edge.py).
 EDGE = ROOT / "tests" / "data" / "edge-figures.json"
 MICRO = "micro-h200-2026-11-30-2003.json"
@@ -175,33 +178,80 @@ def device_limit() -> str:
     return "\n".join(lines) + "\n\n" + _env_line([record["environment"]]) + "\n"
 
 
+def _launch_name(run: dict) -> str:
+    """How a DeepSpeed run started, as its command line began."""
+    if run["launch"] == "deepspeed":
+        return "`GMLAKE=1 deepspeed`" if run["allocator"] == "gmlake" else "`deepspeed`"
+    return "`gmlake run -m`" if run["allocator"] == "gmlake" else "`python -m`"
+
+
+def _per_round(values: list, digits: str) -> str:
+    """One figure when every round gave the same, else each round's (in round order) joined by ' / '."""
+    return format(values[0], digits) if len(set(values)) == 1 else " / ".join(format(v, digits) for v in values)
+
+
+def _versus(step: dict[str, float], spread: dict[str, float], other: str) -> str:
+    """gmlake's step time over `other`'s, resolved only where further from 1 than the larger of the two spreads."""
+    if "gmlake" not in step or other not in step:
+        return "-"
+    ratio = step["gmlake"] / step[other]
+    if "gmlake" not in spread or other not in spread:
+        return f"{ratio:.3f}, one round"
+    noise = max(spread["gmlake"], spread[other])
+    return f"{ratio:.3f}, {'resolved' if abs(ratio - 1) > noise else 'not resolved'} ({100 * noise:.1f} %)"
+
+
 def deepspeed() -> str:
-    """DeepSpeed ZeRO on one GPU: per stage and allocator the peaks, utilization, step time and the losses against
-    native's, from every run of the summaries in DEEPSPEED."""
+    """DeepSpeed ZeRO on one GPU, the suite's rounds combined: per stage and allocator how each round's run started,
+    the peaks and utilization (one figure where the rounds agree), each round's median step time, their median and
+    spread (max / min - 1), gmlake's step time against native's and expandable segments' ("resolved" only where
+    |ratio - 1| exceeds the larger spread of the two allocators), and the losses against native's first run."""
     runs, envs = [], []
     for relative in DEEPSPEED:
         record = _json(relative)
         envs.append(record["environment"])
         runs += [r for r in record["runs"] if r.get("returncode") == 0]
-    lines = [("| ZeRO stage | allocator | launched by | runs | peak reserved GiB | peak allocated GiB | utilization | "
-              "median step s | largest loss difference from native's |"),
-             "|---|---|---|---|---|---|---|---|---|"]
+    runs.sort(key=lambda r: (r["round"], r["index"]))
+    rounds = sorted({r["round"] for r in runs})
+    lines = [("| ZeRO stage | allocator | launch, " + " / ".join(f"round {n + 1}" for n in rounds)
+              + " | peak reserved GiB | peak allocated GiB | utilization | median step s, "
+              + " / ".join(f"round {n + 1}" for n in rounds)
+              + " | median of the rounds | spread | gmlake / native | gmlake / expandable | "
+              "largest loss difference from native's |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    differ = False
     for stage in sorted({r["stage"] for r in runs}):
-        native = next((r for r in runs if r["stage"] == stage and r["allocator"] == "native"), None)
-        for allocator in ALLOCATORS:
-            mine = [r for r in runs if r["stage"] == stage and r["allocator"] == allocator]
+        of = {a: [r for r in runs if r["stage"] == stage and r["allocator"] == a] for a in ALLOCATORS}
+        step = {a: statistics.median(r["median_step_s"] for r in mine) for a, mine in of.items() if mine}
+        spread = {a: max(r["median_step_s"] for r in mine) / min(r["median_step_s"] for r in mine) - 1
+                  for a, mine in of.items() if len(mine) > 1}
+        native = of["native"][0]["losses"] if of["native"] else None
+        for allocator, mine in of.items():
             if not mine:
                 continue
-            diff = max((abs(a - b) for r in mine for a, b in zip(r["losses"], native["losses"])), default=None) \
+            by_round = {n: [r for r in mine if r["round"] == n] for n in rounds}
+            launches = " / ".join(", ".join(dict.fromkeys(_launch_name(r) for r in got)) or "-"
+                                  for got in by_round.values())
+            steps = " / ".join(", ".join(f"{r['median_step_s']:.3f}" for r in got) or "-"
+                               for got in by_round.values())
+            peaks = [[r[k] for r in mine] for k in ("max_memory_reserved", "max_memory_allocated", "utilization")]
+            differ |= any(len(set(values)) > 1 for values in peaks)
+            diff = max((abs(a - b) for r in mine for a, b in zip(r["losses"], native)), default=None) \
                 if native else None
-            launches = ", ".join(sorted({r["launch"] for r in mine}))
-            lines.append(f"| {stage} | {allocator} | {launches} | {len(mine)} | "
-                         f"{statistics.median(r['max_memory_reserved'] for r in mine) / GiB:.2f} | "
-                         f"{statistics.median(r['max_memory_allocated'] for r in mine) / GiB:.2f} | "
-                         f"{statistics.median(r['utilization'] for r in mine):.3f} | "
-                         f"{statistics.median(r['median_step_s'] for r in mine):.3f} | "
+            gm = allocator == "gmlake"
+            lines.append(f"| {stage} | {allocator} | {launches} | "
+                         f"{_per_round([v / GiB for v in peaks[0]], '.2f')} | "
+                         f"{_per_round([v / GiB for v in peaks[1]], '.2f')} | {_per_round(peaks[2], '.3f')} | "
+                         f"{steps} | {step[allocator]:.3f} | "
+                         f"{f'{100 * spread[allocator]:.1f} %' if allocator in spread else '-'} | "
+                         f"{_versus(step, spread, 'native') if gm else '-'} | "
+                         f"{_versus(step, spread, 'expandable') if gm else '-'} | "
                          f"{'-' if diff is None else f'{diff:g}'} |")
-    return "\n".join(lines) + "\n\n" + _env_line(envs) + "\n"
+    note = ("Peaks and utilization: one figure where every round's run reserved and allocated the same bytes"
+            + ("; the rounds' figures, in order, where they differ." if differ else ", as every run here did.")
+            + " Spread: the slower round's median step time over the faster's, less 1; a ratio is resolved only"
+            " where it is further from 1 than the larger spread of its two allocators (in brackets).")
+    return "\n".join(lines) + "\n\n" + textwrap.fill(note, 120) + "\n\n" + _env_line(envs) + "\n"
 
 
 def edge() -> str:

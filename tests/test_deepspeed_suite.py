@@ -35,6 +35,29 @@ def test_each_stage_runs_a_b_c_c_b_a_and_round_one_starts_gmlake_both_ways():
     assert suite.launch_of(1, 0, "deepspeed") == "deepspeed" and suite.launch_of(0, 0, "direct") == "direct"
 
 
+def test_first_round_one_continues_with_the_reversed_order_and_swapped_launches(tmp_path, monkeypatch):
+    """`--first-round 1 --rounds 1` runs what round index 1 of a whole suite runs: C B A per stage, each stage
+    started the other way than in round 0, and writes that order and the round into the summary."""
+    started = []
+
+    def fake_run_one(index, round_, stage, allocator, launch, args, timeout_s):
+        started.append((round_, stage, allocator, launch))
+        return {**run(index, allocator, 1.0, 3.0, stage=stage), "round": round_, "launch": launch, "wall_s": 1.0}
+
+    monkeypatch.setattr(suite, "preflight", lambda args: ({"preflight": "ok"}, None))
+    monkeypatch.setattr(suite, "run_one", fake_run_one)
+    assert suite.main(["--first-round", "1", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    whole = suite.run_order([2, 3], list(suite.ALLOCATORS), 2)
+    assert [(r, s, a) for r, s, a, _ in started] == [o for o in whole if o[0] == 1]
+    assert [a for r, s, a, _ in started if s == 2] == ["gmlake", "expandable", "native"]
+    assert {(s, launch) for r, s, a, launch in started} == {(2, "direct"), (3, "deepspeed")}
+    first = {(s, suite.launch_of(0, [2, 3].index(s), "alternate")) for s in (2, 3)}
+    assert first == {(2, "deepspeed"), (3, "direct")}                  # round 0: each stage the other way
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["order"][0] == "zero2:gmlake:r1:direct" and summary["settings"]["first_round"] == 1
+    assert len(summary["runs"]) == 6 and {r["round"] for r in summary["runs"]} == {1}
+
+
 def test_commands_start_each_allocator_as_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("GMLAKE", "1")                  # the suite's own environment never leaks into a run
     args = args_for(["--steps", "12", "--warmup", "2", "--layers", "4"])
@@ -136,7 +159,8 @@ def test_a_failed_preflight_stops_the_suite_in_one_line(tmp_path, monkeypatch, c
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--rounds", "0"], "--rounds >= 1"), (["--warmup", "40"], "0 <= --warmup < --steps"),
+    (["--rounds", "0"], "--rounds >= 1"), (["--first-round", "-1"], "--first-round >= 0"),
+    (["--warmup", "40"], "0 <= --warmup < --steps"),
     (["--timeout", "0"], "--timeout"), (["--deadline", "-1"], "--deadline >= 0"), (["--batch", "0"], "--batch >= 1"),
     (["--min-seq", "900", "--max-seq", "100"], "--min-seq <= --max-seq"), (["--stages", "1"], "invalid choice"),
     (["--allocators", "gmlake-paper"], "invalid choice"), (["--steps", "x"], "invalid int value"),
