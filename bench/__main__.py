@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
         "probe": ("bench.cap_probe", "does a workload complete at exactly this cap"),
         "time": ("bench.cap_time", "step time at a cap against uncapped, in A B B A rounds"),
         "plan": ("bench.cap_plan", "probes just above and below replay's smallest device and cap, per workload"),
+        "edge-time": ("bench.cap_edge_time", "step time at 1.02x and 1.05x the peak allocated, cap and device"),
     },
     "micro": ("bench.micro", "the core's cache hits, each driver call, stitching, stream calls"),
     "latency": ("bench.torch_latency", "torch.empty + del under gmlake against native's allocator"),

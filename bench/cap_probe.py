@@ -38,6 +38,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench import RESULTS, cap_search
@@ -69,6 +71,76 @@ def outside_check(probe: dict, outside: int, tolerance: int = OUTSIDE_TOLERANCE)
     if probe.get("free_after_filler") is not None:
         out["allocator_had"] = probe["free_after_filler"] + (probe.get("reserved_at_filler") or 0) - own
     return out
+
+
+# workload, allocator, purpose, fraction, environment to add -> the run's record, or None where it was not started
+# (the deadline)
+Runner = Callable[[str, str, str, float, "dict[str, str]"], "dict | None"]
+
+
+@contextmanager
+def added_env(env: dict[str, str]) -> Iterator[None]:
+    """`env` added to this process's environment for the block alone (the suites' command() reads it)."""
+    kept = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in kept.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def device_env(warm: bool) -> dict[str, str]:
+    """The environment of a device-limit run or calibration: eager module loading (CUDA_MODULE_LOADING=LAZY where
+    startup time matters more), and the libraries warmed before the filler with --warm."""
+    return {"CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING", "EAGER"), **({WARM_ENV: "1"} if warm else {})}
+
+
+def limit_request(cap: float, total: int, device_limit: bool, outside: int | None = None,
+                  warm: bool = False) -> tuple[float, dict[str, str], dict]:
+    """A run whose allocator is limited to `cap` (a fraction, or bytes above 1; bytes under --device-limit): the
+    memory fraction to start it at, the environment to add, and the fields its record gets (`limited`). A cap is
+    set_per_process_memory_fraction; a device limit runs at fraction 1 with a filler that leaves `cap` + `outside`
+    (the calibration's O) free. ValueError for a cap over the device."""
+    if device_limit:
+        leave = leave_free(int(cap), outside or 0)
+        return 1.0, {**device_env(warm), LEAVE_FREE_ENV: str(leave)}, {
+            "cap_bytes": int(cap), "limit": "device", "outside_calibrated": outside, "leave_free": leave}
+    fraction = as_fraction(cap, total)
+    return fraction, {}, {"cap_bytes": int(fraction * total), "limit": "cap"}
+
+
+def limited(probe: dict, fields: dict) -> dict:
+    """A limited run's record with `fields` (limit_request's) and, under a device limit, how its bytes outside the
+    allocator compare with the calibration's (outside_check)."""
+    probe.update(fields)
+    if fields["limit"] == "device":
+        probe.update(outside_check(probe, fields["outside_calibrated"]))
+    return probe
+
+
+def calibrate(workload: str, allocator: str, total: int, warm: bool, runner: Runner) -> tuple[dict | None, int | None]:
+    """O for `workload`: a run under `allocator` with no filler (it leaves the whole device free) that records the
+    bytes it took outside its allocator. Returns the run (None where the runner did not start it: the deadline) and
+    O (None where the run failed or recorded none)."""
+    cal = runner(workload, allocator, "calibrate", 1.0, {**device_env(warm), LEAVE_FREE_ENV: str(total)})
+    if cal is None:
+        return None, None
+    return cal, cal.get("outside_allocator_bytes") if cal["fit"] else None
+
+
+def calibration_line(workload: str, cal: dict, outside: int | None, allocator: str, warm: bool) -> str:
+    """What a calibration found, in a line: O, or why its workload's runs are skipped."""
+    if outside is None:
+        why = cal.get("error") or cal.get("outside_allocator_error") or "it recorded no bytes outside"
+        return f"{workload}: calibration under {allocator} failed, its probes are skipped: {why[-300:]}"
+    steps = [b for b in cal.get("outside_by_step") or () if b is not None]
+    return (f"{workload}: {outside:,} B outside the allocator (calibration under {allocator}"
+            f"{', warmed' if warm else ''}, {cal['wall_s']:.0f} s" + (f"; after step 1: {steps[0]:,} B" if steps else "")
+            + ")")
 
 
 def parse_outside(item: str, workloads: set[str]) -> tuple[str, int]:
@@ -190,59 +262,37 @@ def main(argv: list[str] | None = None, prog: str = "bench cap probe") -> None:
         return args.deadline - (time.perf_counter() - started) if args.deadline else None
 
     def run(workload: str, allocator: str, purpose: str, fraction: float, env: dict[str, str]) -> dict | None:
-        """One run with `env` added to this process's environment for it alone (the suites' command() reads it);
-        None where the deadline leaves no time for it."""
+        """One run with `env` added to this process's environment for it alone; None where the deadline leaves no
+        time for it."""
         left = time_left()
         if left is not None and left < max(expected_duration(workload, record["probes"] + record["calibrations"]),
                                            1.0):
             record["stopped"] = f"deadline: {left:.0f} s left"
             print(f"{record['stopped']}; not starting more runs", flush=True)
             return None
-        kept = {name: os.environ.get(name) for name in env}
-        os.environ.update(env)
-        try:
+        with added_env(env):
             return cap_search.run_probe(workload, allocator, purpose, fraction,
                                         args.timeout if left is None else min(args.timeout, left), settings=args,
                                         out=out, index=len(record["probes"]) + len(record["calibrations"]))
-        finally:
-            for name, value in kept.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
-    # CUDA_MODULE_LOADING=LAZY where startup time matters more
-    device_env = {"CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING", "EAGER"),
-                  **({WARM_ENV: "1"} if args.warm else {})}
-
-    def calibrate(workload: str) -> bool:
-        """O for `workload`: a run under --calibrate-with with no filler (it leaves the whole device free) that
-        records the bytes it took outside its allocator. False where the deadline stopped it."""
+    def calibrate_workload(workload: str) -> bool:
+        """O for `workload` (calibrate), noted in the record. False where the deadline stopped it."""
         if args.no_calibrate:
             outside[workload] = 0
             record["outside"][workload] = {"bytes": 0, "from": "--no-calibrate"}
             return True
-        cal = run(workload, args.calibrate_with, "calibrate", 1.0, {**device_env, LEAVE_FREE_ENV: str(total)})
+        cal, outside[workload] = calibrate(workload, args.calibrate_with, total, args.warm, run)
         if cal is None:
             return False
         record["calibrations"].append(cal)
-        outside[workload] = cal.get("outside_allocator_bytes") if cal["fit"] else None
         record["outside"][workload] = {"bytes": outside[workload], "from": "calibration",
                                        "calibration": len(record["calibrations"]) - 1}
         save()
-        if outside[workload] is None:
-            why = cal.get("error") or cal.get("outside_allocator_error") or "it recorded no bytes outside"
-            print(f"{workload}: calibration under {args.calibrate_with} failed, its probes are skipped: "
-                  f"{why[-300:]}", flush=True)
-        else:
-            steps = [b for b in cal.get("outside_by_step") or () if b is not None]
-            print(f"{workload}: {outside[workload]:,} B outside the allocator (calibration under "
-                  f"{args.calibrate_with}{', warmed' if args.warm else ''}, {cal['wall_s']:.0f} s"
-                  + (f"; after step 1: {steps[0]:,} B" if steps else "") + ")", flush=True)
+        print(calibration_line(workload, cal, outside[workload], args.calibrate_with, args.warm), flush=True)
         return True
 
     for (workload, allocator, cap), fraction in zip(args.requests, fractions):
-        if args.device_limit and workload not in outside and not calibrate(workload):
+        if args.device_limit and workload not in outside and not calibrate_workload(workload):
             break                                   # the deadline
         if args.calibrate_only:
             continue
@@ -251,17 +301,12 @@ def main(argv: list[str] | None = None, prog: str = "bench cap probe") -> None:
                                                      int(cap), "why": "the workload's calibration failed"})
             save()
             continue
-        leave = leave_free(int(cap), outside[workload]) if args.device_limit else None
-        probe = run(workload, allocator, "device" if args.device_limit else "fixed",
-                    1.0 if args.device_limit else fraction,
-                    {**device_env, LEAVE_FREE_ENV: str(leave)} if args.device_limit else {})
+        fraction, env, fields = limit_request(cap if args.device_limit else fraction, total, args.device_limit,
+                                              outside.get(workload), args.warm)
+        probe = run(workload, allocator, "device" if args.device_limit else "fixed", fraction, env)
         if probe is None:
             break
-        probe["cap_bytes"] = int(cap) if args.device_limit else int(fraction * total)
-        probe["limit"] = "device" if args.device_limit else "cap"
-        if args.device_limit:
-            probe.update(outside_calibrated=outside[workload], leave_free=leave,
-                         **outside_check(probe, outside[workload]))
+        limited(probe, fields)
         record["probes"].append(probe)
         save()
         outcome = "fit" if probe["fit"] else "OOM" if probe.get("oom") else "ERROR"

@@ -51,6 +51,9 @@ DEEPSPEED = ["h200-2026-12-02b/deepspeed/summary.json", "h200-2026-12-02b/deepsp
              "h200-2026-12-02c/deepspeed/summary.json"]
 # At the edge of memory, by replay: `python -m bench edge --json` (held by tests/test_edge.py).
 EDGE = ROOT / "tests" / "data" / "edge-figures.json"
+# Step time at the edge on the GPU (`python -m bench cap edge-time`), where a call's edge-time.json goes. No call has
+# run it yet, so docs/benchmarks.md has no `edge-time` marker: put one in its H200 subsection once this file exists.
+EDGE_TIME = "h200-edge-time/edge-time.json"
 MICRO = "micro-h200-2026-11-30-2003.json"
 AB = "h200-2026-12-01-ab/ab.json"
 ALLOCATORS = ("native", "expandable", "gmlake")
@@ -296,6 +299,20 @@ def edge() -> str:
             + ", ".join(f"{words[k]} {n}" for k, n in met.items()) + ".\n")
 
 
+def edge_time() -> str:
+    """Step time at the edge on the GPU: per workload, kind (cap or device) and limit (x P), each allocator's timed
+    runs or its out-of-memory, the spreads, B / A and whether it is resolved (bench.cap_edge_time's table)."""
+    from bench.cap_edge_time import table_rows
+
+    record = _json(EDGE_TIME)
+    columns, rows = table_rows(record)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *("| " + " | ".join(r) + " |" for r in rows)]
+    settings = record["settings"]
+    note = (f"{settings['steps']} steps ({settings['warmup']} warm-up), {settings['rounds']} rounds per point"
+            + (f", {len(record['not_started'])} runs not started (the deadline)" if record.get("not_started") else ""))
+    return "\n".join(lines) + f"\n\n{note}. " + _env_line([record["environment"]]) + "\n"
+
+
 def micro() -> str:
     """The micro benchmark: the core's cache hits (an A/B of the current core) and the driver's calls."""
     runs = _json(AB)
@@ -387,7 +404,8 @@ def plot(png: Path) -> None:
 
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
                                         "latency": latency, "replay": replayed, "device-limit": device_limit,
-                                        "deepspeed": deepspeed, "edge": edge}
+                                        "deepspeed": deepspeed, "edge": edge,
+                                        "edge-time": edge_time}
 
 
 def render(text: str) -> str:
