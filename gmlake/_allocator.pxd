@@ -41,6 +41,7 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
         size_t size
         size_t chunk_size
         int size_class
+        int64_t stream
         PrivatePool* owner
         bint under_cap
         cmap[FreeKey, Block*]* free_index

@@ -86,7 +86,8 @@ cdef Block* _best_free(Allocator self, int size_class, size_t size, int64_t stre
 
 cdef Block* _carve_hole(Allocator self, Block* b, uintptr_t lo, uintptr_t hi) noexcept nogil:
     """Make [lo, hi) of free, indexed b an unmapped hole, merged with unmapped neighbours and indexed; what b held
-    before lo and after hi stays free and indexed. Returns the hole."""
+    before lo and after hi stays free and indexed. Returns the hole, which is its segment's stream's: b may be of
+    no stream (freed under pressure), and a hole of no stream is one no growth would ever map again."""
     cdef Block* hole = b
     _erase_free(self, b)
     if lo > b.addr:
@@ -95,6 +96,7 @@ cdef Block* _carve_hole(Allocator self, Block* b, uintptr_t lo, uintptr_t hi) no
     if hole.addr + hole.size > hi:
         _insert_free(self, _split(self, hole, hi - hole.addr))
     hole.state = BLOCK_UNMAPPED
+    hole.stream = hole.seg.stream
     hole = _merge_holes(self, hole)
     _insert_hole(self, hole)
     return hole

@@ -34,6 +34,7 @@ cdef Segment* _new_segment(Allocator self, Failure* why, int size_class, size_t 
     seg.size = size
     seg.chunk_size = chunk_size
     seg.size_class = size_class
+    seg.stream = stream
     seg.under_cap = _cap_binds(self)
     seg.free_index = free_index(self, size_class)
     if mapped:

@@ -65,6 +65,8 @@ struct Segment {
     size_t size = 0;
     size_t chunk_size = 0;
     int size_class = SIZE_LARGE;
+    int64_t stream = 0;       // the stream it was made for: its holes are that stream's (an expandable range grows
+                              // only for its stream)
     PrivatePool* owner = nullptr;    // the private pool it belongs to (graph capture), or nullptr: the default pool
     bool under_cap = false;   // made while a cap below the device's memory was set (Note [Finer pages under a cap])
     std::map<FreeKey, Block*>* free_index = nullptr;   // where its free blocks are indexed: its pool's, by kind
