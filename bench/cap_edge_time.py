@@ -153,9 +153,10 @@ def summarize(runs: list[dict], allocators: list[str], rounds: int) -> dict:
     """One point's comparison of B (allocators[1]) with A (allocators[0]) from its runs (those a deadline cut left
     out): per allocator allocator_summary; B / A as the ratio of their mean times where both fit every run;
     `resolved` where |ratio - 1| is over both spreads (two timed runs a side at least); `goal` (B's time <= A's): met
-    where the ratio is at most 1 or only A ran out of memory, missed where it is resolved above 1 or only B ran out
-    of memory, not resolved where it is above 1 within the spreads, None where the runs say nothing (errors, none
-    yet); `complete` where each allocator ran every round."""
+    where the ratio is resolved below 1 or only A ran out of memory, missed where it is resolved above 1 or only B
+    ran out of memory, not resolved where the ratio is within the spreads (either side of 1: a timing that cannot
+    resolve the goal is no pass), None where the runs say nothing (errors, none yet); `complete` where each
+    allocator ran every round."""
     a, b = allocators
     kept = [r for r in runs if not r.get("cut")]
     sides = {x: allocator_summary([r for r in kept if r["allocator"] == x]) for x in allocators}
@@ -171,7 +172,7 @@ def summarize(runs: list[dict], allocators: list[str], rounds: int) -> dict:
         out["resolved"] = enough and abs(out["ratio"] - 1) > max(sides[a]["spread"], sides[b]["spread"])
         out["verdict"] = (("faster" if out["ratio"] < 1 else "slower") if out["resolved"]
                           else "within the spread" if enough else "one run a side")
-        out["goal"] = "met" if out["ratio"] <= 1 else "missed" if out["resolved"] else "not resolved"
+        out["goal"] = ("met" if out["ratio"] <= 1 else "missed") if out["resolved"] else "not resolved"
     else:
         out["verdict"], out["goal"] = ("errors" if any(sides[x]["errors"] for x in allocators) else "no runs"), None
     return out
@@ -210,7 +211,8 @@ def table_rows(record: dict) -> tuple[list[str], list[list[str]]]:
     columns = ["workload", "kind", "limit", "GiB", f"{a} s", f"{a} spread", f"{b} s", f"{b} spread", f"{b} / {a}",
                "verdict", f"{b} <= {a}", f"{b} driver s", "peak reserved GiB", "outside drift MiB"]
     rows = []
-    for p in record["points"]:
+    # summaries from the runs themselves where the record has them: a verdict is never read back from a file
+    for p in (points(record) if "plan" in record and "runs" in record else record["points"]):
         sa, sb = p["allocators"][a], p["allocators"][b]
         drift = [d for s in (sa, sb) for d in s.get("outside_drift", ())]
         off = sum(s.get("calibration_off", 0) for s in (sa, sb))

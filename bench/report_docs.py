@@ -44,6 +44,7 @@ CAPS = ["train/cap-2026-11-30b", "train/cap-2026-11-30c", "train/cap-2026-12-01"
 # The device itself as the limit: probes at replay's thresholds (bench/plans/edge-probes.json), calibrated for the
 # memory the process takes outside the allocator.
 DEVICE_LIMIT = "h200-2026-12-02b/device-limit-probes.json"
+DEVICE_LIMIT_PLAN = "h200-2026-12-02b/edge-probes-plan.json"
 EDGE_PLAN = ROOT / "bench" / "plans" / "edge-probes.json"
 # DeepSpeed ZeRO on one GPU: the suite's summaries, every round (a later call may add the runs an earlier one's
 # deadline cut, or run a later round with --first-round); each run's own round number places it.
@@ -53,7 +54,7 @@ DEEPSPEED = ["h200-2026-12-02b/deepspeed/summary.json", "h200-2026-12-02b/deepsp
 EDGE = ROOT / "tests" / "data" / "edge-figures.json"
 # Step time at the edge on the GPU (`python -m bench cap edge-time`), where a call's edge-time.json goes. No call has
 # run it yet, so docs/benchmarks.md has no `edge-time` marker: put one in its H200 subsection once this file exists.
-EDGE_TIME = "h200-edge-time/edge-time.json"
+EDGE_TIME = ["h200-2026-12-02d/edge-time-cap/edge-time.json", "h200-2026-12-02d/edge-time-device/edge-time.json"]
 MICRO = "micro-h200-2026-11-30-2003.json"
 AB = "h200-2026-12-01-ab/ab.json"
 ALLOCATORS = ("native", "expandable", "gmlake")
@@ -167,7 +168,7 @@ def device_limit() -> str:
     """Where the device itself is the limit: per probe the bytes the allocator could have, replay's threshold for it,
     whether the run fit, and the memory the process held outside the allocator against its calibration."""
     record = _json(DEVICE_LIMIT)
-    plan = json.loads(EDGE_PLAN.read_text())
+    plan = _json(DEVICE_LIMIT_PLAN)         # the plan the probes ran from (the default before re-backing)
     threshold = {(t["workload"], t["allocator"]): t["smallest_device_memory"] for t in plan["thresholds"]}
     lines = [("| workload | allocator | bytes for the allocator | x replay's smallest device | replay says | "
               "on the H200 | peak reserved | outside the allocator: calibrated / this run |"),
@@ -304,13 +305,18 @@ def edge_time() -> str:
     runs or its out-of-memory, the spreads, B / A and whether it is resolved (bench.cap_edge_time's table)."""
     from bench.cap_edge_time import table_rows
 
-    record = _json(EDGE_TIME)
-    columns, rows = table_rows(record)
+    records = [_json(path) for path in EDGE_TIME]
+    rows = []
+    for record in records:
+        columns, more = table_rows(record)
+        rows += more
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *("| " + " | ".join(r) + " |" for r in rows)]
-    settings = record["settings"]
-    note = (f"{settings['steps']} steps ({settings['warmup']} warm-up), {settings['rounds']} rounds per point"
-            + (f", {len(record['not_started'])} runs not started (the deadline)" if record.get("not_started") else ""))
-    return "\n".join(lines) + f"\n\n{note}. " + _env_line([record["environment"]]) + "\n"
+    settings = records[0]["settings"]
+    cut = sum(len(r.get("not_started", [])) for r in records)
+    note = (f"{settings['steps']} steps ({settings['warmup']} warm-up), {settings['rounds']} rounds per point, one "
+            f"call per kind (`scripts/gpu-edge.sh`; {', '.join(f'`{p}`' for p in EDGE_TIME)})"
+            + (f", {cut} runs not started (the deadline)" if cut else ""))
+    return "\n".join(lines) + f"\n\n{note}. " + _env_line([r["environment"] for r in records]) + "\n"
 
 
 def micro() -> str:

@@ -130,9 +130,7 @@ cdef size_t _reback_chunk(Allocator self, Failure* why, Segment* seg, size_t chu
     if not early:
         _release_handle(self, why, old, C)
         if _create_slots(self, why, live_count, fresh) != DRIVER_OK:
-            if why.err == ERR_NONE:
-                why.err = ERR_DRIVER        # the memory just released was taken by someone else: the bytes are lost
-                why.call = CALL_CREATE
+            _restore_chunk(self, why, seg, chunk, live, staging, fresh)
             return 0
     # 3. the new handles at the live slots' addresses, one access grant per run, and the bytes back
     seg.handles[chunk] = 0
@@ -157,8 +155,11 @@ cdef size_t _reback_chunk(Allocator self, Failure* why, Segment* seg, size_t chu
             rc = _call(self, why, CALL_COPY_IN, self.driver.copy_in(lo + j * S, &staging[at], (run - j) * S), 0)
         at += (run - j) * S
         j = run
-    for j in range(n, fresh.size()):
-        _release_handle(self, why, fresh[j], S)     # only where a map failed: the chunk's bytes are lost then
+    if rc != DRIVER_OK:
+        _restore_chunk(self, why, seg, chunk, live, staging, fresh)
+        if early:
+            _release_handle(self, why, old, C)
+        return 0
     if early:
         _release_handle(self, why, old, C)
     self.st.reserved -= C - live_count * S
@@ -178,6 +179,47 @@ cdef size_t _reback_chunk(Allocator self, Failure* why, Segment* seg, size_t chu
         self._record(TRACE_SEGMENT_UNMAP, lo + j * S, (run - j) * S, ANY_STREAM)
         j = run
     return (k - live_count) * S
+
+
+cdef void _restore_chunk(Allocator self, Failure* why, Segment* seg, size_t chunk, vector[bint]& live,
+                         vector[char]& staging, vector[uint64_t]& fresh) noexcept nogil:
+    """A re-back that failed after its chunk was unmapped: unmap and give back the slots mapped so far and the new
+    handles, map one new whole handle at the chunk and copy the live slots back, so the chunk is as it was (the
+    call's failure says what failed). Only if that fails too are the chunk's bytes lost: its handle is then 0 and
+    why.err says so."""
+    cdef size_t S = self.k.reback_slot
+    cdef size_t C = seg.chunk_size
+    cdef uintptr_t lo = seg.va + chunk * C
+    cdef size_t k = C // S, j, run, at = 0
+    cdef vector[uint64_t] whole
+    cdef int rc
+    if _slotted(seg, chunk):
+        for j in range(k):
+            if seg.slots[chunk][j] != 0:
+                _call(self, why, CALL_UNMAP, self.driver.unmap(lo + j * S, S), 1)
+        seg.slots.erase(chunk)
+    for j in range(fresh.size()):
+        _release_handle(self, why, fresh[j], S)
+    fresh.clear()
+    seg.handles[chunk] = 0
+    rc = _map_new_chunks(self, why, lo, 1, C, whole, C, False)
+    j = 0
+    while rc == DRIVER_OK and j < k:
+        if not live[j]:
+            j += 1
+            continue
+        run = j
+        while run < k and live[run]:
+            run += 1
+        rc = _call(self, why, CALL_COPY_IN, self.driver.copy_in(lo + j * S, &staging[at], (run - j) * S), 0)
+        at += (run - j) * S
+        j = run
+    if rc == DRIVER_OK:
+        seg.handles[chunk] = whole[0]
+    elif why.err == ERR_NONE:
+        why.err = ERR_DRIVER
+        why.code = rc
+        why.call = CALL_CREATE
 
 
 cdef int _create_slots(Allocator self, Failure* why, size_t n, vector[uint64_t]& fresh) noexcept nogil:

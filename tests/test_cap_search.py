@@ -812,12 +812,17 @@ def test_counters_since_warm_up_carry_the_measured_driver_time():
     assert "driver_busy_s" not in common.counters_since(older, after)
 
 
-def test_settling_plans_session_13s_hand_placed_probes_from_its_real_searches():
+def test_settling_plans_session_13s_hand_placed_probes_from_its_real_searches(monkeypatch):
     """Session 13's BERT and ResNet-50 searches (tests/data/results/train/cap-2026-12-01h), with replay's thresholds from
     the traces they captured: the plan is the probes placed by hand there (bench cap probe, at 22,421,000,000 and
-    13,540,000,000 bytes), and replay expects each planned probe to settle the order."""
+    13,540,000,000 bytes), and replay expects each planned probe to settle the order. Those searches ran gmlake's
+    default before re-backing, replayed as it is spelled now."""
     from gmlake.replay import replay
     from gmlake.trace import load
+
+    as_run = "gmlake[capped_page_large=4MiB,reback_slot=0]"
+    policy_of = cap_search.replay_policy
+    monkeypatch.setattr(cap_search, "replay_policy", lambda a: as_run if a == "gmlake" else policy_of(a))
 
     record = json.loads((ROOT / "tests" / "data" / "results" / "train" / "cap-2026-12-01h" / "cap.json").read_text())
     total = record["device_total_memory"]
@@ -830,7 +835,7 @@ def test_settling_plans_session_13s_hand_placed_probes_from_its_real_searches():
         (cap, probes, below, above), = cap_search.settle_plan(outcomes, thresholds)
         assert (below, above) == ("gmlake", "expandable")
         planned[workload] = (int(cap * total), probes)
-        assert replay(load(trace), "gmlake", cap=int(cap * total), samples=0).ooms == 0
+        assert replay(load(trace), as_run, cap=int(cap * total), samples=0).ooms == 0
         assert replay(load(trace), "expandable", cap=int(cap * total), samples=0).ooms > 0
     assert planned["bert"] == (pytest.approx(22_423_378_995, abs=1), ["gmlake"])      # expandable's failure there
     assert planned["cnn"][1] == ["gmlake", "expandable"]                              # the midpoint, both probed

@@ -158,12 +158,20 @@ def test_the_replay_prices_the_copies():
     assert driver_seconds(stats, costs) == pytest.approx(3 * costs["per_mib"]["copied_bytes"] * 1e-6)
 
 
-def test_a_failure_after_the_page_went_is_the_drivers_error():
-    """With no room for the new slots first (the cap is full), the page goes before they are made; the driver
-    failing then is reported as its error, naming the call (the page's bytes are gone: only another process taking
-    the memory just released could cause it)."""
-    alloc = make("sim", limit=200 * MiB)
-    gapped_pages(alloc)
-    alloc.driver.inject_fault("create_chunk", 1)
-    with pytest.raises(DriverError, match="create_chunk"):
+@pytest.mark.parametrize("call, nth", [("create_chunk", 1), ("map", 1), ("copy", 2)])
+def test_a_failure_after_the_page_went_restores_it(call, nth):
+    """With no room for the new slots first (the cap is full), the page is released before they are made; a
+    driver failure after that (making, mapping or filling the slots) maps one new whole page and copies the live
+    bytes back, so the page is as it was, and the request fails with the driver's error naming the call."""
+    alloc = make("host", limit=200 * MiB)
+    live = gapped_pages(alloc)
+    alloc.driver.inject_fault(call, nth)
+    with pytest.raises(DriverError, match=call):
         alloc.malloc(100 * MiB)
+    check_bytes(live)
+    alloc.check()
+    assert alloc.stats()["reserved_bytes"] == alloc.driver.live_chunk_bytes == 200 * MiB
+    for p in live:
+        alloc.free(p)
+    alloc.empty_cache()
+    assert alloc.driver.live_chunks == 0

@@ -49,6 +49,16 @@ def test_replay_gives_the_gpu_runs_peak_to_the_byte(workload, allocator):
 # of DEVICE_TOTAL bytes. The traces were captured under expandable segments with the same seed and so the same
 # requests (scripts/gpu-cap-trace.sh; the opt1.3b one under its cap, which changes no request).
 DEVICE_TOTAL = 150109880320
+# Every GPU cap search below ran gmlake's default as it was before re-backing (Note [Taking slots back at the edge]):
+# 4 MiB pages under a cap, no re-backing. Replay is held to the policy that ran, spelled as it is now.
+GMLAKE_AS_RUN = "gmlake[capped_page_large=4MiB,reback_slot=0]"
+
+
+def as_run(allocator: str) -> str:
+    """The replay policy of the allocator the GPU ran in the searches below."""
+    return GMLAKE_AS_RUN if allocator == "gmlake" else allocator
+
+
 GPU_CAP_BRACKETS = {
     "gpt2xl-lora-ckpt-20steps-expandable": {"expandable": (0.05607518083350842, 0.05642739899267649),
                                             "gmlake": (0.055985276030235856, 0.05607225050624221)},
@@ -66,9 +76,9 @@ def test_replayed_caps_land_in_the_gpu_cap_search_brackets(trace_name):
     than expandable segments."""
     trace = load(RESULTS / "traces" / f"{trace_name}.gmtrace")
     for allocator, (failed, fit) in GPU_CAP_BRACKETS[trace_name].items():
-        assert replay(trace, allocator, cap=int(fit * DEVICE_TOTAL), samples=0).ooms == 0, allocator
-        assert replay(trace, allocator, cap=int(failed * DEVICE_TOTAL), samples=0).ooms > 0, allocator
-    assert replay(trace, "gmlake", cap=int(GPU_CAP_BRACKETS[trace_name]["expandable"][0] * DEVICE_TOTAL),
+        assert replay(trace, as_run(allocator), cap=int(fit * DEVICE_TOTAL), samples=0).ooms == 0, allocator
+        assert replay(trace, as_run(allocator), cap=int(failed * DEVICE_TOTAL), samples=0).ooms > 0, allocator
+    assert replay(trace, GMLAKE_AS_RUN, cap=int(GPU_CAP_BRACKETS[trace_name]["expandable"][0] * DEVICE_TOTAL),
                   samples=0).ooms == 0
 
 
@@ -103,9 +113,9 @@ def test_replay_predicts_session_12s_gpu_cap_brackets(workload, allocator, fit, 
     it runs out (replay's bracket is 0.2 % wide, so this holds the model to the GPU to about that). Where the GPU
     has no failure, replay's was below the peak allocated and never probed."""
     trace = load(RESULTS / "traces" / f"{SESSION_12_TRACES[workload]}.gmtrace")
-    assert replay(trace, allocator, cap=fit, samples=0).ooms == 0
+    assert replay(trace, as_run(allocator), cap=fit, samples=0).ooms == 0
     if failed is not None:
-        assert replay(trace, allocator, cap=failed, samples=0).ooms > 0
+        assert replay(trace, as_run(allocator), cap=failed, samples=0).ooms > 0
 
 
 def test_session_12s_searches_cover_five_workloads_and_both_allocators():
@@ -199,7 +209,8 @@ def test_session_13s_fixed_cap_probes_agree_with_replay():
     expandable segments ran out of memory. Replay gives each probe's outcome."""
     record = json.loads((RESULTS / "train" / "cap-probe-2026-12-01" / "cap-probe.json").read_text())
     for probe in record["probes"]:
-        ooms = replay(native_trace(probe["workload"]), probe["allocator"], cap=probe["cap_bytes"], samples=0).ooms
+        ooms = replay(native_trace(probe["workload"]), as_run(probe["allocator"]), cap=probe["cap_bytes"],
+                      samples=0).ooms
         assert (ooms == 0) == probe["fit"], probe
     gmlake_fits = {p["workload"]: p["cap_bytes"] for p in record["probes"] if p["allocator"] == "gmlake" and p["fit"]}
     expandable_fails = {w: failed for w, a, _, failed in session_13_pairs() if a == "expandable" and failed}
@@ -217,7 +228,8 @@ def test_the_settling_probes_on_the_gpu_agree_with_replay():
     settles = [p for p in record["probes"] if p["purpose"] == "settle"]
     assert [(p["allocator"], p["fit"]) for p in settles] == [("gmlake", True), ("expandable", False)]
     for probe in settles:
-        ooms = replay(native_trace("cnn"), probe["allocator"], cap=int(probe["fraction"] * total), samples=0).ooms
+        ooms = replay(native_trace("cnn"), as_run(probe["allocator"]), cap=int(probe["fraction"] * total),
+                      samples=0).ooms
         assert (ooms == 0) == probe["fit"]
     assert [(v["workload"], v["below"], v["above"]) for v in record["verdicts"]] == [("cnn", "gmlake", "expandable")]
 

@@ -175,9 +175,11 @@ def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
 def test_growth_over_a_free_block_of_another_stream_tag_is_out_of_memory_not_a_crash():
     """The search found it: gmlake[stitch=false] on a device just under its peak, where an expandable range's
     room ran on into a free block that growth cannot join, mapped over it and then followed a null pointer.
-    In a child process, so that a crash fails this test rather than the run."""
+    In a child process, so that a crash fails this test rather than the run. Without re-backing, which now makes
+    room there."""
     code = ("from gmlake.replay import run_requests; from gmlake.trace import load; "
-            "_, out = run_requests(load('gpt2l-lora-ckpt-expandable'), 'gmlake[stitch=false]', 12714759545, "
+            "_, out = run_requests(load('gpt2l-lora-ckpt-expandable'), 'gmlake[stitch=false,reback_slot=0]', "
+            "12714759545, "
             "samples=1); print(out['ooms'])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
