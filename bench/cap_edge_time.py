@@ -48,7 +48,7 @@ from pathlib import Path
 
 from bench import RESULTS, ROOT, cap_probe, cap_search
 from bench.cap_time import spread
-from bench.cli import OneLineParser
+from bench.cli import OneLineParser, named_bytes, render_table
 from bench.speed_suite import GIB, expected_duration
 from bench.train_suite import environment
 
@@ -234,21 +234,8 @@ def table(record: dict) -> str:
     a, b = record["settings"]["allocators"]
     title = (f"step time at the edge: {b} against {a}, {record['settings']['steps']} steps "
              f"({record['settings']['warmup']} warm-up), {record['settings']['rounds']} rounds")
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:             # plain text where rich is missing
-        return "\n".join([title, *("  ".join(row) for row in [columns, *rows])])
-    t = Table(title=title)
-    for name in columns:
-        t.add_column(name, justify="left" if name in ("workload", "kind", "verdict") else "right",
-                     no_wrap=name in ("workload", "verdict"))
-    for row in rows:
-        t.add_row(*row)
-    console = Console(width=240, record=True)
-    with console.capture() as captured:
-        console.print(t)
-    return captured.get()
+    return render_table(title, columns, rows, left=("workload", "kind", "verdict"), no_wrap=("workload", "verdict"),
+                        width=240)
 
 
 # ------------------------------------------------------------------------------------------------ the command line
@@ -277,16 +264,7 @@ def parse_limit(text: str) -> float:
 
 def parse_peak(item: str, workloads: list[str]) -> tuple[str, int]:
     """--peak WORKLOAD=BYTES -> (workload, bytes); ValueError with the reason."""
-    workload, sep, text = item.partition("=")
-    if not sep or workload not in workloads:
-        raise ValueError(f"--peak takes WORKLOAD=BYTES with WORKLOAD one of --workloads, got {item!r}")
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ValueError(f"--peak {workload}: BYTES must be a whole number above 0, got {text!r}")
-    return workload, value
+    return named_bytes(item, "--peak", workloads, "WORKLOAD one of --workloads", 1)
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "bench cap edge-time") -> argparse.Namespace:

@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench import RESULTS, cap_search
-from bench.cli import OneLineParser
+from bench.cli import OneLineParser, named_bytes
 from bench.speed_suite import GIB, expected_duration
 from bench.train_suite import environment
 
@@ -145,16 +145,7 @@ def calibration_line(workload: str, cal: dict, outside: int | None, allocator: s
 
 def parse_outside(item: str, workloads: set[str]) -> tuple[str, int]:
     """--outside WORKLOAD=BYTES -> (workload, bytes); ValueError with the reason."""
-    workload, sep, text = item.partition("=")
-    if not sep or workload not in workloads:
-        raise ValueError(f"--outside takes WORKLOAD=BYTES with WORKLOAD one of the probes', got {item!r}")
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"--outside {workload}: BYTES must be a whole number >= 0, got {text!r}")
-    return workload, value
+    return named_bytes(item, "--outside", workloads, "WORKLOAD one of the probes'", 0)
 
 
 def parse_probe(item: str) -> tuple[str, str, float]:

@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bench import RESULTS, speed_suite, train_suite
-from bench.cli import OneLineParser
+from bench.cli import OneLineParser, render_table
 from bench.speed_suite import GIB, expected_duration
 from bench.train_suite import environment
 from gmlake.cap import (  # noqa: F401
@@ -596,20 +596,7 @@ def table(record: dict) -> str:
                      f"{p['driver_added_s']:+.3f}" if "driver_added_s" in p else "-"))
     title = (f"smallest memory fraction at which {record['settings']['steps']} steps complete (device "
              f"{total / GIB:.1f} GiB, resolution {record['settings']['resolution']})")
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:             # plain text where rich is missing
-        return "\n".join([title, *("  ".join(row) for row in [columns, *rows])])
-    t = Table(title=title)
-    for name in columns:
-        t.add_column(name, justify="left" if name in ("workload", "allocator", "status") else "right")
-    for row in rows:
-        t.add_row(*row)
-    console = Console(width=200, record=True)
-    with console.capture() as captured:
-        console.print(t)
-    return captured.get()
+    return render_table(title, columns, rows, left=("workload", "allocator", "status"))
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:

@@ -29,3 +29,39 @@ def error_line(exc: BaseException) -> str:
         text = str(exc) or type(exc).__name__
     return " ".join(text.split())
 
+
+
+def named_bytes(item: str, flag: str, names, whose: str, minimum: int) -> tuple[str, int]:
+    """`FLAG NAME=BYTES` -> (name, bytes): NAME one of `names` (`whose` says whose, for the message), BYTES a whole
+    number >= `minimum`; ValueError with the reason."""
+    name, sep, text = item.partition("=")
+    if not sep or name not in names:
+        raise ValueError(f"{flag} takes {whose.split()[0].upper()}=BYTES with {whose}, got {item!r}")
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        least = "above 0" if minimum == 1 else f">= {minimum}"
+        raise ValueError(f"{flag} {name}: BYTES must be a whole number {least}, got {text!r}")
+    return name, value
+
+
+def render_table(title: str, columns: list[str], rows: list, left: tuple[str, ...] = (),
+                 no_wrap: tuple[str, ...] = (), width: int = 200) -> str:
+    """A result table as text: rich's, `width` columns wide, where rich is installed (`left` columns flush left, the
+    rest right; `no_wrap` never folded), else one plain line a row."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:             # plain text where rich is missing
+        return "\n".join([title, *("  ".join(row) for row in [columns, *rows])])
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(name, justify="left" if name in left else "right", no_wrap=name in no_wrap)
+    for row in rows:
+        table.add_row(*row)
+    console = Console(width=width, record=True)
+    with console.capture() as captured:
+        console.print(table)
+    return captured.get()
