@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+from conftest import one_line_exit_2
 
 import gmlake
 from gmlake import Allocator, DriverError, HostDriver, OutOfMemoryError, SimDriver
@@ -175,3 +176,12 @@ def test_a_failure_after_the_page_went_restores_it(call, nth):
         alloc.free(p)
     alloc.empty_cache()
     assert alloc.driver.live_chunks == 0
+
+
+@pytest.mark.parametrize("knobs", ["reback_slot=6MiB", "reback_slot=40MiB", "capped_page_large=6MiB,reback_slot=4MiB"])
+def test_a_slot_that_does_not_divide_the_pages_is_refused(knobs):
+    """A slot that does not tile the pages it would re-back would make the knob do nothing: one line, exit 2. (A
+    slot as large as the page is allowed: its pages are then never re-backed, as 2 MiB pages need none.)"""
+    line = one_line_exit_2(["-m", "gmlake", "replay", "tests/data/tiny-gpt2-native.pickle.gz", "--policy",
+                            f"gmlake[{knobs}]"])
+    assert "reback_slot" in line and "must divide" in line

@@ -236,6 +236,12 @@ class Policy:
             raise ValueError(f"gmlake: policy {self.name}: round_to must be a power of two, got {self.round_to}")
         if self.small_segment_size < self.small_size:
             raise ValueError(f"gmlake: policy {self.name}: small_segment_size must be at least small_size")
+        pages = [p for p in (self.expandable_page_large, self.capped_page_large) if p]
+        if self.reback_slot and any(p % self.reback_slot for p in pages):
+            raise ValueError(f"gmlake: policy {self.name}: reback_slot {self.reback_slot} must divide the large "
+                             f"pages it re-backs (expandable_page_large {self.expandable_page_large}"
+                             + (f", capped_page_large {self.capped_page_large}" if self.capped_page_large else "")
+                             + ")")
         unread = self.unread_knobs()
         if unread:
             name = unread[0]
