@@ -155,10 +155,24 @@ for p in (big, guard, other):
     alloc.free(p)
 alloc.empty_cache()
 alloc.close()
+edge = Allocator(drv, gmlake.policies.get("gmlake"), limit=200 << 20)   # re-backing at the cap
+live, gaps = [], []
+for _ in range(10):
+    live.append(edge.malloc(6 << 20))
+    gaps.append(edge.malloc(14 << 20))
+for p in gaps:
+    edge.free(p)
+big = edge.malloc(100 << 20)                           # fits once the pages' free slots went back
+edge_stats = edge.stats()
+for p in live + [big]:
+    edge.free(p)
+edge.empty_cache()
+edge.close()
 busy.append(drv.busy_seconds)
 print(json.dumps({"busy": busy, "sim_busy": gmlake.SimDriver().busy_seconds,
     "driver_version": drv.driver_version, "api_version": drv.api_version, "granularity": drv.granularity,
     "capacity": drv.capacity, "mem_get_info": drv.mem_get_info(), "stitches": stats["stitches"],
+    "rebacked": edge_stats["rebacked_chunks"], "copies": [edge_stats["calls"]["copy_out"], edge_stats["calls"]["copy_in"]],
     "calls_timed": sorted(costs), "stream_calls_timed": sorted(streams), "leaks": drv.leaks(), "log": fake_log(),
 }))
 """
@@ -175,6 +189,7 @@ def test_the_driver_runs_on_cuda_12_and_13_drivers(fake_libcuda, driver_version,
     assert got["granularity"] == 2 * MiB and got["capacity"] == 80 << 30
     assert got["mem_get_info"] == [80 << 30, 80 << 30]     # every chunk went back to the driver
     assert got["stitches"] == 1 and set(got["leaks"].values()) == {0}
+    assert got["rebacked"] == 10 and got["copies"] == [10, 10]     # Note [Taking slots back at the edge]
     # measured time inside the driver's calls grows with every call; the models measure none (replay prices them)
     assert got["busy"][0] == 0 < got["busy"][1] < got["busy"][2] and got["sim_busy"] == 0
     assert got["stream_calls_timed"] == ["capture_query", "event_destroy", "event_query", "event_record",
@@ -186,7 +201,8 @@ def test_the_driver_runs_on_cuda_12_and_13_drivers(fake_libcuda, driver_version,
     wanted, unwanted = ("cuCtxSynchronize(ctx)", "cuCtxSynchronize(void)")[:: 1 if requested >= 13000 else -1]
     assert wanted in log and unwanted not in log
     for call in ("cuInit", "cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
-                 "cuMemRelease", "cuMemAddressFree", "cuEventCreate", "cuEventRecord", "cuEventDestroy"):
+                 "cuMemRelease", "cuMemAddressFree", "cuEventCreate", "cuEventRecord", "cuEventDestroy",
+                 "cuMemcpyDtoH", "cuMemcpyHtoD"):
         assert call in log, f"{call} was never called"
 
 
