@@ -185,3 +185,21 @@ def test_a_slot_that_does_not_divide_the_pages_is_refused(knobs):
     line = one_line_exit_2(["-m", "gmlake", "replay", "tests/data/tiny-gpt2-native.pickle.gz", "--policy",
                             f"gmlake[{knobs}]"])
     assert "reback_slot" in line and "must divide" in line
+
+
+def test_never_during_a_graph_capture():
+    """A capture forbids the synchronize re-backing needs: a request under capture that finds no memory fails as a
+    capture's out-of-memory, nothing re-backed; once the capture ends the same request re-backs and fits."""
+    from gmlake.errors import CaptureOutOfMemoryError
+    alloc = make("host", limit=200 * MiB)
+    live = gapped_pages(alloc)
+    alloc.begin_allocate_to_pool(1, [0], capturing=True)
+    with pytest.raises(CaptureOutOfMemoryError):
+        alloc.malloc(100 * MiB)
+    assert alloc.stats()["rebacked_chunks"] == 0
+    alloc.end_allocate_to_pool(1)
+    alloc.release_pool(1)
+    big = alloc.malloc(100 * MiB)
+    assert alloc.stats()["rebacked_chunks"] == 10
+    check_bytes(live)
+    alloc.free(big)
