@@ -95,9 +95,8 @@ cdef size_t _reback_chunk(Allocator self, Failure* why, Segment* seg, size_t chu
     cdef size_t S = self.k.reback_slot
     cdef size_t C = seg.chunk_size
     cdef uintptr_t lo = seg.va + chunk * C
-    cdef size_t k, j, n, run, copied = 0, live_count, at
+    cdef size_t k, j, n, run, copied, live_count, at
     cdef uint64_t old = seg.handles[chunk]
-    cdef uint64_t handle
     cdef vector[uint64_t] fresh
     cdef bint early
     cdef int rc = DRIVER_OK
@@ -109,19 +108,9 @@ cdef size_t _reback_chunk(Allocator self, Failure* why, Segment* seg, size_t chu
         live_count += live[j]
     staging.resize(live_count * S)
     # 1. the live slots' bytes to the host, run by run
-    j = 0
-    while j < k:
-        if not live[j]:
-            j += 1
-            continue
-        run = j
-        while run < k and live[run]:
-            run += 1
-        rc = _call(self, why, CALL_COPY_OUT, self.driver.copy_out(&staging[copied], lo + j * S, (run - j) * S), 0)
-        if rc != DRIVER_OK:
-            return 0
-        copied += (run - j) * S
-        j = run
+    copied = live_count * S
+    if _copy_runs(self, why, lo, live, staging, True) != DRIVER_OK:
+        return 0
     # 2. the new handles, before the chunk goes where the limit leaves room for both
     early = not (self.limit_bytes and self.st.reserved + copied > self.limit_bytes)
     if early and _create_slots(self, why, live_count, fresh) != DRIVER_OK:
@@ -142,25 +131,20 @@ cdef size_t _reback_chunk(Allocator self, Failure* why, Segment* seg, size_t chu
     seg.handles[chunk] = 0
     seg.slots[chunk].assign(k, 0)
     n = 0
-    at = 0
-    j = 0
+    j = _run_start(live, 0, True)
     while j < k and rc == DRIVER_OK:
-        if not live[j]:
-            j += 1
-            continue
-        run = j
-        while run < k and live[run] and rc == DRIVER_OK:
-            rc = _call(self, why, CALL_MAP, self.driver.map(lo + run * S, S, fresh[n]), 1)
-            if rc == DRIVER_OK:
-                seg.slots[chunk][run] = fresh[n]
-                n += 1
-                run += 1
+        run = _run_end(live, j, True)
+        for at in range(j, run):
+            rc = _call(self, why, CALL_MAP, self.driver.map(lo + at * S, S, fresh[n]), 1)
+            if rc != DRIVER_OK:
+                break
+            seg.slots[chunk][at] = fresh[n]
+            n += 1
         if rc == DRIVER_OK:
             rc = _call(self, why, CALL_SET_ACCESS, self.driver.set_access(lo + j * S, (run - j) * S), run - j)
-        if rc == DRIVER_OK:
-            rc = _call(self, why, CALL_COPY_IN, self.driver.copy_in(lo + j * S, &staging[at], (run - j) * S), 0)
-        at += (run - j) * S
-        j = run
+        j = _run_start(live, run, True)
+    if rc == DRIVER_OK:
+        rc = _copy_runs(self, why, lo, live, staging, False)
     if rc != DRIVER_OK:
         _restore_chunk(self, why, seg, chunk, live, staging, fresh)
         if early:
@@ -173,17 +157,12 @@ cdef size_t _reback_chunk(Allocator self, Failure* why, Segment* seg, size_t chu
     self.st.chunks_released += 1
     self.st.copied_bytes += copied
     # 4. the free slots become holes (merged with the holes beside them)
-    j = 0
+    j = _run_start(live, 0, False)
     while j < k:
-        if live[j]:
-            j += 1
-            continue
-        run = j
-        while run < k and not live[run]:
-            run += 1
+        run = _run_end(live, j, False)
         _carve_hole(self, _containing(self, lo + j * S), lo + j * S, lo + run * S)
         self._record(TRACE_SEGMENT_UNMAP, lo + j * S, (run - j) * S, ANY_STREAM)
-        j = run
+        j = _run_start(live, run, False)
     return (k - live_count) * S
 
 
@@ -196,7 +175,7 @@ cdef void _restore_chunk(Allocator self, Failure* why, Segment* seg, size_t chun
     cdef size_t S = self.k.reback_slot
     cdef size_t C = seg.chunk_size
     cdef uintptr_t lo = seg.va + chunk * C
-    cdef size_t k = C // S, j, run, at = 0
+    cdef size_t k = C // S, j
     cdef vector[uint64_t] whole
     cdef int rc
     if _slotted(seg, chunk):
@@ -209,23 +188,48 @@ cdef void _restore_chunk(Allocator self, Failure* why, Segment* seg, size_t chun
     fresh.clear()
     seg.handles[chunk] = 0
     rc = _map_new_chunks(self, why, lo, 1, C, whole, C, False)
-    j = 0
-    while rc == DRIVER_OK and j < k:
-        if not live[j]:
-            j += 1
-            continue
-        run = j
-        while run < k and live[run]:
-            run += 1
-        rc = _call(self, why, CALL_COPY_IN, self.driver.copy_in(lo + j * S, &staging[at], (run - j) * S), 0)
-        at += (run - j) * S
-        j = run
+    if rc == DRIVER_OK:
+        rc = _copy_runs(self, why, lo, live, staging, False)
     if rc == DRIVER_OK:
         seg.handles[chunk] = whole[0]
     elif why.err == ERR_NONE:
         why.err = ERR_DRIVER
         why.code = rc
         why.call = CALL_CREATE
+
+
+cdef inline size_t _run_start(vector[bint]& live, size_t j, bint value) noexcept nogil:
+    """The first slot at or after j whose liveness is `value` (live.size() where none is)."""
+    while j < live.size() and live[j] != value:
+        j += 1
+    return j
+
+
+cdef inline size_t _run_end(vector[bint]& live, size_t j, bint value) noexcept nogil:
+    """The end of the run of slots from j whose liveness is `value`."""
+    while j < live.size() and live[j] == value:
+        j += 1
+    return j
+
+
+cdef int _copy_runs(Allocator self, Failure* why, uintptr_t lo, vector[bint]& live, vector[char]& staging,
+                    bint out) noexcept nogil:
+    """Copy the live slots of the chunk at `lo` to `staging`, packed in order (`out`), or back from it: one copy per
+    run of live slots. Returns the driver's code."""
+    cdef size_t S = self.k.reback_slot
+    cdef size_t at = 0, run, bytes_
+    cdef size_t j = _run_start(live, 0, True)
+    cdef int rc = DRIVER_OK
+    while j < live.size() and rc == DRIVER_OK:
+        run = _run_end(live, j, True)
+        bytes_ = (run - j) * S
+        if out:
+            rc = _call(self, why, CALL_COPY_OUT, self.driver.copy_out(&staging[at], lo + j * S, bytes_), 0)
+        else:
+            rc = _call(self, why, CALL_COPY_IN, self.driver.copy_in(lo + j * S, &staging[at], bytes_), 0)
+        at += bytes_
+        j = _run_start(live, run, True)
+    return rc
 
 
 cdef int _create_slots(Allocator self, Failure* why, size_t n, vector[uint64_t]& fresh) noexcept nogil:
