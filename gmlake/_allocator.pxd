@@ -301,6 +301,7 @@ cdef struct Knobs:
     size_t capped_page_large      # expandable_page_large where 0: Note [Finer pages under a cap]
     size_t expandable_reserve     # 9/8 of the device's memory where 0
     size_t reback_slot            # 0: never re-back (Note [Taking slots back at the edge])
+    size_t device_reserve         # 0: growth may take the device's last byte (Note [Leaving the libraries room])
     # What the growth says of itself (Growth.fit_counts_unmapped)
     bint fit_counts_unmapped
     # Which seams the policy overrides in Python (read once, at construction): the core calls Python only there.
@@ -358,6 +359,7 @@ cdef class Allocator:
     cdef Knobs k
     cdef std_mutex mutex
     cdef size_t limit_bytes
+    cdef bint reserve_open                               # relief ran out: growth may take the device reserve
     cdef size_t max_request
     cdef Stats st
     cdef object hook_errors                              # threading.local: the exception a hook raised, per thread

@@ -403,6 +403,14 @@ cdef class Allocator:
                     return b
             elif why.err != ERR_NONE:
                 return NULL
+        if self.k.device_reserve and not self.reserve_open:
+            # relief ran out: the device reserve is the last memory a request may have (Note [Leaving the
+            # libraries room], _reserve_binds)
+            self.reserve_open = True
+            b = self._try_alloc(why, size_class, size, stream)
+            self.reserve_open = False
+            if b != NULL or why.err != ERR_OOM:
+                return b
         why.err = ERR_OOM
         return NULL
 

@@ -431,6 +431,14 @@ cdef class CudaDriver(Driver):
         self._leave(pushed, started)
         return rc
 
+    cdef int device_free(self, size_t* free) noexcept nogil:
+        cdef size_t total_bytes = 0
+        cdef double started
+        cdef bint pushed = self._enter(&started)
+        cdef int rc = _code(api.cuMemGetInfo(free, &total_bytes), CALL_MEM_GET_INFO)
+        self._leave(pushed, started)
+        return rc
+
     def mem_get_info(self) -> tuple[int, int]:
         """(free, total) bytes of the device, from cuMemGetInfo."""
         cdef size_t free_bytes = 0, total_bytes = 0

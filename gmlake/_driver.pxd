@@ -36,6 +36,9 @@ cdef class Driver:
     cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil
     cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil
     cdef int synchronize(self) noexcept nogil
+    # The device's free memory, for the reserve growth leaves to the process's other users (Note [Leaving the
+    # libraries room]): cuMemGetInfo on a GPU; a model driver's capacity less its live chunks (SIZE_MAX unbounded).
+    cdef int device_free(self, size_t* free) noexcept nogil
     # Copy device memory at `va` to host memory and back, synchronously, for re-backing (the caller synchronized the
     # device first). The sim driver has no bytes and copies nothing.
     cdef int copy_out(self, void* host, uintptr_t va, size_t size) noexcept nogil

@@ -61,6 +61,10 @@ cdef class Driver:
     cdef int copy_out(self, void* host, uintptr_t va, size_t size) noexcept nogil:
         return NOT_IMPLEMENTED
 
+    cdef int device_free(self, size_t* free) noexcept nogil:
+        free[0] = self.capacity - <size_t>self.live_chunk_bytes if self.capacity else <size_t>-1
+        return DRIVER_OK
+
     cdef int copy_in(self, uintptr_t va, const void* host, size_t size) noexcept nogil:
         return NOT_IMPLEMENTED
 

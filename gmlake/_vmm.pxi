@@ -86,6 +86,31 @@ cdef void _discard_range(Allocator self, Failure* why, uintptr_t va, size_t size
         self.orphans.ranges.push_back(orphan)
 
 
+cdef bint _reserve_binds(Allocator self, size_t size) noexcept nogil:
+    """Would `size` new bytes leave the device fewer than device_reserve free? Never where a cap binds (the cap is
+    the limit) or a capture runs (it cannot relieve pressure: it takes the reserve at once), nor where the driver
+    cannot say (growth goes on as without a reserve).
+
+    Note [Leaving the libraries room]: the device's memory is shared with the process's other users, and some
+    allocate late: cuDNN compiles and loads kernels for new shapes (cuLibraryLoadData), cuBLAS makes workspaces.
+    An allocator that takes the device's last free bytes before they have loaded what later shapes need makes them
+    fail outside any allocator, where no pressure stage can help: on the H200, gpt2xl-lora-ckpt given 1.02x its peak
+    allocated as the device's free memory failed in cuDNN's attention backward (cuLibraryLoadData: out of memory)
+    in every gmlake run, re-backing on or off, where expandable segments trained and where gmlake itself trained
+    with 1.004x and 1.014x. With device_reserve, growth that would leave the device fewer free bytes fails softly:
+    the request goes through every pressure stage first (release, re-back) and takes the reserve only when they
+    made no room (Allocator._alloc_under_pressure), so a request the device has room for still gets it. The free
+    memory is asked of the driver (cuMemGetInfo) at growth only, never on a cache hit; a model driver answers its
+    capacity less its live chunks, so a replay with a device limit makes the same decisions. Off by default: its
+    replay price is measured (at a device of 1.02x P on gpt2xl-lora-ckpt, 64 MiB triples gmlake's priced driver
+    time, 8 MiB adds a tenth) but whether it cures that failure is not yet (docs/benchmarks.md, "The device itself
+    as the limit")."""
+    cdef size_t free = 0
+    if _cap_binds(self) or _capturing(self) or self.driver.device_free(&free) != DRIVER_OK:
+        return False
+    return free < size + self.k.device_reserve
+
+
 cdef int _map_new_chunks(Allocator self, Failure* why, uintptr_t va, size_t n, size_t chunk_size,
                          vector[uint64_t]& handles, size_t va_size, bint release_va) noexcept nogil:
     """Create `n` chunks and map them back to back from `va`, then grant access to the run in one call; on success
@@ -97,6 +122,10 @@ cdef int _map_new_chunks(Allocator self, Failure* why, uintptr_t va, size_t n, s
     cdef uint64_t handle = 0
     cdef int rc = DRIVER_OK
     handles.clear()
+    if n and self.k.device_reserve and not self.reserve_open and _reserve_binds(self, n * chunk_size):
+        why.err = ERR_OOM
+        _discard_range(self, why, va, va_size if release_va else 0, 0, 0, release_va)
+        return DRIVER_OOM
     for i in range(n):
         rc = _call(self, why, CALL_CREATE, self.driver.create_chunk(chunk_size, &handle), 1)
         if rc == DRIVER_OK:

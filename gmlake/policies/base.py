@@ -48,6 +48,10 @@ class Policy:
       reback_slot: under "expandable", as the last pressure stage, re-back each partly used chunk in handles of
         this many bytes, one per slot that holds live bytes (copied through the host, pointers unchanged), giving
         its free slots back to the driver (0: never). Note [Taking slots back at the edge].
+      device_reserve: where no cap binds, new memory that would leave the device fewer free bytes than this is
+        taken only after every pressure stage failed to make room, so the CUDA libraries' own later allocations
+        (kernels loaded for a new shape, workspaces) still find memory (0: growth takes the device's last byte).
+        Note [Leaving the libraries room].
       stitch: whether to stitch free blocks at all (under "chunks" and "expandable"; "pytorch" never stitches).
       min_stitch_size: requests below this size never stitch; they get new chunks instead.
       min_saved_chunks: a stitch that also needs new chunks must save at least this many of them (1: stitch only
@@ -110,6 +114,7 @@ class Policy:
     capped_page_large: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     expandable_reserve: int = knob(0, unit="bytes", minimum=0, growths=("expandable",))
     reback_slot: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
+    device_reserve: int = knob(0, unit="bytes", minimum=0)
     max_cached_sblocks: int = knob(4096, unit="count", minimum=0, growths=STITCHING)
     sblock_search_depth: int = knob(8, unit="count", minimum=1, growths=STITCHING)
     sblock_first: bool = knob(True, growths=STITCHING)
@@ -182,9 +187,10 @@ class Policy:
         """Release under pressure: what to do when a `size`-byte request found no memory, before it fails with
         out-of-memory. Asked for `attempt` 0, 1, ... (at most 4), each time the request still fails; after each
         action the request is retried. Return one of `PRESSURE_ACTIONS` ("sync", "release_other_pool",
-        "release_all"), or None to give up (the request fails with OutOfMemoryError). `default` is the built-in
-        answer: with `cross_stream`, "release_other_pool" then "release_all"; without (PyTorch's rule),
-        "release_all" twice; then None."""
+        "release_all", "reback"), or None to give up (the request fails with OutOfMemoryError, or, with
+        `device_reserve`, takes the device reserve). `default` is the built-in answer: with `cross_stream`,
+        "release_other_pool" then "release_all"; without (PyTorch's rule), "release_all" twice; then "reback" where
+        `reback_slot` is set; then None."""
         return default
 
     def cython_seams(self) -> object | None:
