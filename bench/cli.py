@@ -47,16 +47,22 @@ def named_bytes(item: str, flag: str, names, whose: str, minimum: int) -> tuple[
     return name, value
 
 
+def cell(value, fmt: str, unit: str = "") -> str:
+    """A table's cell: `value` formatted by `fmt`, then `unit` ("x", "%"), or "-" where there is no value."""
+    return "-" if value is None else format(value, fmt) + unit
+
+
 def render_table(title: str, columns: list[str], rows: list, left: tuple[str, ...] = (),
-                 no_wrap: tuple[str, ...] = (), width: int = 200) -> str:
+                 no_wrap: tuple[str, ...] = (), width: int = 200, borders: bool = True) -> str:
     """A result table as text: rich's, `width` columns wide, where rich is installed (`left` columns flush left, the
-    rest right; `no_wrap` never folded), else one plain line a row."""
+    rest right; `no_wrap` never folded; `borders=False`: columns two spaces apart, no lines), else one plain line a
+    row."""
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:             # plain text where rich is missing
         return "\n".join([title, *("  ".join(row) for row in [columns, *rows])])
-    table = Table(title=title)
+    table = Table(title=title) if borders else Table(title=title, box=None)
     for name in columns:
         table.add_column(name, justify="left" if name in left else "right", no_wrap=name in no_wrap)
     for row in rows:
@@ -64,4 +70,4 @@ def render_table(title: str, columns: list[str], rows: list, left: tuple[str, ..
     console = Console(width=width, record=True)
     with console.capture() as captured:
         console.print(table)
-    return captured.get()
+    return "".join(line.rstrip() + "\n" for line in captured.get().splitlines())

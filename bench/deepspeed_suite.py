@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 
 from bench import RESULTS, ROOT, child_env
-from bench.cli import OneLineParser
-from bench.speed_suite import run_order, spread_pct
+from bench.cli import OneLineParser, cell, render_table
+from bench.speed_suite import native_spread, run_order, spread_pct
 from bench.train_suite import environment
 
 WORKLOAD_MODULE = "bench.workloads.deepspeed_train"
@@ -226,35 +226,27 @@ def table_rows(runs: list[dict], stages: list[int], allocators: list[str]) -> li
 
 def format_table(rows: list[dict], warmup: int, steps: int) -> str:
     """The table printed at the end, and native's run-to-run spread under it."""
-    def cell(value, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
-
-    header = (f"{'stage':<6} {'allocator':<11} {'runs':>4} {'resv GiB':>9} {'vs nat':>7} {'vs exp':>7} "
-              f"{'alloc GiB':>9} {'util':>6} {'step s':>7} {'min-max':>13} {'vs nat':>7} {'vs exp':>7} "
-              f"{'loss diff':>9} {'stitches':>8} {'drv calls':>9}")
-    lines = [(f"peaks over the training steps; step = median step time after {warmup} warm-up steps of {steps}, "
-              "median over runs (min-max: the runs' medians); loss diff = largest |loss - native run 1's| over the "
-              "steps; stitches, driver calls: gmlake's after warm-up"), header, "-" * len(header)]
+    title = (f"peaks over the training steps; step = median step time after {warmup} warm-up steps of {steps}, "
+             "median over runs (min-max: the runs' medians); loss diff = largest |loss - native run 1's| over the "
+             "steps; stitches, driver calls: gmlake's after warm-up")
+    columns = ["stage", "allocator", "runs", "resv GiB", "vs nat", "vs exp", "alloc GiB", "util", "step s", "min-max",
+               "vs nat", "vs exp", "loss diff", "stitches", "drv calls", "note"]
+    cells = []
     for row in rows:
         name = stage_name(row["stage"])
         if not row["runs"]:
-            lines.append(f"{name:<6} {row['allocator']:<11} {0:>4} failed {row['failed']} time(s)")
+            cells.append([name, row["allocator"], "0", *[""] * 12, f"failed {row['failed']} time(s)"])
             continue
-        lines.append(
-            f"{name:<6} {row['allocator']:<11} {row['runs']:>4} {cell(row.get('peak_reserved_gib'), '.2f'):>9} "
-            f"{cell(row.get('reserved_vs_native'), '.3f'):>7} {cell(row.get('reserved_vs_expandable'), '.3f'):>7} "
-            f"{cell(row.get('peak_allocated_gib'), '.2f'):>9} {cell(row.get('utilization'), '.3f'):>6} "
-            f"{row['median_step_s']:>7.3f} {row['step_s_min']:>6.3f}-{row['step_s_max']:<6.3f} "
-            f"{cell(row.get('step_vs_native'), '.3f'):>7} {cell(row.get('step_vs_expandable'), '.3f'):>7} "
-            f"{cell(row.get('loss_max_abs_diff_vs_native'), '.2g'):>9} "
-            f"{cell(row.get('stitches_after_warmup'), '.0f'):>8} {cell(row.get('driver_calls_after_warmup'), '.0f'):>9}"
-            + (f"  ({row['failed']} failed)" if row["failed"] else ""))
-    native = [f"{stage_name(r['stage'])} {r['spread_pct']:.1f}% over {r['runs']} runs" for r in rows
-              if r["allocator"] == "native" and r["runs"]]
-    if native:
-        lines.append("native's own run-to-run spread of step time (a ratio closer to 1.00 than this is not resolved): "
-                     + ", ".join(native))
-    return "\n".join(lines)
+        cells.append([name, row["allocator"], str(row["runs"]), cell(row.get("peak_reserved_gib"), ".2f"),
+                      cell(row.get("reserved_vs_native"), ".3f"), cell(row.get("reserved_vs_expandable"), ".3f"),
+                      cell(row.get("peak_allocated_gib"), ".2f"), cell(row.get("utilization"), ".3f"),
+                      f"{row['median_step_s']:.3f}", f"{row['step_s_min']:.3f}-{row['step_s_max']:.3f}",
+                      cell(row.get("step_vs_native"), ".3f"), cell(row.get("step_vs_expandable"), ".3f"),
+                      cell(row.get("loss_max_abs_diff_vs_native"), ".2g"), cell(row.get("stitches_after_warmup"), ".0f"),
+                      cell(row.get("driver_calls_after_warmup"), ".0f"),
+                      f"({row['failed']} failed)" if row["failed"] else ""])
+    table = render_table(title, columns, cells, left=("stage", "allocator", "note"), borders=False)
+    return "\n".join([table.rstrip("\n"), *native_spread(rows, lambda row: stage_name(row["stage"]), " of step time")])
 
 
 def preflight(args) -> tuple[dict | None, str]:

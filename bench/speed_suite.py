@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from bench import RESULTS, child_env
-from bench.cli import OneLineParser
+from bench.cli import OneLineParser, cell, render_table
 from bench.train_suite import CANDIDATES, environment
 
 WORKLOAD_MODULE = "bench.workloads.dynamic"
@@ -165,36 +165,36 @@ def table_rows(runs: list[dict], workloads: list[str], allocators: list[str]) ->
 
 def format_table(rows: list[dict], warmup: int, steps: int) -> str:
     """The table printed at the end, and native's run-to-run spread under it."""
-    def cell(value, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
-
-    header = (f"{'workload':<8} {'allocator':<13} {'runs':>4} {'vs native':>9} {'min-max':>13} {'spread':>7} "
-              f"{'samples/s':>10} {'resv GiB':>9} {'util':>6} {'stitches':>9} {'drv calls':>10} {'GPU time':>9} "
-              f"{'spread':>7}")
-    lines = [(f"time = sum of step times after {warmup} warm-up steps of {steps}, median over runs, relative to "
-              f"native's median; min-max = each run's ratio; spread = (max - min) / median of the allocator's own runs; "
-              f"GPU time = the kernels' own time over the profiled extra steps against native's, and its spread"),
-             header, "-" * len(header)]
+    title = (f"time = sum of step times after {warmup} warm-up steps of {steps}, median over runs, relative to "
+             f"native's median; min-max = each run's ratio; spread = (max - min) / median of the allocator's own runs; "
+             f"GPU time = the kernels' own time over the profiled extra steps against native's, and its spread")
+    columns = ["workload", "allocator", "runs", "vs native", "min-max", "spread", "samples/s", "resv GiB", "util",
+               "stitches", "drv calls", "GPU time", "spread", "note"]
+    cells = []
     for row in rows:
         if not row["runs"]:
-            lines.append(f"{row['workload']:<8} {row['allocator']:<13} {0:>4} failed {row['failed']} time(s)")
+            cells.append([row["workload"], row["allocator"], "0", *[""] * 10, f"failed {row['failed']} time(s)"])
             continue
         ratio_range = (f"{row['vs_native_min']:.3f}-{row['vs_native_max']:.3f}" if "vs_native" in row else "-")
-        lines.append(
-            f"{row['workload']:<8} {row['allocator']:<13} {row['runs']:>4} {cell(row.get('vs_native'), '.3f'):>8}x "
-            f"{ratio_range:>13} {row['spread_pct']:>6.1f}% {row['samples_per_s']:>10.1f} "
-            f"{cell(row.get('peak_reserved_gib'), '.2f'):>9} {cell(row.get('utilization'), '.3f'):>6} "
-            f"{cell(row.get('stitches_after_warmup'), '.0f'):>9} "
-            f"{cell(row.get('driver_calls_after_warmup'), '.0f'):>10} {cell(row.get('gpu_vs_native'), '.3f'):>8}x "
-            f"{cell(row.get('gpu_spread_pct'), '.1f'):>6}%"
-            + (f"  ({row['failed']} failed)" if row["failed"] else "")
-            + ("  (SHAPES DIFFER between runs)" if len(row["schedules"]) > 1 else ""))
-    native = [f"{r['workload']} {r['spread_pct']:.1f}% over {r['runs']} runs" for r in rows
+        notes = ([f"({row['failed']} failed)"] if row["failed"] else []) + (
+            ["(SHAPES DIFFER between runs)"] if len(row["schedules"]) > 1 else [])
+        cells.append([row["workload"], row["allocator"], str(row["runs"]), cell(row.get("vs_native"), ".3f", "x"),
+                      ratio_range, f"{row['spread_pct']:.1f}%", f"{row['samples_per_s']:.1f}",
+                      cell(row.get("peak_reserved_gib"), ".2f"), cell(row.get("utilization"), ".3f"),
+                      cell(row.get("stitches_after_warmup"), ".0f"), cell(row.get("driver_calls_after_warmup"), ".0f"),
+                      cell(row.get("gpu_vs_native"), ".3f", "x"), cell(row.get("gpu_spread_pct"), ".1f", "%"),
+                      " ".join(notes)])
+    table = render_table(title, columns, cells, left=("workload", "allocator", "note"), borders=False)
+    return "\n".join([table.rstrip("\n"), *native_spread(rows, lambda row: row["workload"])])
+
+
+def native_spread(rows: list[dict], name, of: str = "") -> list[str]:
+    """The line under a suite's table: native's own run-to-run spread (`of` what) in each row `name(row)` names where
+    native ran, or none."""
+    native = [f"{name(r)} {r['spread_pct']:.1f}% over {r['runs']} runs" for r in rows
               if r["allocator"] == "native" and r["runs"]]
-    if native:
-        lines.append("native's own run-to-run spread (a ratio closer to 1.00 than this is not resolved): "
-                     + ", ".join(native))
-    return "\n".join(lines)
+    return [f"native's own run-to-run spread{of} (a ratio closer to 1.00 than this is not resolved): "
+            + ", ".join(native)] if native else []
 
 
 def write_summary(path: Path, record: dict) -> None:

@@ -8,10 +8,9 @@ creates its allocator, and the graph pool hooks (rare, and their errors become P
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libc.stdio cimport snprintf
 from libcpp.atomic cimport atomic
-from libcpp.mutex cimport mutex
 from libcpp.utility cimport pair
 from libcpp.vector cimport vector
-from gmlake._allocator cimport Allocator, Failure, ERR_OOM, ERR_NONE
+from gmlake._allocator cimport Allocator, Failure, ERR_OOM, ERR_NONE, ScopedLock, std_mutex
 
 cdef extern from "_bridge.h" namespace "gmlake" nogil:
     void throw_error(const char* message)
@@ -185,7 +184,10 @@ cdef public void gmlake_record_stream(void* ptr, void* stream) noexcept nogil:
 #     routing when its last route ends. Each begin's use is dropped by its own releasePool.
 # With no pool routed, a request pays one atomic load for all this.
 
-cdef mutex _routing_lock                  # guards the three vectors below
+# _routing_lock guards the three vectors below. It is taken only by a ScopedLock in one of the routing steps after
+# _alloc_routed (one step a function, the lock held until it returns, on every path: a filter or a push_back that
+# throws included), never around a call into the allocator or any Python.
+cdef std_mutex _routing_lock
 cdef vector[int] _routed_devices          # one entry per active begin: its device, pool key and filter
 cdef vector[uint64_t] _routed_pools
 cdef vector[StreamFilter] _routed_filters
@@ -206,21 +208,81 @@ cdef uint64_t _pool_key(pair[unsigned long long, unsigned long long] pool) noexc
 cdef uintptr_t _alloc_routed(Allocator a, size_t size, int device, void* stream, Failure* why) noexcept nogil:
     """A request while PyTorch has pools active: the first active pool whose filter accepts the stream serves it,
     else the default pool, with the thread in relaxed capture mode."""
-    cdef uint64_t pool = 0
-    cdef size_t i
+    cdef uint64_t pool = _route(device, stream)
     cdef int mode = RELAXED_CAPTURE_MODE
     cdef uintptr_t ptr
-    _routing_lock.lock()
-    for i in range(_routed_pools.size()):
-        if _routed_devices[i] == device and filter_accepts(_routed_filters[i], stream):
-            pool = _routed_pools[i]
-            break
-    _routing_lock.unlock()
     cdef bint relaxed = a.driver.exchange_capture_mode(&mode) == 0
     ptr = a.malloc_in_pool_nogil(size, <int64_t><uintptr_t>stream, pool, why)
     if relaxed:
         a.driver.exchange_capture_mode(&mode)
     return ptr
+
+
+# ---- the routing steps, each under _routing_lock
+
+cdef inline uint64_t _route(int device, void* stream) noexcept nogil:
+    """The pool of the first active begin on `device` whose filter accepts `stream`, else 0 (the default pool)."""
+    cdef ScopedLock held
+    held.acquire(_routing_lock)
+    cdef size_t i
+    for i in range(_routed_pools.size()):
+        if _routed_devices[i] == device and filter_accepts(_routed_filters[i], stream):
+            return _routed_pools[i]
+    return 0
+
+
+cdef bint _is_routed(int device, uint64_t pool) noexcept nogil:
+    """Whether some active begin routes `pool` on `device` (the caller holds _routing_lock)."""
+    cdef size_t i
+    for i in range(_routed_pools.size()):
+        if _routed_devices[i] == device and _routed_pools[i] == pool:
+            return True
+    return False
+
+
+cdef bint _routes(int device, uint64_t pool) noexcept nogil:
+    """_is_routed, under _routing_lock."""
+    cdef ScopedLock held
+    held.acquire(_routing_lock)
+    return _is_routed(device, pool)
+
+
+cdef void _add_route(int device, uint64_t pool, const StreamFilter& filter) noexcept nogil:
+    """A begin's route: `pool` on `device` serves the requests `filter` accepts."""
+    cdef ScopedLock held
+    held.acquire(_routing_lock)
+    _routed_devices.push_back(device)
+    _routed_pools.push_back(pool)
+    _routed_filters.push_back(filter)
+    _routed_count.store(<int>_routed_pools.size())
+
+
+cdef bint _drop_route(int device, uint64_t pool) noexcept nogil:
+    """Drop the latest route of `pool` on `device`, if any: whether that was its last."""
+    cdef ScopedLock held
+    held.acquire(_routing_lock)
+    cdef size_t i = _routed_pools.size()
+    cdef bint found = False
+    while i > 0:
+        i -= 1
+        if _routed_devices[i] == device and _routed_pools[i] == pool:
+            _routed_devices.erase(_routed_devices.begin() + i)
+            _routed_pools.erase(_routed_pools.begin() + i)
+            _routed_filters.erase(_routed_filters.begin() + i)
+            found = True
+            break
+    _routed_count.store(<int>_routed_pools.size())
+    return found and not _is_routed(device, pool)
+
+
+cdef void _copy_routes(vector[int]& devices, vector[uint64_t]& pools) noexcept nogil:
+    """The active begins' devices and pools, copied out, so that routed_pools makes its Python objects unlocked."""
+    cdef ScopedLock held
+    held.acquire(_routing_lock)
+    cdef size_t i
+    for i in range(_routed_pools.size()):
+        devices.push_back(_routed_devices[i])
+        pools.push_back(_routed_pools[i])
 
 
 cdef enum PoolMethod:
@@ -252,14 +314,6 @@ cdef void _warn_pool_error(ErrorText* error) noexcept with gil:
     warnings.warn((<bytes>error.text).decode(errors="replace"), RuntimeWarning, stacklevel=2)
 
 
-cdef bint _is_routed(int device, uint64_t pool) noexcept nogil:
-    cdef size_t i
-    for i in range(_routed_pools.size()):
-        if _routed_devices[i] == device and _routed_pools[i] == pool:
-            return True
-    return False
-
-
 cdef public void gmlake_begin_allocate_to_pool(int device, pair[unsigned long long, unsigned long long] pool_id, StreamFilter filter) noexcept nogil:
     cdef uint64_t pool = _pool_key(pool_id)
     cdef bint nested
@@ -268,40 +322,18 @@ cdef public void gmlake_begin_allocate_to_pool(int device, pair[unsigned long lo
         throw_error(error.text)
     if pool == 0:
         throw_error("gmlake: beginAllocateToPool: a CUDA graph pool id out of range")
-    _routing_lock.lock()
-    nested = _is_routed(device, pool)
-    _routing_lock.unlock()
+    nested = _routes(device, pool)
     if not _pool_call(device, POOL_RETAIN if nested else POOL_BEGIN, pool, &error):
         throw_error(error.text)
-    _routing_lock.lock()
-    _routed_devices.push_back(device)
-    _routed_pools.push_back(pool)
-    _routed_filters.push_back(filter)
-    _routed_count.store(<int>_routed_pools.size())
-    _routing_lock.unlock()
+    _add_route(device, pool, filter)
 
 
 cdef public void gmlake_end_allocate_to_pool(int device, pair[unsigned long long, unsigned long long] pool_id) noexcept nogil:
     """Drop the pool's latest route; the pool stops routing with its last. Called at the end of a capture, which
     must not throw: an unknown pool is ignored."""
     cdef uint64_t pool = _pool_key(pool_id)
-    cdef size_t i
-    cdef bint found = False, last = False
     cdef ErrorText error
-    _routing_lock.lock()
-    i = _routed_pools.size()
-    while i > 0:
-        i -= 1
-        if _routed_devices[i] == device and _routed_pools[i] == pool:
-            _routed_devices.erase(_routed_devices.begin() + i)
-            _routed_pools.erase(_routed_pools.begin() + i)
-            _routed_filters.erase(_routed_filters.begin() + i)
-            found = True
-            break
-    last = found and not _is_routed(device, pool)
-    _routed_count.store(<int>_routed_pools.size())
-    _routing_lock.unlock()
-    if last and not _pool_call(device, POOL_END, pool, &error):
+    if _drop_route(device, pool) and not _pool_call(device, POOL_END, pool, &error):
         throw_error(error.text)
 
 
@@ -318,11 +350,8 @@ cdef public void gmlake_release_pool(int device, pair[unsigned long long, unsign
 
 def routed_pools() -> list:
     """(device, pool key) of every active begin PyTorch made, in order (for tests and debugging)."""
+    cdef vector[int] devices
+    cdef vector[uint64_t] pools
     cdef size_t i
-    out = []
-    with nogil:
-        _routing_lock.lock()
-    for i in range(_routed_pools.size()):
-        out.append((_routed_devices[i], _routed_pools[i]))
-    _routing_lock.unlock()
-    return out
+    _copy_routes(devices, pools)
+    return [(devices[i], pools[i]) for i in range(pools.size())]

@@ -165,8 +165,11 @@ def cap_words(caps: Iterable[int]) -> str:
 
 
 # The table's columns: (header, the cell of a result). DEFAULT_COLUMNS fit a 120-column terminal; `--wide` shows
-# them all. The trace and policy columns fold long names onto more lines rather than widen the table.
-NAMES = ("trace", "policy")
+# them all. The trace and policy columns fold long names onto more lines rather than widen the table. With the
+# smallest device and cap (not `--wide`) the two are one, GROUPED: each trace's name on a row of its own, its policies
+# indented under it, so that names of up to 38 characters (31 beside a column of OOMs) fit whole within 120 columns.
+GROUPED = "trace / policy"
+NAMES = ("trace", "policy", GROUPED)
 DEFAULT_COLUMNS = ("trace", "policy", "captured", "reserved", "allocated", "alloc/res", "stitches", "driver s")
 
 
@@ -209,17 +212,20 @@ def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False, 
     `limits` (`smallest_limits`, one row per result, in order): the smallest device and cap over the peak allocated
     beside them (`wide`: in GiB too)."""
     from rich.table import Table
+    from rich.text import Text
 
     real = {t.name: t.meta for t in traces}
     failed = [r for r in results if r.failed]
     columns = list(WIDE_COLUMNS if wide else DEFAULT_COLUMNS)
+    grouped = limits is not None and not wide
     if limits is not None:
         shown = list(LIMIT_COLUMNS) if wide else ["device xP", "cap xP"]
         columns[columns.index("alloc/res") + 1:columns.index("alloc/res") + 1] = shown
-        if not wide:
+        if grouped:
             columns.remove("captured")          # room for the two, within 120 columns; --wide shows it
+            columns[:2] = [GROUPED]             # and the names on rows of their own
     if failed and "OOMs" not in columns:
-        columns.insert(columns.index("policy") + 1, "OOMs")
+        columns.insert(1 if grouped else columns.index("policy") + 1, "OOMs")
     caption = None
     if failed:
         # Under a cap the cap binds first, unless it is at or above the modelled device's memory.
@@ -246,12 +252,18 @@ def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False, 
     name_width = 28 if wide else 16 if failed else 20     # what keeps the default columns within 120
     widest = {"trace": max((len(r.trace) for r in results), default=5),
               "policy": max((len(r.policy) for r in results), default=6)}
+    widest[GROUPED] = max(widest["trace"], widest["policy"] + 2)
     for col in columns:
-        t.add_column(col, justify="left" if col in NAMES else "right",
-                     overflow="fold" if col in NAMES else "ellipsis",
+        t.add_column(col, justify="left" if col in NAMES else "right", overflow="fold" if col in NAMES else "ellipsis",
                      min_width=min(widest.get(col, 0), name_width) or None)
     for i, r in enumerate(results):
         cells = {**_cells(r, real.get(r.trace, {})), **limit_cells(limits[i] if limits is not None else None)}
+        if grouped:
+            if i == 0 or results[i - 1].trace != r.trace:       # a trace's name, then its policies' rows
+                if i:
+                    t.add_section()
+                t.add_row(Text(r.trace, style="bold"), *[""] * (len(columns) - 1))
+            cells[GROUPED] = Text("  " + r.policy)
         t.add_row(*(cells[col] for col in columns))
     return t
 

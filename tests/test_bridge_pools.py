@@ -28,6 +28,7 @@ hook = {name: ctypes.cast(getattr(bridge, "gmlake_" + name), ctypes.c_void_p).va
         for name in ("begin_allocate_to_pool", "end_allocate_to_pool", "release_pool", "alloc", "free")}
 h = ctypes.CDLL(sys.argv[1])
 h.harness_begin.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int64]
+h.harness_begin_throwing.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
 h.harness_pool.argtypes = [ctypes.c_uint64, ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
 h.harness_alloc.argtypes = [ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int, ctypes.c_int64]
 h.harness_alloc.restype = ctypes.c_uint64
@@ -154,3 +155,24 @@ def test_mempool_holds_a_use_and_use_mem_pool_routes_into_it(harness):
     assert got["inside"] == [2, 1]
     assert got["after_context"] == 1 and got["deleted"] == [0] and got["freed"] == []
     assert "use_on_oom" in got["refused"] and "caching allocator" in got["refused"]
+
+
+THROWING_FILTER = r"""
+assert h.harness_begin_throwing(hook["begin_allocate_to_pool"], 0, 3, 0) == 0, h.harness_error()
+out = {"alloc": [h.harness_alloc(hook["alloc"], 1 << 20, 0, 5), h.harness_error().decode()]}
+out["routes"] = _torch_bridge.routed_pools()            # hangs if the throw left the routing lock held
+assert h.harness_pool(hook["end_allocate_to_pool"], 0, 3, 0) == 0
+out["after"] = [_torch_bridge.routed_pools(), bool(h.harness_alloc(hook["alloc"], 1 << 20, 0, 5))]
+assert h.harness_pool(hook["release_pool"], 0, 3, 0) == 0
+_torch_bridge.allocator(0).check()
+print(json.dumps(out))
+"""
+
+
+def test_a_filter_that_throws_fails_the_request_and_leaves_the_routing_unlocked(harness):
+    """The filter runs under the bridge's routing lock; its exception reaches torch as the request's, and the lock
+    is let go on the way out (a ScopedLock), so the routes can be read and ended, and requests go on."""
+    got = _run(THROWING_FILTER, harness)
+    assert got["alloc"] == [0, "the stream filter failed"]
+    assert got["routes"] == [[0, 3 << 32]]
+    assert got["after"] == [[], True]

@@ -216,12 +216,18 @@ def test_the_deadline_stops_between_runs_and_leaves_whole_points(monkeypatch, tm
     assert all(c["timeout"] <= 130 for c in calls)
 
 
-def test_a_run_the_deadline_killed_stops_the_runs_and_counts_for_nothing(monkeypatch, tmp_path):
+def third_run_killed(monkeypatch, tmp_path, deadline: str) -> tuple[list, dict]:
+    """One point (cap 1.05x P) under --deadline `deadline`, its third run (of 30 s each) killed: the calls made, and
+    the record written."""
     calls = []
     fake_gpu(monkeypatch, calls, killed={2}, clock=[0.0])
-    edge_time.main(["--workloads", "opt1.3b-lora-ckpt", "--kinds", "cap", "--limits", "1.05", "--deadline", "100",
+    edge_time.main(["--workloads", "opt1.3b-lora-ckpt", "--kinds", "cap", "--limits", "1.05", "--deadline", deadline,
                     "--out", str(tmp_path)])
-    record = json.loads((tmp_path / "edge-time.json").read_text())
+    return calls, json.loads((tmp_path / "edge-time.json").read_text())
+
+
+def test_a_run_the_deadline_killed_stops_the_runs_and_counts_for_nothing(monkeypatch, tmp_path):
+    calls, record = third_run_killed(monkeypatch, tmp_path, deadline="100")
     assert calls[2]["timeout"] == 40                # the deadline's 40 s left, not --timeout's 300
     assert len(calls) == 3 and record["runs"][2]["cut"] and "stopped at it" in record["stopped"]
     point = record["points"][0]
@@ -230,11 +236,7 @@ def test_a_run_the_deadline_killed_stops_the_runs_and_counts_for_nothing(monkeyp
 
 
 def test_a_run_killed_at_its_own_timeout_is_an_error_and_the_runs_go_on(monkeypatch, tmp_path):
-    calls = []
-    fake_gpu(monkeypatch, calls, killed={2}, clock=[0.0])
-    edge_time.main(["--workloads", "opt1.3b-lora-ckpt", "--kinds", "cap", "--limits", "1.05", "--deadline", "500",
-                    "--out", str(tmp_path)])
-    record = json.loads((tmp_path / "edge-time.json").read_text())
+    calls, record = third_run_killed(monkeypatch, tmp_path, deadline="500")
     assert len(calls) == 4 and "stopped" not in record and not record["runs"][2].get("cut")
     point = record["points"][0]
     assert point["allocators"]["gmlake"]["errors"] == 1 and point["verdict"] == "one run a side"

@@ -11,7 +11,7 @@ from gmlake.cap import limits, smallest_cap, smallest_device_memory
 from gmlake.cli import EXIT_BAD_INPUT, EXIT_OK, main
 from gmlake.compare import LIMIT_COLUMNS, limit_cells, smallest_limits
 from gmlake.replay import trace_path
-from gmlake.trace import load
+from gmlake.trace import Trace, load, save_compact
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 POLICIES = ["--policy", "gmlake", "--policy", "expandable"]
@@ -50,6 +50,21 @@ def test_the_columns_appear_within_120_columns(tmp_path, capsys):
     assert all(col in wide for col in LIMIT_COLUMNS) and f"{rows[0]['smallest_cap'] / 2**30:.3f}" in wide
 
 
+def test_long_trace_names_stand_whole_within_120_columns(tmp_path, capsys, tiny):
+    """Piped (120 columns), each trace's name is a row of its own with its policies indented under it: a name of 38
+    characters stands whole on one line, not folded, and no line is wider than 120."""
+    names = ["opt350m-full-ckpt-expandable", "opt1.3b-lora-ckpt-expandable-2026-12-a"]
+    paths = [str(save_compact(Trace(tiny.events, {**tiny.meta, "name": name}), tmp_path / f"{i}.gmtrace"))
+             for i, name in enumerate(names)]
+    assert main(["compare", *paths, *POLICIES, "--smallest-cap", "--jobs", "1", "--out", str(tmp_path / "out")]) == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 120 and "trace / policy" in "\n".join(lines)
+    for name in names:
+        assert sum(f"│ {name} " in line for line in lines) == 1, name
+    for policy in ("gmlake", "expandable"):
+        assert sum(f"│   {policy} " in line for line in lines) == 2, policy
+
+
 def test_without_the_option_nothing_changes(tmp_path, capsys):
     assert main(["compare", TINY, "--policy", "gmlake", "--out", str(tmp_path)]) == EXIT_OK
     assert "cap xP" not in capsys.readouterr().out
@@ -64,8 +79,6 @@ def test_processes_and_one_process_agree(tiny):
 
 
 def test_a_policy_out_of_memory_even_uncapped_shows_no_limits(tiny):
-    from gmlake.trace import Trace
-
     small = Trace(tiny.events, {**tiny.meta, "device_total": 1 << 30})
     (row,) = smallest_limits([small], ["gmlake"], jobs=1, progress=False)
     assert "error" in row and "even uncapped" in row["error"]

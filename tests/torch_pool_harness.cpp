@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -34,6 +35,12 @@ extern "C" {
 int harness_begin(uintptr_t hook, int device, unsigned long long first, unsigned long long second,
                   intptr_t accepted_stream) {
     Filter filter = [accepted_stream](CUstream_st* s) { return reinterpret_cast<intptr_t>(s) == accepted_stream; };
+    return guarded([&] { reinterpret_cast<BeginFn>(hook)(device, MempoolId(first, second), filter); });
+}
+
+// beginAllocateToPool with a filter that throws when asked, as PyTorch's may where the CUDA runtime fails it.
+int harness_begin_throwing(uintptr_t hook, int device, unsigned long long first, unsigned long long second) {
+    Filter filter = [](CUstream_st*) -> bool { throw std::runtime_error("the stream filter failed"); };
     return guarded([&] { reinterpret_cast<BeginFn>(hook)(device, MempoolId(first, second), filter); });
 }
 
