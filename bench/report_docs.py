@@ -46,6 +46,9 @@ CAPS = ["train/cap-2026-11-30b", "train/cap-2026-11-30c", "train/cap-2026-12-01"
 DEVICE_LIMIT = "h200-2026-12-02b/device-limit-probes.json"
 DEVICE_LIMIT_PLAN = "h200-2026-12-02b/edge-probes-plan.json"
 EDGE_PLAN = ROOT / "bench" / "plans" / "edge-probes.json"
+# The current default's probes at the thresholds of EDGE_PLAN, as the device's free memory and as a cap.
+EDGE_PROBES = ["h200-2026-12-02e/device-limit-probes.json", "h200-2026-12-02e/cap-probes.json",
+               "h200-2026-12-02e/cap-probes-2.json"]
 # DeepSpeed ZeRO on one GPU: the suite's summaries, every round (a later call may add the runs an earlier one's
 # deadline cut, or run a later round with --first-round); each run's own round number places it.
 DEEPSPEED = ["h200-2026-12-02b/deepspeed/summary.json", "h200-2026-12-02b/deepspeed/summary-zero3-gmlake.json",
@@ -164,22 +167,41 @@ def caps() -> str:
     return "\n".join(lines) + "\n\n" + _env_line(envs) + "\n"
 
 
-def device_limit() -> str:
-    """Where the device itself is the limit: per probe the bytes the allocator could have, replay's threshold for it,
-    whether the run fit, and the memory the process held outside the allocator against its calibration."""
-    record = _json(DEVICE_LIMIT)
-    plan = _json(DEVICE_LIMIT_PLAN)         # the plan the probes ran from (the default before re-backing)
-    threshold = {(t["workload"], t["allocator"]): t["smallest_device_memory"] for t in plan["thresholds"]}
-    lines = [("| workload | allocator | bytes for the allocator | x replay's smallest device | replay says | "
+def _probe_row(p: dict, threshold: int) -> str:
+    """One probe against replay's threshold for it: the limit, the bytes, the ratio, what replay says, the run, and
+    where the device was the limit the memory outside the allocator against its calibration."""
+    ratio = p["cap_bytes"] / threshold
+    ran = "fit" if p["fit"] else f"out of memory at step {p['oom_step']}"
+    outside = (f"{p['outside_calibrated'] / 2**20:.0f} / {p['outside_allocator_bytes'] / 2**20:.0f} MiB"
+               if p["limit"] == "device" else "-")
+    return (f"| {p['workload']} | {p['allocator']} | {p['limit']} | {p['cap_bytes']:,} | {ratio:.3f} | "
+            f"{'fit' if ratio >= 1 else 'out of memory'} | {ran} | {p['max_memory_reserved']:,} | {outside} |")
+
+
+def _probe_table(records: list[dict], plan: dict) -> str:
+    """Every finished probe of `records` against `plan`'s thresholds (smallest device or smallest cap, by the
+    probe's limit); probes a deadline left unstarted are not rows."""
+    thresholds = {(t["workload"], t["allocator"], kind): t[key] for t in plan["thresholds"]
+                  for kind, key in (("device", "smallest_device_memory"), ("cap", "smallest_cap"))}
+    lines = [("| workload | allocator | limit | bytes for the allocator | x replay's smallest | replay says | "
               "on the H200 | peak reserved | outside the allocator: calibrated / this run |"),
-             "|---|---|---|---|---|---|---|---|"]
-    for p in record["probes"]:
-        ratio = p["cap_bytes"] / threshold[(p["workload"], p["allocator"])]
-        ran = "fit" if p["fit"] else f"out of memory at step {p['oom_step']}"
-        lines.append(f"| {p['workload']} | {p['allocator']} | {p['cap_bytes']:,} | {ratio:.3f} | "
-                     f"{'fit' if ratio >= 1 else 'out of memory'} | {ran} | {p['max_memory_reserved']:,} | "
-                     f"{p['outside_calibrated'] / 2**20:.0f} / {p['outside_allocator_bytes'] / 2**20:.0f} MiB |")
-    return "\n".join(lines) + "\n\n" + _env_line([record["environment"]]) + "\n"
+             "|---|---|---|---|---|---|---|---|---|"]
+    for record in records:
+        lines += [_probe_row(p, thresholds[(p["workload"], p["allocator"], p["limit"])])
+                  for p in record["probes"] if isinstance(p.get("fit"), bool)]
+    return "\n".join(lines) + "\n\n" + _env_line([r["environment"] for r in records]) + "\n"
+
+
+def device_limit() -> str:
+    """Where the device itself is the limit, the default before re-backing: per probe the bytes the allocator could
+    have, replay's threshold for it (from the plan the probes ran from), whether the run fit, and the memory the
+    process held outside the allocator against its calibration."""
+    return _probe_table([_json(DEVICE_LIMIT)], _json(DEVICE_LIMIT_PLAN))
+
+
+def edge_probes() -> str:
+    """The current default at replay's thresholds (bench/plans/edge-probes.json), as the device and as a cap."""
+    return _probe_table([_json(path) for path in EDGE_PROBES], json.loads(EDGE_PLAN.read_text()))
 
 
 def _launch_name(run: dict) -> str:
@@ -410,6 +432,7 @@ def plot(png: Path) -> None:
 
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
                                         "latency": latency, "replay": replayed, "device-limit": device_limit,
+                                        "edge-probes": edge_probes,
                                         "deepspeed": deepspeed, "edge": edge,
                                         "edge-time": edge_time}
 
