@@ -432,6 +432,7 @@ def execute(steps: list[dict], record: dict, args: argparse.Namespace, total: in
         print("   " + ("fit" if run["fit"] else f"OOM at step {run.get('oom_step')}" if run.get("oom") else "ERROR")
               + f" in {run['wall_s']:.0f} s" + (f", timed {run['timed_s']:.2f} s" if run.get("timed_s") else "")
               + (f", driver {run['driver_busy_after_s']:.3f} s" if run.get("driver_busy_after_s") is not None else "")
+              + (f", {run['allocator_ooms']} out-of-memory answers" if run.get("allocator_ooms") else "")
               + (f", outside {run['outside_drift'] / 2**20:+.1f} MiB against the calibration"
                  if "outside_drift" in run else "")
               + (f": {run['error'][-300:]}" if "error" in run else ""), flush=True)

@@ -336,7 +336,8 @@ def run_probe(workload: str, allocator: str, purpose: str, fraction: float | Non
     probe = {"index": index, "workload": workload, "allocator": allocator, "purpose": purpose, "fraction": fraction,
              "fit": proc.returncode == 0 and bool(measured), "returncode": proc.returncode,
              "wall_s": round(time.perf_counter() - started, 1),
-             **{k: measured.get(k) for k in ("timed_s", "max_memory_allocated", "max_memory_reserved", "oom_step")},
+             **{k: measured.get(k) for k in ("timed_s", "max_memory_allocated", "max_memory_reserved", "oom_step",
+                                             "allocator_ooms")},
              "driver_busy_after_s": driver_busy_after_warmup(measured)}
     # under a device limit (bench cap probe --device-limit): the filler and the bytes taken outside the allocator,
     # at the end or at the out-of-memory, and after each step that completed

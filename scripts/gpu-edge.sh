@@ -4,7 +4,8 @@
 # handles, three times), then `python -m bench cap edge-time` with the arguments given (step time at 1.02x and 1.05x
 # the peak allocated, gmlake against expandable segments, interleaved).
 #   SKIP_BUILD=1 EDGE_TESTS=reback scripts/gpu-edge.sh --workloads opt1.3b-lora-ckpt --kinds cap --deadline 300
-# Results in $OUT: machine.txt, gpu-tests.log, copy-price.json, edge-time/ (edge-time.json, probes/), edge-time.log.
+# Results in $OUT: machine.txt, gpu-tests.log, copy-price.json, edge-time/ (edge-time.json, probes/), edge-time.log;
+# with PACK_OUT=1, all of it in $OUT/results.tgz (scripts/common.sh).
 . "$(dirname "$0")/common.sh"
 TESTS=${EDGE_TESTS:-all}
 if [ "$TESTS" != none ]; then

@@ -44,6 +44,17 @@ def memory_peaks() -> dict:
             "max_memory_allocated": torch.cuda.max_memory_allocated()}
 
 
+def allocator_ooms() -> int:
+    """How many requests the allocator answered with out-of-memory in this process, a library's caught ones too (a
+    workspace request that failed makes cuDNN or cuBLAS pick another kernel): gmlake's counter under gmlake, torch's
+    num_ooms otherwise."""
+    if allocator_name() == "gmlake":
+        import gmlake.torch as gt
+
+        return gt.allocator().stats()["ooms"]
+    return torch.cuda.memory_stats().get("num_ooms", 0)
+
+
 def gmlake_stats() -> dict | None:
     """gmlake's own counters for the run (stitches, sBlock reuses, driver calls and handles by kind, and the
     seconds measured inside the driver's calls), or None under torch's allocator."""

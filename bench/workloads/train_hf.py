@@ -27,6 +27,7 @@ from bench.cli import OneLineParser
 from bench.workloads.common import (  # fsdp_train.py imports them from here too
     MachineProbe,
     allocator_name,
+    allocator_ooms,
     counters_since,
     device_limit_fields,
     dump_snapshot,
@@ -249,6 +250,7 @@ def main() -> None:
         summary.update({"memory_fraction": fraction, "oom": False, "filler_bytes": filler, **device_limit_fields()})
     if cuda:
         summary.update(memory_peaks())
+        summary["allocator_ooms"] = allocator_ooms()
         summary["gmlake"] = gmlake_stats()
         at_warmup = timed[0].get("gmlake_before") if timed else None
         if summary["gmlake"] is not None and at_warmup is not None:
