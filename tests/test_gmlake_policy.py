@@ -74,6 +74,29 @@ def test_a_stitch_must_save_min_saved_chunks_pages(driver):
     strict.check()
 
 
+@pytest.mark.parametrize("limit", [None, 0])
+def test_a_size_whose_cached_sblocks_lost_their_pieces_grows_instead_of_stitching_again(driver, limit):
+    """Note [Stitching a size again]: once other blocks hold the pieces of `restitch_limit` (the default's: 2) cached
+    sBlocks of a request's size, the request grows instead of stitching a third time; 0 stitches every time."""
+    policy = gmlake.policies.get("gmlake") if limit is None else gmlake.policies.get("gmlake", restitch_limit=limit)
+    alloc = Allocator(driver, policy)
+    blocks = [alloc.malloc(n * MiB) for n in (80, 20, 100, 20, 120, 20, 140, 20)]
+    for p in blocks[::2]:
+        alloc.free(p)                               # free runs of 80, 100, 120 and 140 MiB between live blocks
+    held = []
+    for n, hold in ((1, 130), (2, 110)):
+        big = alloc.malloc(180 * MiB)               # stitched from the two largest runs
+        assert alloc.stats()["stitches"] == n
+        alloc.free(big)                             # cached, its pieces free again ...
+        held.append(alloc.malloc(hold * MiB))       # ... until best fit gives its largest piece to another block
+    assert alloc.stats()["cached_sblocks"] == 2
+    alloc.malloc(180 * MiB)                         # the same size a third time
+    assert alloc.stats()["stitches"] == (2 if limit is None else 3)
+    for p in held:
+        alloc.free(p)
+    alloc.check()
+
+
 def test_stitched_pages_carry_the_bytes():
     drv = HostDriver()
     alloc = Allocator(drv)

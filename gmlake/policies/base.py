@@ -82,6 +82,9 @@ class Policy:
       sblock_first: a cached sBlock that fits more tightly than the best free block serves the request (the
         paper's order). Off, cached sBlocks serve only requests no free block fits: each check costs a lookup per
         piece, so this keeps the search off the common path.
+      restitch_limit: where this many cached sBlocks of a request's size (capacity up to 2 MiB more) have pieces that
+        other blocks now hold, the request grows instead of stitching again (0: no limit). Note [Stitching a size
+        again] (gmlake/_sblocks.pxi).
 
     Hooks (seams): every decision is a method a subclass may override to decide from Python: `choose_block`
     (placement), `should_split`, `choose_stitch` and `allow_stitch` (stitching), `segment_layout` (growth),
@@ -118,6 +121,7 @@ class Policy:
     max_cached_sblocks: int = knob(4096, unit="count", minimum=0, growths=STITCHING)
     sblock_search_depth: int = knob(8, unit="count", minimum=1, growths=STITCHING)
     sblock_first: bool = knob(True, growths=STITCHING)
+    restitch_limit: int = knob(0, unit="count", minimum=0, growths=STITCHING)
 
     # ------------------------------------------------------------------ hooks (seams)
     # Every decision the core makes is a seam: the built-in answer is computed in C, and a subclass that overrides the
@@ -253,7 +257,7 @@ class Policy:
             name = unread[0]
             growth = self.segment_rule
             if name in ("stitch", "min_stitch_size", "min_saved_chunks", "max_cached_sblocks", "sblock_search_depth",
-                        "sblock_first"):
+                        "sblock_first", "restitch_limit"):
                 meant = f"a policy whose segment_rule is {' or '.join(STITCHING)} stitches"
             else:
                 meant = f"what sizes new memory there: {', '.join(SIZING[growth])}"

@@ -51,6 +51,7 @@ class GMLakePolicy(Policy):
     cross_stream_wait: bool = True
     sblock_first: bool = False
     reback_slot: int = 2 * MiB              # Note [Taking slots back at the edge] (gmlake/_rebacking.pxi)
+    restitch_limit: int = 2                 # Note [Stitching a size again] (gmlake/_sblocks.pxi)
 
 
 @dataclass(frozen=True)
