@@ -342,7 +342,7 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
         return NULL
     if wanted and self.k.restitch_limit and self.sblock_cache.cached():
         sb = _same_size_cached(self, size, stream, &wanted)
-        if sb != NULL:
+        if sb != NULL and not self.k.hook_place:     # a policy that places was offered the cached sBlocks already
             self.st.sblock_reuses += 1
             return _claim(self, sb, size, stream)
     if self.growth.stitches and (wanted or self.k.hook_stitch):
