@@ -4,7 +4,8 @@ allocated P, as a cap and as the device's free memory, interleaved.
     python -m bench cap edge-time [--workloads opt1.3b-lora-ckpt gpt2xl-lora-ckpt opt1.3b-ckpt]
                                   [--allocators expandable gmlake] [--limits 1.02 1.05] [--kinds cap device]
                                   [--rounds 2] [--peak WORKLOAD=BYTES ...] [--plan bench/plans/edge-probes.json]
-                                  [--outside WORKLOAD=BYTES ...] [--warm] [--steps 20] [--deadline SECONDS]
+                                  [--outside WORKLOAD=BYTES ...] [--warm] [--steps 20] [--gpu-time-steps N]
+                                  [--deadline SECONDS]
                                   [--timeout SECONDS] [--out DIR] [--dry-run]
 
 Why (the edge goal's speed half): "at 1.02x and 1.05x P, as a cap and as the device's free memory, gmlake's step
@@ -33,7 +34,9 @@ Per point and allocator: the times of the runs that fit, their sum, spread (max 
 count (an allocator that ran out of memory at a point is reported as such there, not timed); B / A (the ratio of
 their mean times), resolved where |ratio - 1| is over both allocators' spreads (as bench cap time's; with fewer than
 two timed runs a side, never: a spread of one run is no spread), and the goal (B's time <= A's): met, missed, or
-not resolved. Output: DIR/edge-time.json (environment, settings, P per workload, every calibration and run, every
+not resolved. With --gpu-time-steps N each run then profiles N more steps (its last N shapes, under the same limit)
+and the table adds their kernels' own time per run: whether a limit changed the GPU's work, or only the host's
+(Note [GPU time] in bench/workloads/common.py). Output: DIR/edge-time.json (environment, settings, P per workload, every calibration and run, every
 point's summary), rewritten after every run; DIR/probes/ (each run's summary); a table at the end.
 """
 from __future__ import annotations
@@ -128,17 +131,29 @@ def dry_run(steps: list[dict], peaks: dict[str, int], deadline: float) -> str:
 
 # ------------------------------------------------------------------------------------------------ the summary
 
+def kernel_ms(run: dict) -> float | None:
+    """The kernels' own time of a run's profiled steps (--gpu-time-steps), in ms summed over those steps, or None
+    where it profiled none or a profiled step failed (ran out of memory under the limit)."""
+    profiled = run.get("gpu_time") or []
+    if not profiled or any("error" in step for step in profiled):
+        return None
+    return sum(step["total_ms"] for step in profiled)
+
+
 def allocator_summary(runs: list[dict]) -> dict:
     """One allocator's runs at one point: counts, the times of those that fit, their sum and spread, what they held."""
     fit = [r for r in runs if r["fit"]]
     times = [r["timed_s"] for r in fit if r.get("timed_s")]
     busy = [r["driver_busy_after_s"] for r in fit if r.get("driver_busy_after_s") is not None]
+    kernel = [kernel_ms(r) for r in fit if kernel_ms(r) is not None]
     out = {"runs": len(runs), "fit": len(fit), "out_of_memory": sum(bool(r.get("oom")) for r in runs),
            "errors": sum(not r["fit"] and not r.get("oom") for r in runs),
            "times_s": [round(t, 4) for t in times], "sum_s": round(sum(times), 4), "spread": round(spread(times), 4)}
     out["oom_steps"] = [r.get("oom_step") for r in runs if r.get("oom")]
     if busy:
         out["driver_busy_s"] = [round(b, 4) for b in busy]
+    if kernel:
+        out["kernel_ms"] = [round(k, 2) for k in kernel]
     reserved = [r["max_memory_reserved"] for r in runs if r.get("max_memory_reserved")]
     if reserved:
         out["peak_reserved"] = max(reserved)
@@ -210,9 +225,13 @@ def table_rows(record: dict) -> tuple[list[str], list[list[str]]]:
 
     columns = ["workload", "kind", "limit", "GiB", f"{a} s", f"{a} spread", f"{b} s", f"{b} spread", f"{b} / {a}",
                "verdict", f"{b} <= {a}", f"{b} driver s", "peak reserved GiB", "outside drift MiB"]
+    listed = points(record) if "plan" in record and "runs" in record else record["points"]
+    profiled = any(s.get("kernel_ms") for p in listed for s in p["allocators"].values())
+    if profiled:            # --gpu-time-steps: the profiled steps' kernel time, A's runs / B's runs
+        columns.append("kernel ms")
     rows = []
     # summaries from the runs themselves where the record has them: a verdict is never read back from a file
-    for p in (points(record) if "plan" in record and "runs" in record else record["points"]):
+    for p in listed:
         sa, sb = p["allocators"][a], p["allocators"][b]
         drift = [d for s in (sa, sb) for d in s.get("outside_drift", ())]
         off = sum(s.get("calibration_off", 0) for s in (sa, sb))
@@ -225,6 +244,8 @@ def table_rows(record: dict) -> tuple[list[str], list[list[str]]]:
                      f"{peak(sa)} / {peak(sb)}",
                      (f"{min(drift) / 2**20:+.0f} to {max(drift) / 2**20:+.0f}" + (f" ({off} OFF)" if off else ""))
                      if drift else "-"])
+        if profiled:
+            rows[-1].append(" | ".join(" / ".join(f"{k:.0f}" for k in s.get("kernel_ms", ())) or "-" for s in (sa, sb)))
     return columns, rows
 
 
@@ -289,6 +310,9 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap edge-time")
                         help="device points: the allocator of each workload's calibration run (default native)")
     parser.add_argument("--warm", action="store_true",
                         help="device points: warm CUDA's libraries before the filler, in every run")
+    parser.add_argument("--gpu-time-steps", type=int, default=0, metavar="N",
+                        help="after each run's timed steps, profile N more (the last N shapes) and report their "
+                             "kernels' own time, which the host's noise leaves alone (Note [GPU time]; default 0)")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and an estimate; run nothing")
     cap_search.add_run_options(parser)
     parser.add_argument("--out", default=str(RESULTS / "train" / "edge-time"))
@@ -296,6 +320,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap edge-time")
     cap_search.check_run_options(parser, args)
     if args.rounds < 1:
         parser.error(f"need --rounds >= 1, got {args.rounds}")
+    if not 0 <= args.gpu_time_steps <= args.steps:
+        parser.error(f"need 0 <= --gpu-time-steps <= --steps, got {args.gpu_time_steps}")
     if args.allocators[0] == args.allocators[1]:
         parser.error(f"--allocators needs two different allocators, got {args.allocators[0]} twice")
     args.limits = list(dict.fromkeys(args.limits))

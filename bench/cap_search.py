@@ -298,8 +298,8 @@ def probe_command(workload: str, allocator: str, settings: argparse.Namespace,
                   json_path: Path) -> tuple[list[str], dict]:
     """The command line and environment of a probe, without its cap: the workload's script started as its suite
     starts that allocator (PYTORCH_CUDA_ALLOC_CONF, or `python -m gmlake run FLAGS`), --steps, --warmup and --seed
-    from `settings`, its summary to `json_path`, and no profiled steps after the run (under a cap they could fail
-    it)."""
+    from `settings`, its summary to `json_path`, and no profiled steps after the run unless `settings` asks for
+    some (`gpu_time_steps`, bench cap edge-time's: the kernels' own time, which the host's noise leaves alone)."""
     if SUITES[workload] is train_suite:
         # train_suite.py's run of the workload at its default batch range; cap_gib 0: without the max-batch search
         run = argparse.Namespace(gpus=None, steps=settings.steps, min_batch=train_suite.MIN_BATCH,
@@ -310,7 +310,7 @@ def probe_command(workload: str, allocator: str, settings: argparse.Namespace,
             cmd += ["--seed", str(settings.seed)]
     else:
         cmd, env = speed_suite.command(workload, allocator, settings, json_path)
-    return [*cmd, "--gpu-time-steps", "0"], env
+    return [*cmd, "--gpu-time-steps", str(getattr(settings, "gpu_time_steps", 0))], env
 
 
 def run_probe(workload: str, allocator: str, purpose: str, fraction: float | None, timeout_s: float, *,
@@ -339,6 +339,8 @@ def run_probe(workload: str, allocator: str, purpose: str, fraction: float | Non
              **{k: measured.get(k) for k in ("timed_s", "max_memory_allocated", "max_memory_reserved", "oom_step",
                                              "allocator_ooms")},
              "driver_busy_after_s": driver_busy_after_warmup(measured)}
+    if measured.get("gpu_time"):
+        probe["gpu_time"] = measured["gpu_time"]
     # under a device limit (bench cap probe --device-limit): the filler and the bytes taken outside the allocator,
     # at the end or at the out-of-memory, and after each step that completed
     probe.update({k: measured[k] for k in DEVICE_LIMIT_KEYS if k in measured})

@@ -109,6 +109,23 @@ def test_an_allocator_that_ran_out_of_memory_is_reported_so_not_timed():
     assert both["verdict"] == "both out of memory" and both["goal"] is None
 
 
+def test_profiled_kernel_time_is_summed_per_run_and_a_failed_profiled_step_gives_none():
+    steps = [{"total_ms": 400.0, "kernels": 900}, {"total_ms": 410.5, "kernels": 905}]
+    runs = [run("expandable", 10.0, gpu_time=steps), run("gmlake", 11.0, gpu_time=steps[:1]),
+            run("gmlake", 11.2, gpu_time=[*steps, {"error": "OutOfMemoryError: ..."}]),
+            run("expandable", 10.1)]
+    got = edge_time.summarize(runs, ["expandable", "gmlake"], 2)
+    assert got["allocators"]["expandable"]["kernel_ms"] == [810.5]
+    assert got["allocators"]["gmlake"]["kernel_ms"] == [400.0]
+    record = {"settings": {"allocators": ["expandable", "gmlake"]},
+              "points": [{"workload": "w", "kind": "cap", "limit_p": 1.02, "limit_bytes": P, **got}]}
+    columns, rows = edge_time.table_rows(record)
+    assert columns[-1] == "kernel ms" and rows[0][-1] == "810 | 400"
+    plain = {**record, "points": [{**record["points"][0], "allocators": {
+        x: {k: v for k, v in s.items() if k != "kernel_ms"} for x, s in got["allocators"].items()}}]}
+    assert "kernel ms" not in edge_time.table_rows(plain)[0]
+
+
 def test_errors_and_runs_cut_by_the_deadline_give_no_time():
     got = edge_time.summarize([run("expandable", error=True), run("gmlake", 9.0)], ["expandable", "gmlake"], 1)
     assert got["verdict"] == "errors" and got["goal"] is None and got["allocators"]["expandable"]["errors"] == 1
@@ -306,6 +323,8 @@ def test_the_generated_docs_table_is_the_results_files(monkeypatch, tmp_path):
     (["--calibrate-with", "nosuch"], "takes no such allocator"),
     (["--plan", "/no/such/plan.json"], "not a bench cap plan file"),
     (["--steps", "0"], "--steps"), (["--deadline", "-1"], "--deadline"),
+    (["--gpu-time-steps", "-1"], "0 <= --gpu-time-steps <= --steps"),
+    (["--gpu-time-steps", "21"], "0 <= --gpu-time-steps <= --steps"), (["--gpu-time-steps", "x"], "invalid int"),
     (["--bogus"], "unrecognized"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says):
