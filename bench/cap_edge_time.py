@@ -245,7 +245,7 @@ def table_rows(record: dict) -> tuple[list[str], list[list[str]]]:
                      (f"{min(drift) / 2**20:+.0f} to {max(drift) / 2**20:+.0f}" + (f" ({off} OFF)" if off else ""))
                      if drift else "-"])
         if profiled:
-            rows[-1].append(" | ".join(" / ".join(f"{k:.0f}" for k in s.get("kernel_ms", ())) or "-" for s in (sa, sb)))
+            rows[-1].append(" vs ".join(" / ".join(f"{k:.0f}" for k in s.get("kernel_ms", ())) or "-" for s in (sa, sb)))
     return columns, rows
 
 

@@ -55,9 +55,9 @@ DEEPSPEED = ["h200-2026-12-02b/deepspeed/summary.json", "h200-2026-12-02b/deepsp
              "h200-2026-12-02c/deepspeed/summary.json"]
 # At the edge of memory, by replay: `python -m bench edge --json` (held by tests/test_edge.py).
 EDGE = ROOT / "tests" / "data" / "edge-figures.json"
-# Step time at the edge on the GPU (`python -m bench cap edge-time`), where a call's edge-time.json goes. No call has
-# run it yet, so docs/benchmarks.md has no `edge-time` marker: put one in its H200 subsection once this file exists.
-EDGE_TIME = ["h200-2026-12-02d/edge-time-cap/edge-time.json", "h200-2026-12-02d/edge-time-device/edge-time.json"]
+# Step time at the edge on the GPU (`python -m bench cap edge-time`): each call's edge-time.json, in table order.
+EDGE_TIME = ["h200-2026-12-02d/edge-time-cap/edge-time.json", "h200-2026-12-02d/edge-time-device/edge-time.json",
+             "h200-2026-12-02f/edge-time-1.02/edge-time.json", "h200-2026-12-02f/edge-time-1.05/edge-time.json"]
 MICRO = "micro-h200-2026-11-30-2003.json"
 AB = "h200-2026-12-01-ab/ab.json"
 ALLOCATORS = ("native", "expandable", "gmlake")
@@ -328,16 +328,19 @@ def edge_time() -> str:
     from bench.cap_edge_time import table_rows
 
     records = [_json(path) for path in EDGE_TIME]
-    rows = []
+    columns, rows = [], []
     for record in records:
-        columns, more = table_rows(record)
+        theirs, more = table_rows(record)
+        columns = max(columns, theirs, key=len)     # the kernel time's column only where a call profiled steps
         rows += more
+    rows = [r + ["-"] * (len(columns) - len(r)) for r in rows]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *("| " + " | ".join(r) + " |" for r in rows)]
     settings = records[0]["settings"]
     cut = sum(len(r.get("not_started", [])) for r in records)
-    note = (f"{settings['steps']} steps ({settings['warmup']} warm-up), {settings['rounds']} rounds per point, one "
-            f"call per kind (`scripts/gpu-edge.sh`; {', '.join(f'`{p}`' for p in EDGE_TIME)})"
-            + (f", {cut} runs not started (the deadline)" if cut else ""))
+    note = (f"{settings['steps']} steps ({settings['warmup']} warm-up), {settings['rounds']} rounds per point; kernel "
+            f"ms: the kernels' own time over 3 profiled steps after the timed ones, per run, {settings['allocators'][0]}"
+            f"'s runs vs {settings['allocators'][1]}'s ({', '.join(f'`{p}`' for p in EDGE_TIME)})"
+            + (f"; {cut} runs not started (the deadline)" if cut else ""))
     return "\n".join(lines) + f"\n\n{note}. " + _env_line([r["environment"] for r in records]) + "\n"
 
 

@@ -101,10 +101,10 @@ cdef bint _reserve_binds(Allocator self, size_t size) noexcept nogil:
     the request goes through every pressure stage first (release, re-back) and takes the reserve only when they
     made no room (Allocator._alloc_under_pressure), so a request the device has room for still gets it. The free
     memory is asked of the driver (cuMemGetInfo) at growth only, never on a cache hit; a model driver answers its
-    capacity less its live chunks, so a replay with a device limit makes the same decisions. Off by default: its
-    replay price is measured (at a device of 1.02x P on gpt2xl-lora-ckpt, 64 MiB triples gmlake's priced driver
-    time, 8 MiB adds a tenth) but whether it cures that failure is not yet (docs/benchmarks.md, "The device itself
-    as the limit")."""
+    capacity less its live chunks, so a replay with a device limit makes the same decisions. 8 MiB in the default
+    policy: on the H200 that run trained with 8 MiB (and 64 MiB) kept, and in replay 8 MiB costs no goal on any of
+    22 traces, where 16 MiB and 64 MiB each lose the speed at a device of 1.02x or 1.05x P on two (re-backing
+    earlier, more often) (docs/benchmarks.md, "The device itself as the limit")."""
     cdef size_t free = 0
     if _cap_binds(self) or _capturing(self) or self.driver.device_free(&free) != DRIVER_OK:
         return False

@@ -120,7 +120,7 @@ def test_profiled_kernel_time_is_summed_per_run_and_a_failed_profiled_step_gives
     record = {"settings": {"allocators": ["expandable", "gmlake"]},
               "points": [{"workload": "w", "kind": "cap", "limit_p": 1.02, "limit_bytes": P, **got}]}
     columns, rows = edge_time.table_rows(record)
-    assert columns[-1] == "kernel ms" and rows[0][-1] == "810 | 400"
+    assert columns[-1] == "kernel ms" and rows[0][-1] == "810 vs 400"
     plain = {**record, "points": [{**record["points"][0], "allocators": {
         x: {k: v for k, v in s.items() if k != "kernel_ms"} for x, s in got["allocators"].items()}}]}
     assert "kernel ms" not in edge_time.table_rows(plain)[0]

@@ -50,8 +50,8 @@ class Policy:
         its free slots back to the driver (0: never). Note [Taking slots back at the edge].
       device_reserve: where no cap binds, new memory that would leave the device fewer free bytes than this is
         taken only after every pressure stage failed to make room, so the CUDA libraries' own later allocations
-        (kernels loaded for a new shape, workspaces) still find memory (0: growth takes the device's last byte).
-        Note [Leaving the libraries room].
+        (kernels loaded for a new shape, workspaces) still find memory (0: growth takes the device's last byte;
+        the default policy keeps 8 MiB). Note [Leaving the libraries room].
       stitch: whether to stitch free blocks at all (under "chunks" and "expandable"; "pytorch" never stitches).
       min_stitch_size: requests below this size never stitch; they get new chunks instead.
       min_saved_chunks: a stitch that also needs new chunks must save at least this many of them (1: stitch only

@@ -52,6 +52,7 @@ class GMLakePolicy(Policy):
     sblock_first: bool = False
     reback_slot: int = 2 * MiB              # Note [Taking slots back at the edge] (gmlake/_rebacking.pxi)
     restitch_limit: int = 2                 # Note [Stitching a size again] (gmlake/_sblocks.pxi)
+    device_reserve: int = 8 * MiB           # Note [Leaving the libraries room] (gmlake/_vmm.pxi)
 
 
 @dataclass(frozen=True)
