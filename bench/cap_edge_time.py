@@ -36,8 +36,9 @@ their mean times), resolved where |ratio - 1| is over both allocators' spreads (
 two timed runs a side, never: a spread of one run is no spread), and the goal (B's time <= A's): met, missed, or
 not resolved. With --gpu-time-steps N each run then profiles N more steps (its last N shapes, under the same limit)
 and the table adds their kernels' own time per run: whether a limit changed the GPU's work, or only the host's
-(Note [GPU time] in bench/workloads/common.py). Output: DIR/edge-time.json (environment, settings, P per workload, every calibration and run, every
-point's summary), rewritten after every run; DIR/probes/ (each run's summary); a table at the end.
+(Note [GPU time] in bench/workloads/common.py). Output: DIR/edge-time.json (environment, settings, P per workload,
+every calibration and run, every point's summary), rewritten after every run; DIR/probes/ (each run's summary); a
+table at the end.
 """
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ def allocator_summary(runs: list[dict]) -> dict:
     fit = [r for r in runs if r["fit"]]
     times = [r["timed_s"] for r in fit if r.get("timed_s")]
     busy = [r["driver_busy_after_s"] for r in fit if r.get("driver_busy_after_s") is not None]
-    kernel = [kernel_ms(r) for r in fit if kernel_ms(r) is not None]
+    kernel = [k for r in fit if (k := kernel_ms(r)) is not None]
     out = {"runs": len(runs), "fit": len(fit), "out_of_memory": sum(bool(r.get("oom")) for r in runs),
            "errors": sum(not r["fit"] and not r.get("oom") for r in runs),
            "times_s": [round(t, 4) for t in times], "sum_s": round(sum(times), 4), "spread": round(spread(times), 4)}

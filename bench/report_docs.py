@@ -337,10 +337,12 @@ def edge_time() -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *("| " + " | ".join(r) + " |" for r in rows)]
     settings = records[0]["settings"]
     cut = sum(len(r.get("not_started", [])) for r in records)
-    note = (f"{settings['steps']} steps ({settings['warmup']} warm-up), {settings['rounds']} rounds per point; kernel "
-            f"ms: the kernels' own time over 3 profiled steps after the timed ones, per run, {settings['allocators'][0]}"
-            f"'s runs vs {settings['allocators'][1]}'s ({', '.join(f'`{p}`' for p in EDGE_TIME)})"
-            + (f"; {cut} runs not started (the deadline)" if cut else ""))
+    profiled = sorted({r["settings"].get("gpu_time_steps") or 0 for r in records} - {0})
+    a, b = settings["allocators"]
+    kernel = (f"; kernel ms: the kernels' own time over {' or '.join(map(str, profiled))} profiled steps after the "
+              f"timed ones, per run, {a}'s runs vs {b}'s" if profiled else "")
+    note = (f"{settings['steps']} steps ({settings['warmup']} warm-up), {settings['rounds']} rounds per point{kernel} "
+            f"({', '.join(f'`{p}`' for p in EDGE_TIME)})" + (f"; {cut} runs not started (the deadline)" if cut else ""))
     return "\n".join(lines) + f"\n\n{note}. " + _env_line([r["environment"] for r in records]) + "\n"
 
 

@@ -50,9 +50,10 @@ def test_replay_gives_the_gpu_runs_peak_to_the_byte(workload, allocator):
 # requests (scripts/gpu-cap-trace.sh; the opt1.3b one under its cap, which changes no request).
 DEVICE_TOTAL = 150109880320
 # Every GPU cap search below ran gmlake's default as it was before re-backing (Note [Taking slots back at the edge])
-# and before Note [Stitching a size again]: 4 MiB pages under a cap, no re-backing, a size stitched as often as it
-# found free runs. Replay is held to the policy that ran, spelled as it is now.
-GMLAKE_AS_RUN = "gmlake[capped_page_large=4MiB,reback_slot=0,restitch_limit=0]"
+# and before Note [Stitching a size again] and Note [Leaving the libraries room]: 4 MiB pages under a cap, no
+# re-backing, a size stitched as often as it found free runs, no device reserve. Replay is held to the policy that
+# ran, spelled as it is now.
+GMLAKE_AS_RUN = "gmlake[capped_page_large=4MiB,reback_slot=0,restitch_limit=0,device_reserve=0]"
 
 
 def as_run(allocator: str) -> str:
