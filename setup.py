@@ -17,23 +17,25 @@ debug_macros = [("GMLAKE_DEBUG", "1")] if os.environ.get("GMLAKE_DEBUG", "") not
 common = {
     "language": "c++",
     "extra_compile_args": ["-O3", "-std=c++17", "-Wno-unused-function", "-Wno-deprecated-declarations"],
-    "include_dirs": ["gmlake"],
+    "include_dirs": ["gmlake/core", "gmlake/torch"],
 }
 extensions = [
-    Extension("gmlake._driver", ["gmlake/_driver.pyx"], **common),
-    Extension("gmlake._sim_driver", ["gmlake/_sim_driver.pyx"], **common),
-    Extension("gmlake._host_driver", ["gmlake/_host_driver.pyx"], **common),
+    # The core: the allocator and its rooms (core/_allocator.pyx includes the .pxi rooms), and the Driver interface.
+    Extension("gmlake.core._driver", ["gmlake/core/_driver.pyx"], **common),
+    Extension("gmlake.core._allocator", ["gmlake/core/_allocator.pyx"], define_macros=debug_macros, **common),
+    # The drivers the same core runs over: the simulator, real host memory, and CUDA's VMM.
+    Extension("gmlake.drivers._sim_driver", ["gmlake/drivers/_sim_driver.pyx"], **common),
+    Extension("gmlake.drivers._host_driver", ["gmlake/drivers/_host_driver.pyx"], **common),
     # dlopen lives in libdl before glibc 2.34 (in libc after, where -ldl still links).
-    Extension("gmlake._cuda_driver", ["gmlake/_cuda_driver.pyx"], libraries=["dl"], **common),
-    Extension("gmlake._allocator", ["gmlake/_allocator.pyx"], define_macros=debug_macros, **common),
-    Extension("gmlake._bench", ["gmlake/_bench.pyx"], **common),
-    Extension("gmlake._replay", ["gmlake/_replay.pyx"], **common),
+    Extension("gmlake.drivers._cuda_driver", ["gmlake/drivers/_cuda_driver.pyx"], libraries=["dl"], **common),
     # Policy seams decided in Cython, built against the .pxd files as a research policy's own module would be.
-    Extension("gmlake._seams_example", ["gmlake/_seams_example.pyx"], **common),
+    Extension("gmlake.policies._seams_example", ["gmlake/policies/_seams_example.pyx"], **common),
+    # Replay's event loop over the simulator.
+    Extension("gmlake.sim._replay", ["gmlake/sim/_replay.pyx"], **common),
     # torch loads these symbols by name: C linkage for `cdef public` (Cython emits C++ linkage otherwise).
     Extension(
-        "gmlake._torch_bridge",
-        ["gmlake/_torch_bridge.pyx"],
+        "gmlake.torch._torch_bridge",
+        ["gmlake/torch/_torch_bridge.pyx"],
         define_macros=[("CYTHON_EXTERN_C", 'extern "C"')],
         **common,
     ),
@@ -43,7 +45,7 @@ AUTOLOAD_PTH = "gmlake/gmlake_autoload.pth"
 
 
 class install_autoload_pth(install_data):
-    """Put gmlake_autoload.pth (GMLAKE=1 turns gmlake on, see gmlake/_autoload.py) into site-packages.
+    """Put gmlake_autoload.pth (GMLAKE=1 turns gmlake on, see gmlake/torch/_autoload.py) into site-packages.
 
     A .pth works only at the top of site-packages. Wheels, editable ones included, install their data directory
     `NAME.data/data` under sys.prefix but `NAME.data/purelib` into site-packages, so the file goes to the sibling.

@@ -14,9 +14,14 @@ MiB = 1 << 20
 
 def _time_cache_hits():
     try:
-        from gmlake._bench import time_cache_hits
-    except ImportError:       # a checkout from before the timing loop moved out of the package's API
-        from gmlake import bench_cache_hits as time_cache_hits
+        from bench.native import load        # this checkout's bench, built against the checkout's gmlake
+        return load().time_cache_hits
+    except ImportError:
+        pass
+    try:
+        from gmlake._bench import time_cache_hits      # a checkout from before bench left the package
+    except ImportError:
+        from gmlake import bench_cache_hits as time_cache_hits      # from before the timing loop left its API
     return time_cache_hits
 
 
@@ -49,8 +54,8 @@ def micro(iterations: int = 200_000) -> dict:
 
 def serve() -> None:
     from gmlake import policies
-    from gmlake.replay import bundled_traces, run_requests
-    from gmlake.trace import load
+    from gmlake.sim.replay import bundled_traces, run_requests
+    from gmlake.sim.trace import load
 
     traces = {}
     for path in bundled_traces():

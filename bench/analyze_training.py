@@ -2,7 +2,7 @@
 
     python -m bench report analysis [TRACE ...]
 
-For each trace: where gmlake's reserved bytes are at its peak (gmlake.explain), when its driver time is spent
+For each trace: where gmlake's reserved bytes are at its peak (gmlake.sim.explain), when its driver time is spent
 (per quarter of the run's requests, at the H200's measured per-call costs), step by step against the time gmlake's
 steps took beyond native's in the benchmark runs of the same shapes, and what policy variants would do (utilization
 and driver time on replay). Markdown on stdout.
@@ -17,10 +17,10 @@ import numpy as np
 
 from bench import ROOT
 from bench.cli import OneLineParser, error_line
-from gmlake.explain import explain
+from gmlake.sim.explain import explain
 from gmlake.policies import get
-from gmlake.replay import driver_seconds, replay, run_requests
-from gmlake.trace import ALLOC, load
+from gmlake.sim.replay import driver_seconds, replay, run_requests
+from gmlake.sim.trace import ALLOC, load
 
 VARIANTS = {
     "gmlake (default)": {},

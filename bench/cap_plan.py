@@ -6,7 +6,7 @@ smallest cap from the workload's trace, and the probes just above and below each
 
 Why: replay says where each allocator stops fitting, as a cap (set_per_process_memory_fraction) and as the device
 itself (no cap); a probe at threshold x (1 + margin), expected to fit, and one at threshold x (1 - margin), expected
-to run out of memory, check both ends on the GPU in two runs per pair. The thresholds come from gmlake.cap.limits
+to run out of memory, check both ends on the GPU in two runs per pair. The thresholds come from gmlake.sim.cap.limits
 (the searches `gmlake replay --smallest-cap` runs) at `--resolution`, under each allocator's replay policy
 (cap_search.replay_policy). Probe lists are ordered by priority: workload by workload, gmlake's and the next
 allocator's pairs (gmlake-paper's by default, the better of the other two on these traces), then the other
@@ -39,8 +39,8 @@ RESOLUTION = 1e-4
 
 def thresholds(workload: str, trace_path: Path, allocator: str, resolution: float) -> dict:
     """Replay's smallest device and smallest cap of `workload`'s trace under `allocator`'s replay policy."""
-    from gmlake.cap import limits
-    from gmlake.trace import load
+    from gmlake.sim.cap import limits
+    from gmlake.sim.trace import load
 
     policy = cap_search.replay_policy(allocator)
     row = limits(load(trace_path), policy, resolution=resolution)

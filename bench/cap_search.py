@@ -34,7 +34,7 @@ ends that pair's search as an error, since bisecting on crashes would give a mea
    uncapped time (a cap at or above a run's own peak never binds). A pair the file lacks gets an uncapped reference.
 2. bisection, geometric, between the two until hi / lo <= 1 + resolution: the smallest fraction that fit is then
    within the resolution of the threshold (it is the reference's peak reserved when no capped probe fit below it).
-   With --predict WORKLOAD=TRACE, replay first: `gmlake.cap.smallest_cap` of the trace under each allocator's
+   With --predict WORKLOAD=TRACE, replay first: `gmlake.sim.cap.smallest_cap` of the trace under each allocator's
    policy gives a bracket (largest cap that failed, smallest that fit, 0.2 % apart). The search probes that bracket
    first, as bounds not known to hold (moved 1 % at a time while wrong), so where replay is right two probes settle
    a pair to replay's resolution, however fine: two allocators whose brackets do not overlap are then told apart
@@ -82,7 +82,7 @@ from bench import RESULTS, speed_suite, train_suite
 from bench.cli import OneLineParser, render_table
 from bench.speed_suite import GIB, expected_duration
 from bench.train_suite import environment
-from gmlake.cap import (  # noqa: F401
+from gmlake.sim.cap import (  # noqa: F401
     FLOOR,
     WIDEN,
     Bisection,
@@ -435,7 +435,7 @@ def refine_cap(trace, policy, failed: int, fit: int, resolution: float = 1e-4, e
     """A bracket of `smallest_cap` (a cap in bytes that fails, one that fits) narrowed by replay to a relative
     `resolution`: (smallest cap that fit, largest that failed). A few replays where a whole search from the floor
     would take a dozen: what the cap search uses to place a probe between two allocators' thresholds."""
-    from gmlake.replay import replay
+    from gmlake.sim.replay import replay
 
     fits = lambda cap: replay(trace, policy, cap=math.ceil(cap), samples=0, event_lag=event_lag).ooms == 0
     result, _ = drive(bisect_fraction(failed, fit, resolution, floor=failed), fits)
@@ -444,13 +444,13 @@ def refine_cap(trace, policy, failed: int, fit: int, resolution: float = 1e-4, e
 
 def predict_brackets(traces: dict[str, list[str]], allocators: list[str], total: int,
                      ) -> tuple[dict[tuple[str, str], tuple[float, float]], list[dict]]:
-    """Replay's bracket per (workload, allocator): `gmlake.cap.smallest_cap` of the workload's trace under the
+    """Replay's bracket per (workload, allocator): `gmlake.sim.cap.smallest_cap` of the workload's trace under the
     allocator's replay policy, as fractions of `total` (the fitting end with SLACK, so f * total never rounds
     below it). A workload of several traces (FSDP's ranks, each under the same cap) takes its largest rank's
     bracket: the job fails as soon as one rank does. Also the rows recorded in cap.json (bytes and policy, one per
     trace)."""
-    from gmlake.cap import smallest_cap
-    from gmlake.trace import load
+    from gmlake.sim.cap import smallest_cap
+    from gmlake.sim.trace import load
 
     brackets: dict[tuple[str, str], tuple[float, float]] = {}
     rows = []
@@ -528,7 +528,7 @@ def capture_traces(workloads: list[str], settings: argparse.Namespace, out: Path
     probes are (`probe_command`: same script, seed and steps, so the same requests), its snapshot (one per FSDP
     rank) kept as OUT/traces/WORKLOAD*.gmtrace for `predict_brackets`. A capture that fails, or that the deadline
     leaves no time for, only leaves its workload unpredicted (its record says why)."""
-    from gmlake.trace import load, save_compact
+    from gmlake.sim.trace import load, save_compact
 
     folder = out / "traces"
     folder.mkdir(parents=True, exist_ok=True)

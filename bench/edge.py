@@ -8,13 +8,13 @@ policy. Per policy:
 - smallest device: the smallest simulated device (no cap) the replay completes on, bisected to `--resolution`
   (relative), as a multiple of P: what the job fits into when the device itself is the limit;
 - smallest cap: the same for a cap (set_per_process_memory_fraction's, on the trace's own device);
-- priced driver time (gmlake.replay.driver_seconds) at a cap and at a device of 1.02x and 1.05x P ("oom" where
+- priced driver time (gmlake.sim.replay.driver_seconds) at a cap and at a device of 1.02x and 1.05x P ("oom" where
   the replay does not complete);
 - with a cap of 2x P, which never binds: driver calls and peak reserved beside the uncapped run's;
 - uncapped: peak reserved, utilization (P / peak reserved), driver calls, priced driver time.
 Then the goals (the default policy against min(expandable, gmlake-paper) + 0.2 % of P, and so on) per trace.
 
-Traces default to every bundled one (gmlake/data/traces), tests/data's and the training suite's captures
+Traces default to every bundled one (gmlake/sim/data/traces), tests/data's and the training suite's captures
 (tests/data/results/traces). A replay is deterministic, so the figures are the build's: --json writes them, --check compares
 a run with a file written before (exit 1 on any difference), the test's data.
 """
@@ -28,10 +28,10 @@ from pathlib import Path
 
 from bench import ROOT
 from bench.cli import parser as command_parser
-from gmlake.cap import smallest_cap, smallest_device_memory
+from gmlake.sim.cap import smallest_cap, smallest_device_memory
 from gmlake.policies import choice_of
-from gmlake.replay import bundled_traces, driver_seconds, run_requests
-from gmlake.trace import TraceError, load
+from gmlake.sim.replay import bundled_traces, driver_seconds, run_requests
+from gmlake.sim.trace import TraceError, load
 
 TRACE_DIRS = [ROOT / "tests" / "data", ROOT / "tests" / "data" / "results" / "traces"]
 POLICIES = ("gmlake", "expandable", "gmlake-paper")

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None, prog: str = "bench fsdp-pattern") -> int
         if out is not None and not out.parent.is_dir():
             parser.error(f"{out}: no such directory {str(out.parent)!r}")
     from gmlake.policies import resolve
-    from gmlake.replay import driver_seconds
+    from gmlake.sim.replay import driver_seconds
 
     specs = args.policy or ["expandable", "gmlake[cross_stream=false]", "gmlake", "gmlake-paper"]
     try:

@@ -24,7 +24,11 @@ from pathlib import Path
 import gmlake
 from bench.cli import OneLineParser
 from gmlake import Allocator
-from gmlake._bench import time_cache_hits, time_driver_calls, time_stream_calls
+from bench.native import load as _load_native
+
+_native = _load_native()
+time_cache_hits, time_driver_calls, time_stream_calls = (_native.time_cache_hits, _native.time_driver_calls,
+                                                        _native.time_stream_calls)
 
 MiB = 1 << 20
 HANDLE_SIZES_MIB = (2, 4, 8, 16, 32, 64)

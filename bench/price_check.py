@@ -3,7 +3,7 @@ steady-state share of step time.
 
     python -m bench report prices RESULTS... [--json OUT]
 
-Why: replay prices a run's driver calls with gmlake/data/driver_costs_h200.json (bench micro's per-call costs,
+Why: replay prices a run's driver calls with gmlake/sim/data/driver_costs_h200.json (bench micro's per-call costs,
 measured on calls in a tight loop); inside a training run the same calls may cost more (cold caches, a busier
 driver). Since 2026-12-01 every gmlake run records `driver_busy_s`, the seconds spent inside its driver calls
 (Driver.busy_seconds), for the whole run and after warm-up: this script holds the two side by side.
@@ -31,7 +31,7 @@ from rich.table import Table
 
 from bench.cli import OneLineParser, error_line
 from bench.stall_check import load_runs
-from gmlake.replay import driver_costs, driver_seconds
+from gmlake.sim.replay import driver_costs, driver_seconds
 
 
 def parse(text: str | bytes, where: str) -> dict:

@@ -35,8 +35,8 @@ def table(repeat: int) -> None:
     from rich.table import Table
 
     from gmlake import policies
-    from gmlake.replay import bundled_traces, replay
-    from gmlake.trace import load
+    from gmlake.sim.replay import bundled_traces, replay
+    from gmlake.sim.trace import load
 
     out = Table(title=f"replay speed on {platform.processor() or platform.machine()} (M events/s, best of {repeat})")
     out.add_column("trace")

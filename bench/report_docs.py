@@ -382,8 +382,8 @@ def latency() -> str:
 def replayed() -> str:
     """The bundled traces replayed under every built-in policy (computed here: replay is deterministic)."""
     from gmlake import policies
-    from gmlake.replay import bundled_traces, replay
-    from gmlake.trace import load
+    from gmlake.sim.replay import bundled_traces, replay
+    from gmlake.sim.trace import load
 
     names = policies.names()
     lines = ["| trace | captured: max reserved GiB | " + " | ".join(f"{n}: reserved GiB / utilization / driver s"

@@ -4,7 +4,7 @@
 
 Runs of the same workload and allocator (repeats) are pooled: their memory figures must agree (they are
 deterministic), their step times are averaged and their spread shown. gmlake's driver time per step is estimated
-from the run's own driver-call counts at the per-call costs measured on the H200 (gmlake/data/driver_costs_h200.json).
+from the run's own driver-call counts at the per-call costs measured on the H200 (gmlake/sim/data/driver_costs_h200.json).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bench.cli import OneLineParser
 from bench.speed_suite import gpu_ms, spread_pct
-from gmlake.replay import driver_seconds
+from gmlake.sim.replay import driver_seconds
 
 # "gmlake" and "gmlake-8m" in results of 2026-11-30 10:00 and before ran the paper's design (then the default).
 ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper", "gmlake-8m", "gmlake-paper-8m", "gmlake-64m",

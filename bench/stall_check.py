@@ -31,8 +31,8 @@ import tarfile
 from pathlib import Path
 
 from bench.cli import OneLineParser
-from gmlake.replay import driver_costs, driver_seconds, run_requests
-from gmlake.trace import ALLOC, load
+from gmlake.sim.replay import driver_costs, driver_seconds, run_requests
+from gmlake.sim.trace import ALLOC, load
 
 
 def load_runs(paths: list[Path]) -> list[dict]:

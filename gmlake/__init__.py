@@ -5,19 +5,28 @@
     ptr = alloc.malloc(300 << 20)
     alloc.free(ptr)
 
-Drivers: SimDriver (bookkeeping, any size), HostDriver (real bytes on the CPU), cuda_driver() (CUDA VMM; needs a GPU).
-Policies: GMLakePolicy (the default), PaperPolicy, CachingPolicy and ExpandablePolicy, all subclasses of Policy; subclass
-one to try a variant (docs/policies.md). Traces: gmlake.trace.load(path or bundled name); replay: gmlake.replay;
-which setting suits a trace: gmlake.tune.
+The package by layer (imports go one way: each layer uses only the ones below it, never one above):
+
+    gmlake.cli        the `gmlake` command                              uses everything below
+    gmlake.torch      install into PyTorch: enable(), `gmlake run`,     uses policies, drivers, core
+                      the memory API, capture
+    gmlake.sim        traces, replay, compare, tune, explain            uses policies, drivers, core
+                      (pip install 'gmlake[sim]': numpy, matplotlib)
+    gmlake.policies   Policy (hooks), its knobs, the built-ins,         uses core
+                      examples a researcher copies
+    gmlake.drivers    SimDriver, HostDriver, cuda_driver()              uses core
+    gmlake.core       the Allocator and its rooms, the Driver           uses nothing of gmlake
+                      interface, errors
+
+This module gathers the names most code needs; a training job needs only `import gmlake.torch` (or GMLAKE=1).
 """
 from __future__ import annotations
 
-from gmlake._allocator import CALL_NAMES, Allocator
-from gmlake._driver import Driver
-from gmlake._host_driver import HostDriver
-from gmlake._sim_driver import SimDriver
-from gmlake.errors import (
+from gmlake.core import (
+    CALL_NAMES,
+    Allocator,
     CaptureOutOfMemoryError,
+    Driver,
     DriverError,
     GmlakeError,
     GraphCaptureError,
@@ -25,26 +34,10 @@ from gmlake.errors import (
     OutOfMemoryError,
     PolicyError,
 )
+from gmlake.drivers import HostDriver, SimDriver, cuda_available, cuda_driver
 from gmlake.policies import CachingPolicy, ExpandablePolicy, GMLakePolicy, PaperPolicy, Policy
 
 __version__ = "0.1.0"
-
-
-def cuda_driver(device: int = 0) -> Driver:
-    """The CUDA VMM driver for `device`. Raises CudaDriverError where no CUDA driver or device exists."""
-    from gmlake._cuda_driver import CudaDriver
-
-    return CudaDriver(device)
-
-
-def cuda_available() -> bool:
-    """Whether a CUDA driver with at least one device can be used here."""
-    try:
-        cuda_driver(0)
-    except Exception:  # noqa: BLE001 - any failure to start the driver means "not usable here"
-        return False
-    return True
-
 
 __all__ = [
     "CALL_NAMES",

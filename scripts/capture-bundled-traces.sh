@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Capture the traces bundled in gmlake/data/traces on a GPU: each workload under PyTorch's native allocator and under
+# Capture the traces bundled in gmlake/sim/data/traces on a GPU: each workload under PyTorch's native allocator and under
 # expandable segments (needs transformers and peft). Writes $OUT/traces.tar (the .gmtrace files) and
 # $OUT/tiny.pickle.gz (a raw snapshot for the trace reader's tests).
 . "$(dirname "$0")/common.sh"

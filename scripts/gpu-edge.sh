@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # At the edge of memory on one GPU: the core's GPU tests (EDGE_TESTS, a pytest -k expression; "all" for every GPU
-# test, "none" for none), the price of re-backing's copies (gmlake._bench.time_driver_calls over 512 MiB of 2 MiB
+# test, "none" for none), the price of re-backing's copies (bench._bench.time_driver_calls over 512 MiB of 2 MiB
 # handles, three times), then `python -m bench cap edge-time` with the arguments given (step time at 1.02x and 1.05x
 # the peak allocated, gmlake against expandable segments, interleaved).
 #   SKIP_BUILD=1 EDGE_TESTS=reback scripts/gpu-edge.sh --workloads opt1.3b-lora-ckpt --kinds cap --deadline 300
@@ -15,8 +15,8 @@ if [ "$TESTS" != none ]; then
 fi
 python3 - >"$OUT/copy-price.json" 2>&1 <<'PY'
 import json
-from gmlake._bench import time_driver_calls
-from gmlake._cuda_driver import CudaDriver
+from bench.native import load; time_driver_calls = load().time_driver_calls
+from gmlake.drivers._cuda_driver import CudaDriver
 runs = [time_driver_calls(CudaDriver(0), 2 << 20, 256) for _ in range(3)]
 print(json.dumps({"runs": runs}, indent=1))
 PY

@@ -34,7 +34,7 @@ KEPT_STATS = ("peak_reserved_bytes", "peak_allocated_bytes", "reserved_bytes", "
 
 
 def _traces() -> dict[str, Path]:
-    from gmlake.replay import bundled_traces
+    from gmlake.sim.replay import bundled_traces
 
     paths = {p.name: p for p in bundled_traces()}
     for p in sorted((HERE / "data").glob("*.pickle.gz")):
@@ -53,7 +53,7 @@ def _example(name: str):
 
 def _record(trace, spec: str, cap: int = 0, event_lag: int = 0) -> dict:
     from gmlake.policies import resolve
-    from gmlake.replay import run_requests
+    from gmlake.sim.replay import run_requests
 
     policy = _example(spec) if spec in EXAMPLES else resolve(spec).policy
     alloc, out = run_requests(trace, policy, samples=1, cap=cap, event_lag=event_lag)
@@ -69,7 +69,7 @@ def _record(trace, spec: str, cap: int = 0, event_lag: int = 0) -> dict:
 def scenarios(before: dict | None = None) -> list[tuple[str, str, str, int, int]]:
     """(key, trace file, policy spec, cap, event lag) of every replay. Caps are data: the file records them (a cap
     3 % over the trace's peak allocated under gmlake, which brings pressure, and one 2 % under, which runs out)."""
-    from gmlake.trace import load
+    from gmlake.sim.trace import load
 
     out = []
     traces = _traces()
@@ -84,7 +84,7 @@ def scenarios(before: dict | None = None) -> list[tuple[str, str, str, int, int]
             if before is not None:
                 cap = before["caps"][key]
             else:
-                from gmlake.replay import run_requests
+                from gmlake.sim.replay import run_requests
 
                 _, free_run = run_requests(load(traces[name]), "gmlake", samples=1)
                 cap = int(free_run["peak_allocated"] * factor) // MiB * MiB
@@ -103,7 +103,7 @@ def scenarios(before: dict | None = None) -> list[tuple[str, str, str, int, int]
 
 
 def run(before: dict | None = None) -> dict:
-    from gmlake.trace import load
+    from gmlake.sim.trace import load
 
     traces = _traces()
     loaded = {}

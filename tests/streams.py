@@ -18,8 +18,8 @@ import gmlake
 from gmlake import Allocator, OutOfMemoryError
 
 # the driver's own rule for two physical extents meeting
-from gmlake._driver import _overlap
-from gmlake.errors import HazardError
+from gmlake.core._driver import _overlap
+from gmlake.core.errors import HazardError
 
 
 @dataclass

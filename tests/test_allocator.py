@@ -556,7 +556,8 @@ def test_capture_queries_are_asked_only_where_a_driver_call_may_follow():
 
 @pytest.mark.parametrize("make", [gmlake.SimDriver, gmlake.HostDriver])
 def test_stream_calls_are_timed(make):
-    from gmlake._bench import time_stream_calls
+    from bench.native import load
+    time_stream_calls = load().time_stream_calls
     got = time_stream_calls(make(), 0, 100)
     assert set(got) == {"capture_query", "event_record", "event_query", "event_rerecord", "event_destroy",
                         "iterations"}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import gmlake
-from gmlake import trace
+from gmlake.sim import trace
 
 PACKAGE = Path(gmlake.__file__).parent
 

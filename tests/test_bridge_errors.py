@@ -19,7 +19,7 @@ HERE = Path(__file__).parent
 # shared buffer between the GIL's release and its reading would be the other thread's.
 SCENARIO = r"""
 import ctypes, json, os, sys, threading
-from gmlake import _torch_bridge
+from gmlake.torch import _torch_bridge
 
 os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 sys.setswitchinterval(1e-6)
@@ -79,7 +79,8 @@ def test_two_threads_whose_allocators_fail_differently_each_get_their_own_messag
 
 OOM = r"""
 import ctypes, sys
-from gmlake import Allocator, SimDriver, _torch_bridge
+from gmlake import Allocator, SimDriver
+from gmlake.torch import _torch_bridge
 
 _torch_bridge.configure(lambda device: Allocator(SimDriver(capacity=64 << 20)))
 bridge = ctypes.CDLL(_torch_bridge.__file__)
@@ -93,7 +94,7 @@ print(h.harness_error().decode())
 
 
 def test_out_of_memory_through_the_bridge_says_what_gmlake_errors_say(harness):
-    """The text torch raises is gmlake.errors' (OutOfMemoryError.torch_message), as README shows it."""
+    """The text torch raises is gmlake.core.errors' (OutOfMemoryError.torch_message), as README shows it."""
     proc = subprocess.run([sys.executable, "-c", OOM, harness], capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

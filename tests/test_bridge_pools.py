@@ -20,7 +20,8 @@ PRELUDE = r"""
 import ctypes, itertools, json, sys, warnings
 import torch
 import gmlake, gmlake.torch as gt
-from gmlake import Allocator, SimDriver, _torch_bridge
+from gmlake import Allocator, SimDriver
+from gmlake.torch import _torch_bridge
 
 _torch_bridge.configure(lambda device: Allocator(SimDriver(), gmlake.policies.get("gmlake")))
 bridge = ctypes.CDLL(_torch_bridge.__file__)

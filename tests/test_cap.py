@@ -1,4 +1,4 @@
-"""gmlake.cap.smallest_cap: replay's answer to "what is the smallest memory cap this run fits under with a
+"""gmlake.sim.cap.smallest_cap: replay's answer to "what is the smallest memory cap this run fits under with a
 policy?" (issue 10's cap goal, predicted on the CPU before the GPU's bisection), and the two rules that make a cap
 differ from a device that size: PyTorch's whole-request check (Note [Releasing before the cap binds]) and gmlake's
 re-backing at the edge (Note [Taking slots back at the edge]), and the finer pages a policy may ask for under a cap
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 import gmlake
-from gmlake.cap import smallest_cap
+from gmlake.sim.cap import smallest_cap
 from gmlake.policies import ExpandablePolicy, GMLakePolicy
-from gmlake.replay import replay, trace_path
-from gmlake.trace import load
+from gmlake.sim.replay import replay, trace_path
+from gmlake.sim.trace import load
 
 MiB = 1 << 20
 
@@ -91,7 +91,7 @@ def test_a_cap_set_after_the_first_range_still_gets_finer_pages():
 
 
 def test_a_policy_that_fails_uncapped_is_refused(gpt2l):
-    from gmlake.trace import Trace
+    from gmlake.sim.trace import Trace
 
     tiny = Trace(gpt2l.events, {**gpt2l.meta, "device_total": 1 << 30})
     with pytest.raises(ValueError, match="even uncapped"):
@@ -141,7 +141,7 @@ def test_replay_under_a_cap_from_the_command_line():
 
 @pytest.mark.parametrize("policy", ["expandable", "gmlake"])
 def test_the_smallest_device_fits_with_no_cap_and_the_bracket_is_within_the_resolution(gpt2l, policy):
-    from gmlake.cap import smallest_device_memory
+    from gmlake.sim.cap import smallest_device_memory
 
     fit, fail, probed = smallest_device_memory(gpt2l, policy, resolution=0.002)
     assert replay(gpt2l, policy, device_memory=fit, samples=0).ooms == 0
@@ -154,7 +154,7 @@ def test_a_cap_and_a_device_of_one_size_are_one_limit_for_gmlake(gpt2l):
     """The default keeps its pages under a cap and re-backs where either limit binds, so a cap and a device of the
     same size fit alike (11.84 GiB on this trace); finer pages under a cap (capped_page_large=4MiB) pack the cap
     closer, 11.82. The expandable model, with one page size, fits both alike too."""
-    from gmlake.cap import smallest_device_memory
+    from gmlake.sim.cap import smallest_device_memory
 
     assert smallest_cap(gpt2l, "gmlake")[0] == smallest_device_memory(gpt2l, "gmlake")[0]
     assert smallest_cap(gpt2l, "gmlake[capped_page_large=4MiB]")[0] < smallest_cap(gpt2l, "gmlake")[0]

@@ -1,4 +1,4 @@
-"""bench cap plan: probes just above and below replay's smallest device and cap, from gmlake.cap's own searches;
+"""bench cap plan: probes just above and below replay's smallest device and cap, from gmlake.sim.cap's own searches;
 the committed plan (bench/plans/edge-probes.json, which the GPU commands read) agrees with its thresholds and with
 replay as it is now."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import one_line_exit_2
 
-from gmlake.cap import limits
-from gmlake.trace import load
+from gmlake.sim.cap import limits
+from gmlake.sim.trace import load
 
 cap_plan = pytest.importorskip("bench.cap_plan")
 ROOT = Path(__file__).resolve().parents[1]

@@ -346,9 +346,9 @@ def test_replay_policies_of_the_suites_allocators(monkeypatch):
 
 
 def test_predicted_brackets_are_replays_smallest_caps_as_fractions():
-    from gmlake.cap import smallest_cap
-    from gmlake.replay import replay
-    from gmlake.trace import load
+    from gmlake.sim.cap import smallest_cap
+    from gmlake.sim.replay import replay
+    from gmlake.sim.trace import load
 
     trace_path = str(ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz")
     brackets, rows = cap_search.predict_brackets({"t5": [trace_path]}, ["expandable", "gmlake"], TOTAL)
@@ -372,7 +372,7 @@ def test_predicted_brackets_are_replays_smallest_caps_as_fractions():
 def test_a_workload_of_several_rank_traces_takes_its_largest_ranks_bracket(tmp_path):
     """FSDP: every rank runs under the same cap, so the job's smallest cap is its largest rank's. The tiny trace's
     requests doubled in size make the larger rank; whichever order the ranks come in, its bracket is the one."""
-    from gmlake.trace import load, save_compact
+    from gmlake.sim.trace import load, save_compact
 
     small = load(ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz")
     large = type(small)(small.events.copy(), dict(small.meta))
@@ -816,8 +816,8 @@ def test_settling_plans_session_13s_hand_placed_probes_from_its_real_searches(mo
     the traces they captured: the plan is the probes placed by hand there (bench cap probe, at 22,421,000,000 and
     13,540,000,000 bytes), and replay expects each planned probe to settle the order. Those searches ran gmlake's
     default before re-backing, replayed as it is spelled now."""
-    from gmlake.replay import replay
-    from gmlake.trace import load
+    from gmlake.sim.replay import replay
+    from gmlake.sim.trace import load
 
     as_run = "gmlake[capped_page_large=4MiB,reback_slot=0,restitch_limit=0,device_reserve=0]"
     policy_of = cap_search.replay_policy

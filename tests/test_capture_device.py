@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from gmlake.capture import torch_cuda_problem
+from gmlake.torch.capture import torch_cuda_problem
 from gmlake.cli import main
 
 

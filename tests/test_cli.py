@@ -17,9 +17,9 @@ import pytest
 
 from gmlake import __version__
 from gmlake.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_OUT_OF_MEMORY, main
-from gmlake.knobs import parse_bool, parse_size
-from gmlake.replay import bundled_traces, replay
-from gmlake.trace import EVENT_DTYPE, Trace, TraceError, load
+from gmlake.policies.knobs import parse_bool, parse_size
+from gmlake.sim.replay import bundled_traces, replay
+from gmlake.sim.trace import EVENT_DTYPE, Trace, TraceError, load
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 BUNDLED = bundled_traces()[0].name.removesuffix(".gmtrace")
@@ -94,7 +94,7 @@ def test_recorded_device_size_is_bounded_and_typed(tmp_path, meta):
 
 def test_gmtrace_header_is_untrusted(tmp_path):
     """A .gmtrace header's values are typed like a snapshot's: a string device_total must not reach the replay."""
-    from gmlake.trace import save_compact
+    from gmlake.sim.trace import save_compact
 
     trace = load(TINY)
     trace.meta["device_total"] = "lots"
@@ -155,7 +155,7 @@ def test_capture_into_a_missing_directory(tmp_path, capsys):
 
 
 def test_save_compact_removes_its_temporary_file_on_failure(tmp_path):
-    from gmlake.trace import save_compact
+    from gmlake.sim.trace import save_compact
 
     (tmp_path / "adir").mkdir()
     with pytest.raises(OSError):
@@ -340,7 +340,7 @@ def test_a_bad_cap_is_one_line_and_exit_2_for_every_replaying_command(tmp_path, 
 
 
 def test_cap_words_name_every_cap():
-    from gmlake.compare import cap_words
+    from gmlake.sim.compare import cap_words
 
     assert cap_words([0, 0]) == ""
     assert cap_words([CAP, CAP]) == " under a 1.900 GiB memory cap"
@@ -461,7 +461,7 @@ def test_compare_keeps_traces_of_the_same_name_apart(tmp_path, capsys):
     """Results, the real-reserved column and the plot are keyed by a trace's name: a second trace of the same name
     (here two files whose header says the same name but different real peaks) is shown as `NAME (2)` with its own
     rows, not under the first one's figures."""
-    from gmlake.trace import save_compact
+    from gmlake.sim.trace import save_compact
 
     trace = load(TINY)
     paths = []

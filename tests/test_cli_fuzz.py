@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from gmlake import policies
 from gmlake.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_OUT_OF_MEMORY, main
-from gmlake.knobs import knob_types
-from gmlake.trace import load
+from gmlake.policies.knobs import knob_types
+from gmlake.sim.trace import load
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 WORK = Path(tempfile.mkdtemp(prefix="gmlake-cli-fuzz-"))

@@ -1,5 +1,5 @@
 """gmlake compare --smallest-cap: the smallest device (no cap) and the smallest memory cap beside each replay, the
-very values gmlake.cap gives, in the table (within the terminal), in --json and in compare.jsonl; bad input in one
+very values gmlake.sim.cap gives, in the table (within the terminal), in --json and in compare.jsonl; bad input in one
 line and exit 2."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from gmlake.cap import limits, smallest_cap, smallest_device_memory
+from gmlake.sim.cap import limits, smallest_cap, smallest_device_memory
 from gmlake.cli import EXIT_BAD_INPUT, EXIT_OK, main
-from gmlake.compare import LIMIT_COLUMNS, limit_cells, smallest_limits
-from gmlake.replay import trace_path
-from gmlake.trace import Trace, load, save_compact
+from gmlake.sim.compare import LIMIT_COLUMNS, limit_cells, smallest_limits
+from gmlake.sim.replay import trace_path
+from gmlake.sim.trace import Trace, load, save_compact
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 POLICIES = ["--policy", "gmlake", "--policy", "expandable"]

@@ -98,8 +98,9 @@ PRELUDE = """
 import ctypes, json, os, sys
 sys.modules["cuda"] = None                  # any `import cuda...` now fails: gmlake must not need cuda-bindings
 import gmlake
-from gmlake import Allocator, _bench
-from gmlake._cuda_driver import CudaDriverError
+from gmlake import Allocator
+from bench.native import load; _bench = load()
+from gmlake.drivers._cuda_driver import CudaDriverError
 
 def fake_log():
     path = os.environ.get("GMLAKE_LIBCUDA")

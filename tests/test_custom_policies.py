@@ -190,8 +190,8 @@ def test_gmlake_run_checks_the_policy_before_the_program(tmp_path, monkeypatch, 
 
 
 def test_torch_snapshot_records_the_policy():
-    from gmlake._allocator import Allocator
-    from gmlake._sim_driver import SimDriver
+    from gmlake.core._allocator import Allocator
+    from gmlake.drivers._sim_driver import SimDriver
     from gmlake.torch import snapshot_of
 
     choice = policies.resolve("gmlake[min_saved_chunks=0]")
@@ -365,7 +365,7 @@ def test_bad_environment_policy_gets_one_line(tmp_path, monkeypatch, capsys):
 def test_custom_policies_get_distinct_colours_never_a_builtins():
     from matplotlib.colors import to_hex
 
-    from gmlake.compare import BUILTIN_COLORS, policy_colors
+    from gmlake.sim.plots import BUILTIN_COLORS, policy_colors
 
     labels = ["gmlake", "caching", *(f"Mine(k={i})" for i in range(12)), "gmlake(min_saved_chunks=0)"]
     colors = policy_colors(labels)

@@ -5,8 +5,8 @@ import pytest
 
 import gmlake
 from gmlake import Allocator, SimDriver
-from gmlake.replay import run_requests
-from gmlake.trace import load
+from gmlake.sim.replay import run_requests
+from gmlake.sim.trace import load
 
 MiB = 1 << 20
 TINY = str(__import__("pathlib").Path(__file__).parent / "data" / "tiny-gpt2-native.pickle.gz")
@@ -61,8 +61,8 @@ def test_a_gmlake_debug_build_checks_every_operation_on_every_path(tmp_path):
                     f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(target)], check=True)
     script = f"""
 import gmlake
-from gmlake.replay import run_requests
-from gmlake.trace import load
+from gmlake.sim.replay import run_requests
+from gmlake.sim.trace import load
 assert gmlake.__file__.startswith({str(tmp_path)!r}), gmlake.__file__
 alloc = gmlake.Allocator(gmlake.SimDriver(), gmlake.policies.get("gmlake-paper"))
 assert alloc.debug_checks, "a debug build checks from the start"

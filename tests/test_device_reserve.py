@@ -1,4 +1,4 @@
-"""The device reserve (Note [Leaving the libraries room], gmlake/_vmm.pxi): growth that would leave the device fewer
+"""The device reserve (Note [Leaving the libraries room], gmlake/core/_vmm.pxi): growth that would leave the device fewer
 than `device_reserve` free bytes goes through every pressure stage first and takes the reserve only when they made
 no room; never under a binding cap. On the models (capacity less live chunks) and through the CUDA driver's
 cuMemGetInfo (the stand-in libcuda)."""

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 edge = pytest.importorskip("bench.edge")
 
-from gmlake.trace import load
+from gmlake.sim.trace import load
 
 RECORDED = json.loads((ROOT / "tests" / "data" / "edge-figures.json").read_text())
 # Cheap to replay (seconds each), and between them a dynamic-shape CNN, an FSDP rank and the tiny GPT-2 whose

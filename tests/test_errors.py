@@ -9,8 +9,8 @@ import pytest
 
 import gmlake
 from gmlake import Allocator, OutOfMemoryError, PolicyError, SimDriver
-from gmlake.replay import replay
-from gmlake.trace import load
+from gmlake.sim.replay import replay
+from gmlake.sim.trace import load
 
 MiB = 1 << 20
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"

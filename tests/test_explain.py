@@ -1,4 +1,4 @@
-"""gmlake.explain: accounting for every reserved byte at a policy's peak, and the min_saved_chunks knob it motivated."""
+"""gmlake.sim.explain: accounting for every reserved byte at a policy's peak, and the min_saved_chunks knob it motivated."""
 from __future__ import annotations
 
 import json
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from gmlake.cli import main as cli_main
-from gmlake.explain import explain
+from gmlake.sim.explain import explain
 from gmlake.policies import get
-from gmlake.replay import bundled_traces, replay, run_requests
-from gmlake.trace import ALLOC, EVENT_DTYPE, FREE, Trace, load
+from gmlake.sim.replay import bundled_traces, replay, run_requests
+from gmlake.sim.trace import ALLOC, EVENT_DTYPE, FREE, Trace, load
 
 MiB = 1 << 20
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
@@ -37,7 +37,7 @@ def test_chunk_tails_are_found_at_the_peak():
 
 
 def test_live_blocks_beside_shared_free_pieces_are_counted_once_by_size_against_the_chunk():
-    from gmlake.explain import _free_bytes
+    from gmlake.sim.explain import _free_bytes
 
     chunk = 20 * MiB
     large = {"pool": "large", "chunk_size": chunk, "blocks": [

@@ -12,7 +12,7 @@ import pytest
 
 import gmlake
 from gmlake import Allocator, DriverError, HostDriver, OutOfMemoryError
-from gmlake._driver import FAULT_NAMES
+from gmlake.core._driver import FAULT_NAMES
 
 # These tests exercise the chunk-and-stitch mechanics, so they run the paper's design, where every request
 # past the free blocks stitches; the default policy's own tests are in test_gmlake_policy.py.

@@ -38,8 +38,8 @@ def test_bad_input_gets_one_line_and_exit_2():
 def test_the_written_trace_replays_as_the_pattern_runs(tmp_path):
     """--trace records the pattern under the caching policy; replaying it through another policy gives what running
     the pattern through that policy gives, so explain, compare and cap work on it."""
-    from gmlake.replay import replay
-    from gmlake.trace import load
+    from gmlake.sim.replay import replay
+    from gmlake.sim.trace import load
 
     path = tmp_path / "fsdp.pickle.gz"
     fsdp_pattern.write_trace(path, steps=3, layers=6, seed=0)
@@ -63,8 +63,8 @@ def test_event_lag_brackets_sharing_between_at_once_and_never(tmp_path):
     """Note [Event lag in replay]: with events complete at once sharing blocks by fences shares the most; when
     they never complete before a synchronize it reserves exactly what blocks kept per stream reserve; the default's
     wait on the GPU (cross_stream_wait) takes back part of that; single-stream traces replay the same at any lag."""
-    from gmlake.replay import bundled_traces, replay
-    from gmlake.trace import load
+    from gmlake.sim.replay import bundled_traces, replay
+    from gmlake.sim.trace import load
 
     path = tmp_path / "fsdp.pickle.gz"
     fsdp_pattern.write_trace(path, steps=3, layers=8, seed=0)

@@ -10,7 +10,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from gmlake.trace import Trace, TraceError, load
+from gmlake.sim.trace import Trace, TraceError, load
 
 TINY = Path("tests/data/tiny-gpt2-native.pickle.gz")
 RAW = gzip.decompress(TINY.read_bytes())[:60_000]      # a prefix keeps each example fast
@@ -75,7 +75,7 @@ def test_structurally_wrong_snapshots(tmp_path, snapshot, gmlake_meta):
         snapshot["gmlake"] = gmlake_meta
     trace = _load_bytes(tmp_path, pickle.dumps(snapshot))
     if trace is not None:
-        from gmlake.replay import replay
+        from gmlake.sim.replay import replay
 
         replay(trace, "gmlake", device_memory=1 << 40)   # what loads must also replay
 

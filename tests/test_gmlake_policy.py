@@ -8,8 +8,8 @@ import pytest
 
 import gmlake
 from gmlake import Allocator, HostDriver
-from gmlake.replay import bundled_traces, replay
-from gmlake.trace import load
+from gmlake.sim.replay import bundled_traces, replay
+from gmlake.sim.trace import load
 
 MiB = 1 << 20
 PAGE = 20 * MiB

@@ -216,7 +216,7 @@ def test_the_core_alone_grows_stitches_and_fences_without_torch():
 
 def test_the_driver_measures_the_time_inside_its_calls(cuda):
     """Driver.busy_seconds on the real driver: 64 MiB as 32 handles of 2 MiB (create, map, set access, then unmap
-    and release) costs about 2 ms at the H200's prices (gmlake/data/driver_costs_h200.json); measured, it must be
+    and release) costs about 2 ms at the H200's prices (gmlake/sim/data/driver_costs_h200.json); measured, it must be
     more than nothing and far less than a second."""
     before = cuda.busy_seconds
     alloc = Allocator(cuda, PAPER)

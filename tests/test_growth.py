@@ -1,4 +1,4 @@
-"""Growth as one interface (gmlake._allocator.Growth), chosen once when the allocator is made: the built-in
+"""Growth as one interface (gmlake.core._allocator.Growth), chosen once when the allocator is made: the built-in
 strategies the policies name, and a research policy's own growth in Cython."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import gmlake
 from gmlake import Allocator, SimDriver
-from gmlake._allocator import ChunkGrowth, ExpandableGrowth, Growth, PyTorchGrowth
+from gmlake.core._allocator import ChunkGrowth, ExpandableGrowth, Growth, PyTorchGrowth
 from gmlake.policies import PaperPolicy, get
 from gmlake.policies.examples import StitchOnlyFreeMemory
 
@@ -41,8 +41,8 @@ def test_a_research_growth_in_cython_decides_what_a_shortfall_costs():
     """A policy's cython_growth() replaces the built-in growth: the example stitches only where free pieces cover
     the request, making the same choices as that rule written as a Python allow_stitch veto, and fewer stitches
     than the paper's chunks."""
-    from gmlake.replay import run_requests
-    from gmlake.trace import load
+    from gmlake.sim.replay import run_requests
+    from gmlake.sim.trace import load
 
     alloc = Allocator(SimDriver(), StitchOnlyFreeMemory())
     assert type(alloc.growth).__name__ == "StitchOnlyFreeMemory" and isinstance(alloc.growth, ChunkGrowth)

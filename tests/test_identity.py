@@ -22,7 +22,7 @@ def test_the_check_sees_a_changed_decision():
     """The comparison is not vacuous: a policy with one knob changed differs from the record."""
     before = json.loads(identity.BEFORE.read_text())
     key = "tiny-gpt2-native.pickle.gz|gmlake-paper"
-    from gmlake.trace import load
+    from gmlake.sim.trace import load
 
     changed = identity._record(load(identity._traces()["tiny-gpt2-native.pickle.gz"]),
                                "gmlake-paper[min_saved_chunks=0]")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gmlake import capture
+from gmlake.torch import capture
 from gmlake.cli import EXIT_BAD_INPUT, build_parser, main
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from gmlake.cli import EXIT_OK, main
-from gmlake.explain import explain, peak_growth_moment
+from gmlake.sim.explain import explain, peak_growth_moment
 from gmlake.policies import CachingPolicy
-from gmlake.replay import replay
-from gmlake.trace import ALLOC, EVENT_DTYPE, FREE, Trace
+from gmlake.sim.replay import replay
+from gmlake.sim.trace import ALLOC, EVENT_DTYPE, FREE, Trace
 
 MiB = 1 << 20
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
@@ -78,7 +78,7 @@ def test_reserved_is_requested_plus_both_fragmentations(policy):
 
 
 def tiny() -> Trace:
-    from gmlake.trace import load
+    from gmlake.sim.trace import load
 
     return load(TINY)
 
@@ -152,7 +152,7 @@ def test_explain_cli_says_which_moment_and_why(capsys):
     import tempfile
     from pathlib import Path
 
-    from gmlake.trace import save_compact
+    from gmlake.sim.trace import save_compact
 
     with tempfile.TemporaryDirectory() as folder:
         path = save_compact(synthetic(*trace_rows), Path(folder) / "late.gmtrace")
@@ -183,7 +183,7 @@ def test_fragmentation_at_peak_growth_beside_the_exact_peak():
 def test_the_timeline_is_sampled_as_the_replay_loop_samples_it():
     """replay() replays with one sample per request (to find the peak growth) and cuts the timeline down itself:
     it must match the loop's own sampling, window maxima included."""
-    from gmlake.replay import run_requests
+    from gmlake.sim.replay import run_requests
 
     trace = tiny()
     for samples in (1, 7, 2000, 10 ** 7):

@@ -8,8 +8,8 @@ import pickle
 import numpy as np
 import pytest
 
-from gmlake.replay import run_requests
-from gmlake.trace import TraceError, load, load_compact, save_compact
+from gmlake.sim.replay import run_requests
+from gmlake.sim.trace import TraceError, load, load_compact, save_compact
 
 MiB = 1 << 20
 POOL = (1, 0)                   # the pair PyTorch gives a graph's own pool

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gmlake.replay import driver_costs
+from gmlake.sim.replay import driver_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 price_check = pytest.importorskip("bench.price_check")
@@ -84,8 +84,8 @@ def test_the_real_cap_searches_of_2026_12_01(tmp_path):
     assert summary["n"] == 21 and summary["skipped_without_busy"] == 0
     assert 1.3 <= summary["ratio_median"] <= 2.3
     assert summary["ratio_min"] >= 1.0          # the GPU never took less than the table's price
-    # gmlake/data/driver_costs_h200.json's in_training_factor (compare's title quotes it) is this median
-    from gmlake.replay import driver_costs
+    # gmlake/sim/data/driver_costs_h200.json's in_training_factor (compare's title quotes it) is this median
+    from gmlake.sim.replay import driver_costs
 
     assert driver_costs()["in_training_factor"] == round(summary["ratio_median"], 2)
 

@@ -15,8 +15,8 @@ import pytest
 
 import gmlake
 from gmlake import Allocator, SimDriver
-from gmlake.replay import GRANULARITY, bundled_traces
-from gmlake.trace import (
+from gmlake.sim.replay import GRANULARITY, bundled_traces
+from gmlake.sim.trace import (
     ALLOC,
     FREE,
     SEGMENT_ALLOC,

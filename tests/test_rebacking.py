@@ -1,4 +1,4 @@
-"""Re-backing at the edge (Note [Taking slots back at the edge], gmlake/_rebacking.pxi): partly used pages re-backed
+"""Re-backing at the edge (Note [Taking slots back at the edge], gmlake/core/_rebacking.pxi): partly used pages re-backed
 in 2 MiB slots when nothing else is left to give back, on real bytes (host driver) and in the model (sim)."""
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_relieve_pressure_may_ask_for_it():
 
 def test_the_replay_prices_the_copies():
     """replay's driver time counts the copied bytes at the table's price per MiB."""
-    from gmlake.replay import driver_costs, driver_seconds
+    from gmlake.sim.replay import driver_costs, driver_seconds
     costs = driver_costs()
     stats = {"calls": {}, "handles": {}, "copied_bytes": 3 * MiB}
     assert driver_seconds(stats, costs) == pytest.approx(3 * costs["per_mib"]["copied_bytes"] * 1e-6)
@@ -190,7 +190,7 @@ def test_a_slot_that_does_not_divide_the_pages_is_refused(knobs):
 def test_never_during_a_graph_capture():
     """A capture forbids the synchronize re-backing needs: a request under capture that finds no memory fails as a
     capture's out-of-memory, nothing re-backed; once the capture ends the same request re-backs and fits."""
-    from gmlake.errors import CaptureOutOfMemoryError
+    from gmlake.core.errors import CaptureOutOfMemoryError
     alloc = make("host", limit=200 * MiB)
     live = gapped_pages(alloc)
     alloc.begin_allocate_to_pool(1, [0], capturing=True)

@@ -10,8 +10,8 @@ import pytest
 
 import gmlake
 from gmlake.cli import main as cli_main
-from gmlake.replay import bundled_traces, fidelity, replay
-from gmlake.trace import ALLOC, FREE, TraceError, load, load_snapshot, save_compact
+from gmlake.sim.replay import bundled_traces, fidelity, replay
+from gmlake.sim.trace import ALLOC, FREE, TraceError, load, load_snapshot, save_compact
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 

@@ -10,10 +10,10 @@ from typing import ClassVar
 import pytest
 from rich.console import Console
 
-import gmlake.replay as replay_module
+import gmlake.sim.replay as replay_module
 from gmlake.policies import PaperPolicy
-from gmlake.replay import replay, run_requests
-from gmlake.trace import load
+from gmlake.sim.replay import replay, run_requests
+from gmlake.sim.trace import load
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 

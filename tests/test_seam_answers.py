@@ -18,9 +18,9 @@ from conftest import fragment
 import gmlake
 from gmlake import Allocator, PolicyError, SimDriver
 from gmlake.policies import PaperPolicy
-from gmlake.policies.view import AllocatorState, FreeBlock
-from gmlake.replay import replay, run_requests, trace_path
-from gmlake.trace import load
+from gmlake.core.view import AllocatorState, FreeBlock
+from gmlake.sim.replay import replay, run_requests, trace_path
+from gmlake.sim.trace import load
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -23,8 +23,8 @@ from gmlake.policies.examples import (
     SyncBeforeReleasing,
     WorstFit,
 )
-from gmlake.replay import replay
-from gmlake.trace import load
+from gmlake.sim.replay import replay
+from gmlake.sim.trace import load
 
 MiB = 1 << 20
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
@@ -507,7 +507,7 @@ def test_a_cython_seam_replays_as_its_python_twin():
 
 
 def test_cython_seams_are_checked():
-    from gmlake._seams_example import WorstFitSeams
+    from gmlake.policies._seams_example import WorstFitSeams
 
     @dataclass(frozen=True)
     class Both(WorstFit):
@@ -528,7 +528,7 @@ def test_cython_seams_are_checked():
 EXTERNAL_SEAMS = textwrap.dedent("""
     # cython: language_level=3
     from libc.stdint cimport int64_t
-    from gmlake._allocator cimport Allocator, Failure, Seams, Block, SEAM_SPLIT, SIZE_SMALL
+    from gmlake.core._allocator cimport Allocator, Failure, Seams, Block, SEAM_SPLIT, SIZE_SMALL
 
     cdef class NeverSplitLarge(Seams):
         cdef readonly size_t calls

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gmlake.replay import driver_costs, driver_seconds, replay
-from gmlake.trace import load
+from gmlake.sim.replay import driver_costs, driver_seconds, replay
+from gmlake.sim.trace import load
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "tests" / "data" / "results" / "train"

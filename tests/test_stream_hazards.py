@@ -15,7 +15,7 @@ from streams import StreamHarness
 
 import gmlake
 from gmlake import HostDriver, SimDriver
-from gmlake.errors import HazardError
+from gmlake.core.errors import HazardError
 
 MiB = 1 << 20
 # The scenarios below stitch and hand blocks across streams at once, as the paper's policy does (the harness's
@@ -92,7 +92,7 @@ def test_hazards_are_judged_on_physical_memory_through_an_sblock(harness_driver)
 
 
 def test_the_model_refuses_releasing_a_mapped_handle_unmapping_under_work_and_freeing_mapped_va():
-    from gmlake._driver import StreamModel
+    from gmlake.core._driver import StreamModel
 
     model = StreamModel(SimDriver())
     model.on_map(0x10000, 0x1000, 7)

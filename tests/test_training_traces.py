@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from gmlake.policies import get
-from gmlake.replay import replay
-from gmlake.trace import load
+from gmlake.sim.replay import replay
+from gmlake.sim.trace import load
 
 RESULTS = Path(__file__).parent / "data" / "results"
 POLICIES = {"gmlake": get("gmlake-paper"), "gmlake-8m": get("gmlake-paper", chunk_size=8 << 20), "expandable": get("expandable")}
@@ -242,7 +242,7 @@ def test_issue_10s_replay_goal_holds_on_every_trace_captured_on_the_gpu(trace_na
     workloads, FSDP's two ranks, ViT, BERT, ResNet-50 and T5): gmlake's priced driver time at most 2x the expandable
     model's (1.00-1.94x; T5's was 3.5x before Note [Stitching a size again]), its utilization at least the
     expandable model's."""
-    from gmlake.replay import driver_seconds
+    from gmlake.sim.replay import driver_seconds
 
     trace = load(RESULTS / "traces" / f"{trace_name}.gmtrace")
     ours, theirs = replay(trace, "gmlake", samples=0), replay(trace, "expandable", samples=0)

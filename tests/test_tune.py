@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from gmlake import policies, tune
-from gmlake.cap import smallest_cap
+from gmlake.sim.cap import smallest_cap
 from gmlake.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_OUT_OF_MEMORY, main
-from gmlake.replay import replay, trace_path
-from gmlake.trace import load
+from gmlake.sim.replay import replay, trace_path
+from gmlake.sim.trace import load
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 MiB = 1 << 20
@@ -177,7 +177,7 @@ def test_growth_over_a_free_block_of_another_stream_tag_is_out_of_memory_not_a_c
     room ran on into a free block that growth cannot join, mapped over it and then followed a null pointer.
     In a child process, so that a crash fails this test rather than the run. Without re-backing, which now makes
     room there."""
-    code = ("from gmlake.replay import run_requests; from gmlake.trace import load; "
+    code = ("from gmlake.sim.replay import run_requests; from gmlake.sim.trace import load; "
             "_, out = run_requests(load('gpt2l-lora-ckpt-expandable'), 'gmlake[stitch=false,reback_slot=0]', "
             "12714759545, "
             "samples=1); print(out['ooms'])")

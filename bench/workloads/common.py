@@ -75,7 +75,7 @@ def start_snapshot() -> None:
 
         gt.record_memory_history()
     else:
-        from gmlake import capture
+        from gmlake.torch import capture
 
         capture.start()
 
@@ -87,7 +87,7 @@ def dump_snapshot(path: str) -> None:
 
         gt.dump_snapshot(path)
     else:
-        from gmlake import capture
+        from gmlake.torch import capture
 
         capture.dump(path)
 

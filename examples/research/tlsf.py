@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from gmlake.policies import GMLakePolicy
-from gmlake.policies.view import FreeBlock
+from gmlake.core.view import FreeBlock
 
 
 @dataclass(frozen=True)

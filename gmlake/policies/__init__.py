@@ -33,6 +33,10 @@ from gmlake.policies.caching import CachingPolicy
 from gmlake.policies.expandable import ExpandablePolicy
 from gmlake.policies.gmlake import GMLakePolicy, PaperPolicy
 
+from gmlake.core._allocator import set_default_policy
+
+set_default_policy(GMLakePolicy)     # what Allocator(driver) uses: the core names no policy itself
+
 _BUILTIN: dict[str, type[Policy]] = {
     cls.name: cls for cls in (GMLakePolicy, PaperPolicy, CachingPolicy, ExpandablePolicy)
 }
@@ -84,7 +88,7 @@ class PolicyChoice:
 
 def split_spec(spec: str) -> tuple[str, dict[str, str]]:
     """A spec's base (name, module:Class or file.py:Class) and its inline knobs as {knob: text}."""
-    from gmlake.knobs import split_settings
+    from gmlake.policies.knobs import split_settings
 
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"a policy spec is a name, module:Class or path/to/file.py:Class, got {spec!r}")
@@ -225,7 +229,7 @@ def resolve(spec: str, knobs: Mapping[str, object] | None = None,
     Allocator validates it for its driver). Knob values may be text
     (parsed by the knob's type: sizes take units) or typed. Every failure is a ValueError of one line that names
     the spec."""
-    from gmlake.knobs import coerce_knobs
+    from gmlake.policies.knobs import coerce_knobs
 
     base, inline = split_spec(spec)
     cls = policy_class(base)
@@ -258,8 +262,8 @@ def resolve(spec: str, knobs: Mapping[str, object] | None = None,
 def split_targeted(settings: Iterable[str]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """`--set` items as (knobs for every policy, {target: knobs for that policy only}). `knob=value` applies to
     every chosen policy; `TARGET.knob=value` only to the policy TARGET names: its spec as given (without inline
-    knobs) or its position among the chosen policies, from 1 (gmlake.knobs.parse_setting)."""
-    from gmlake.knobs import parse_setting
+    knobs) or its position among the chosen policies, from 1 (gmlake.policies.knobs.parse_setting)."""
+    from gmlake.policies.knobs import parse_setting
 
     everywhere: dict[str, str] = {}
     targeted: dict[str, dict[str, str]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from gmlake.policies.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock
+from gmlake.core.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock
 
 MiB = 1 << 20
 SEGMENT_RULES = ("chunks", "pytorch", "expandable")
@@ -21,7 +21,7 @@ def knob(default: Any, *, unit: str = "", minimum: int | None = None, granular: 
     value it takes (1: positive, 0: >= 0), whether it must be a multiple of the driver's granularity, and the
     growths (segment_rule values) whose allocators read it. Validation, the knob listing (`gmlake policies`) and
     the refusal of a knob the chosen growth does not read all come from this declaration; the core copies each knob
-    by name into its C struct (Knobs, gmlake/_allocator.pxd)."""
+    by name into its C struct (Knobs, gmlake/core/_allocator.pxd)."""
     return field(default=default, metadata={"unit": unit, "minimum": minimum, "granular": granular,
                                             "growths": growths})
 
@@ -84,7 +84,7 @@ class Policy:
         piece, so this keeps the search off the common path.
       restitch_limit: where this many cached sBlocks of a request's size (capacity up to 2 MiB more) have pieces that
         other blocks now hold, the request grows instead of stitching again (0: no limit). Note [Stitching a size
-        again] (gmlake/_sblocks.pxi).
+        again] (gmlake/core/_sblocks.pxi).
 
     Hooks (seams): every decision is a method a subclass may override to decide from Python: `choose_block`
     (placement), `should_split`, `choose_stitch` and `allow_stitch` (stitching), `segment_layout` (growth),
@@ -198,17 +198,30 @@ class Policy:
         return default
 
     def cython_seams(self) -> object | None:
-        """Seams decided in Cython: a `gmlake._allocator.Seams` subclass instance, compiled against gmlake's .pxd
+        """Seams decided in Cython: a `gmlake.core._allocator.Seams` subclass instance, compiled against gmlake's .pxd
         files, whose nogil methods decide the seams its `overridden` bits name, at C speed (docs/policies.md, "The
         Cython path"). None (the default): overridden seams are asked through the Python hooks above."""
         return None
 
     def cython_growth(self) -> object | None:
-        """How new memory is laid out, decided in Cython: a `gmlake._allocator.Growth` subclass instance (subclass
+        """How new memory is laid out, decided in Cython: a `gmlake.core._allocator.Growth` subclass instance (subclass
         ChunkGrowth, PyTorchGrowth or ExpandableGrowth and override what changes), compiled against gmlake's .pxd
         files. None (the default): the built-in growth `segment_rule` names. Asked once, when the Allocator is
         made."""
         return None
+
+    def core_knobs(self, device_capacity: int) -> dict[str, object]:
+        """The knobs as the core reads them (Knobs, gmlake/core/_allocator.pxd), asked once when an Allocator is
+        made: each declared knob by name, and the values derived from several knobs or from the device, each rule
+        here and nowhere else. `device_capacity` is the driver's memory in bytes (0: no bound)."""
+        knobs = {name: getattr(self, name) for name in knob_specs() if name != "segment_rule"}
+        knobs["cross_stream_wait"] = self.cross_stream and self.cross_stream_wait
+        knobs["capped_page_large"] = self.capped_page_large or self.expandable_page_large
+        # An expandable range reserves address space (not memory) for the whole device and an eighth more, so no
+        # range runs out before memory does; a model with no bound reserves 1 TiB.
+        knobs["expandable_reserve"] = self.expandable_reserve or (
+            device_capacity + device_capacity // 8 if device_capacity else 1 << 40)
+        return knobs
 
     def overrides(self, hook: str) -> bool:
         """Whether this policy's class overrides `hook` (the core calls Python only then)."""

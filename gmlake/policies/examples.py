@@ -32,24 +32,24 @@ class WorstFit(PaperPolicy):
 
 @dataclass(frozen=True)
 class WorstFitInCython(PaperPolicy):
-    """Placement: `WorstFit`'s choices, made in Cython without the GIL (gmlake/_seams_example.pyx)."""
+    """Placement: `WorstFit`'s choices, made in Cython without the GIL (gmlake/policies/_seams_example.pyx)."""
 
     name: ClassVar[str] = "worst-fit-cython"
 
     def cython_seams(self) -> object:
-        from gmlake._seams_example import WorstFitSeams
+        from gmlake.policies._seams_example import WorstFitSeams
         return WorstFitSeams()
 
 
 @dataclass(frozen=True)
 class StitchOnlyFreeMemory(PaperPolicy):
     """Growth: stitch only where free pieces cover the whole request, else grow it whole; decided in Cython by its
-    own Growth (gmlake/_seams_example.pyx), as `NoSmallStitches` decides a veto in Python."""
+    own Growth (gmlake/policies/_seams_example.pyx), as `NoSmallStitches` decides a veto in Python."""
 
     name: ClassVar[str] = "stitch-only-free-memory"
 
     def cython_growth(self) -> object:
-        from gmlake._seams_example import StitchOnlyFreeMemory as Growth
+        from gmlake.policies._seams_example import StitchOnlyFreeMemory as Growth
         return Growth()
 
 

@@ -24,7 +24,7 @@ class GMLakePolicy(Policy):
 
     At the edge of memory (a device or a cap barely larger than the job's peak), once everything free went back, the
     last pressure stage re-backs partly used pages in 2 MiB slots and gives their free slots back (`reback_slot`,
-    Note [Taking slots back at the edge], gmlake/_rebacking.pxi): the paper's packing, paid for only by a run that
+    Note [Taking slots back at the edge], gmlake/core/_rebacking.pxi): the paper's packing, paid for only by a run that
     reaches its limit. A cap that never binds costs nothing (Note [Finer pages under a cap]).
 
     Cached sBlocks serve only requests no free block fits (`sblock_first=False`): checking an sBlock's pieces costs
@@ -38,7 +38,7 @@ class GMLakePolicy(Policy):
     blocks shared, at a slower step. Single-stream traces replay identically either way.
     Handing blocks over only once an event is done costs memory while the GPU trails the CPU, so on a miss the
     requesting stream takes another stream's free block at once after a wait on the GPU (`cross_stream_wait`, Note
-    [Waiting for another stream's free block], gmlake/_streams.pxi): on the same FSDP run it reserved 3-7 % less a
+    [Waiting for another stream's free block], gmlake/core/_streams.pxi): on the same FSDP run it reserved 3-7 % less a
     rank than without the wait, at no cost to tokens/s that the runs resolve (docs/benchmarks.md, training suite).
     """
 
@@ -50,9 +50,9 @@ class GMLakePolicy(Policy):
     cross_stream: bool = True
     cross_stream_wait: bool = True
     sblock_first: bool = False
-    reback_slot: int = 2 * MiB              # Note [Taking slots back at the edge] (gmlake/_rebacking.pxi)
-    restitch_limit: int = 2                 # Note [Stitching a size again] (gmlake/_sblocks.pxi)
-    device_reserve: int = 8 * MiB           # Note [Leaving the libraries room] (gmlake/_vmm.pxi)
+    reback_slot: int = 2 * MiB              # Note [Taking slots back at the edge] (gmlake/core/_rebacking.pxi)
+    restitch_limit: int = 2                 # Note [Stitching a size again] (gmlake/core/_sblocks.pxi)
+    device_reserve: int = 8 * MiB           # Note [Leaving the libraries room] (gmlake/core/_vmm.pxi)
 
 
 @dataclass(frozen=True)

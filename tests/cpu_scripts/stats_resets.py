@@ -9,7 +9,7 @@ import torch
 
 import gmlake
 import gmlake.torch as gt
-from gmlake import _torch_bridge
+from gmlake.torch import _torch_bridge
 
 MiB = 1 << 20
 mode = sys.argv[1]

@@ -10,7 +10,7 @@ import torch
 
 import gmlake
 import gmlake.torch as gt
-from gmlake import _torch_bridge
+from gmlake.torch import _torch_bridge
 
 MiB = 1 << 20
 _torch_bridge.configure(lambda device: gmlake.Allocator(gmlake.SimDriver(capacity=8 << 30),

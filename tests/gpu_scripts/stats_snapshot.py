@@ -4,8 +4,8 @@ import sys
 import torch
 
 import gmlake.torch as gt
-from gmlake.replay import replay
-from gmlake.trace import load
+from gmlake.sim.replay import replay
+from gmlake.sim.trace import load
 
 gt.record_memory_history(True)
 ts = []

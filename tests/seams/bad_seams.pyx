@@ -5,7 +5,7 @@ from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from cython.operator cimport dereference as deref, preincrement as inc
-from gmlake._allocator cimport (Allocator, Failure, Seams, Block, SBlock, Piece, FreeIndex, SEAM_PLACE, SEAM_STITCH,
+from gmlake.core._allocator cimport (Allocator, Failure, Seams, Block, SBlock, Piece, FreeIndex, SEAM_PLACE, SEAM_STITCH,
                                 SEAM_LAYOUT, SEAM_EVICT, SEAM_PRESSURE, SIZE_SMALL, SIZE_LARGE, free_index)
 
 cdef enum:

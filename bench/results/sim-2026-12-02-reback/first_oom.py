@@ -1,6 +1,6 @@
 """Replay analysis, not part of the bench tool: at the default policy's first out-of-memory on a device of
 gmlake-paper's smallest size, what re-backing the live parts of partly used 20 MiB pages with 2 MiB handles would
-free, and what it would cost at the H200's prices (gmlake/data/driver_costs_h200.json).
+free, and what it would cost at the H200's prices (gmlake/sim/data/driver_costs_h200.json).
 
     python bench/results/sim-2026-12-02-reback/first_oom.py TRACE      (from the repository root)
 
@@ -9,9 +9,9 @@ import sys
 
 sys.path.insert(0, ".")
 
-from gmlake.cap import smallest_device_memory
-from gmlake.replay import driver_costs, run_requests
-from gmlake.trace import load
+from gmlake.sim.cap import smallest_device_memory
+from gmlake.sim.replay import driver_costs, run_requests
+from gmlake.sim.trace import load
 
 SLOT = 2 << 20
 MiB = 1 << 20

@@ -1,8 +1,0 @@
-"""Type stubs for gmlake._host_driver (a Cython module)."""
-
-from gmlake._driver import ModelDriver
-
-class HostDriver(ModelDriver):
-    """Real bytes on the CPU: chunks are memfd regions mapped with mmap(MAP_FIXED|MAP_SHARED)."""
-
-    def __init__(self, capacity: int = 0, granularity: int = 2097152) -> None: ...

@@ -1,8 +1,0 @@
-"""Type stubs for gmlake._sim_driver (a Cython module)."""
-
-from gmlake._driver import ModelDriver
-
-class SimDriver(ModelDriver):
-    """A simulated device of `capacity` bytes (0: unbounded) and allocation `granularity`: bookkeeping only."""
-
-    def __init__(self, capacity: int = 0, granularity: int = 2097152) -> None: ...

@@ -1,0 +1,1179 @@
+# cython: language_level=3, annotation_typing=False
+"""The gmlake allocator core: GMLake's virtual memory stitching, over any Driver.
+
+Vocabulary: gmlake/core/_structs.h (chunk, segment, block, sBlock, size class, pool, growth). The rooms, what each owns
+and the path of one allocation: docs/design.md.
+
+A request is served by the first step that succeeds (the policy's knobs and growth choose among the variants):
+  1. best fit among free pBlocks of the request's stream (or of no stream), and cached sBlocks whose pieces are
+     free (only where no free block fits, unless `sblock_first`);
+  2. split the block found (requests are packed at `round_to` bytes);
+  3. stitch free pBlocks whose chunks together cover the request, plus new memory for the shortfall, where the
+     growth says that saves enough over growing (`min_saved_chunks`);
+  4. grow, as the growth lays new memory out: an expandable range by chunks (the default), a segment of whole
+     chunks, or PyTorch's native segment sizes (Growth, _growth.pxi);
+  5. under memory pressure: wait for all streams, give back memory the other size class holds, then everything free,
+     then (the default policy) the free slots of partly used chunks (_rebacking.pxi);
+  6. fail with an out-of-memory error.
+
+Rooms, one file each, included below as module-level nogil functions over the Allocator's state:
+  _vmm.pxi       driver calls, counted, and orphans retried     _blocks.pxi    free index, holes, split and merge
+  _segments.pxi  segments and their chunks; pressure actions    _growth*.pxi   the Growth interface, its strategies
+  _rebacking.pxi partly used chunks re-backed in slots at the edge
+  _sblocks.pxi   stitch-or-grow, the stitch, the sBlock cache   _streams.pxi   fences, deferred frees, events
+  _pools.pxi     private pools (CUDA graphs) and capture rules  _seams.pxi     the policy's hooks (Python, Cython)
+Each room owns its state in one field of the Allocator (`frees`, `segments`, `sblock_cache`, `streams`, `pools`,
+`orphans`: _structs.h), written only by its own functions. This file keeps the lock (a ScopedLock, acquired once per
+entry point and released when the entry point returns), malloc/free/empty_cache, the cache-hit path, statistics, the
+history, the live map and the Python API.
+
+Every decision orders blocks by (stream, size, segment serial, offset), never by address, so the sim, host and cuda
+drivers make the same choices for the same requests: a replayed trace predicts the GPU run.
+"""
+from libc.stdint cimport uint64_t, int64_t, uintptr_t
+from libc.string cimport memset
+from libc.stdio cimport fprintf, stderr
+from libc.stdlib cimport abort
+
+cdef extern from *:
+    """
+    #ifndef GMLAKE_DEBUG
+    #define GMLAKE_DEBUG 0
+    #endif
+    """
+    # Set at build time (GMLAKE_DEBUG=1 python setup.py build_ext): every allocator checks its invariants after
+    # every operation and aborts on the first one broken.
+    bint GMLAKE_DEBUG
+    # Cython's own branch hint (__builtin_expect): the pool checks on the cache-hit path are cold.
+    bint unlikely(bint) noexcept nogil
+from libcpp.vector cimport vector
+from libcpp.pair cimport pair
+from libcpp.utility cimport move
+from libcpp.algorithm cimport sort
+from cython.operator cimport dereference as deref, preincrement as inc, predecrement as dec
+from gmlake.core._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
+
+from gmlake.core.errors import (OutOfMemoryError, DriverError, InvalidPointerError, PolicyError, GraphCaptureError,
+                           CaptureOutOfMemoryError)
+from typing import Iterable
+from gmlake.core.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock, FreeBlocks
+
+from gmlake.core._clock cimport timespec, clock_gettime, CLOCK_REALTIME
+
+SIZE_CLASS_NAMES = ("small", "large")
+# Each Policy hook and the Seams method (SeamBit) that decides it in Cython.
+SEAM_HOOKS = {"choose_block": SEAM_PLACE, "should_split": SEAM_SPLIT, "choose_stitch": SEAM_STITCH,
+              "allow_stitch": SEAM_ALLOW_STITCH, "segment_layout": SEAM_LAYOUT, "evict_victim": SEAM_EVICT,
+              "relieve_pressure": SEAM_PRESSURE}
+EVICT_REASONS = ("all", "bound", "pressure")
+
+CALL_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
+              "event_record", "event_query", "event_destroy", "event_wait", "copy_out", "copy_in")
+
+
+cdef inline size_t round_up(size_t n, size_t m) noexcept nogil:
+    return ((n + m - 1) // m) * m
+
+
+cdef inline void peak_update(size_t* peak, size_t current) noexcept nogil:
+    """The one place a peak statistic follows its current value."""
+    if current > peak[0]:
+        peak[0] = current
+
+
+cdef inline void no_failure(Failure* why) noexcept nogil:
+    """A call's failure, cleared at its start.
+
+    Note [A call's failure]: every call into the core that can fail (malloc, empty_cache, release_pool, ...) keeps
+    a Failure on its own stack and passes a pointer to it down to every function on its path; the driver-call funnel
+    (_call, room vmm) writes the first driver error there, the request's decisions write ERR_OOM, ERR_CAPTURE and
+    the like, and the entry point hands a copy to its caller (_report). Nothing about a failure is kept in the
+    allocator between calls, so no call can see, or overwrite, another's. That holds for a policy hook's failure too:
+    the seams receive the Failure and mark it (hook_failed); only the exception object, which needs the GIL, waits
+    in the calling thread's hook_errors until failure() turns it into the call's PolicyError."""
+    why.err = ERR_NONE
+    why.hook_failed = False
+    why.request = NULL
+    why.code = 0
+    why.call = 0
+    why.reserved = 0
+    why.allocated = 0
+    why.limit = 0
+
+
+cdef inline size_t min_size(size_t a, size_t b) noexcept nogil:
+    return a if a < b else b
+
+
+cdef inline FreeKey key_of(Block* b) noexcept nogil:
+    cdef FreeKey key
+    key.stream = b.stream
+    key.size = b.size
+    key.serial = b.seg.serial
+    key.offset = b.addr - b.seg.va
+    return key
+
+
+cdef inline size_t expandable_size(Block* b) noexcept nogil:
+    return b.size + (b.next.size if b.next != NULL and b.next.state == BLOCK_UNMAPPED else 0)
+
+
+cdef inline bint free_for(Block* b, int64_t stream) noexcept nogil:
+    """Is b free and safe for `stream` (freed on it, or on a stream whose work is known done)?"""
+    return b.state == BLOCK_FREE and (b.stream == stream or b.stream == ANY_STREAM)
+
+
+cdef inline SBlockKey sblock_key(SBlock* sb) noexcept nogil:
+    cdef SBlockKey key
+    key.capacity = sb.capacity
+    key.serial = sb.serial
+    return key
+
+
+# segments_info's rows, copied under the lock.
+cdef struct SegmentRow:
+    uint64_t serial
+    uint64_t private_pool
+    uintptr_t va
+    int size_class
+    size_t size
+    size_t chunk_size
+    size_t mapped_chunks
+    size_t first_row
+    size_t end_row
+
+cdef struct BlockRow:
+    size_t offset
+    size_t size
+    int state
+    int64_t stream
+    size_t used
+
+# pools_info's rows, copied under the lock; each pool's streams are streams[first_stream:end_stream].
+cdef struct PoolRow:
+    uint64_t id
+    int64_t use_count
+    bint active
+    bint capturing
+    bint all_streams
+    size_t first_stream
+    size_t end_stream
+    size_t segments
+    size_t reserved
+    size_t allocated
+
+# What stats() and spares copy under the lock.
+cdef struct StatsCopy:
+    Stats st
+    size_t cached
+    size_t pending
+    size_t orphans
+    size_t orphan_bytes
+
+cdef struct Spares:
+    size_t blocks
+    size_t free_index_nodes
+    size_t address_nodes
+    size_t live_nodes
+    size_t events
+
+
+# The rooms of the core: module-level functions over the Allocator's state (see _allocator.pxd).
+include "_vmm.pxi"
+include "_blocks.pxi"
+include "_segments.pxi"
+include "_rebacking.pxi"
+include "_growth.pxi"
+include "_growth_chunks.pxi"
+include "_growth_pytorch.pxi"
+include "_growth_expandable.pxi"
+include "_sblocks.pxi"
+include "_streams.pxi"
+include "_pools.pxi"
+include "_seams.pxi"
+include "_debug.pxi"
+
+
+# The policy an Allocator made without one gets. gmlake.policies sets it when imported (set_default_policy): the
+# core imports no policy, so the arrow runs from policies to the core and never back.
+_default_policy = None
+
+
+def set_default_policy(factory) -> None:
+    """Make `factory()` the policy of an Allocator made without one (gmlake.policies sets GMLakePolicy)."""
+    global _default_policy
+    _default_policy = factory
+
+
+cdef class Allocator:
+    """Allocator(driver, policy=None, *, limit=0)
+--
+
+    A stitching allocator for one device.
+
+    Args:
+        driver: where physical memory and address space come from (SimDriver, HostDriver, CudaDriver).
+        policy: the placement policy (a gmlake.policies.Policy); defaults to `gmlake.policies.GMLakePolicy()`.
+        limit: a hard cap on physical memory held, in bytes (0: none besides the device's own).
+    """
+
+    def __init__(self, Driver driver not None, policy=None, *, limit: int = 0):
+        if policy is None:
+            if _default_policy is None:
+                raise TypeError("Allocator(driver, policy): no policy given, and gmlake.policies (which supplies the "
+                                "default) is not imported")
+            policy = _default_policy()
+        if not callable(getattr(policy, "core_knobs", None)):
+            raise TypeError(f"policy must be a gmlake.policies.Policy, got {type(policy).__name__}")
+        gran = driver.granularity
+        if gran == 0:
+            raise ValueError(f"{driver.name} reports granularity 0; is it initialised?")
+        policy.validate(gran)
+        self.driver = driver
+        self.policy = policy
+        # Every knob the core reads, as the policy derives it (Policy.core_knobs: each rule lives there), copied by
+        # name into its C struct. How memory grows is chosen here, once; the rooms read only what the growth says.
+        self.growth = _growth_of(policy)
+        knobs = dict(policy.core_knobs(driver.capacity))
+        knobs["fit_counts_unmapped"] = self.growth.fit_counts_unmapped
+        seams = policy.cython_seams()
+        if seams is None:
+            seams = Seams()
+        if not isinstance(seams, Seams):
+            raise TypeError(f"gmlake: policy {policy.name}: cython_seams() must return a gmlake.core._allocator.Seams "
+                            f"or None, got {type(seams).__name__}")
+        self.seams = seams
+        # A seam is asked only where the policy overrides it, in Python or in Cython (never both: which would win?).
+        flags = {}
+        for hook, bit in SEAM_HOOKS.items():
+            in_cython = bool(seams.overridden & bit)
+            if in_cython and policy.overrides(hook):
+                raise ValueError(f"gmlake: policy {policy.name} overrides {hook} both in Python and in its "
+                                 f"Cython seams ({type(seams).__name__})")
+            flags[hook] = in_cython or policy.overrides(hook)
+        knobs.update({"hook_allow_stitch": flags["allow_stitch"], "hook_split": flags["should_split"],
+                      "hook_evict": flags["evict_victim"], "hook_place": flags["choose_block"],
+                      "hook_stitch": flags["choose_stitch"], "hook_layout": flags["segment_layout"],
+                      "hook_pressure": flags["relieve_pressure"]})
+        self.k = knobs
+        import threading
+        self.hook_errors = threading.local()
+        # The largest request worth trying: the device's memory, or 4 TiB (the largest device a replay models, as
+        # trace.MAX_DEVICE_MEMORY) where the driver models no bound, so no request loops over millions of chunks.
+        self.max_request = driver.capacity if driver.capacity else (<size_t>1 << 42)
+        self.set_limit(limit)
+        self.checking = GMLAKE_DEBUG
+
+    def __dealloc__(self):
+        # Bookkeeping only: driver resources are returned by close(); an allocator dropped with live memory leaks
+        # it on purpose rather than unmapping memory that tensors may still use.
+        # The one place outside the rooms that reaches into their state: each holds Blocks, sBlocks, segments and
+        # pools by pointer, deleted here; the room structs' own destructors then free their containers.
+        cdef pair[uint64_t, Segment*] sp
+        cdef pair[uint64_t, SBlock*] bp
+        cdef Block* b
+        cdef Block* nxt
+        cdef pair[uintptr_t, Block*] lp
+        cdef size_t i
+        for lp in self.live:
+            if lp.second.seg == NULL:
+                del lp.second
+        cdef pair[uint64_t, PrivatePool*] pp
+        for i in range(self.streams.pending.size()):
+            if self.streams.pending[i].block.seg == NULL:
+                del self.streams.pending[i].block
+        for i in range(self.pools.deferred_frees.size()):
+            if self.pools.deferred_frees[i].block.seg == NULL:
+                del self.pools.deferred_frees[i].block
+        for pp in self.pools.by_id:
+            del pp.second
+        for bp in self.sblock_cache.all:
+            del bp.second
+        for sp in self.segments.by_serial:
+            b = sp.second.first
+            while b != NULL:
+                nxt = b.next
+                del b
+                b = nxt
+            del sp.second
+
+    # ------------------------------------------------------------------ driver calls, counted
+
+    cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil:
+        """Append to the history (a ring of trace_max entries) while tracing."""
+        cdef TraceEntry e
+        cdef timespec ts
+        if not self.tracing:
+            return
+        clock_gettime(CLOCK_REALTIME, &ts)
+        e.action = action
+        e.addr = addr
+        e.size = size
+        e.stream = stream
+        e.time_us = ts.tv_sec * 1000000 + ts.tv_nsec // 1000
+        if self.trace.size() < self.trace_max:
+            self.trace.push_back(e)
+        else:
+            self.trace[self.trace_next] = e
+            self.trace_next = (self.trace_next + 1) % self.trace_max
+
+    # ------------------------------------------------------------------ malloc
+
+    cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
+        cdef Block* b = _best_free(self, SIZE_SMALL, size, stream)
+        cdef Segment* seg
+        if b == NULL and _may_reclaim(self, why) and _reclaim_streams(self, why, stream, False):
+            b = _best_free(self, SIZE_SMALL, size, stream)
+        if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self, why):
+            b = _wait_for_other_stream(self, why, SIZE_SMALL, size, stream)
+        if self.k.hook_place and why.err == ERR_NONE:
+            _ask_place(self, why, SIZE_SMALL, size, stream, &b, NULL)
+        if b != NULL:
+            _erase_free(self, b)
+            return _take(self, why, b, size, stream)
+        if why.err != ERR_NONE:
+            return NULL
+        if self.growth.refuses(self, why, SIZE_SMALL, size):
+            return NULL
+        return self.growth.grow(self, why, SIZE_SMALL, size, stream)
+
+    cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
+        # Steps 1-2, the cache hit (Note [The cache-hit path]): the best free block, split, unless a cached sBlock
+        # may fit it tighter (sblock_first) or the policy places.
+        cdef Block* b = _best_free(self, SIZE_LARGE, size, stream)
+        if b != NULL and not self.k.hook_place and not (self.k.sblock_first and self.sblock_cache.cached()):
+            _erase_free(self, b)
+            return _take(self, why, b, size, stream)
+        return self._alloc_large_miss(why, b, size, stream)
+
+    cdef Block* _alloc_large_miss(self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
+        """A large request the cache-hit path did not serve: another stream's blocks, cached sBlocks, the placement
+        seam, then steps 3-4. `b` is the best free block found (or NULL)."""
+        cdef SBlock* sb = NULL
+        if b == NULL and _may_reclaim(self, why) and _reclaim_streams(self, why, stream, False):
+            b = _best_free(self, SIZE_LARGE, size, stream)
+        if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self, why):
+            b = _wait_for_other_stream(self, why, SIZE_LARGE, size, stream)
+        if why.err != ERR_NONE:
+            return NULL
+        # Note [sBlocks only where no free block fits]: with sblock_first off, a cached sBlock serves a request only
+        # when no free block can. Checking whether an sBlock's pieces are free costs a lookup per piece, and an
+        # expandable range's long free tail would otherwise send every request through that search.
+        if self.sblock_cache.cached() and (b == NULL or self.k.sblock_first):
+            sb = _best_cached(self, size, b.size if b != NULL else <size_t>-1, stream)
+        if self.k.hook_place:       # placement seam: the policy may pick another block or sBlock, or none
+            _ask_place(self, why, SIZE_LARGE, size, stream, &b, &sb)
+        if sb != NULL:
+            self.st.sblock_reuses += 1
+            return _claim(self, sb, size, stream)
+        if b != NULL:
+            _erase_free(self, b)
+            return _take(self, why, b, size, stream)
+        # Steps 3-4: stitch free pBlocks, adding new memory for the shortfall only, or grow.
+        return _stitch_or_grow(self, why, size, stream)
+
+    cdef Block* _try_alloc(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
+        why.err = ERR_NONE
+        if unlikely(why.request.target != NULL):
+            return _alloc_in_pool(self, why, size_class, size, stream)
+        if size_class == SIZE_SMALL:
+            return self._alloc_small(why, size, stream)
+        return self._alloc_large(why, size, stream)
+
+    cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
+        cdef int size_class = SIZE_SMALL if size <= self.k.small_size else SIZE_LARGE
+        cdef Block* b = self._try_alloc(why, size_class, size, stream)
+        if b != NULL or why.err != ERR_OOM:
+            return b
+        if _capturing(self):
+            # Every stage of relief synchronizes: Note [Pools and graph capture].
+            why.err = ERR_CAPTURE
+            return NULL
+        if _refuse_unannounced_capture(self, why):
+            return NULL
+        return self._alloc_under_pressure(why, size_class, size, stream)
+
+    cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
+        """Step 5: relieve memory pressure, retrying the request after each attempt that changed something, until
+        it is served or relief runs out. Each attempt takes the growth's built-in stage (Growth.pressure_stage) or
+        what the policy's relieve_pressure chose instead, up to MAX_PRESSURE_ATTEMPTS; _relieve carries it out."""
+        cdef Block* b
+        cdef int attempt, action, default
+        for attempt in range(MAX_PRESSURE_ATTEMPTS):
+            action = default = self.growth.pressure_stage(self, attempt)
+            if self.k.hook_pressure:
+                action = _ask_pressure(self, why, size, stream, size_class, attempt, default)
+            if action == PRESSURE_GIVE_UP:
+                break
+            if _relieve(self, why, size_class, size, action):
+                b = self._try_alloc(why, size_class, size, stream)
+                if b != NULL or why.err != ERR_OOM:
+                    return b
+            elif why.err != ERR_NONE:
+                return NULL
+        if self.k.device_reserve and not self.reserve_open:
+            # relief ran out: the device reserve is the last memory a request may have (Note [Leaving the
+            # libraries room], _reserve_binds)
+            self.reserve_open = True
+            b = self._try_alloc(why, size_class, size, stream)
+            self.reserve_open = False
+            if b != NULL or why.err != ERR_OOM:
+                return b
+        why.err = ERR_OOM
+        return NULL
+
+    cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* out) noexcept nogil:
+        """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `out` is given, says why there."""
+        cdef ScopedLock held
+        cdef Request request
+        request.stream = stream
+        request.target = NULL
+        request.capture_check = CAPTURE_UNCHECKED
+        held.acquire(self.mutex)
+        if unlikely(_any_pool_active(self)):
+            request.target = _pool_for(self, stream)
+        return _serve(self, &request, size, out)
+
+    cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
+                                        Failure* out) noexcept nogil:
+        """Allocate from active private pool `pool_id` whatever the stream (0: the default pool), for a caller that
+        routes requests itself, as the torch bridge does with PyTorch's stream filters."""
+        cdef ScopedLock held
+        cdef Failure why
+        cdef Request request
+        request.stream = stream
+        request.target = NULL
+        request.capture_check = CAPTURE_UNCHECKED
+        held.acquire(self.mutex)
+        if pool_id != 0:
+            request.target = _active_pool(self, pool_id)
+            if request.target == NULL:
+                no_failure(&why)
+                why.err = ERR_NO_POOL
+                self._report(&why, out)
+                return 0
+        return _serve(self, &request, size, out)
+
+    cdef void _report(self, Failure* why, Failure* out) noexcept nogil:
+        """Hand a call's failure to its caller (`out`, if given), with the byte counts at this moment. Under the
+        lock, at the end of the call."""
+        if out == NULL:
+            return
+        why.reserved = self.st.reserved
+        why.allocated = self.st.allocated
+        why.limit = self.limit_bytes
+        out[0] = why[0]
+        out.request = NULL                  # the request lives on this call's stack, not the caller's
+
+    # ------------------------------------------------------------------ free
+
+    cdef int free_nogil(self, uintptr_t ptr) noexcept nogil:
+        """Free an allocation; ERR_INVALID_FREE (state untouched) if ptr is not live. If other streams used it
+        (record_stream), its memory returns only once events recorded on them now have completed."""
+        cdef ScopedLock held
+        cdef Failure why                    # a driver error while freeing leaves an orphan to retry, not a failure
+        no_failure(&why)
+        held.acquire(self.mutex)
+        cdef int rc = self._free_locked(&why, ptr)
+        self._debug_check()
+        return rc
+
+    cdef void _debug_check(self) noexcept nogil:
+        """Note [Invariant checks inside the allocator]: with debug_checks on (always in a GMLAKE_DEBUG build), every
+        operation ends by verifying every invariant, as mimalloc's debug mode does, so a bug is caught at the
+        operation that made it, whichever path (Python, replay, torch) called. A debug build aborts with the broken
+        invariant's name: an allocator that has corrupted its own state must not hand out more memory. Switched on
+        from Python, the error is raised by the next Python call instead, for tests.
+
+        The Python work lives in _verify_invariants, a `with gil` function: a nogil function that holds Python
+        objects takes the GIL on every call (to release them), which doubled the cost of a cache hit."""
+        if self.checking:
+            self._verify_invariants()
+
+    cdef void _verify_invariants(self) noexcept with gil:
+        if self.invariant_error is not None:
+            return
+        self.checks_run += 1
+        try:
+            self.check()
+        except BaseException as exc:
+            if GMLAKE_DEBUG:
+                message = f"gmlake: invariant broken: {exc}\n".encode()
+                fprintf(stderr, "%s", <const char*>message)
+                abort()
+            self.invariant_error = exc
+
+    def _raise_invariant_error(self) -> None:
+        exc = self.invariant_error
+        if exc is not None:
+            self.invariant_error = None
+            raise exc
+
+    @property
+    def debug_checks(self) -> bool:
+        """Whether every operation ends by checking every invariant (see Note [Invariant checks inside the
+        allocator]); slow, for tests and debugging. A GMLAKE_DEBUG build starts with it on."""
+        return self.checking
+
+    @debug_checks.setter
+    def debug_checks(self, on: bool) -> None:
+        self.checking = bool(on)
+
+    @property
+    def debug_checks_run(self) -> int:
+        """How many operations ended with a full invariant check."""
+        return self.checks_run
+
+    @property
+    def spares(self) -> dict:
+        """How many spare Blocks and container nodes the hot path holds for its next requests (Note [Reusing nodes
+        on the hot path]): at most 64 of each, freed with the allocator; and how many events it keeps to record
+        again (Note [Reusing events]): at most 1,024, destroyed by empty_cache."""
+        cdef Spares n
+        with nogil:
+            _count_spares(self, &n)
+        return {"blocks": n.blocks, "free_index_nodes": n.free_index_nodes, "address_nodes": n.address_nodes,
+                "live_nodes": n.live_nodes, "events": n.events}
+
+    cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil:
+        it = self.live.find(ptr)
+        if it == self.live.end():
+            return ERR_INVALID_FREE
+        cdef Block* b = deref(it).second
+        self.live_nodes.take_at(self.live, it)
+        self._record(TRACE_FREE_REQUESTED, b.addr, b.requested, b.stream)
+        self.st.frees += 1
+        self.st.live_blocks -= 1
+        self.st.allocated -= b.size
+        self.st.requested -= b.requested
+        if not _free_after_uses(self, why, b, ptr):
+            self._retire(b)
+        return ERR_NONE
+
+    cdef void _retire(self, Block* b) noexcept nogil:
+        """Return a freed allocation's memory: its pBlock, or its sBlock's claimed pieces (the sBlock is cached)."""
+        self._record(TRACE_FREE_COMPLETED, b.addr, b.requested, b.stream)
+        self.st.active -= b.size
+        if b.seg != NULL:
+            _release_block(self, b)
+        else:
+            _release_stitched(self, b)
+
+    cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
+        """Bytes held by the live allocation at ptr; 0 if ptr is not one."""
+        cdef ScopedLock held
+        held.acquire(self.mutex)
+        it = self.live.find(ptr)
+        return deref(it).second.size if it != self.live.end() else 0
+
+    cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil:
+        """Note that `stream` uses the live allocation at ptr: its free will wait for that stream's work."""
+        cdef ScopedLock held
+        held.acquire(self.mutex)
+        return _note_stream_use(self, ptr, stream)
+
+    cdef int empty_cache_nogil(self, Failure* out) noexcept nogil:
+        """Return every cached sBlock range and every fully free chunk to the driver."""
+        cdef ScopedLock held
+        cdef Failure failure
+        cdef Failure* why = &failure
+        no_failure(why)
+        held.acquire(self.mutex)
+        if _capturing(self):
+            why.err = ERR_CAPTURE          # it synchronizes: Note [Pools and graph capture]
+        else:
+            # Wait for all streams, so every free block serves any stream and merges with its free neighbours.
+            _reclaim_streams(self, why, ANY_STREAM, True)
+            _destroy_spare_events(self, why)
+            _retry_orphans(self, why)
+            if why.err == ERR_NONE:
+                _release_free(self, why, SIZE_SMALL, 0, EVICT_ALL)
+                _release_free(self, why, SIZE_LARGE, 0, EVICT_ALL)
+            self._debug_check()
+        self._report(why, out)
+        return why.err
+
+    cdef void set_limit_nogil(self, size_t limit) noexcept nogil:
+        """Cap the physical memory held (0: none), under the lock: torch's memory-fraction hook calls it."""
+        cdef ScopedLock held
+        held.acquire(self.mutex)
+        self.limit_bytes = limit
+
+    # ------------------------------------------------------------------ Python API
+
+    def set_limit(self, limit: int) -> None:
+        """Cap the physical memory this allocator may hold, in bytes (0: no cap)."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(f"gmlake: limit must be an int >= 0, got {limit!r}")
+        cdef size_t n = limit
+        with nogil:
+            self.set_limit_nogil(n)
+
+    @property
+    def capturing(self) -> int:
+        """How many active private pools are under graph capture (Note [Pools and graph capture])."""
+        return self.pools.capturing
+
+    @property
+    def limit(self) -> int:
+        """The cap on physical memory held, in bytes (0: none)."""
+        return self.limit_bytes
+
+    def malloc(self, size: int, stream: int = 0, *, pool: int | None = None) -> int:
+        """Allocate `size` bytes for use on `stream`; returns the address. `pool` (an active private pool's id, or
+        0 for the default pool) overrides the routing of begin_allocate_to_pool's streams.
+
+        Raises ValueError for a size <= 0 or a pool that is not active, and OutOfMemoryError when the memory cannot
+        be found.
+        """
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise TypeError(f"size must be an int, got {type(size).__name__}")
+        if size <= 0:
+            raise ValueError(f"gmlake: cannot allocate {size} bytes: size must be positive")
+        if size >= (1 << 62):
+            raise ValueError(f"gmlake: cannot allocate {size} bytes: larger than any device")
+        if stream < 0:
+            raise ValueError(f"gmlake: stream must be >= 0, got {stream}")
+        cdef size_t n = size
+        cdef int64_t s = stream
+        cdef uintptr_t ptr
+        cdef Failure why
+        cdef uint64_t pid
+        if pool is None:
+            with nogil:
+                ptr = self.malloc_nogil(n, s, &why)
+        else:
+            pid = 0 if pool == 0 else self._pool_id(pool)
+            with nogil:
+                ptr = self.malloc_in_pool_nogil(n, s, pid, &why)
+            if ptr == 0 and why.err == ERR_NO_POOL:
+                raise ValueError(f"gmlake: malloc: private pool {pool} is not active")
+        self._raise_invariant_error()
+        if ptr == 0:
+            raise self.failure(n, &why)
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        """Free an address malloc returned. Raises InvalidPointerError (state unchanged) for any other address."""
+        if not isinstance(ptr, int) or ptr <= 0 or ptr >= (1 << 64):
+            raise InvalidPointerError(f"gmlake: cannot free {ptr!r}: not an address this allocator returned")
+        cdef uintptr_t p = ptr
+        cdef int rc
+        with nogil:
+            rc = self.free_nogil(p)
+        self._raise_invariant_error()
+        if rc == ERR_INVALID_FREE:
+            raise InvalidPointerError(
+                f"gmlake: cannot free 0x{ptr:x}: not a live allocation (double free, or never returned by malloc)")
+
+    def record_history(self, enabled: bool = True, max_entries: int = 10_000_000) -> None:
+        """Start (or stop) recording allocator events, keeping the last `max_entries`."""
+        if max_entries <= 0:
+            raise ValueError("max_entries must be positive")
+        cdef size_t kept = max_entries
+        cdef bint on = bool(enabled)
+        with nogil:
+            _set_tracing(self, on, kept)
+
+    def history(self) -> list:
+        """The recorded events, oldest first, as PyTorch snapshot trace entries (dicts)."""
+        cdef vector[TraceEntry] copy
+        cdef size_t start, i, n
+        with nogil:
+            start = _copy_history(self, copy)
+        names = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+                 "segment_unmap", "oom")
+        n = copy.size()
+        out = []
+        for i in range(n):
+            e = copy[(start + i) % n]
+            out.append({"action": names[e.action], "addr": e.addr, "size": e.size, "stream": e.stream,
+                        "time_us": e.time_us, "frames": []})
+        return out
+
+    def record_stream(self, ptr: int, stream: int) -> None:
+        """Note that `stream` uses the allocation at ptr, so its free waits for the work queued there (as
+        Tensor.record_stream does)."""
+        cdef uintptr_t p = ptr
+        cdef int64_t s = stream
+        cdef int rc
+        with nogil:
+            rc = self.record_stream_nogil(p, s)
+        if rc == ERR_INVALID_FREE:
+            raise InvalidPointerError(f"gmlake: record_stream on 0x{ptr:x}, which is not a live allocation")
+
+    def empty_cache(self) -> None:
+        """Return every fully free chunk and every cached sBlock to the driver."""
+        cdef int rc
+        cdef Failure why
+        with nogil:
+            rc = self.empty_cache_nogil(&why)
+        self._raise_invariant_error()
+        if rc == ERR_DRIVER or rc == ERR_CAPTURE:
+            raise self.failure(0, &why)
+
+    def _malloc_holding_gil(self, size: int, stream: int = 0) -> int:
+        """malloc as torch's allocator calls it from a Python thread: the GIL stays held. For tests of Note [Waiting
+        for the lock without the GIL]."""
+        cdef Failure why
+        cdef uintptr_t ptr = self.malloc_nogil(size, stream, &why)
+        if ptr == 0:
+            raise self.failure(size, &why)
+        return ptr
+
+    def block_size(self, ptr: int) -> int:
+        """Bytes held by the live allocation at ptr (its request rounded up)."""
+        cdef uintptr_t p = ptr
+        cdef size_t n
+        with nogil:
+            n = self.block_size_nogil(p)
+        if n == 0:
+            raise InvalidPointerError(f"gmlake: 0x{ptr:x} is not a live allocation")
+        return n
+
+    def reset_peak_stats(self) -> None:
+        """Reset every peak to the current value."""
+        with nogil:
+            _reset_peaks(self)
+
+    def stats(self) -> dict:
+        """Byte counts with their peaks, event counts, and driver calls (and handles touched) by kind."""
+        cdef StatsCopy c
+        cdef Stats s
+        cdef size_t i
+        with nogil:
+            _copy_stats(self, &c)
+        s = c.st
+        return {
+            "allocated_bytes": s.allocated,
+            "peak_allocated_bytes": s.peak_allocated,
+            "requested_bytes": s.requested,
+            "peak_requested_bytes": s.peak_requested,
+            "reserved_bytes": s.reserved,
+            "peak_reserved_bytes": s.peak_reserved,
+            "active_bytes": s.active,
+            "peak_active_bytes": s.peak_active,
+            "sblock_va_bytes": s.sblock_va,
+            "peak_sblock_va_bytes": s.peak_sblock_va,
+            "live_blocks": s.live_blocks,
+            "pending_frees": c.pending,
+            "orphans": c.orphans,
+            "orphan_chunk_bytes": c.orphan_bytes,
+            "cached_sblocks": c.cached,
+            "allocs": s.allocs,
+            "frees": s.frees,
+            "stitches": s.stitches,
+            "stitched_handles": s.stitched_handles,
+            "sblock_reuses": s.sblock_reuses,
+            "sblock_evictions": s.sblock_evictions,
+            "segments_created": s.segments_created,
+            "chunks_released": s.chunks_released,
+            "ooms": s.ooms,
+            "stream_migrations": s.stream_migrations,
+            "stream_waits": s.stream_waits,
+            "capture_queries": s.capture_queries,
+            "rebacked_chunks": s.rebacked_chunks,
+            "copied_bytes": s.copied_bytes,
+            "calls": {name: s.calls[i] for i, name in enumerate(CALL_NAMES)},
+            "handles": {name: s.handles[i] for i, name in enumerate(CALL_NAMES)},
+        }
+
+    cdef object failure(self, size_t size, Failure* why, int64_t request=-1):
+        """The exception for a call that failed as `why` says: PolicyError (with the hook's exception, from this
+        thread; `request`: the request's index, where the caller numbers them), DriverError naming the driver call,
+        or OutOfMemoryError with the figures at the failure."""
+        if why.err == ERR_POLICY:
+            return _policy_error(self, size, request)
+        if why.err == ERR_DRIVER:
+            return DriverError(CALL_NAMES[why.call], why.code, self.driver.describe_error(why.code))
+        if why.err == ERR_RAW_CAPTURE:
+            return GraphCaptureError(
+                f"gmlake: cannot allocate {size} bytes: the stream is being captured into a CUDA graph that the "
+                f"allocator was not told of (cudaStreamBeginCapture called outside torch.cuda.graph / "
+                f"begin_allocate_to_pool), and the request needs new memory from the driver, which would break the "
+                f"capture or hand the graph's memory out again. Capture with torch.cuda.graph (or call "
+                f"begin_allocate_to_pool first), or allocate this memory before capturing.")
+        if why.err == ERR_CAPTURE and size == 0:
+            return GraphCaptureError("gmlake: empty_cache during CUDA graph capture: it must synchronize the device, "
+                                     "which stream capture forbids; call it after end_allocate_to_pool")
+        if why.err == ERR_CAPTURE:
+            return CaptureOutOfMemoryError(
+                requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
+                limit=why.limit, capacity=self.driver.capacity)
+        return OutOfMemoryError(
+            requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
+            limit=why.limit, capacity=self.driver.capacity)
+
+    def close(self) -> None:
+        """Release everything back to the driver. Raises if allocations are still live."""
+        if self.live.size():
+            raise RuntimeError(f"gmlake: cannot close: {self.live.size()} allocations are still live")
+        self.empty_cache()
+        if self.pools.by_id.size():
+            raise RuntimeError(f"gmlake: cannot close: private pools {sorted(self.pools_ids())} still hold memory "
+                               f"(release_pool each, ending any still active)")
+        if self.segments.by_serial.size():
+            raise RuntimeError(f"gmlake: {self.segments.by_serial.size()} segments could not be released")
+        orphans = self.stats()["orphans"]
+        if orphans:
+            raise RuntimeError(f"gmlake: the driver refused to take back {orphans} chunks, ranges or events")
+
+    def check(self) -> None:
+        """Verify every internal invariant and statistic against the structures; raises InvariantError (an
+        AssertionError that `python -O` does not strip) naming the first one broken. For tests; the checks are
+        gmlake/core/_debug.pxi's."""
+        _check_invariants(self)
+
+    # ------------------------------------------------------------------ private pools (Note [Private pools])
+
+    def begin_allocate_to_pool(self, pool_id: int, streams: Iterable[int] | None = None, *,
+                               capturing: bool = False) -> None:
+        """Serve the requests of `streams` (None: every stream; empty: only malloc(..., pool=pool_id)) from private
+        pool `pool_id` until end_allocate_to_pool, as PyTorch's beginAllocateToPool does for a CUDA graph. The first begin creates the
+        pool; a later begin of a pool still in use shares it (one more use to release). With `capturing`, the
+        streams are under graph capture: until the pool ends, the allocator calls no event or synchronize function
+        (Note [Pools and graph capture]). Raises ValueError for a pool already active or released but still
+        holding memory."""
+        pid = self._pool_id(pool_id)
+        cdef vector[int64_t] chosen
+        cdef bint every = streams is None
+        if not every:
+            for s in streams:
+                if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+                    raise ValueError(f"gmlake: begin_allocate_to_pool: streams must be ints >= 0, got {s!r}")
+                chosen.push_back(s)
+        cdef uint64_t p = pid
+        cdef bint cap = bool(capturing)
+        cdef int rc
+        with nogil:
+            rc = _begin_pool_nogil(self, p, chosen, every, cap)
+        self._raise_invariant_error()
+        if rc == POOL_ALREADY_ACTIVE:
+            raise ValueError(f"gmlake: private pool {pid} is already active; end_allocate_to_pool({pid}) first")
+        if rc == POOL_RELEASED:
+            raise ValueError(f"gmlake: private pool {pid} was released and still holds memory of live blocks; "
+                             f"it cannot be begun again until they are freed and empty_cache returns it")
+
+    def retain_pool(self, pool_id: int) -> None:
+        """One more use of active private pool `pool_id`, as a second beginAllocateToPool of a pool already routing
+        requests is in PyTorch (cudagraph trees capture into the pool their warm-up allocates from): each use is
+        released by its own release_pool. The torch bridge routes nested begins through this."""
+        pid = self._pool_id(pool_id)
+        cdef uint64_t p = pid
+        cdef int rc
+        with nogil:
+            rc = _retain_pool_nogil(self, p)
+        if rc == POOL_NOT_ACTIVE:
+            raise ValueError(f"gmlake: retain_pool: private pool {pid} is not active")
+
+    def end_allocate_to_pool(self, pool_id: int) -> None:
+        """Stop routing requests to private pool `pool_id` (PyTorch's endAllocateToPool); the pool keeps its memory
+        and its use. Ending the last capturing pool lets the frees deferred during capture record their events."""
+        pid = self._pool_id(pool_id)
+        cdef uint64_t p = pid
+        cdef int rc
+        cdef Failure why                    # the deferred frees' events: one that fails waits for the device
+        no_failure(&why)
+        with nogil:
+            rc = _end_pool_nogil(self, &why, p)
+        self._raise_invariant_error()
+        if rc == POOL_NOT_ACTIVE:
+            raise ValueError(f"gmlake: end_allocate_to_pool: private pool {pid} is not active")
+
+    def release_pool(self, pool_id: int) -> int:
+        """Drop one use of private pool `pool_id` (PyTorch's releasePool). The last use returns the pool's wholly
+        free segments to the driver now (after a synchronize), unless a capture is running; blocks still allocated
+        stay valid, and their segments return at the next empty_cache or memory pressure once wholly free.
+        Returns the bytes returned now."""
+        pid = self._pool_id(pool_id)
+        cdef uint64_t p = pid
+        cdef size_t released = 0
+        cdef int rc
+        cdef Failure why
+        no_failure(&why)
+        with nogil:
+            rc = _release_pool_nogil(self, &why, p, &released)
+        self._raise_invariant_error()
+        if rc == POOL_UNKNOWN:
+            raise ValueError(f"gmlake: release_pool: private pool {pid} has no use to release (never begun, or "
+                             f"already released)")
+        if rc == POOL_STILL_ACTIVE:
+            raise ValueError(f"gmlake: release_pool: private pool {pid} is active; end_allocate_to_pool({pid}) "
+                             f"first")
+        if rc == POOL_SYNC_FAILED:
+            raise self.failure(0, &why)
+        return released
+
+    def pools_info(self) -> list:
+        """One dict per private pool: id, use_count, active, capturing, streams (None: every stream), segments,
+        reserved_bytes, allocated_bytes (its blocks in use)."""
+        cdef vector[PoolRow] pools
+        cdef vector[int64_t] streams
+        cdef size_t i, j
+        with nogil:
+            _copy_pools(self, pools, streams)
+        out = []
+        for i in range(pools.size()):
+            chosen = None
+            if pools[i].active and not pools[i].all_streams:
+                chosen = [streams[j] for j in range(pools[i].first_stream, pools[i].end_stream)]
+            out.append({"id": pools[i].id, "use_count": pools[i].use_count, "active": pools[i].active,
+                        "capturing": pools[i].capturing, "streams": chosen, "segments": pools[i].segments,
+                        "reserved_bytes": pools[i].reserved, "allocated_bytes": pools[i].allocated})
+        return out
+
+    def pools_ids(self) -> list:
+        """The ids of the private pools that exist (in use, or released but still holding memory)."""
+        cdef pair[uint64_t, PrivatePool*] pp
+        return [pp.first for pp in self.pools.by_id]
+
+    @staticmethod
+    def _pool_id(pool_id) -> int:
+        if not isinstance(pool_id, int) or isinstance(pool_id, bool) or not 0 < pool_id < (1 << 64):
+            raise ValueError(f"gmlake: a private pool id is an int >= 1 (0 is the default pool), got {pool_id!r}")
+        return pool_id
+
+    def segments_info(self) -> list:
+        """One dict per segment: serial, pool, size, chunk size, mapped chunks, private pool id (0: the default
+        pool), and its blocks' states.
+
+        The walk is copied into plain rows under the lock, without the GIL, and turned into Python objects after the
+        lock is let go, as every Python method does: Python code run under the lock could free memory of this
+        allocator (a finalizer run by the garbage collector), whose lock is not reentrant."""
+        cdef vector[SegmentRow] segs
+        cdef vector[BlockRow] rows
+        cdef size_t i, j
+        with nogil:
+            _copy_segments(self, segs, rows)
+        names = ("free", "allocated", "claimed", "unmapped")
+        out = []
+        for i in range(segs.size()):
+            blocks = [(rows[j].offset, rows[j].size, names[rows[j].state], rows[j].stream, rows[j].used)
+                      for j in range(segs[i].first_row, segs[i].end_row)]
+            out.append({"serial": segs[i].serial, "va": segs[i].va,
+                        "pool": "small" if segs[i].size_class == SIZE_SMALL else "large",
+                        "size": segs[i].size, "chunk_size": segs[i].chunk_size,
+                        "mapped_chunks": segs[i].mapped_chunks, "private_pool": segs[i].private_pool,
+                        "blocks": blocks})
+        return out
+
+
+cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Failure* out) noexcept nogil:
+    """malloc once the lock is held and the request's target chosen (the caller's ScopedLock releases it). Note [A
+    call's failure].
+
+    Note [The cache-hit path]: a request that a free block serves, in one compilation unit, every step inline or
+    a direct call, no Python, no driver call:
+      malloc_nogil       a Request on the stack, the lock (ScopedLock.acquire), the private pool if any is active
+                         (one size() check)
+      _serve             pending frees polled only if any wait; the size rounded; the statistics below
+      _alloc             the size class; _try_alloc: a private pool's request goes to _alloc_in_pool
+      _alloc_large       _best_free: _peek_fit of the stream's own blocks and of those of no stream (one
+                         lower_bound each), the smaller wins; _erase_free (a spare node kept), _take: _should_split,
+                         _split (a spare Block) and _insert_free of the tail
+      free_nogil         _free_locked: the live map; _retire, _release_block: _coalesce with free neighbours,
+                         _insert_free
+    Anything else (no block fits, a cached sBlock may fit tighter, a hook places) leaves the path at
+    _alloc_large_miss. `python -m bench micro --cache-hits` times it, callgrind counts it."""
+    cdef size_t rounded
+    cdef Block* b = NULL
+    cdef int64_t stream = request.stream
+    cdef Failure failure
+    cdef Failure* why = &failure
+    no_failure(why)
+    why.request = request
+    if _has_pending(self) and not _capturing(self) and not _unannounced_capture(self, why):
+        _process_pending(self, why)
+    why.err = ERR_NONE
+    # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
+    # chunks, no vector that large, no memory released for nothing.
+    if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
+        why.err = ERR_OOM
+        self._report(why, out)
+        return 0
+    rounded = round_up(size, self.k.round_to)
+    b = self._alloc(why, rounded, stream)
+    if b == NULL:
+        if why.hook_failed:
+            why.err = ERR_POLICY
+        elif why.err == ERR_NONE:
+            why.err = ERR_OOM
+        if why.err == ERR_OOM or why.err == ERR_CAPTURE:
+            self.st.ooms += 1
+            self._record(TRACE_OOM, 0, size, stream)
+        self._report(why, out)
+        self._debug_check()
+        return 0
+    b.requested = size
+    self._record(TRACE_ALLOC, b.addr, size, stream)
+    self.live_nodes.put(self.live, b.addr, b)
+    self.st.allocs += 1
+    self.st.live_blocks += 1
+    self.st.allocated += b.size
+    self.st.requested += size
+    self.st.active += b.size
+    peak_update(&self.st.peak_allocated, self.st.allocated)
+    peak_update(&self.st.peak_requested, self.st.requested)
+    peak_update(&self.st.peak_active, self.st.active)
+    if why.hook_failed:
+        # A hook raised: the allocation completed with the built-in answer; undo it and fail the request.
+        self._free_locked(why, b.addr)
+        why.err = ERR_POLICY
+        self._report(why, out)
+        self._debug_check()
+        return 0
+    self._debug_check()
+    return b.addr
+
+
+# ---------------------------------------------------------------------- the Python API's locked steps
+# Each Python method that needs the lock calls one of these without the GIL: it takes the lock (a ScopedLock, let go
+# when it returns), copies or changes what the method needs, and returns before any Python object is made, so no
+# Python code (a finalizer that frees memory of this allocator, say) ever runs under the lock.
+
+cdef int _begin_pool_nogil(Allocator self, uint64_t pool_id, vector[int64_t]& streams, bint all_streams,
+                           bint capturing) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    cdef int rc = _begin_pool(self, pool_id, streams, all_streams, capturing)
+    self._debug_check()
+    return rc
+
+
+cdef int _retain_pool_nogil(Allocator self, uint64_t pool_id) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    return _retain_pool(self, pool_id)
+
+
+cdef int _end_pool_nogil(Allocator self, Failure* why, uint64_t pool_id) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    cdef int rc = _end_pool(self, why, pool_id)
+    self._debug_check()
+    return rc
+
+
+cdef int _release_pool_nogil(Allocator self, Failure* why, uint64_t pool_id, size_t* released) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    cdef int rc = _release_private_pool(self, why, pool_id, released)
+    self._report(why, why)
+    self._debug_check()
+    return rc
+
+
+cdef void _copy_pools(Allocator self, vector[PoolRow]& rows, vector[int64_t]& streams) noexcept nogil:
+    """pools_info's rows: each pool, and the bytes its blocks in use hold."""
+    cdef ScopedLock held
+    cdef unordered_map[uint64_t, size_t] used
+    cdef pair[uint64_t, Segment*] sp
+    cdef pair[uint64_t, PrivatePool*] pp
+    cdef PrivatePool* p
+    cdef PoolRow row
+    cdef Block* b
+    held.acquire(self.mutex)
+    for sp in self.segments.by_serial:
+        if sp.second.owner != NULL:
+            b = sp.second.first
+            while b != NULL:
+                if b.state != BLOCK_FREE:
+                    used[sp.second.owner.id] += b.size
+                b = b.next
+    for pp in self.pools.by_id:
+        p = pp.second
+        row.id = p.id
+        row.use_count = p.use_count
+        row.active = p.active
+        row.capturing = p.capturing
+        row.all_streams = p.all_streams
+        row.first_stream = streams.size()
+        streams.insert(streams.end(), p.streams.begin(), p.streams.end())
+        row.end_stream = streams.size()
+        row.segments = p.segments
+        row.reserved = p.reserved
+        row.allocated = used[p.id]
+        rows.push_back(row)
+
+
+cdef void _copy_segments(Allocator self, vector[SegmentRow]& segs, vector[BlockRow]& rows) noexcept nogil:
+    """segments_info's rows: each segment, and each of its blocks."""
+    cdef ScopedLock held
+    cdef SegmentRow seg_row
+    cdef BlockRow row
+    cdef pair[uint64_t, Segment*] sp
+    cdef Block* b
+    held.acquire(self.mutex)
+    for sp in self.segments.by_serial:
+        seg_row.serial = sp.second.serial
+        seg_row.private_pool = sp.second.owner.id if sp.second.owner != NULL else 0
+        seg_row.va = sp.second.va
+        seg_row.size_class = sp.second.size_class
+        seg_row.size = sp.second.size
+        seg_row.chunk_size = sp.second.chunk_size
+        seg_row.mapped_chunks = sp.second.mapped_chunks
+        seg_row.first_row = rows.size()
+        b = sp.second.first
+        while b != NULL:
+            row.offset = b.addr - sp.second.va
+            row.size = b.size
+            row.state = b.state
+            row.stream = b.stream
+            # A claimed piece's bytes are all in use by its stitched allocation.
+            row.used = b.requested if b.state == BLOCK_ALLOCATED else b.size if b.state == BLOCK_CLAIMED else 0
+            rows.push_back(row)
+            b = b.next
+        seg_row.end_row = rows.size()
+        segs.push_back(seg_row)
+
+
+cdef void _count_spares(Allocator self, Spares* n) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    n.blocks = self.frees.spare_blocks.held()
+    n.free_index_nodes = self.frees.index_nodes.held()
+    n.address_nodes = self.frees.addr_nodes.held()
+    n.live_nodes = self.live_nodes.held()
+    n.events = self.streams.spare_events.size()
+
+
+cdef void _copy_stats(Allocator self, StatsCopy* c) noexcept nogil:
+    cdef ScopedLock held
+    cdef size_t i
+    held.acquire(self.mutex)
+    c.st = self.st
+    c.cached = self.sblock_cache.cached()
+    c.pending = self.streams.pending.size()
+    c.orphans = self.orphans.count()
+    c.orphan_bytes = 0
+    for i in range(self.orphans.chunks.size()):
+        c.orphan_bytes += self.orphans.chunks[i].size
+
+
+cdef void _reset_peaks(Allocator self) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    self.st.peak_allocated = self.st.allocated
+    self.st.peak_requested = self.st.requested
+    self.st.peak_reserved = self.st.reserved
+    self.st.peak_active = self.st.active
+    self.st.peak_sblock_va = self.st.sblock_va
+
+
+cdef void _set_tracing(Allocator self, bint on, size_t kept) noexcept nogil:
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    self.tracing = on
+    if on:
+        self.trace_max = kept
+        if self.trace.size() > self.trace_max:
+            self.trace.clear()
+            self.trace_next = 0
+
+
+cdef size_t _copy_history(Allocator self, vector[TraceEntry]& copy) noexcept nogil:
+    """The history ring, copied; returns where its oldest entry is."""
+    cdef ScopedLock held
+    held.acquire(self.mutex)
+    copy = self.trace
+    return self.trace_next if self.trace.size() == self.trace_max else 0

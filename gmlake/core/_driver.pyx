@@ -1,0 +1,583 @@
+# cython: language_level=3, annotation_typing=False
+"""Base class of the drivers: an abstract interface; every call fails until a subclass overrides it.
+
+Also the modelled streams of the CPU drivers, and their optional hazard tracking (StreamModel): the asynchrony of a
+GPU played out on the CPU, so tests see the stream-ordering bugs that would corrupt data only on a device.
+"""
+from bisect import bisect_right, insort
+from collections import deque
+
+from libc.stdint cimport uint64_t, int64_t, uintptr_t
+from cython.operator cimport dereference as deref
+
+from gmlake.core.errors import HazardError
+
+cdef enum:
+    NOT_IMPLEMENTED = -1
+
+
+cdef class Driver:
+    """A source of physical memory chunks and virtual address ranges.
+
+    Subclasses: SimDriver (bookkeeping only), HostDriver (memfd + mmap) and CudaDriver (CUDA VMM).
+    """
+
+    def __cinit__(self):
+        self.granularity = 0
+        self.capacity = 0
+        self.busy_ns = 0
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds spent inside this driver's calls so far, measured around each call (the CUDA driver) or 0 (the
+        model drivers, whose calls replay prices instead): what a run's driver calls actually cost its CPU thread,
+        a synchronize's wait for the GPU included (replay prices no synchronize)."""
+        return self.busy_ns * 1e-9
+
+    cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int free_va(self, uintptr_t va, size_t size) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int unmap(self, uintptr_t va, size_t size) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int synchronize(self) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int copy_out(self, void* host, uintptr_t va, size_t size) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int device_free(self, size_t* free) noexcept nogil:
+        free[0] = self.capacity - <size_t>self.live_chunk_bytes if self.capacity else <size_t>-1
+        return DRIVER_OK
+
+    cdef int copy_in(self, uintptr_t va, const void* host, size_t size) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int query_event(self, uint64_t event) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int destroy_event(self, uint64_t event) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int wait_event(self, int64_t stream, uint64_t event) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil:
+        capturing[0] = False
+        return DRIVER_OK
+
+    cdef int exchange_capture_mode(self, int* mode) noexcept nogil:
+        return DRIVER_OK
+
+    cdef void count_reservation(self, size_t size, int sign) noexcept nogil:
+        """Book an address range reserved (sign +1) or freed (-1), for stats() and the leak checks."""
+        self.live_reservations += sign
+        self.live_reserved_va += sign * <int64_t>size
+
+    def describe_error(self, int code) -> str:
+        """Text for a code returned by one of the driver calls."""
+        if code == DRIVER_OOM:
+            return "out of memory"
+        if code == NOT_IMPLEMENTED:
+            return f"{type(self).__name__} does not implement this call"
+        return f"driver error {code}"
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def leaks(self) -> dict:
+        """What the driver still holds: all zero once an allocator over it has released everything."""
+        return {
+            "chunks": self.live_chunks,
+            "chunk_bytes": self.live_chunk_bytes,
+            "reservations": self.live_reservations,
+            "reserved_va": self.live_reserved_va,
+            "events": self.live_events,
+        }
+
+
+def _overlap(a: list, b: list) -> tuple | None:
+    """The first physical byte range two extent lists share, as (handle, lo, hi), or None."""
+    for handle, lo, hi in a:
+        for other, olo, ohi in b:
+            if handle == other and lo < ohi and olo < hi:
+                return handle, max(lo, olo), min(hi, ohi)
+    return None
+
+
+class _Kernel:
+    """Work queued on a stream: it touches VA [va, va + size), i.e. the physical `extents` (handle, lo, hi) that VA
+    mapped when it was queued. When it runs it writes byte `write` and/or checks that the bytes read `expect`."""
+    __slots__ = ("stream", "ticket", "va", "size", "extents", "write", "expect", "waits", "label")
+
+    def __init__(self, stream, ticket, va, size, extents, write, expect, waits, label):
+        self.stream, self.ticket, self.va, self.size = stream, ticket, va, size
+        self.extents, self.write, self.expect, self.waits, self.label = extents, write, expect, waits, label
+
+    def describe(self) -> str:
+        return f"stream {self.stream}'s queued kernel #{self.ticket} ({self.label or 'unnamed'}) on 0x{self.va:x}+{self.size}"
+
+
+class StreamModel:
+    """What a ModelDriver with hazard tracking knows: which VA maps which handle, and each stream's queued kernels.
+
+    A kernel runs (its write lands, its check reads) only when its stream is completed up to it: by the test
+    (`complete_stream`), by a seeded random schedule (`complete_random`) or by a synchronize. Hazards are judged on
+    physical memory, (handle, offset), because an sBlock maps one handle in several VA ranges; an unmap is judged on
+    VA, since a queued kernel faults on the address it was given. Each hazard found is appended to `hazards`.
+    """
+
+    def __init__(self, driver) -> None:
+        self.driver = driver
+        self.maps: dict[int, tuple[int, int]] = {}      # va -> (size, handle) of each live mapping
+        self.starts: list[int] = []                     # the mappings' VAs, sorted
+        self.handle_vas: dict[int, set[int]] = {}       # handle -> the VAs it is mapped at
+        self.queues: dict[int, deque] = {}              # stream -> queued kernels, oldest first
+        self.waited: dict[int, dict[int, int]] = {}     # stream -> {other stream: ticket its later work waits for}
+        self.hazards: list[str] = []
+
+    # ---- address translation
+
+    def extents(self, va: int, size: int) -> list[tuple[int, int, int]]:
+        """The physical ranges (handle, lo, hi) under VA [va, va + size); HazardError if any byte is unmapped."""
+        out = []
+        at, end = va, va + size
+        i = bisect_right(self.starts, at) - 1
+        while at < end:
+            if i < 0 or i >= len(self.starts):
+                raise HazardError(f"access to 0x{at:x}, which no handle is mapped at")
+            start = self.starts[i]
+            msize, handle = self.maps[start]
+            if not start <= at < start + msize:
+                raise HazardError(f"access to 0x{at:x}, which no handle is mapped at")
+            hi = min(end, start + msize)
+            out.append((handle, at - start, hi - start))
+            at = hi
+            i += 1
+        return out
+
+    # ---- kernels
+
+    def pending(self, stream: int | None = None) -> int:
+        """How many kernels are queued (on `stream`, or on all streams)."""
+        if stream is not None:
+            return len(self.queues.get(stream, ()))
+        return sum(len(q) for q in self.queues.values())
+
+    def launch(self, stream: int, ticket: int, va: int, size: int, write, expect, waits: dict, label: str) -> None:
+        """Queue a kernel; HazardError if another stream's queued work (not waited for) touches the same bytes."""
+        extents = self.extents(va, size)
+        kernel = _Kernel(stream, ticket, va, size, extents, write, expect, waits, label)
+        for other, queue in self.queues.items():
+            if other == stream:
+                continue    # one stream runs its kernels in order
+            waited = waits.get(other, 0)
+            for queued in queue:
+                if queued.ticket <= waited or (write is None and queued.write is None):
+                    continue    # ordered by an event wait, or two reads: no race
+                shared = _overlap(extents, queued.extents)
+                if shared is not None:
+                    handle, lo, hi = shared
+                    raise HazardError(
+                        f"stream-ordering hazard: stream {stream} was handed handle {handle} bytes [{lo}, {hi}) "
+                        f"(kernel {label or 'unnamed'} on 0x{va:x}+{size}) while {queued.describe()} still uses them")
+        self.queues.setdefault(stream, deque()).append(kernel)
+
+    def wait(self, stream: int, other: int, ticket: int) -> None:
+        """An event wait: work queued on `stream` from now on is ordered after `other`'s work up to `ticket`, and so,
+        as on a GPU, after whatever `other` itself waited for by then."""
+        if other != stream:
+            self._merge(self.waited.setdefault(stream, {}), self._through(other, ticket), stream)
+
+    def waits_of(self, stream: int, after) -> dict[int, int]:
+        """The waits of a kernel queued on `stream` now that also waits for all work queued so far on the streams in
+        `after`: the stream's own event waits, each stream in `after` up to now, and what those streams waited for."""
+        waits = dict(self.waited.get(stream, {}))
+        for other in after:
+            if other != stream:
+                self._merge(waits, self._through(other, self.driver.queued(other)), stream)
+        return waits
+
+    def _through(self, other: int, ticket: int) -> dict[int, int]:
+        """What waiting for `other` up to `ticket` orders after: that, and what `other` had waited for."""
+        return {**self.waited.get(other, {}), other: ticket}
+
+    @staticmethod
+    def _merge(into: dict, more: dict, stream: int) -> None:
+        for other, ticket in more.items():
+            if other != stream:
+                into[other] = max(into.get(other, 0), ticket)
+
+    def run_until(self, stream: int, ticket: int) -> None:
+        """Run `stream`'s kernels up to `ticket`, in order; the streams each one waited for run first."""
+        queue = self.queues.get(stream)
+        while queue and queue[0].ticket <= ticket:
+            kernel = queue.popleft()
+            for other, upto in kernel.waits.items():
+                self.driver.complete_stream(other, upto)
+            self._run(kernel)
+
+    def _run(self, kernel) -> None:
+        for handle, lo, hi in kernel.extents:
+            if kernel.write is not None:
+                self.driver._write_physical(handle, lo, bytes([kernel.write]) * (hi - lo))
+            if kernel.expect is not None:
+                got = self.driver._read_physical(handle, lo, hi - lo)
+                if got is not None and got.count(kernel.expect) != len(got):
+                    wrong = next(b for b in got if b != kernel.expect)
+                    self.hazards.append(
+                        f"data race: {kernel.describe()} expected its bytes to hold {kernel.expect} but handle "
+                        f"{handle} [{lo}, {hi}) holds {wrong}: another stream's kernel overwrote them")
+
+    # ---- what the allocator asks of the driver (each returns None if safe, else the hazard's description)
+
+    def _queued_on(self, test) -> object:
+        for queue in self.queues.values():
+            for kernel in queue:
+                if test(kernel):
+                    return kernel
+        return None
+
+    def on_map(self, va: int, size: int, handle: int) -> None:
+        self.maps[va] = (size, handle)
+        insort(self.starts, va)
+        self.handle_vas.setdefault(handle, set()).add(va)
+
+    def on_unmap(self, va: int, size: int) -> str | None:
+        end = va + size
+        busy = self._queued_on(lambda k: k.va < end and va < k.va + k.size)
+        if busy is not None:
+            return (f"unmap of 0x{va:x}+{size} with no synchronize since {busy.describe()} was queued: "
+                    f"the kernel would fault")
+        i = bisect_right(self.starts, va - 1)
+        while i < len(self.starts) and self.starts[i] < end:
+            start = self.starts.pop(i)
+            _, handle = self.maps.pop(start)
+            self.handle_vas[handle].discard(start)
+        return None
+
+    def on_release(self, handle: int) -> str | None:
+        vas = self.handle_vas.get(handle)
+        if vas:
+            return (f"release of handle {handle} while it is still mapped at "
+                    f"{', '.join(f'0x{v:x}' for v in sorted(vas))}")
+        busy = self._queued_on(lambda k: any(e[0] == handle for e in k.extents))
+        if busy is not None:
+            return f"release of handle {handle} while {busy.describe()} still uses it"
+        self.handle_vas.pop(handle, None)
+        return None
+
+    def on_free_va(self, va: int, size: int) -> str | None:
+        i = bisect_right(self.starts, va - 1)
+        if i < len(self.starts) and self.starts[i] < va + size:
+            return f"address free of 0x{va:x}+{size} while a handle is still mapped at 0x{self.starts[i]:x}"
+        return None
+
+
+FAULT_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
+               "event_record", "copy")
+
+
+cdef class ModelDriver(Driver):
+    """Base of SimDriver and HostDriver: models streams and events on the CPU, bounds physical memory, and can be
+    told to fail chosen calls (inject_fault) so tests can drive every error path."""
+
+    def __cinit__(self):
+        self.auto_complete = True
+        self.next_event = 1
+        self.tracking = False
+        self.model = None
+
+    cdef int fault(self, int kind) noexcept nogil:
+        """DRIVER_OK, or the injected code if this call is the one chosen to fail."""
+        if self.fault_countdown[kind] == 0:
+            return DRIVER_OK
+        self.fault_countdown[kind] -= 1
+        if self.fault_countdown[kind] != 0:
+            return DRIVER_OK
+        self.faults_triggered += 1
+        return self.fault_code[kind]
+
+    def inject_fault(self, call: str, nth: int = 1, oom: bool = False) -> None:
+        """Make the nth next call of `call` (one of FAULT_NAMES) fail, with out-of-memory if `oom`, else with
+        DRIVER_INJECTED. Only that one call fails."""
+        if call not in FAULT_NAMES:
+            raise ValueError(f"unknown driver call {call!r}; one of {', '.join(FAULT_NAMES)}")
+        if nth < 1:
+            raise ValueError("nth must be >= 1")
+        cdef int kind = FAULT_NAMES.index(call)
+        self.fault_countdown[kind] = nth
+        self.fault_code[kind] = DRIVER_OOM if oom else DRIVER_INJECTED
+
+    def clear_faults(self) -> None:
+        """Cancel every pending injected fault."""
+        cdef int kind
+        for kind in range(<int>NUM_FAULTS):
+            self.fault_countdown[kind] = 0
+
+    cdef int take_capacity(self, size_t size) noexcept nogil:
+        if self.capacity and <size_t>self.live_chunk_bytes + size > self.capacity:
+            return DRIVER_OOM
+        self.live_chunks += 1
+        self.live_chunk_bytes += size
+        return DRIVER_OK
+
+    cdef void give_capacity(self, size_t size) noexcept nogil:
+        self.live_chunks -= 1
+        self.live_chunk_bytes -= size
+
+    cdef int synchronize(self) noexcept nogil:
+        cdef pair[int64_t, uint64_t] entry
+        cdef int rc = self.fault(FAULT_SYNC)
+        if rc != DRIVER_OK:
+            return rc
+        if self.tracking:
+            with gil:
+                rc = self._ask_model(self.complete_all, ())
+            if rc != DRIVER_OK:
+                return rc
+        for entry in self.issued:
+            self.completed[entry.first] = entry.second
+        return DRIVER_OK
+
+    cdef int record_event(self, int64_t stream, uint64_t* event) noexcept nogil:
+        cdef int rc = self.fault(FAULT_EVENT)
+        if rc != DRIVER_OK:
+            return rc
+        if event[0] != 0 and self.events.count(event[0]) == 0:
+            return -2                   # not an event of this driver's, or one already destroyed
+        cdef uint64_t ticket = self.issued[stream] + 1
+        self.issued[stream] = ticket
+        if event[0] == 0:
+            event[0] = self.next_event
+            self.next_event += 1
+            self.live_events += 1
+            self.created_events += 1
+        self.events[event[0]] = pair[int64_t, uint64_t](stream, ticket)
+        if self.event_lag:
+            self.event_clock[event[0]] = self.clock
+        return DRIVER_OK
+
+    cdef int query_event(self, uint64_t event) noexcept nogil:
+        cdef unordered_map[uint64_t, pair[int64_t, uint64_t]].iterator it = self.events.find(event)
+        if it == self.events.end():
+            return -2
+        cdef pair[int64_t, uint64_t] entry = deref(it).second
+        if self.event_lag:
+            # Note [Event lag in replay]: a stream's work completes in order, so an event done by the clock also
+            # completes everything its stream queued before it.
+            if self.completed[entry.first] < entry.second and \
+                    self.clock - self.event_clock[event] >= self.event_lag:
+                self.completed[entry.first] = entry.second
+            return EVENT_DONE if self.completed[entry.first] >= entry.second else EVENT_PENDING
+        if self.auto_complete:
+            return EVENT_DONE
+        return EVENT_DONE if self.completed[entry.first] >= entry.second else EVENT_PENDING
+
+    cdef int wait_event(self, int64_t stream, uint64_t event) noexcept nogil:
+        cdef int rc = self.fault(FAULT_EVENT)
+        if rc != DRIVER_OK:
+            return rc
+        cdef unordered_map[uint64_t, pair[int64_t, uint64_t]].iterator it = self.events.find(event)
+        if it == self.events.end():
+            return -2
+        cdef pair[int64_t, uint64_t] entry = deref(it).second
+        if self.tracking:           # the stream's later kernels are ordered after the event's stream's work
+            with gil:
+                self.model.wait(stream, entry.first, entry.second)
+        return DRIVER_OK
+
+    cdef int destroy_event(self, uint64_t event) noexcept nogil:
+        if self.events.erase(event) == 0:
+            return -2
+        self.event_clock.erase(event)
+        self.live_events -= 1
+        return DRIVER_OK
+
+    def begin_raw_capture(self, stream: int) -> None:
+        """Put `stream` under a graph capture the allocator is not told of, as an extension calling
+        cudaStreamBeginCapture itself would (tests of the allocator's refusal to serve it)."""
+        self.raw_captures[<int64_t>stream] = True
+
+    def end_raw_capture(self, stream: int) -> None:
+        self.raw_captures.erase(<int64_t>stream)
+
+    cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil:
+        capturing[0] = self.raw_captures.count(stream) != 0
+        return DRIVER_OK
+
+    def complete_stream(self, stream: int, upto: int | None = None) -> None:
+        """Mark the work queued on `stream` as done, all of it or up to ticket `upto` (see `queued`): events
+        recorded on it become complete and, with hazard tracking, its kernels run."""
+        cdef int64_t s = stream
+        cdef uint64_t target = self.issued[s]
+        if upto is not None and <uint64_t>upto < target:
+            target = upto
+        if self.model is not None:
+            self.model.run_until(s, target)
+        if target > self.completed[s]:
+            self.completed[s] = target
+
+    def complete_all(self) -> None:
+        """Complete every stream's work (what synchronize does)."""
+        cdef pair[int64_t, uint64_t] entry
+        streams = []
+        for entry in self.issued:
+            streams.append(entry.first)
+        for stream in streams:
+            self.complete_stream(stream)
+
+    def complete_random(self, rng) -> None:
+        """A seeded random schedule: complete each stream up to a random point of its queued work (`rng` is a
+        random.Random)."""
+        cdef pair[int64_t, uint64_t] entry
+        queued = []
+        for entry in self.issued:
+            queued.append((entry.first, entry.second))
+        for stream, issued in sorted(queued):
+            done = self.completed[<int64_t>stream]
+            if issued > done:
+                self.complete_stream(stream, rng.randint(done, issued))
+
+    def completed_ticket(self, stream: int) -> int:
+        """The ticket up to which `stream`'s work is done."""
+        return self.completed[stream]
+
+    def queued(self, stream: int) -> int:
+        """The ticket of the last work queued on `stream` (kernels and events share one count per stream)."""
+        return self.issued[stream]
+
+    # ------------------------------------------------------------------ hazard tracking (tests)
+
+    def track_hazards(self) -> None:
+        """Turn on hazard tracking on this fresh driver: streams run nothing until completed (auto_complete off),
+        kernels are queued with `launch`, and unmapping, releasing or freeing what would be unsafe on a GPU is
+        refused (DRIVER_HAZARD) and logged; `check_hazards()` raises the first hazard logged."""
+        if self.live_chunks or self.live_reservations:
+            raise RuntimeError("track_hazards() must be called before the driver hands anything out")
+        self.auto_complete = False
+        self.model = StreamModel(self)
+        self.tracking = True
+
+    def _need_model(self):
+        if self.model is None:
+            raise RuntimeError("hazard tracking is off: call track_hazards() first")
+        return self.model
+
+    def launch(self, stream: int, ptr: int, size: int, *, write: int | None = None, expect: int | None = None,
+               after=(), label: str = "") -> int:
+        """Queue a kernel on `stream` that touches [ptr, ptr + size): when it runs, it writes byte `write` and/or
+        checks that the bytes hold `expect` (real bytes on the host driver). It waits for all work queued so far on
+        the streams in `after` (an event wait), so it does not race with them. Raises HazardError if another
+        stream's queued work still touches the same physical bytes. Returns the kernel's ticket."""
+        model = self._need_model()
+        cdef int64_t s = stream
+        waits = model.waits_of(int(stream), [int(other) for other in after])
+        ticket = self.issued[s] + 1
+        model.launch(stream, ticket, ptr, size, write, expect, waits, label)
+        self.issued[s] = ticket
+        return ticket
+
+    def physical(self, ptr: int, size: int) -> list:
+        """The physical ranges (handle, lo, hi) under VA [ptr, ptr + size)."""
+        return self._need_model().extents(ptr, size)
+
+    def pending_kernels(self, stream: int | None = None) -> int:
+        """How many kernels are queued and not yet run (on `stream`, or on all)."""
+        return self._need_model().pending(stream)
+
+    @property
+    def hazards(self) -> list:
+        """Every hazard logged so far (empty while tracking is off)."""
+        return list(self.model.hazards) if self.model is not None else []
+
+    def check_hazards(self) -> None:
+        """Raise HazardError naming the first hazard logged, if any."""
+        if self.model is not None and self.model.hazards:
+            raise HazardError(self.model.hazards[0])
+
+    def _write_physical(self, handle: int, offset: int, data: bytes) -> None:
+        """Write bytes into a chunk (host driver); the sim driver has no bytes."""
+
+    def _read_physical(self, handle: int, offset: int, size: int):
+        """The bytes of a chunk (host driver); None on the sim driver."""
+        return None
+
+    cdef int _ask_model(self, object method, tuple args) noexcept:
+        """Call the model: DRIVER_HAZARD (logged) if it names a hazard or fails, else DRIVER_OK."""
+        try:
+            found = method(*args)
+        except BaseException as err:
+            found = f"hazard model failed: {err!r}"
+        if found is None:
+            return DRIVER_OK
+        self.model.hazards.append(found)
+        return DRIVER_HAZARD
+
+    cdef int track_map(self, uintptr_t va, size_t size, uint64_t handle) noexcept nogil:
+        if not self.tracking:
+            return DRIVER_OK
+        with gil:
+            return self._ask_model(self.model.on_map, (va, size, handle))
+
+    cdef int enter_create(self, size_t size) noexcept nogil:
+        cdef int rc = self.fault(FAULT_CREATE)
+        return rc if rc != DRIVER_OK else self.take_capacity(size)
+
+    cdef int enter_release(self, uint64_t handle) noexcept nogil:
+        cdef int rc = self.fault(FAULT_RELEASE)
+        if rc != DRIVER_OK or not self.tracking:
+            return rc
+        with gil:
+            return self._ask_model(self.model.on_release, (handle,))
+
+    cdef int enter_reserve(self, size_t* alignment) noexcept nogil:
+        """A reservation's entry: its injected fault; the alignment raised to the granularity, as CUDA's is."""
+        cdef int rc = self.fault(FAULT_RESERVE)
+        if rc == DRIVER_OK and alignment[0] < self.granularity:
+            alignment[0] = self.granularity
+        return rc
+
+    cdef int enter_free_va(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef int rc = self.fault(FAULT_FREE_VA)
+        if rc != DRIVER_OK or not self.tracking:
+            return rc
+        with gil:
+            return self._ask_model(self.model.on_free_va, (va, size))
+
+    cdef int enter_unmap(self, uintptr_t va, size_t size) noexcept nogil:
+        cdef int rc = self.fault(FAULT_UNMAP)
+        if rc != DRIVER_OK or not self.tracking:
+            return rc
+        with gil:
+            return self._ask_model(self.model.on_unmap, (va, size))
+
+    def describe_error(self, int code) -> str:
+        if code == -2:
+            return "unknown event"
+        if code == DRIVER_INJECTED:
+            return "injected fault"
+        if code == DRIVER_HAZARD:
+            # Index from the front: this module is compiled with wraparound off.
+            found = self.model.hazards if self.model is not None else []
+            return "hazard: " + (found[len(found) - 1] if found else "?")
+        return Driver.describe_error(self, code)

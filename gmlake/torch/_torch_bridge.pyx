@@ -1,0 +1,357 @@
+# cython: language_level=3, annotation_typing=False
+"""The allocator behind torch.cuda.memory.CUDAPluggableAllocator: C entry points over one Allocator per device.
+
+Compiled with CYTHON_EXTERN_C defined as extern "C", so the `cdef public` functions below keep their plain names
+(gmlake_alloc, gmlake_free, ...) for ctypes and torch. Their paths are nogil; only the first call on a device, which
+creates its allocator, and the graph pool hooks (rare, and their errors become Python text) take the GIL.
+"""
+from libc.stdint cimport uint64_t, int64_t, uintptr_t
+from libc.stdio cimport snprintf
+from libcpp.atomic cimport atomic
+from libcpp.utility cimport pair
+from libcpp.vector cimport vector
+from gmlake.core._allocator cimport Allocator, Failure, ERR_OOM, ERR_NONE, ScopedLock, std_mutex
+
+cdef extern from "_bridge.h" namespace "gmlake" nogil:
+    void throw_error(const char* message)
+    cppclass StreamFilter:
+        pass
+    bint filter_accepts(const StreamFilter& filter, void* stream)
+
+
+cdef enum:
+    MAX_DEVICES = 64
+
+# Borrowed pointers; `_owners` keeps the Allocator objects alive.
+cdef void* _allocators[MAX_DEVICES]
+import threading
+
+_owners: dict = {}
+_factory = None
+_create_lock = threading.Lock()    # the first allocations on a device may come from several threads at once
+
+
+def configure(factory) -> None:
+    """Set the callable that makes the Allocator for a device: factory(device) -> Allocator."""
+    global _factory
+    _factory = factory
+
+
+def allocator(int device):
+    """The Allocator serving `device`, creating it if needed."""
+    if device < 0 or device >= MAX_DEVICES:
+        raise ValueError(f"gmlake: device {device} out of range")
+    if _allocators[device] == NULL:
+        with _create_lock:
+            if _allocators[device] == NULL:
+                if _factory is None:
+                    raise RuntimeError("gmlake: the torch bridge is not configured; call gmlake.torch.enable() first")
+                a = _factory(device)
+                if not isinstance(a, Allocator):
+                    raise TypeError("gmlake: the allocator factory must return a gmlake.Allocator")
+                _owners[device] = a
+                _allocators[device] = <void*>a
+    return <Allocator>_allocators[device]
+
+
+def allocators() -> dict:
+    """{device: Allocator} for every device used so far."""
+    return dict(_owners)
+
+
+# Note [The bridge's errors travel with the call]: a message the bridge throws is written under the GIL and thrown
+# after it is released, so it lives in the calling entry point's own stack buffer (ErrorText), never in a shared one
+# that another thread's failure could overwrite in between, as the core's Failure does (Note [A call's failure]).
+cdef enum:
+    ERROR_TEXT = 512
+
+cdef struct ErrorText:
+    char text[ERROR_TEXT]
+
+
+cdef void* _get(int device, ErrorText* error) noexcept nogil:
+    """The allocator of `device`, created on its first use; NULL with the reason in `error` where it cannot be."""
+    if device < 0 or device >= MAX_DEVICES:
+        snprintf(error.text, ERROR_TEXT, "gmlake: device %d out of range", device)
+        return NULL
+    if _allocators[device] != NULL:
+        return _allocators[device]
+    with gil:
+        try:
+            allocator(device)
+        except BaseException as exc:
+            msg = f"gmlake: cannot create the allocator for device {device}: {exc}".encode()[:500]
+            snprintf(error.text, ERROR_TEXT, "%s", <const char*>msg)
+            return NULL
+    return _allocators[device]
+
+
+cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nogil:
+    """Raise torch's error for a failed allocation: the OutOfMemoryError's text for torch, or the policy's / driver's
+    error (gmlake.core.errors writes every text; an allocation that fails is rare enough to take the GIL)."""
+    cdef char message[1024]
+    with gil:
+        error = a.failure(size, why)
+        if why.err == ERR_OOM:
+            text = error.torch_message(device, a.capturing != 0)
+        else:
+            text = f"gmlake: allocating {size} bytes on device {device} failed: {error}"
+        encoded = text.encode()[:1000]
+        snprintf(message, sizeof(message), "%s", <const char*>encoded)
+    throw_error(message)
+
+
+cdef public void* gmlake_alloc(size_t size, int device, void* stream) noexcept nogil:
+    cdef ErrorText error
+    cdef void* handle = _get(device, &error)
+    cdef Failure why
+    cdef uintptr_t ptr
+    if handle == NULL:
+        throw_error(error.text)
+    if size == 0:
+        size = 1    # torch may ask for 0 bytes; hand out a distinct, valid pointer
+    if _routed_count.load() == 0:
+        ptr = (<Allocator>handle).malloc_nogil(size, <int64_t><uintptr_t>stream, &why)
+    else:
+        ptr = _alloc_routed(<Allocator>handle, size, device, stream, &why)
+    if ptr == 0:
+        _fail(<Allocator>handle, size, device, &why)
+    return <void*>ptr
+
+
+cdef public void gmlake_free(void* ptr, size_t size, int device, void* stream) noexcept nogil:
+    cdef void* handle = _allocators[device] if 0 <= device < MAX_DEVICES else NULL
+    if handle != NULL:
+        (<Allocator>handle).free_nogil(<uintptr_t>ptr)
+
+
+cdef public void gmlake_init(int device_count) noexcept nogil:
+    pass    # allocators are created on a device's first allocation
+
+
+cdef public void gmlake_reset() noexcept nogil:
+    cdef int d
+    for d in range(MAX_DEVICES):
+        if _allocators[d] != NULL:
+            (<Allocator>_allocators[d]).empty_cache_nogil(NULL)
+
+
+cdef public void gmlake_memory_fraction(double fraction, int device) noexcept nogil:
+    cdef ErrorText error
+    cdef void* handle = _get(device, &error)
+    if handle == NULL:
+        return
+    if not (0.0 <= fraction <= 1.0):        # torch checks too; a NaN or out-of-range value never becomes a cap
+        throw_error("gmlake: set_per_process_memory_fraction needs a fraction between 0 and 1")
+    (<Allocator>handle).set_limit_nogil(<size_t>(fraction * (<Allocator>handle).driver.capacity))
+
+
+cdef public void* gmlake_base_alloc(void* ptr, size_t* size) noexcept nogil:
+    cdef int d
+    cdef size_t n
+    for d in range(MAX_DEVICES):
+        if _allocators[d] != NULL:
+            n = (<Allocator>_allocators[d]).block_size_nogil(<uintptr_t>ptr)
+            if n:
+                if size != NULL:
+                    size[0] = n
+                return ptr
+    return ptr
+
+
+cdef public void gmlake_record_stream(void* ptr, void* stream) noexcept nogil:
+    cdef int d
+    for d in range(MAX_DEVICES):
+        if _allocators[d] != NULL and \
+                (<Allocator>_allocators[d]).record_stream_nogil(<uintptr_t>ptr, <int64_t><uintptr_t>stream) == ERR_NONE:
+            return
+
+
+# ---------------------------------------------------------------- CUDA graphs: PyTorch's private pool hooks
+#
+# Note [Graph pools through the bridge]: PyTorch announces a pool with beginAllocateToPool(device, pool id, filter),
+# where the filter says which requests the pool serves: those of a stream capturing under one capture id
+# (torch.cuda.graph), or those of one thread (cudagraph trees, MemPool's use_mem_pool). A filter is C++ and may ask
+# the CUDA runtime, so the core knows nothing of it: the bridge keeps the active pools' filters and routes each
+# request itself (Allocator.malloc_in_pool_nogil), the core serving it from that pool (Note [Private pools]).
+#   - Every pool PyTorch begins is treated as capturing (no event, no synchronize while it is active): the begin
+#     hook cannot tell a capture from a MemPool context, and a capture starts only after its begin.
+#   - While any pool is routed, requests run with the thread in relaxed capture mode, as PyTorch's own allocator
+#     does around cudaMalloc: growing memory (cuMemCreate, cuMemMap, cuMemSetAccess) during a global-mode capture
+#     must not invalidate it.
+#   - PyTorch may begin a pool that is already routing (cudagraph trees capture into the pool their warm-up
+#     allocates from): such a begin adds a use of the pool (Allocator.retain_pool) and a route; the pool stops
+#     routing when its last route ends. Each begin's use is dropped by its own releasePool.
+# With no pool routed, a request pays one atomic load for all this.
+
+# _routing_lock guards the three vectors below. It is taken only by a ScopedLock in one of the routing steps after
+# _alloc_routed (one step a function, the lock held until it returns, on every path: a filter or a push_back that
+# throws included), never around a call into the allocator or any Python.
+cdef std_mutex _routing_lock
+cdef vector[int] _routed_devices          # one entry per active begin: its device, pool key and filter
+cdef vector[uint64_t] _routed_pools
+cdef vector[StreamFilter] _routed_filters
+cdef atomic[int] _routed_count            # how many entries: 0 keeps gmlake_alloc on its plain path
+
+cdef enum:
+    RELAXED_CAPTURE_MODE = 2              # CU_STREAM_CAPTURE_MODE_RELAXED
+
+
+cdef uint64_t _pool_key(pair[unsigned long long, unsigned long long] pool) noexcept nogil:
+    """The core's pool id for PyTorch's (first, second) pair: one of them is a counter and the other 0; 0 if either
+    does not fit in 32 bits (never seen: they count pools made in this process)."""
+    if (pool.first >> 32) or (pool.second >> 32):
+        return 0
+    return (pool.first << 32) | pool.second
+
+
+cdef uintptr_t _alloc_routed(Allocator a, size_t size, int device, void* stream, Failure* why) noexcept nogil:
+    """A request while PyTorch has pools active: the first active pool whose filter accepts the stream serves it,
+    else the default pool, with the thread in relaxed capture mode."""
+    cdef uint64_t pool = _route(device, stream)
+    cdef int mode = RELAXED_CAPTURE_MODE
+    cdef uintptr_t ptr
+    cdef bint relaxed = a.driver.exchange_capture_mode(&mode) == 0
+    ptr = a.malloc_in_pool_nogil(size, <int64_t><uintptr_t>stream, pool, why)
+    if relaxed:
+        a.driver.exchange_capture_mode(&mode)
+    return ptr
+
+
+# ---- the routing steps, each under _routing_lock
+
+cdef inline uint64_t _route(int device, void* stream) noexcept nogil:
+    """The pool of the first active begin on `device` whose filter accepts `stream`, else 0 (the default pool)."""
+    cdef ScopedLock held
+    held.acquire(_routing_lock)
+    cdef size_t i
+    for i in range(_routed_pools.size()):
+        if _routed_devices[i] == device and filter_accepts(_routed_filters[i], stream):
+            return _routed_pools[i]
+    return 0
+
+
+cdef bint _is_routed(int device, uint64_t pool) noexcept nogil:
+    """Whether some active begin routes `pool` on `device` (the caller holds _routing_lock)."""
+    cdef size_t i
+    for i in range(_routed_pools.size()):
+        if _routed_devices[i] == device and _routed_pools[i] == pool:
+            return True
+    return False
+
+
+cdef bint _routes(int device, uint64_t pool) noexcept nogil:
+    """_is_routed, under _routing_lock."""
+    cdef ScopedLock held
+    held.acquire(_routing_lock)
+    return _is_routed(device, pool)
+
+
+cdef void _add_route(int device, uint64_t pool, const StreamFilter& filter) noexcept nogil:
+    """A begin's route: `pool` on `device` serves the requests `filter` accepts."""
+    cdef ScopedLock held
+    held.acquire(_routing_lock)
+    _routed_devices.push_back(device)
+    _routed_pools.push_back(pool)
+    _routed_filters.push_back(filter)
+    _routed_count.store(<int>_routed_pools.size())
+
+
+cdef bint _drop_route(int device, uint64_t pool) noexcept nogil:
+    """Drop the latest route of `pool` on `device`, if any: whether that was its last."""
+    cdef ScopedLock held
+    held.acquire(_routing_lock)
+    cdef size_t i = _routed_pools.size()
+    cdef bint found = False
+    while i > 0:
+        i -= 1
+        if _routed_devices[i] == device and _routed_pools[i] == pool:
+            _routed_devices.erase(_routed_devices.begin() + i)
+            _routed_pools.erase(_routed_pools.begin() + i)
+            _routed_filters.erase(_routed_filters.begin() + i)
+            found = True
+            break
+    _routed_count.store(<int>_routed_pools.size())
+    return found and not _is_routed(device, pool)
+
+
+cdef void _copy_routes(vector[int]& devices, vector[uint64_t]& pools) noexcept nogil:
+    """The active begins' devices and pools, copied out, so that routed_pools makes its Python objects unlocked."""
+    cdef ScopedLock held
+    held.acquire(_routing_lock)
+    cdef size_t i
+    for i in range(_routed_pools.size()):
+        devices.push_back(_routed_devices[i])
+        pools.push_back(_routed_pools[i])
+
+
+cdef enum PoolMethod:
+    POOL_BEGIN
+    POOL_RETAIN
+    POOL_END
+    POOL_RELEASE
+
+
+cdef bint _pool_call(int device, PoolMethod which, uint64_t pool, ErrorText* error) noexcept with gil:
+    """Call Allocator.<method>(pool) on `device`'s allocator; False with the message in `error` if it raised."""
+    method = ("begin_allocate_to_pool", "retain_pool", "end_allocate_to_pool", "release_pool")[which]
+    try:
+        a = allocator(device)
+        if which == POOL_BEGIN:
+            a.begin_allocate_to_pool(pool, [], capturing=True)
+        else:
+            getattr(a, method)(pool)
+        return True
+    except BaseException as exc:
+        msg = f"gmlake: {method} of CUDA graph pool {pool >> 32}:{pool & 0xffffffff} on device {device}: {exc}"
+        encoded = msg.encode()[:500]
+        snprintf(error.text, ERROR_TEXT, "%s", <const char*>encoded)
+        return False
+
+
+cdef void _warn_pool_error(ErrorText* error) noexcept with gil:
+    import warnings
+    warnings.warn((<bytes>error.text).decode(errors="replace"), RuntimeWarning, stacklevel=2)
+
+
+cdef public void gmlake_begin_allocate_to_pool(int device, pair[unsigned long long, unsigned long long] pool_id, StreamFilter filter) noexcept nogil:
+    cdef uint64_t pool = _pool_key(pool_id)
+    cdef bint nested
+    cdef ErrorText error
+    if _get(device, &error) == NULL:
+        throw_error(error.text)
+    if pool == 0:
+        throw_error("gmlake: beginAllocateToPool: a CUDA graph pool id out of range")
+    nested = _routes(device, pool)
+    if not _pool_call(device, POOL_RETAIN if nested else POOL_BEGIN, pool, &error):
+        throw_error(error.text)
+    _add_route(device, pool, filter)
+
+
+cdef public void gmlake_end_allocate_to_pool(int device, pair[unsigned long long, unsigned long long] pool_id) noexcept nogil:
+    """Drop the pool's latest route; the pool stops routing with its last. Called at the end of a capture, which
+    must not throw: an unknown pool is ignored."""
+    cdef uint64_t pool = _pool_key(pool_id)
+    cdef ErrorText error
+    if _drop_route(device, pool) and not _pool_call(device, POOL_END, pool, &error):
+        throw_error(error.text)
+
+
+cdef public void gmlake_release_pool(int device, pair[unsigned long long, unsigned long long] pool_id) noexcept nogil:
+    """Drop one use of the pool (a graph's reset, a MemPool's end); its last use returns its free memory. Called
+    from CUDAGraph's destructor, so a failure is a warning, never an exception."""
+    cdef uint64_t pool = _pool_key(pool_id)
+    cdef ErrorText error
+    if device < 0 or device >= MAX_DEVICES or _allocators[device] == NULL:
+        return
+    if pool != 0 and not _pool_call(device, POOL_RELEASE, pool, &error):
+        _warn_pool_error(&error)
+
+
+def routed_pools() -> list:
+    """(device, pool key) of every active begin PyTorch made, in order (for tests and debugging)."""
+    cdef vector[int] devices
+    cdef vector[uint64_t] pools
+    cdef size_t i
+    _copy_routes(devices, pools)
+    return [(devices[i], pools[i]) for i in range(pools.size())]
