@@ -35,13 +35,15 @@ from pathlib import Path
 from gmlake import __version__, policies
 from gmlake.core.errors import PolicyError
 from gmlake.policies.knobs import parse_size
-from gmlake.sim.trace import MAX_DEVICE_MEMORY
+from gmlake.sim import MAX_DEVICE_MEMORY
 
 EXIT_OK = 0
 EXIT_INTERNAL_ERROR = 1
 EXIT_BAD_INPUT = 2
 EXIT_OUT_OF_MEMORY = 3
 EXIT_INTERRUPTED = 130
+# What `pip install 'gmlake[sim]'` adds (pyproject.toml): the replay and analysis commands need it, `run` does not.
+SIM_EXTRA = ("numpy", "matplotlib")
 
 _POLICY_NAMES = ", ".join(policies.names())
 _INSTALLED = ", ".join(sorted(policies.installed()))
@@ -767,6 +769,15 @@ def _join_negative_values(argv: list[str], parser: argparse.ArgumentParser) -> l
     return out
 
 
+def _internal_error(exc: BaseException) -> int:
+    """A bug: one line and exit status 1, never a traceback unless GMLAKE_TRACEBACK asks for it."""
+    if os.environ.get("GMLAKE_TRACEBACK"):
+        traceback.print_exception(exc)
+    print(f"gmlake: internal error (a bug, please report it; GMLAKE_TRACEBACK=1 shows where): "
+          f"{type(exc).__name__}: {error_line(exc)}", file=sys.stderr)
+    return EXIT_INTERNAL_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the gmlake command; returns the exit status (see the module docstring)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -784,6 +795,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except ImportError as exc:
+        if exc.name not in SIM_EXTRA:
+            return _internal_error(exc)
+        # The analysis commands' dependencies are an extra: a training install has none of them.
+        print(f"gmlake: error: this command needs {exc.name}, which the sim extra brings: "
+              f"pip install 'gmlake[sim]'", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except (UsageError, ValueError, OverflowError, MemoryError, OSError, PolicyError) as exc:
         # TraceError, knob and size errors are ValueErrors; OSError: a file that cannot be read or written;
         # PolicyError: the user's policy hook raised or answered out of range (their code, whose traceback they get).
@@ -792,11 +810,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gmlake: error: {error_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - the last resort: one line and exit status 1, never a traceback
-        if os.environ.get("GMLAKE_TRACEBACK"):
-            traceback.print_exc()
-        print(f"gmlake: internal error (a bug, please report it; GMLAKE_TRACEBACK=1 shows where): "
-              f"{type(exc).__name__}: {error_line(exc)}", file=sys.stderr)
-        return EXIT_INTERNAL_ERROR
+        return _internal_error(exc)
     if callable(outcome):                         # `gmlake run`: the program, outside gmlake's error handling
         return outcome()
     return outcome

@@ -12,9 +12,6 @@ Needs the `sim` extra (numpy, matplotlib): pip install 'gmlake[sim]'.
 """
 from __future__ import annotations
 
-import importlib.util
-
-_MISSING = [name for name in ("numpy",) if importlib.util.find_spec(name) is None]
-if _MISSING:
-    raise ImportError(f"gmlake's replay and analysis tools need {', '.join(_MISSING)}: pip install 'gmlake[sim]'",
-                      name=_MISSING[0])
+# The largest device a replay models (4 TiB): a trace that records none is replayed on one this large, and no request
+# may ask for more, so no replay maps millions of chunks.
+MAX_DEVICE_MEMORY = 4 << 40

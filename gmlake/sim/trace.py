@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gmlake.policies.knobs import format_size
+from gmlake.sim import MAX_DEVICE_MEMORY
 
 MAGIC = b"GMLTRACE"
 VERSION = 1
@@ -45,7 +46,6 @@ EVENT_DTYPE = np.dtype([("action", "u1"), ("stream", "<i8"), ("size", "<u8"), ("
 MAX_HEADER = 1 << 20
 # No GPU holds more (the largest hold 288 GB): a trace event or a device size beyond this is corrupt or hostile, and
 # a replay never models a larger device, so a crafted request cannot make it map billions of chunks.
-MAX_DEVICE_MEMORY = 4 << 40
 
 
 class TraceError(ValueError):

@@ -49,14 +49,13 @@ def dump(path: str | Path, name: str | None = None, **extra) -> Path:
     """Write the snapshot, with the run's real peaks, as a gzipped pickle (atomically: a temp file, renamed)."""
     import torch
 
-    from gmlake.sim.trace import snapshot_stem
-
     path = Path(path)
     torch.cuda.synchronize()
     snapshot = torch.cuda.memory._snapshot()
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     snapshot["gmlake"] = {
-        "name": name or snapshot_stem(path),
+        # Without a name, a reader names the trace after its file (gmlake.sim.trace.snapshot_stem).
+        **({"name": name} if name else {}),
         "max_memory_reserved": torch.cuda.max_memory_reserved(),
         "max_memory_allocated": torch.cuda.max_memory_allocated(),
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
