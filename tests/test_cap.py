@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 import gmlake
-from gmlake.sim.cap import smallest_cap
 from gmlake.policies import ExpandablePolicy, GMLakePolicy
+from gmlake.sim.cap import smallest_cap
 from gmlake.sim.replay import replay, trace_path
 from gmlake.sim.trace import load
 

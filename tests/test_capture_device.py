@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from gmlake.torch.capture import torch_cuda_problem
 from gmlake.cli import main
+from gmlake.torch.capture import torch_cuda_problem
 
 
 def cuda_build_of_torch(devices: int) -> types.ModuleType:

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from gmlake.sim.cap import limits, smallest_cap, smallest_device_memory
 from gmlake.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from gmlake.sim.cap import limits, smallest_cap, smallest_device_memory
 from gmlake.sim.compare import LIMIT_COLUMNS, limit_cells, smallest_limits
 from gmlake.sim.replay import trace_path
 from gmlake.sim.trace import Trace, load, save_compact

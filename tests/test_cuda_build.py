@@ -66,13 +66,13 @@ def _is_cuda_symbol(name: str) -> bool:
 
 def test_elf_reader_sees_what_an_extension_links():
     # The reader must find something, or the test below would pass on a reader that finds nothing.
-    needed, undefined = _elf_dynamic(next(GMLAKE_DIR.glob("_cuda_driver*.so")))
+    needed, undefined = _elf_dynamic(next(GMLAKE_DIR.rglob("_cuda_driver*.so")))
     assert any(lib.startswith("libc.so") for lib in needed), needed
     assert {"dlopen", "dlsym"} <= {name.split("@")[0] for name in undefined}, undefined
 
 
 def test_no_extension_links_cuda():
-    libraries = sorted(GMLAKE_DIR.glob("_*.so"))
+    libraries = sorted(GMLAKE_DIR.rglob("_*.so"))
     assert any(lib.name.startswith("_cuda_driver") for lib in libraries), "the cuda driver was not built"
     for library in libraries:
         needed, undefined = _elf_dynamic(library)

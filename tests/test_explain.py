@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gmlake.cli import main as cli_main
-from gmlake.sim.explain import explain
 from gmlake.policies import get
+from gmlake.sim.explain import explain
 from gmlake.sim.replay import bundled_traces, replay, run_requests
 from gmlake.sim.trace import ALLOC, EVENT_DTYPE, FREE, Trace, load
 

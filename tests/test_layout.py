@@ -23,7 +23,7 @@ ALLOWED = {
     "sim": {"gmlake", "core", "drivers", "policies"},
     "cli": {"gmlake", "core", "drivers", "policies", "torch", "sim"},
 }
-_CIMPORT = re.compile(r"^\s*(?:from\s+(gmlake(?:\.\w+)*)\s+cimport\s+(.+)|cimport\s+(gmlake(?:\.\w+)*))", re.M)
+_CIMPORT = re.compile(r"^\s*(?:from\s+(gmlake(?:\.\w+)*)\s+cimport\s+(.+)|cimport\s+(gmlake(?:\.\w+)*))", re.MULTILINE)
 
 
 def layer_of_module(name: str) -> str:
@@ -53,7 +53,7 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     else:
         for m in _CIMPORT.finditer(text):
             found.append((text.count("\n", 0, m.start()) + 1, m.group(1) or m.group(3)))
-        for m in re.finditer(r"^\s*(?:from\s+(gmlake(?:\.\w+)*)\s+import|import\s+(gmlake(?:\.\w+)*))", text, re.M):
+        for m in re.finditer(r"^\s*(?:from\s+(gmlake(?:\.\w+)*)\s+import|import\s+(gmlake(?:\.\w+)*))", text, re.MULTILINE):
             found.append((text.count("\n", 0, m.start()) + 1, m.group(1) or m.group(2)))
     return found
 

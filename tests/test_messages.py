@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gmlake.torch import capture
 from gmlake.cli import EXIT_BAD_INPUT, build_parser, main
+from gmlake.torch import capture
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from gmlake.cli import EXIT_OK, main
-from gmlake.sim.explain import explain, peak_growth_moment
 from gmlake.policies import CachingPolicy
+from gmlake.sim.explain import explain, peak_growth_moment
 from gmlake.sim.replay import replay
 from gmlake.sim.trace import ALLOC, EVENT_DTYPE, FREE, Trace
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parent.parent / "gmlake"
+CORE = Path(__file__).resolve().parent.parent / "gmlake" / "core"
 
 # The Allocator's field for each room, and the one file whose functions may write it.
 OWNERS = {

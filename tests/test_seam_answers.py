@@ -17,8 +17,8 @@ from conftest import fragment
 
 import gmlake
 from gmlake import Allocator, PolicyError, SimDriver
-from gmlake.policies import PaperPolicy
 from gmlake.core.view import AllocatorState, FreeBlock
+from gmlake.policies import PaperPolicy
 from gmlake.sim.replay import replay, run_requests, trace_path
 from gmlake.sim.trace import load
 

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from gmlake import policies
+from gmlake.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_OUT_OF_MEMORY, main
 from gmlake.sim import tune
 from gmlake.sim.cap import smallest_cap
-from gmlake.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_OUT_OF_MEMORY, main
 from gmlake.sim.replay import replay, trace_path
 from gmlake.sim.trace import load
 

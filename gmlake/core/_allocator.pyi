@@ -12,8 +12,8 @@ from gmlake.core.errors import (
     OutOfMemoryError,
     PolicyError,
 )
-from gmlake.policies.base import Policy
 from gmlake.core.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock, FreeBlocks
+from gmlake.policies.base import Policy
 
 POOL_NAMES: tuple[str, str]
 SEAM_HOOKS: dict[str, int]

@@ -28,12 +28,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gmlake.core._allocator import set_default_policy
 from gmlake.policies.base import Policy
 from gmlake.policies.caching import CachingPolicy
 from gmlake.policies.expandable import ExpandablePolicy
 from gmlake.policies.gmlake import GMLakePolicy, PaperPolicy
-
-from gmlake.core._allocator import set_default_policy
 
 set_default_policy(GMLakePolicy)     # what Allocator(driver) uses: the core names no policy itself
 

@@ -5,8 +5,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gmlake.policies import Policy, PolicyChoice, choice_of
-from gmlake.sim.replay import ReplayResult, driver_costs, replay
 from gmlake.sim.plots import policy_colors, pyplot
+from gmlake.sim.replay import ReplayResult, driver_costs, replay
 from gmlake.sim.trace import Trace
 
 GiB = float(1 << 30)

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from gmlake.core._allocator import Allocator
-from gmlake.sim._replay import replay_events
 from gmlake.drivers._sim_driver import SimDriver
 from gmlake.policies import Policy, PolicyChoice, choice_of
+from gmlake.sim._replay import replay_events
 from gmlake.sim.trace import MAX_DEVICE_MEMORY, Trace, bundled_traces, trace_path  # noqa: F401 - re-exported
 
 GRANULARITY = 2 << 20

@@ -40,10 +40,10 @@ from pathlib import Path
 import numpy as np
 
 from gmlake import policies
-from gmlake.sim.cap import bisect_fraction, drive
 from gmlake.policies.knobs import format_size
-from gmlake.sim.replay import driver_seconds, modelled_device_memory, run_requests, step_time_lost
+from gmlake.sim.cap import bisect_fraction, drive
 from gmlake.sim.plots import BUILTIN_COLORS, pyplot
+from gmlake.sim.replay import driver_seconds, modelled_device_memory, run_requests, step_time_lost
 from gmlake.sim.trace import Trace
 
 MiB = 1 << 20

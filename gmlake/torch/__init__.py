@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from gmlake import policies
-from gmlake.torch import _torch_bridge
 from gmlake.core._allocator import Allocator
 from gmlake.policies.knobs import coerce_knobs, parse_bool, parse_size, split_settings
+from gmlake.torch import _torch_bridge
 
 _enabled: dict[str, Any] = {}
 
