@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import json
 import os
 import random
+import signal
 import struct
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -313,11 +318,26 @@ POLICIES = [pytest.param((name, {}), id=name) for name in gmlake.policies.names(
     pytest.param(("gmlake", {"cross_stream": True, "cross_stream_wait": True}), id="gmlake-cross-stream-wait")]
 
 
+def run_in_child(name: str, knobs: dict, seed: int, **options) -> dict:
+    """run() in a child process, as test_allocator's thread test does: memory unmapped or handed out wrongly under a
+    thread may kill the process (SIGSEGV), which then fails the test with its output instead of ending the session."""
+    here = Path(__file__).resolve().parent
+    code = (f"import json, gmlake, test_concurrency as t; "
+            f"print(json.dumps(t.run(gmlake.policies.get({name!r}, **{knobs!r}), {seed!r}, **{options!r})))")
+    child = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True, check=False,
+                           timeout=900, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)]),
+                                             "PYTHONFAULTHANDLER": "1"})
+    status = child.returncode
+    if status < 0:
+        status = f"{status} ({signal.Signals(-status).name})"
+    assert child.returncode == 0, f"exit status {status}:\n{child.stdout[-2000:]}\n{child.stderr[-4000:]}"
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("spec", POLICIES)
 def test_threads_and_streams_against_the_model(spec, seed):
-    name, knobs = spec
-    result = run(gmlake.policies.get(name, **knobs), seed)
+    result = run_in_child(*spec, seed)
     # the run reached what it is for: frees and record_stream's deferred frees, the cap refusing, faults met
     assert result["malloc"] > 1000 and result["free"] > 1000 and result["record_stream"] > 200, result
     assert result.get("OutOfMemoryError", 0) > 0 and result["set_limit"] > 100 and result["faults"] > 0, result
@@ -355,6 +375,5 @@ def test_soak_threads_and_streams_against_the_model(spec):
     """The soak: eight threads for SOAK_SECONDS (default 120) per policy."""
     name, knobs = spec
     t0 = time.monotonic()
-    result = run(gmlake.policies.get(name, **knobs), seed=7, threads=8, steps=0,
-                 seconds=float(os.environ.get("SOAK_SECONDS", "120")))
+    result = run_in_child(name, knobs, 7, threads=8, steps=0, seconds=float(os.environ.get("SOAK_SECONDS", "120")))
     print(f"\n{name} {knobs}: {result}, {time.monotonic() - t0:.0f} s")
