@@ -362,3 +362,21 @@ def test_torchs_observer_entry_point_reaches_the_bridge(harness):
     assert got["seen"] == [[0, 1 << 30, 48 * MiB, 64 * MiB]], got
     assert got["num_ooms"] == 1
     assert got["restored"] == (not hasattr(torch._C, "_cuda_attach_out_of_memory_observer"))
+
+
+def test_a_snapshot_with_an_out_of_memory_renders_in_memory_viz():
+    """The oom entry carries device_free, as PyTorch's does: torch.cuda._memory_viz's text trace reads it."""
+    pytest.importorskip("torch")
+    from torch.cuda import _memory_viz
+
+    from gmlake.torch import snapshot_of
+
+    a = Allocator(SimDriver(capacity=64 * MiB), limit=48 * MiB)
+    a.record_history(True)
+    kept = a.malloc(40 * MiB)
+    with pytest.raises(OutOfMemoryError):
+        a.malloc(16 * MiB)
+    snapshot = snapshot_of({0: a})
+    assert "raise OutOfMemoryError # 16.0MiB requested, 24.0MiB free in CUDA" in _memory_viz.trace(snapshot)
+    assert len(_memory_viz.trace_plot(snapshot)) > 1000 and len(_memory_viz.segment_plot(snapshot)) > 1000
+    a.free(kept)
