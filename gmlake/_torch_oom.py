@@ -15,7 +15,7 @@ together (one per rank) never load a half-written file; a later enable() only lo
 bridge (_torch_bridge.set_oom_thrower), which calls it only when an allocation has failed: no hot path changes.
 Where it cannot be built (no C++ compiler, torch's headers missing), the bridge throws std::runtime_error with the same
 text, which begins with PyTorch's words "CUDA out of memory.", so tools that read the text still recognise it, and
-enable() warns once saying why. The compile time is in docs/benchmarks.md.
+enable() warns once saying why. The build time is in docs/benchmarks.md ("The out-of-memory shim's build").
 """
 from __future__ import annotations
 
