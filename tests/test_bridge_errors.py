@@ -94,12 +94,13 @@ print(h.harness_error().decode())
 
 
 def test_out_of_memory_through_the_bridge_says_what_gmlake_errors_say(harness):
-    """The text torch raises is gmlake.core.errors' (OutOfMemoryError.torch_message), as README shows it."""
+    """The text torch raises is gmlake.core.errors' (OutOfMemoryError.torch_message): PyTorch's opening words, then
+    gmlake's report (tests/test_torch_oom.py checks its type)."""
     proc = subprocess.run([sys.executable, "-c", OOM, harness], capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == (
-        "gmlake: CUDA out of memory on device 0: tried to allocate 1024.00 MiB (1073741824 bytes); 0.00 MiB "
-        "reserved, 0.00 MiB allocated, 0.00 MiB cached and free; cap 0.00 MiB (set_per_process_memory_fraction or "
-        "GMLAKE_LIMIT; 0 = none), device capacity 64.00 MiB. The allocator is still usable: free tensors or use a "
-        "smaller batch and retry.")
+        "CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity of 64.00 MiB of which 64.00 "
+        "MiB is free. gmlake: 1073741824 bytes asked; 0.00 MiB reserved, 0.00 MiB allocated, 0.00 MiB cached and "
+        "free; 0 stitches made so far; limit in force: no cap, the device's own 64.00 MiB. The allocator is still "
+        "usable: free tensors or use a smaller batch and retry.")

@@ -8,6 +8,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <typeinfo>
 #include <utility>
 
 struct CUstream_st;
@@ -18,6 +19,7 @@ using PoolFn = void (*)(int, MempoolId);
 using AllocFn = void* (*)(size_t, int, void*);
 
 static thread_local std::string last_error;
+static thread_local std::string last_type;   // the thrown error's dynamic type, as typeid names it (mangled)
 
 template <typename Call>
 static int guarded(Call call) {
@@ -26,6 +28,7 @@ static int guarded(Call call) {
         return 0;
     } catch (const std::exception& e) {
         last_error = e.what();
+        last_type = typeid(e).name();
         return 1;
     }
 }
@@ -58,4 +61,6 @@ uintptr_t harness_alloc(uintptr_t hook, size_t size, int device, intptr_t stream
 }
 
 const char* harness_error() { return last_error.c_str(); }
+
+const char* harness_error_type() { return last_type.c_str(); }
 }

@@ -348,8 +348,8 @@ def limit_memory(fraction: float) -> int:
 
 
 def out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` is an allocation failure: torch.OutOfMemoryError under torch's allocator, a RuntimeError
-    saying "out of memory" under gmlake (a pluggable allocator's error reaches Python as a RuntimeError)."""
+    """Whether `exc` is an allocation failure: torch.OutOfMemoryError, under torch's allocator and under gmlake; a
+    RuntimeError saying "out of memory" where gmlake could not build its shim for torch's type."""
     return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
 
 

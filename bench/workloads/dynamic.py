@@ -21,9 +21,9 @@ after warm-up (stitches, driver calls by kind). --size small builds tiny models 
 --memory-fraction F (0 < F <= 1, CUDA only) caps the process with torch.cuda.set_per_process_memory_fraction(F),
 set as CUDA starts, before the model is built, so the cap holds from the first byte; it works alike under torch's
 allocator (native, expandable segments) and under `gmlake run`, which wires torch's memory-fraction hook. A step
-that runs out of memory under the cap (torch.OutOfMemoryError, or gmlake's "gmlake: CUDA out of memory", which
-reaches Python as a RuntimeError) ends the run with one line on stderr and exit status 3 (OOM_EXIT), and the --json
-summary says "oom": true, the step and the peaks so far: bench cap search bisects on that answer. Without the
+that runs out of memory under the cap (torch.OutOfMemoryError, or a RuntimeError saying "out of memory" where gmlake
+could not build its shim for torch's type) ends the run with one line on stderr and exit status 3 (OOM_EXIT), and the
+--json summary says "oom": true, the step and the peaks so far: bench cap search bisects on that answer. Without the
 option nothing changes.
 """
 from __future__ import annotations

@@ -687,8 +687,9 @@ cdef class Allocator:
         out = []
         for i in range(n):
             e = copy[(start + i) % n]
-            out.append({"action": names[e.action], "addr": e.addr, "size": e.size, "stream": e.stream,
-                        "time_us": e.time_us, "frames": []})
+            # An oom entry's addr holds the device's free bytes, which PyTorch's snapshot names device_free.
+            out.append({"action": names[e.action], "device_free" if e.action == TRACE_OOM else "addr": e.addr,
+                        "size": e.size, "stream": e.stream, "time_us": e.time_us, "frames": []})
         return out
 
     def record_stream(self, ptr: int, stream: int) -> None:
@@ -958,6 +959,17 @@ cdef class Allocator:
         return out
 
 
+cdef void _count_oom(Allocator self, size_t size, int64_t stream) noexcept nogil:
+    """An out-of-memory, counted (memory_stats' num_ooms) and, while tracing, recorded as PyTorch's snapshot records
+    it: its entry holds the device's free bytes (asked only then, and never during a capture, which the query could
+    disturb)."""
+    cdef size_t free_bytes = 0
+    self.st.ooms += 1
+    if self.tracing and not _capturing(self) and self.driver.device_free(&free_bytes) != DRIVER_OK:
+        free_bytes = 0
+    self._record(TRACE_OOM, free_bytes, size, stream)
+
+
 cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Failure* out) noexcept nogil:
     """malloc once the lock is held and the request's target chosen (the caller's ScopedLock releases it). Note [A
     call's failure].
@@ -985,10 +997,11 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
     if _has_pending(self) and not _capturing(self) and not _unannounced_capture(self, why):
         _process_pending(self, why)
     why.err = ERR_NONE
-    # A request no device (or cap) could hold fails at once and changes nothing: no loop over billions of
-    # chunks, no vector that large, no memory released for nothing.
+    # A request no device (or cap) could hold fails at once and changes nothing but the out-of-memory count and
+    # history: no loop over billions of chunks, no vector that large, no memory released for nothing.
     if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
         why.err = ERR_OOM
+        _count_oom(self, size, stream)
         self._report(why, out)
         return 0
     rounded = round_up(size, self.k.round_to)
@@ -999,8 +1012,7 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
         elif why.err == ERR_NONE:
             why.err = ERR_OOM
         if why.err == ERR_OOM or why.err == ERR_CAPTURE:
-            self.st.ooms += 1
-            self._record(TRACE_OOM, 0, size, stream)
+            _count_oom(self, size, stream)
         self._report(why, out)
         self._debug_check()
         return 0

@@ -35,14 +35,43 @@ class OutOfMemoryError(GmlakeError, MemoryError):
         return (f"tried to allocate {_mib(self.requested)} ({self.requested} bytes); {_mib(self.reserved)} reserved, "
                 f"{_mib(self.allocated)} allocated, {_mib(self.cached)} cached and free")
 
-    def torch_message(self, device: int, capturing: bool = False) -> str:
-        """The text PyTorch raises (a RuntimeError) when this error ends an allocation through the torch bridge:
-        the same figures, with the device and what a training loop can do about it."""
-        return (f"gmlake: CUDA out of memory on device {device}: {self._figures()}; cap {_mib(self.limit)} "
-                f"(set_per_process_memory_fraction or GMLAKE_LIMIT; 0 = none), device capacity "
-                f"{_mib(self.capacity)}. The allocator is still usable: free tensors or use a smaller batch and retry."
+    def torch_message(self, device: int, capturing: bool = False, *, device_free: int | None = None,
+                      stitches: int | None = None) -> str:
+        """The text of the torch.OutOfMemoryError that ends an allocation through the torch bridge: PyTorch's own
+        opening (the words tools look for, the request, the device's capacity and free memory, the cap as "allowed"),
+        then gmlake's report: the figures, the stitches made so far, the limit in force and what to try.
+        `device_free`: the device's free memory now (None: not known)."""
+        free = f" of which {format_size(device_free)} is free" if device_free is not None else ""
+        allowed = f"{format_size(self.limit)} allowed; " if self.limit else ""
+        if self.limit:
+            limit = (f"the cap of {_mib(self.limit)} (set_per_process_memory_fraction or GMLAKE_LIMIT) binds before "
+                     f"the device's {_mib(self.capacity)}")
+        else:
+            limit = f"no cap, the device's own {_mib(self.capacity)}"
+        made = f"; {stitches} stitches made so far" if stitches is not None else ""
+        tries = "free tensors or use a smaller batch and retry"
+        if self.limit:
+            tries += ", or raise the cap"
+        if self.cached >= self.requested:
+            tries += (f" ({_mib(self.cached)} is cached and free, in pieces of segments still in use that the policy "
+                      f"could not join for this request)")
+        return (f"CUDA out of memory. Tried to allocate {format_size(self.requested)}. GPU {device} has a total "
+                f"capacity of {format_size(self.capacity)}{free}. {allowed}gmlake: {self.requested} bytes asked; "
+                f"{_mib(self.reserved)} reserved, {_mib(self.allocated)} allocated, {_mib(self.cached)} cached and "
+                f"free{made}; limit in force: "
+                f"{limit}. The allocator is still usable: {tries}."
                 + (" (This request came during CUDA graph capture, when the allocator can neither wait for memory "
                    "nor release any: reserve it before capturing.)" if capturing else ""))
+
+
+def format_size(n: int) -> str:
+    """A byte count as PyTorch's out-of-memory message writes it (bytes, KiB, MiB or GiB, two decimals)."""
+    if n <= 1024:
+        return f"{n} bytes"
+    for unit, scale in (("KiB", 1 << 10), ("MiB", 1 << 20)):
+        if n <= scale << 10:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / (1 << 30):.2f} GiB"
 
 
 class CaptureOutOfMemoryError(OutOfMemoryError):

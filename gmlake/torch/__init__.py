@@ -139,9 +139,36 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
         if hook is None:
             raise RuntimeError(f"gmlake: this PyTorch ({torch.__version__}) lacks CUDAPluggableAllocator.{setter}")
         hook(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+    install_oom_error(torch)
     torch.cuda.memory.change_current_allocator(pluggable)
     install_memory_api(torch)
     _enabled.update(policy=policy, knobs=knobs, limit=limit, pluggable=pluggable, chosen=chosen, choice=choice)
+
+
+def install_oom_error(torch) -> bool:
+    """Make the bridge raise torch.OutOfMemoryError for an out-of-memory (Note [Torch's out-of-memory type] in
+    gmlake/torch/_torch_oom.py): build or load the shim for the running torch and hand it to the bridge. Where it cannot
+    be had, warn once, saying why: the error is then a RuntimeError whose text begins as PyTorch's. Whether the shim
+    is in place."""
+    from gmlake.torch import _torch_oom
+
+    address, why = _torch_oom.thrower(torch)
+    _torch_bridge.set_oom_thrower(address)
+    if not address:
+        import warnings
+
+        warnings.warn(
+            f"gmlake: an out-of-memory will be a RuntimeError whose text begins \"CUDA out of memory.\", not "
+            f"torch.OutOfMemoryError: the shim that raises torch's type could not be built against torch "
+            f"{torch.__version__} ({why})", RuntimeWarning, stacklevel=3)
+    return bool(address)
+
+
+def attach_out_of_memory_observer(observer) -> None:
+    """Call observer(device, requested bytes, the cap or else the device's capacity, the device's free bytes) at
+    each out-of-memory, before the error is raised: what torch._C._cuda_attach_out_of_memory_observer does, and what
+    it does under gmlake (install_memory_api routes it here), e.g. to dump a snapshot at the failure."""
+    _torch_bridge.attach_out_of_memory_observer(observer)
 
 
 def policy_info() -> dict[str, object] | None:
@@ -421,11 +448,12 @@ def dump_snapshot(path: str | os.PathLike) -> Path:
 
 # ---------------------------------------------------------------- torch.cuda's memory API, answered by gmlake
 #
-# A CUDAPluggableAllocator makes torch's C++ raise on getDeviceStats / resetPeakStats / snapshot / recordHistory.
-# torch.cuda.memory's Python functions reach those through a few torch._C entry points, looked up at call time, so
-# replacing the entry points makes every function built on them (memory_stats, memory_allocated, max_memory_*,
-# memory_summary, memory_snapshot, _snapshot, _dump_snapshot, _record_memory_history, reset_*) answer from gmlake,
-# in torch's formats, including in modules that imported those functions before gmlake was enabled.
+# A CUDAPluggableAllocator makes torch's C++ raise on getDeviceStats / resetPeakStats / snapshot / recordHistory /
+# attachOutOfMemoryObserver. torch.cuda.memory's Python functions reach those through a few torch._C entry points,
+# looked up at call time, so replacing the entry points makes every function built on them (memory_stats,
+# memory_allocated, max_memory_*, memory_summary, memory_snapshot, _snapshot, _dump_snapshot, _record_memory_history,
+# reset_*) and the out-of-memory observers answer from gmlake, in torch's formats, including in modules that imported
+# those functions before gmlake was enabled.
 
 _STAT_NAMES = ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes", "active_bytes",
                "inactive_split_bytes", "requested_bytes")
@@ -572,6 +600,9 @@ def _entry_points() -> dict[str, Any]:
         "_cuda_getCheckpointState": _get_checkpoint_state,
         "_cuda_setCheckpointPoolState": _set_checkpoint_pool_state,
         "_cuda_checkPoolLiveAllocations": _check_pool_live_allocations,
+        # The observers PyTorch documents for dumping a snapshot at an out-of-memory; the pluggable allocator refuses
+        # them, gmlake's bridge calls them.
+        "_cuda_attach_out_of_memory_observer": attach_out_of_memory_observer,
     }
 
 

@@ -10,10 +10,12 @@ from libc.stdio cimport snprintf
 from libcpp.atomic cimport atomic
 from libcpp.utility cimport pair
 from libcpp.vector cimport vector
-from gmlake.core._allocator cimport Allocator, Failure, ERR_OOM, ERR_NONE, ScopedLock, std_mutex
+from gmlake.core._allocator cimport Allocator, Failure, ERR_OOM, ERR_CAPTURE, ERR_NONE, ScopedLock, std_mutex
 
 cdef extern from "_bridge.h" namespace "gmlake" nogil:
     void throw_error(const char* message)
+    ctypedef void (*OomThrower)(const char* message)
+    void throw_oom(OomThrower thrower, const char* message)
     cppclass StreamFilter:
         pass
     bint filter_accepts(const StreamFilter& filter, void* stream)
@@ -86,18 +88,81 @@ cdef void* _get(int device, ErrorText* error) noexcept nogil:
     return _allocators[device]
 
 
+# ---------------------------------------------------------------- out of memory, as PyTorch's allocator reports it
+#
+# An allocation that finds no memory ends as torch's own allocator's does: the out-of-memory observers are called
+# (device, bytes asked, the cap or else the device's capacity, the device's free bytes), then c10::OutOfMemoryError is
+# thrown, which torch raises as torch.OutOfMemoryError (Note [Torch's out-of-memory type] in gmlake/torch/_torch_oom.py);
+# memory_stats()["num_ooms"] reads the allocator's count. Policy and driver failures stay RuntimeErrors naming their
+# cause.
+
+cdef OomThrower _oom_thrower = NULL
+_oom_observers: list = []
+
+cdef enum:
+    OOM_TEXT = 2048
+
+
+def set_oom_thrower(address: int) -> None:
+    """Make the bridge throw out-of-memory errors through the function at `address`, a void(const char*) that
+    throws c10::OutOfMemoryError and never returns (0: throw std::runtime_error with the same text)."""
+    global _oom_thrower
+    _oom_thrower = <OomThrower><uintptr_t>address
+
+
+def oom_thrower() -> int:
+    """The address set_oom_thrower installed (0: none)."""
+    return <uintptr_t>_oom_thrower
+
+
+def attach_out_of_memory_observer(observer) -> None:
+    """Call observer(device, requested bytes, the cap or else the device's capacity, the device's free bytes) when an
+    allocation through the bridge runs out of memory, before the error is raised; what
+    torch._C._cuda_attach_out_of_memory_observer does for PyTorch's allocator."""
+    if not callable(observer):
+        raise TypeError(f"gmlake: an out-of-memory observer must be callable, got {type(observer).__name__}")
+    _oom_observers.append(observer)
+
+
+cdef str _observe_oom(int device, size_t size, size_t allowed, size_t free_bytes):
+    """Call the observers; a note for the error's text naming those that raised (each one's traceback goes to
+    stderr: the out-of-memory error is what the allocation raises, as the caller expects)."""
+    failed = []
+    for observer in list(_oom_observers):
+        try:
+            observer(device, size, allowed, free_bytes)
+        except BaseException as exc:   # noqa: BLE001 - reported below, and the out-of-memory error still raised
+            import sys
+            import traceback
+
+            print(f"gmlake: an out-of-memory observer ({observer!r}) raised:", file=sys.stderr)
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+            failed.append(f"{type(exc).__name__}: {exc}")
+    return f" (An out-of-memory observer raised {'; '.join(failed)}.)" if failed else ""
+
+
 cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nogil:
-    """Raise torch's error for a failed allocation: the OutOfMemoryError's text for torch, or the policy's / driver's
-    error (gmlake.core.errors writes every text; an allocation that fails is rare enough to take the GIL)."""
-    cdef char message[1024]
+    """Raise torch's error for a failed allocation: torch.OutOfMemoryError (after the observers) for an
+    out-of-memory, else a RuntimeError with the policy's / driver's error (gmlake.core.errors writes every text; an
+    allocation that fails is rare enough to take the GIL)."""
+    cdef char message[OOM_TEXT]
+    cdef bint oom = why.err == ERR_OOM or why.err == ERR_CAPTURE
+    cdef size_t free_bytes = 0
+    cdef bint known_free = oom and a.driver.device_free(&free_bytes) == 0 and a.driver.capacity != 0
     with gil:
         error = a.failure(size, why)
-        if why.err == ERR_OOM:
-            text = error.torch_message(device, a.capturing != 0)
+        if oom:
+            note = _observe_oom(device, size, why.limit if why.limit else a.driver.capacity,
+                                free_bytes if known_free else 0)
+            text = error.torch_message(device, a.capturing != 0 or why.err == ERR_CAPTURE,
+                                       device_free=free_bytes if known_free else None,
+                                       stitches=a.stats()["stitches"]) + note
         else:
             text = f"gmlake: allocating {size} bytes on device {device} failed: {error}"
-        encoded = text.encode()[:1000]
+        encoded = text.encode()[:OOM_TEXT - 48].decode(errors="ignore").encode()    # whole characters only
         snprintf(message, sizeof(message), "%s", <const char*>encoded)
+    if oom:
+        throw_oom(_oom_thrower, message)
     throw_error(message)
 
 

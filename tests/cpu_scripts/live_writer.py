@@ -22,7 +22,7 @@ import time
 
 import gmlake
 from gmlake import Allocator, HostDriver, OutOfMemoryError
-from gmlake.knobs import split_settings
+from gmlake.policies.knobs import split_settings
 
 MiB = 1 << 20
 PAGES, LIVE, GAP, BIG, LIMIT = 10, 6 * MiB, 14 * MiB, 100 * MiB, 200 * MiB
