@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LONG = [ROOT / "tests" / "data" / "results" / "train" / f"long-2026-12-01{call}" / "speed" for call in "abc"]
 from bench.regimes import analyse, load
 from bench.stall_check import load_runs

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import one_line_exit_2
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 cap_search = pytest.importorskip("bench.cap_search")
 # dynamic.py and the run environment import torch; CI's machine has none (the bookkeeping tests run there)
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import one_line_exit_2
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 edge_time = pytest.importorskip("bench.cap_edge_time")
 cap_probe = pytest.importorskip("bench.cap_probe")
 TOTAL = 150109880320        # an H200's total memory as torch reports it

@@ -13,7 +13,7 @@ from gmlake.sim.cap import limits
 from gmlake.sim.trace import load
 
 cap_plan = pytest.importorskip("bench.cap_plan")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLAN = json.loads((ROOT / "bench" / "plans" / "edge-probes.json").read_text())
 
 

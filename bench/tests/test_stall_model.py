@@ -19,7 +19,7 @@ import pytest
 from gmlake.sim.replay import driver_costs, driver_seconds, replay
 from gmlake.sim.trace import load
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "tests" / "data" / "results" / "train"
 STALL = RESULTS / "stall-2026-11-30"
 SPEED = RESULTS / "speed-2026-11-30c"

@@ -14,7 +14,7 @@ from conftest import one_line_exit_2
 
 from bench.__main__ import COMMANDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # command words -> module, for every command and subcommand of `python -m bench`
 LEAVES = {(name, *([sub] if sub else [])): entry[0]
           for name, group in COMMANDS.items()

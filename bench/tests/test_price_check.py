@@ -12,7 +12,7 @@ import pytest
 
 from gmlake.sim.replay import driver_costs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 price_check = pytest.importorskip("bench.price_check")
 REAL = [ROOT / "tests" / "data" / "results" / "train" / f"cap-2026-12-01{x}" for x in "cdef"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import one_line_exit_2
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 cap_time = pytest.importorskip("bench.cap_time")
 CAP_JSON = ROOT / "tests" / "data" / "results" / "train" / "cap-2026-11-30c" / "cap.json"
 
