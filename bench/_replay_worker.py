@@ -14,14 +14,14 @@ MiB = 1 << 20
 
 def _time_cache_hits():
     try:
-        from bench.native import load        # this checkout's bench, built against the checkout's gmlake
+        from bench.native import load  # this checkout's bench, built against the checkout's gmlake
         return load().time_cache_hits
     except ImportError:
         pass
     try:
-        from gmlake._bench import time_cache_hits      # a checkout from before bench left the package
+        from gmlake._bench import time_cache_hits  # a checkout from before bench left the package
     except ImportError:
-        from gmlake import bench_cache_hits as time_cache_hits      # from before the timing loop left its API
+        from gmlake import bench_cache_hits as time_cache_hits  # from before the timing loop left its API
     return time_cache_hits
 
 

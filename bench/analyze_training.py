@@ -17,8 +17,8 @@ import numpy as np
 
 from bench import ROOT
 from bench.cli import OneLineParser, error_line
-from gmlake.sim.explain import explain
 from gmlake.policies import get
+from gmlake.sim.explain import explain
 from gmlake.sim.replay import driver_seconds, replay, run_requests
 from gmlake.sim.trace import ALLOC, load
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from bench import ROOT
 from bench.cli import parser as command_parser
-from gmlake.sim.cap import smallest_cap, smallest_device_memory
 from gmlake.policies import choice_of
+from gmlake.sim.cap import smallest_cap, smallest_device_memory
 from gmlake.sim.replay import bundled_traces, driver_seconds, run_requests
 from gmlake.sim.trace import TraceError, load
 

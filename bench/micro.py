@@ -23,8 +23,8 @@ from pathlib import Path
 
 import gmlake
 from bench.cli import OneLineParser
-from gmlake import Allocator
 from bench.native import load as _load_native
+from gmlake import Allocator
 
 _native = _load_native()
 time_cache_hits, time_driver_calls, time_stream_calls = (_native.time_cache_hits, _native.time_driver_calls,

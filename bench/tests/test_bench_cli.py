@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import one_line_exit_2
 
 from bench.__main__ import COMMANDS
+from bench.tests.helpers import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[2]
 # command words -> module, for every command and subcommand of `python -m bench`

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import one_line_exit_2
+
+from bench.tests.helpers import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[2]
 edge_time = pytest.importorskip("bench.cap_edge_time")

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import one_line_exit_2
 
+from bench.tests.helpers import one_line_exit_2
 from gmlake.sim.cap import limits
 from gmlake.sim.trace import load
 

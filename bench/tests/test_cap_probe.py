@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import one_line_exit_2
+
+from bench.tests.helpers import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[2]
 cap_probe = pytest.importorskip("bench.cap_probe")

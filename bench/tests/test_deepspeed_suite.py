@@ -8,7 +8,8 @@ import json
 import sys
 
 import pytest
-from conftest import one_line_exit_2
+
+from bench.tests.helpers import one_line_exit_2
 
 suite = pytest.importorskip("bench.deepspeed_suite")
 workload = pytest.importorskip("bench.workloads.deepspeed_train")
