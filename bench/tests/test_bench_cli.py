@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from bench import ROOT
 from bench.__main__ import COMMANDS
 from bench.tests.helpers import one_line_exit_2
 
-ROOT = Path(__file__).resolve().parents[2]
 # command words -> module, for every command and subcommand of `python -m bench`
 LEAVES = {(name, *([sub] if sub else [])): entry[0]
           for name, group in COMMANDS.items()

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from pathlib import Path
 
 import pytest
 
+from bench import RESULTS
 from bench.tests.helpers import one_line_exit_2
 
-ROOT = Path(__file__).resolve().parents[2]
 edge_time = pytest.importorskip("bench.cap_edge_time")
 cap_probe = pytest.importorskip("bench.cap_probe")
 TOTAL = 150109880320        # an H200's total memory as torch reports it
@@ -57,7 +56,7 @@ def test_three_rounds_and_two_workloads_and_a_known_outside_need_no_calibration(
 def test_p_comes_from_the_probes_plan_and_matches_replays_figures_for_the_same_trace():
     peaks = edge_time.read_peaks(edge_time.PLAN)
     assert peaks == {"opt1.3b-lora-ckpt": P, "gpt2xl-lora-ckpt": 8364897280, "opt1.3b-ckpt": 13226842112}
-    figures = {row["peak_allocated"] for row in json.loads((ROOT / "tests" / "data" / "edge-figures.json")
+    figures = {row["peak_allocated"] for row in json.loads((RESULTS / "edge-figures.json")
                                                            .read_text())["rows"]}
     assert set(peaks.values()) <= figures
 

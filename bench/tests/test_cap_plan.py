@@ -4,16 +4,15 @@ replay as it is now."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from bench import ROOT
 from bench.tests.helpers import one_line_exit_2
 from gmlake.sim.cap import limits
 from gmlake.sim.trace import load
 
 cap_plan = pytest.importorskip("bench.cap_plan")
-ROOT = Path(__file__).resolve().parents[2]
 PLAN = json.loads((ROOT / "bench" / "plans" / "edge-probes.json").read_text())
 
 

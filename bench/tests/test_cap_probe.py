@@ -3,13 +3,11 @@ the device, outcomes are recorded per probe, and bad input is one line and exit 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from bench.tests.helpers import one_line_exit_2
 
-ROOT = Path(__file__).resolve().parents[2]
 cap_probe = pytest.importorskip("bench.cap_probe")
 TOTAL = 150109880320        # an H200's total memory as torch reports it
 

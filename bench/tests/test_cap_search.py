@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import RESULTS, ROOT
 from bench.tests.helpers import one_line_exit_2
 
-ROOT = Path(__file__).resolve().parents[2]
 cap_search = pytest.importorskip("bench.cap_search")
 # dynamic.py and the run environment import torch; CI's machine has none (the bookkeeping tests run there)
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
@@ -590,9 +590,9 @@ def test_bounds_are_read_from_a_train_suite_results_file(tmp_path):
 
 
 def test_an_fsdp_runs_bound_is_its_largest_rank():
-    """The FSDP suite's JSON records peaks per rank (tests/data/results/train/fsdp-2026-11-30d: gmlake's ranks reserved
-    6.77 and 7.25 GiB in its first run, 6.71 and 7.33 in its second)."""
-    path = Path(__file__).parent / "data" / "results" / "train" / "fsdp-2026-11-30d" / "train-fsdp.json"
+    """The FSDP suite's JSON records peaks per rank (bench/results/train/fsdp-2026-11-30d: gmlake's ranks reserved 6.77
+    and 7.25 GiB in its first run, 6.71 and 7.33 in its second)."""
+    path = RESULTS / "train" / "fsdp-2026-11-30d" / "train-fsdp.json"
     runs = json.loads(path.read_text())["runs"]
     largest = max(rank["max_memory_reserved"] for run in runs if run["allocator"] == "gmlake" for rank in run["ranks"])
     bounds = cap_search.read_bounds(str(path), TOTAL)
@@ -813,7 +813,7 @@ def test_counters_since_warm_up_carry_the_measured_driver_time():
 
 
 def test_settling_plans_session_13s_hand_placed_probes_from_its_real_searches(monkeypatch):
-    """Session 13's BERT and ResNet-50 searches (tests/data/results/train/cap-2026-12-01h), with replay's thresholds from
+    """Session 13's BERT and ResNet-50 searches (bench/results/train/cap-2026-12-01h), with replay's thresholds from
     the traces they captured: the plan is the probes placed by hand there (bench cap probe, at 22,421,000,000 and
     13,540,000,000 bytes), and replay expects each planned probe to settle the order. Those searches ran gmlake's
     default before re-backing, replayed as it is spelled now."""
@@ -824,7 +824,7 @@ def test_settling_plans_session_13s_hand_placed_probes_from_its_real_searches(mo
     policy_of = cap_search.replay_policy
     monkeypatch.setattr(cap_search, "replay_policy", lambda a: as_run if a == "gmlake" else policy_of(a))
 
-    record = json.loads((ROOT / "tests" / "data" / "results" / "train" / "cap-2026-12-01h" / "cap.json").read_text())
+    record = json.loads((RESULTS / "train" / "cap-2026-12-01h" / "cap.json").read_text())
     total = record["device_total_memory"]
     planned = {}
     for workload in ("bert", "cnn"):

@@ -3,15 +3,14 @@ from a real cap search's cap.json, and one-line refusals of bad input."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from bench import RESULTS
 from bench.tests.helpers import one_line_exit_2
 
-ROOT = Path(__file__).resolve().parents[2]
 cap_time = pytest.importorskip("bench.cap_time")
-CAP_JSON = ROOT / "tests" / "data" / "results" / "train" / "cap-2026-11-30c" / "cap.json"
+CAP_JSON = RESULTS / "train" / "cap-2026-11-30c" / "cap.json"
 
 
 def test_pairs_from_a_real_cap_search_are_timed_at_1_05x_their_smallest_fit():

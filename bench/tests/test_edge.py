@@ -1,19 +1,18 @@
 """The figures of `python -m bench edge` (at the edge of memory, by replay) hold: each replayed figure of three traces
-equals the recorded table (tests/data/edge-figures.json, written by `python -m bench edge --json`), and the goals
+equals the recorded table (bench/results/edge-figures.json, written by `python -m bench edge --json`), and the goals
 are judged as stated. A change that moves a figure on purpose rewrites the file, with the reason."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 edge = pytest.importorskip("bench.edge")
 
+from bench import RESULTS, ROOT
 from gmlake.sim.trace import load
 
-RECORDED = json.loads((ROOT / "tests" / "data" / "edge-figures.json").read_text())
+RECORDED = json.loads((RESULTS / "edge-figures.json").read_text())
 # Cheap to replay (seconds each), and between them a dynamic-shape CNN, an FSDP rank and the tiny GPT-2 whose
 # 1.02x limits the expandable model does not fit.
 CHECKED = {"tiny-gpt2": ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz",

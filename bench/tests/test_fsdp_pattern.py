@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-from bench import fsdp_pattern
+from bench import ROOT, fsdp_pattern
 from gmlake.policies import resolve
 
 

@@ -2,18 +2,18 @@
 them, held to the bundled results, so that the figures cannot drift from the data.
 
 Three device calls ran ViT and ResNet-50 (the multi-scale CNN) for 1,000 steps under gmlake and expandable segments
-in alternating order (`tests/data/results/train/long-2026-12-01{a,b,c}/speed`, per-step records in runs.tar.gz)."""
+in alternating order (`bench/results/train/long-2026-12-01{a,b,c}/speed`, per-step records in runs.tar.gz)."""
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-LONG = [ROOT / "tests" / "data" / "results" / "train" / f"long-2026-12-01{call}" / "speed" for call in "abc"]
+from bench import RESULTS
 from bench.regimes import analyse, load
 from bench.stall_check import load_runs
+
+LONG = [RESULTS / "train" / f"long-2026-12-01{call}" / "speed" for call in "abc"]
 
 WARMUP = 250
 

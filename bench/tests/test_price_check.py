@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from bench import RESULTS, ROOT
 from gmlake.sim.replay import driver_costs
 
-ROOT = Path(__file__).resolve().parents[2]
 price_check = pytest.importorskip("bench.price_check")
-REAL = [ROOT / "tests" / "data" / "results" / "train" / f"cap-2026-12-01{x}" for x in "cdef"]
+REAL = [RESULTS / "train" / f"cap-2026-12-01{x}" for x in "cdef"]
 
 
 def counters(reserve: int, maps: int, creates: int, busy: float | None) -> dict:
@@ -105,7 +105,7 @@ def test_bad_input_is_one_line_and_exit_2(bad, tmp_path):
 
 def test_a_json_output_in_no_folder_is_refused_before_any_work(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bench", "report", "prices",
-                           str(ROOT / "tests" / "data" / "results" / "train" / "cap-2026-12-01c"),
+                           str(RESULTS / "train" / "cap-2026-12-01c"),
                            "--json", str(tmp_path / "no" / "such" / "x.json")],
                           capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
@@ -115,7 +115,7 @@ def test_a_json_output_in_no_folder_is_refused_before_any_work(tmp_path):
 def test_runs_without_measured_driver_time_say_so_in_one_line(tmp_path):
     """Results from before driver_busy_s was recorded (2026-12-01): a line saying so, no table of empty rows."""
     proc = subprocess.run([sys.executable, "-m", "bench", "report", "prices",
-                           str(ROOT / "tests" / "data" / "results" / "train" / "speed-2026-11-30c")],
+                           str(RESULTS / "train" / "speed-2026-11-30c")],
                           capture_output=True, text=True, check=False, timeout=120, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.startswith("no gmlake run with driver_busy_s (") and \
         proc.stdout.count("\n") == 1, proc.stdout

@@ -7,8 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-from bench import regimes
+from bench import ROOT, regimes
 
 
 def suite_json(tmp_path: Path) -> Path:

@@ -4,10 +4,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-from bench import report_training
+from bench import ROOT, report_training
 
 GiB = 1 << 30
 
