@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -77,3 +78,22 @@ def test_speed_table_takes_repeats_that_reserved_differently(tmp_path):
                          capture_output=True, check=False, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert any(line.startswith("| w | gmlake | 2 | 99, 109 |") for line in out.stdout.splitlines())
+
+
+def test_only_report_docs_writes_the_readme_figure(tmp_path):
+    """docs/training.png has one writer, `bench report docs`: report training draws a figure only where --png names
+    one, and takes result files, not a default that matches none."""
+    path = tmp_path / "train.json"
+    runs = runs_of("w", {"native": [100, 101], "expandable": [99, 100], "gmlake": [103, 104]},
+                   {"native": 20, "expandable": 10.5, "gmlake": 10})
+    path.write_text(json.dumps({"environment": {}, "runs": runs}))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    out = subprocess.run([sys.executable, "-m", "bench", "report", "training", str(path)], capture_output=True,
+                         check=False, text=True, cwd=work, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "| w | met | met |" in out.stdout and not list(work.iterdir())
+    missing = subprocess.run([sys.executable, "-m", "bench", "report", "training"], capture_output=True,
+                             check=False, text=True, cwd=work, env=env)
+    assert missing.returncode == 2 and "the following arguments are required: results" in missing.stderr
