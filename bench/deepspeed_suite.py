@@ -44,7 +44,7 @@ from pathlib import Path
 from bench import RESULTS, ROOT, child_env
 from bench.cli import OneLineParser, cell, render_table
 from bench.speed_suite import native_spread, run_order, spread_pct
-from bench.suite import run_in_order
+from bench.suite import finished_runs, run_in_order
 from bench.train_suite import environment
 
 WORKLOAD_MODULE = "bench.workloads.deepspeed_train"
@@ -183,13 +183,7 @@ def table_rows(runs: list[dict], stages: list[int], allocators: list[str]) -> li
         medians = {a: _median([r["median_step_s"] for r in done]) for a, done in done_of.items()}
         reserved = {a: _median([r["max_memory_reserved"] for r in done if r.get("max_memory_reserved")])
                     for a, done in done_of.items()}
-        for allocator in allocators:
-            done = done_of[allocator]
-            failed = sum(1 for r in runs if r["stage"] == stage and r["allocator"] == allocator and "error" in r)
-            if not done:
-                if failed:
-                    rows.append({"stage": stage, "allocator": allocator, "runs": 0, "failed": failed})
-                continue
+        for allocator, done, failed in finished_runs(runs, "stage", stage, allocators, rows):
             steps = [r["median_step_s"] for r in done]
             row = {"stage": stage, "allocator": allocator, "runs": len(done), "failed": failed,
                    "launches": sorted({r["launch"] for r in done}), "optimizer": sorted({r["optimizer"] for r in done}),

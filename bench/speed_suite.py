@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench import RESULTS, child_env
 from bench.cli import OneLineParser, cell, render_table
-from bench.suite import run_in_order
+from bench.suite import finished_runs, run_in_order
 from bench.train_suite import CANDIDATES, environment
 
 WORKLOAD_MODULE = "bench.workloads.dynamic"
@@ -127,14 +127,7 @@ def table_rows(runs: list[dict], workloads: list[str], allocators: list[str]) ->
         native = [r["timed_s"] for r in native_runs]
         native_median = statistics.median(native) if native else None
         native_gpu = [g for g in map(gpu_ms, native_runs) if g is not None]
-        for allocator in allocators:
-            done = [r for r in runs if r["workload"] == workload and r["allocator"] == allocator and "error" not in r]
-            failed = sum(1 for r in runs if r["workload"] == workload and r["allocator"] == allocator
-                         and "error" in r)
-            if not done:
-                if failed:
-                    rows.append({"workload": workload, "allocator": allocator, "runs": 0, "failed": failed})
-                continue
+        for allocator, done, failed in finished_runs(runs, "workload", workload, allocators, rows):
             times = [r["timed_s"] for r in done]
             row = {"workload": workload, "allocator": allocator, "runs": len(done), "failed": failed,
                    "timed_s": times, "spread_pct": spread_pct(times),

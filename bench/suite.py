@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -49,3 +49,18 @@ def run_in_order(order: list[tuple], record: dict, out: Path, *, started: float,
     record["suite_wall_s"] = round(time.perf_counter() - started, 1)
     write_summary(out / "summary.json", record)
     print(f"\nsuite: {len(record['runs'])} runs in {record['suite_wall_s']:.0f} s; results in {out}")
+
+
+def finished_runs(runs: list[dict], field: str, value, allocators: list[str],
+                  rows: list[dict]) -> Iterator[tuple[str, list[dict], int]]:
+    """For a suite's table: per allocator, its runs with run[field] == value that finished and the number that
+    failed. An allocator none of whose runs finished yields nothing: where some failed, its row (runs 0, failed N)
+    is appended to `rows` here; where it has no run, it has no row."""
+    for allocator in allocators:
+        mine = [r for r in runs if r[field] == value and r["allocator"] == allocator]
+        done = [r for r in mine if "error" not in r]
+        failed = len(mine) - len(done)
+        if done:
+            yield allocator, done, failed
+        elif failed:
+            rows.append({field: value, "allocator": allocator, "runs": 0, "failed": failed})

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 
-from bench.suite import run_in_order
+from bench.suite import finished_runs, run_in_order
 
 ORDER = [(0, "cnn", "native"), (0, "cnn", "gmlake"), (1, "vit", "gmlake"), (1, "vit", "native")]
 
@@ -48,3 +48,12 @@ def test_the_deadline_starts_no_run_that_would_end_after_it(tmp_path, capsys):
     assert record["not_started"] == ["vit:gmlake:r1", "vit:native:r1"]
     assert "deadline: 4 s left, a vit run takes about 5 s; not starting the last 2 runs" in capsys.readouterr().out
     assert len(json.loads((tmp_path / "summary.json").read_text())["runs"]) == 2
+
+
+def test_finished_runs_per_allocator_and_a_row_for_one_that_only_failed():
+    runs = [{"stage": 2, "allocator": "native"}, {"stage": 2, "allocator": "native", "error": "killed"},
+            {"stage": 2, "allocator": "gmlake", "error": "OOM"}, {"stage": 3, "allocator": "gmlake"}]
+    rows: list[dict] = []
+    got = list(finished_runs(runs, "stage", 2, ["native", "gmlake", "expandable"], rows))
+    assert got == [("native", [runs[0]], 1)]
+    assert rows == [{"stage": 2, "allocator": "gmlake", "runs": 0, "failed": 1}]      # expandable never ran: no row
