@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "edge": ("bench.edge", "at the edge of memory, by replay: where each policy fits, what fitting costs there"),
     "report": {
         "docs": ("bench.report_docs", "rewrite docs/benchmarks.md's generated tables from bench/results"),
-        "training": ("bench.report_training", "the training suite's tables and plot"),
+        "training": ("bench.report_training", "a training suite's own results judged against the goals"),
         "stall": ("bench.stall_check", "the stall model against GPU runs"),
         "prices": ("bench.price_check", "the driver price table against the time measured in GPU runs"),
         "variation": ("bench.run_variation", "the runs' own variation, and the runs a speed gap needs"),

@@ -44,6 +44,7 @@ from pathlib import Path
 from bench import RESULTS, ROOT, child_env
 from bench.cli import OneLineParser, cell, render_table
 from bench.speed_suite import native_spread, run_order, spread_pct
+from bench.suite import finished_runs, run_in_order
 from bench.train_suite import environment
 
 WORKLOAD_MODULE = "bench.workloads.deepspeed_train"
@@ -182,13 +183,7 @@ def table_rows(runs: list[dict], stages: list[int], allocators: list[str]) -> li
         medians = {a: _median([r["median_step_s"] for r in done]) for a, done in done_of.items()}
         reserved = {a: _median([r["max_memory_reserved"] for r in done if r.get("max_memory_reserved")])
                     for a, done in done_of.items()}
-        for allocator in allocators:
-            done = done_of[allocator]
-            failed = sum(1 for r in runs if r["stage"] == stage and r["allocator"] == allocator and "error" in r)
-            if not done:
-                if failed:
-                    rows.append({"stage": stage, "allocator": allocator, "runs": 0, "failed": failed})
-                continue
+        for allocator, done, failed in finished_runs(runs, "stage", stage, allocators, rows):
             steps = [r["median_step_s"] for r in done]
             row = {"stage": stage, "allocator": allocator, "runs": len(done), "failed": failed,
                    "launches": sorted({r["launch"] for r in done}), "optimizer": sorted({r["optimizer"] for r in done}),
@@ -279,12 +274,6 @@ def preflight(args) -> tuple[dict | None, str]:
     return None, why
 
 
-def write_summary(path: Path, record: dict) -> None:
-    """The summary JSON: runs without their per-step records (those are in runs/)."""
-    slim = {**record, "runs": [{k: v for k, v in r.items() if k != "per_step"} for r in record["runs"]]}
-    path.write_text(json.dumps(slim, indent=1) + "\n")
-
-
 def build_parser(prog: str) -> OneLineParser:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--stages", nargs="+", type=int, choices=(2, 3), default=[2, 3])
@@ -363,35 +352,22 @@ def main(argv: list[str] | None = None, prog: str = "bench deepspeed") -> int:
               "runs": [], "rows": []}
     print(f"{len(order)} runs: ZeRO {', '.join(map(str, args.stages))}; {args.steps} steps ({args.warmup} warm-up), "
           f"optimizer {args.optimizer}, launch {args.launch}, deadline {args.deadline or 'none'}", flush=True)
-    for index, (round_, stage, allocator) in enumerate(order):
-        elapsed = time.perf_counter() - started
-        timeout_s = args.timeout
-        if args.deadline:
-            left = args.deadline - elapsed
-            done = [r["wall_s"] for r in record["runs"] if "error" not in r and r["stage"] == stage]
-            expected = max(done or [r["wall_s"] for r in record["runs"] if "error" not in r] or [0.0])
-            if left < max(expected, 1.0):
-                record["not_started"] = [f"{stage_name(s)}:{a}:r{r}" for r, s, a in order[index:]]
-                print(f"deadline: {left:.0f} s left, a ZeRO-{stage} run takes about {expected:.0f} s; "
-                      f"not starting the last {len(order) - index} runs", flush=True)
-                break
-            timeout_s = min(timeout_s, left)
-        launch = launch_of(round_, args.stages.index(stage), args.launch)
-        print(f"== [{index + 1}/{len(order)}] round {round_ + 1} ZeRO-{stage} / {allocator} ({launch}) at "
-              f"{elapsed:.0f} s", flush=True)
-        run = run_one(index, round_, stage, allocator, launch, args, timeout_s)
-        record["runs"].append(run)
-        if "error" in run:
-            print(f"   FAILED: {run['error'][-1500:]}", flush=True)
-        else:
-            print("   " + json.dumps({k: run.get(k) for k in ("median_step_s", "max_memory_reserved",
-                                                              "max_memory_allocated", "utilization", "init_s",
-                                                              "wall_s")}), flush=True)
-        record["rows"] = table_rows(record["runs"], args.stages, args.allocators)
-        write_summary(out / "summary.json", record)
-    record["suite_wall_s"] = round(time.perf_counter() - started, 1)
-    write_summary(out / "summary.json", record)
-    print(f"\nsuite: {len(record['runs'])} runs in {record['suite_wall_s']:.0f} s; results in {out}")
+
+    def expected(item: tuple) -> float:
+        done = [r["wall_s"] for r in record["runs"] if "error" not in r and r["stage"] == item[1]]
+        return max(done or [r["wall_s"] for r in record["runs"] if "error" not in r] or [0.0])
+
+    def launch(item: tuple) -> str:
+        return launch_of(item[0], args.stages.index(item[1]), args.launch)
+
+    run_in_order(order, record, out, started=started, deadline=args.deadline, timeout=args.timeout,
+                 run=lambda index, item, timeout_s: run_one(index, *item, launch(item), args, timeout_s),
+                 expected=expected, kind=lambda item: f"ZeRO-{item[1]}",
+                 label=lambda item: f"ZeRO-{item[1]} / {item[2]} ({launch(item)})",
+                 name=lambda item: f"{stage_name(item[1])}:{item[2]}:r{item[0]}",
+                 rows=lambda runs: table_rows(runs, args.stages, args.allocators),
+                 shown=("median_step_s", "max_memory_reserved", "max_memory_allocated", "utilization", "init_s",
+                        "wall_s"), error_tail=1500)
     print(format_table(record["rows"], args.warmup, args.steps))
     failed = sum(1 for r in record["runs"] if "error" in r)
     if failed or not record["runs"]:

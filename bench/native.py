@@ -3,6 +3,7 @@ the installed gmlake the first time it is used, so that gmlake's wheel carries n
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,17 @@ setup(script_args=["build_ext", "--inplace", "-q"], ext_modules=cythonize(
 """
 
 
+# Cython's and the C++ compiler's diagnostics: FILE:LINE:COLUMN: message (warnings and notes are not the cause).
+_DIAGNOSTIC = re.compile(r"^[^\s:]+:\d+:\d+: (?!warning|note)")
+
+
+def _first_error(stderr: str) -> str:
+    """The one line that says why the build failed: the first error at a place in the source, else the last line
+    (a missing Cython or compiler)."""
+    lines = stderr.strip().splitlines()
+    return next((line for line in lines if _DIAGNOSTIC.match(line)), lines[-1] if lines else "no output")
+
+
 def load() -> ModuleType:
     """bench._bench, built first where it is missing or older than its source or gmlake's core."""
     import gmlake.core
@@ -35,6 +47,6 @@ def load() -> ModuleType:
         proc = subprocess.run([sys.executable, "-c", _BUILD], cwd=HERE.parent, capture_output=True, text=True,
                               check=False)
         if proc.returncode:
-            raise ImportError(f"could not build bench/_bench.pyx: {proc.stderr.strip().splitlines()[-1:]}")
+            raise ImportError(f"could not build bench/_bench.pyx: {_first_error(proc.stderr)}")
         importlib.invalidate_caches()
     return importlib.import_module("bench._bench")

@@ -53,8 +53,8 @@ EDGE_PROBES = ["h200-2026-12-02e/device-limit-probes.json", "h200-2026-12-02e/ca
 # deadline cut, or run a later round with --first-round); each run's own round number places it.
 DEEPSPEED = ["h200-2026-12-02b/deepspeed/summary.json", "h200-2026-12-02b/deepspeed/summary-zero3-gmlake.json",
              "h200-2026-12-02c/deepspeed/summary.json"]
-# At the edge of memory, by replay: `python -m bench edge --json` (held by tests/test_edge.py).
-EDGE = ROOT / "tests" / "data" / "edge-figures.json"
+# At the edge of memory, by replay: `python -m bench edge --json` (held by bench/tests/test_edge.py).
+EDGE = RESULTS / "edge-figures.json"
 # Step time at the edge on the GPU (`python -m bench cap edge-time`): each call's edge-time.json, in table order.
 EDGE_TIME = ["h200-2026-12-02d/edge-time-cap/edge-time.json", "h200-2026-12-02d/edge-time-device/edge-time.json",
              "h200-2026-12-02f/edge-time-1.02/edge-time.json", "h200-2026-12-02f/edge-time-1.05/edge-time.json"]

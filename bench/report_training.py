@@ -1,6 +1,10 @@
-"""Turn the training benchmark's raw results into README's tables (markdown, on stdout) and a PNG.
+"""Turn the training benchmark's raw results into tables judged against the goals (markdown, on stdout), and a PNG.
 
-    python -m bench report training [bench/results/train/*.json] [--png docs/training.png]
+    python -m bench report training RESULTS.json... [--png FIGURE.png] [--compact | --speed]
+
+RESULTS are `bench train --out` files. The README's table and figure are the committed records' (`python -m bench
+report docs`, which writes docs/training.png); this command is for a suite's own new results and writes a figure only
+where --png names one.
 
 Runs of the same workload and allocator (repeats) are pooled: their memory figures must agree (they are
 deterministic), their step times are averaged and their spread shown. gmlake's driver time per step is estimated
@@ -181,15 +185,12 @@ def plot(rows: dict, workloads: list[str], png: str) -> None:
 
 def main(argv: list[str] | None = None, prog: str = "bench report training") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="*", type=Path,
-                        default=sorted((Path(__file__).parent / "results" / "train").glob("*.json")))
-    parser.add_argument("--png", default="docs/training.png")
+    parser.add_argument("results", nargs="+", type=Path)
+    parser.add_argument("--png", help="also draw the figure here")
     parser.add_argument("--compact", action="store_true", help="README's short table only (no PNG)")
     parser.add_argument("--speed", action="store_true",
                         help="tokens/s per run, medians against native and expandable, spreads (no PNG)")
     args = parser.parse_args(argv)
-    if not args.results:
-        parser.error("no result files: run bench train first")
     try:
         runs, envs = load(args.results)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -216,5 +217,6 @@ def main(argv: list[str] | None = None, prog: str = "bench report training") -> 
         if (w, "gmlake") in rows:
             g = goals(rows, w)
             print(f"| {w} | {g['memory']} | {g['speed']} | {g['max batch']} |")
-    plot(rows, workloads, args.png)
-    print(f"\n![training benchmark]({args.png})")
+    if args.png:
+        plot(rows, workloads, args.png)
+        print(f"\n![training benchmark]({args.png})")

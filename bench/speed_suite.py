@@ -33,6 +33,7 @@ from pathlib import Path
 
 from bench import RESULTS, child_env
 from bench.cli import OneLineParser, cell, render_table
+from bench.suite import finished_runs, run_in_order
 from bench.train_suite import CANDIDATES, environment
 
 WORKLOAD_MODULE = "bench.workloads.dynamic"
@@ -126,14 +127,7 @@ def table_rows(runs: list[dict], workloads: list[str], allocators: list[str]) ->
         native = [r["timed_s"] for r in native_runs]
         native_median = statistics.median(native) if native else None
         native_gpu = [g for g in map(gpu_ms, native_runs) if g is not None]
-        for allocator in allocators:
-            done = [r for r in runs if r["workload"] == workload and r["allocator"] == allocator and "error" not in r]
-            failed = sum(1 for r in runs if r["workload"] == workload and r["allocator"] == allocator
-                         and "error" in r)
-            if not done:
-                if failed:
-                    rows.append({"workload": workload, "allocator": allocator, "runs": 0, "failed": failed})
-                continue
+        for allocator, done, failed in finished_runs(runs, "workload", workload, allocators, rows):
             times = [r["timed_s"] for r in done]
             row = {"workload": workload, "allocator": allocator, "runs": len(done), "failed": failed,
                    "timed_s": times, "spread_pct": spread_pct(times),
@@ -197,12 +191,6 @@ def native_spread(rows: list[dict], name, of: str = "") -> list[str]:
             + ", ".join(native)] if native else []
 
 
-def write_summary(path: Path, record: dict) -> None:
-    """The summary JSON: runs without their per-step records (those are in runs/)."""
-    slim = {**record, "runs": [{k: v for k, v in r.items() if k != "per_step"} for r in record["runs"]]}
-    path.write_text(json.dumps(slim, indent=1) + "\n")
-
-
 def main(argv: list[str] | None = None, prog: str = "bench speed") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
@@ -241,31 +229,10 @@ def main(argv: list[str] | None = None, prog: str = "bench speed") -> None:
               "order": [f"{w}:{a}:r{r}" for r, w, a in order], "runs": [], "rows": []}
     print(f"{len(order)} runs: {args.steps} steps ({args.warmup} warm-up), size {args.size}, device {args.device}, "
           f"deadline {args.deadline or 'none'}", flush=True)
-    for index, (round_, workload, allocator) in enumerate(order):
-        elapsed = time.perf_counter() - started
-        timeout_s = args.timeout
-        if args.deadline:
-            left = args.deadline - elapsed
-            expected = expected_duration(workload, record["runs"])
-            if left < max(expected, 1.0):
-                record["not_started"] = [f"{w}:{a}:r{r}" for r, w, a in order[index:]]
-                print(f"deadline: {left:.0f} s left, a {workload} run takes about {expected:.0f} s; "
-                      f"not starting the last {len(order) - index} runs", flush=True)
-                break
-            timeout_s = min(timeout_s, left)
-        print(f"== [{index + 1}/{len(order)}] round {round_ + 1} {workload} / {allocator} at {elapsed:.0f} s",
-              flush=True)
-        run = run_one(index, round_, workload, allocator, args, timeout_s)
-        record["runs"].append(run)
-        if "error" in run:
-            print(f"   FAILED (exit {run['returncode']}): {run['error'][-800:]}", flush=True)
-        else:
-            print("   " + json.dumps({k: run.get(k) for k in ("timed_s", "median_step_s", "samples_per_s",
-                                                              "max_memory_reserved", "utilization", "wall_s")}),
-                  flush=True)
-        record["rows"] = table_rows(record["runs"], args.workloads, allocators)
-        write_summary(out / "summary.json", record)
-    record["suite_wall_s"] = round(time.perf_counter() - started, 1)
-    write_summary(out / "summary.json", record)
-    print(f"\nsuite: {len(record['runs'])} runs in {record['suite_wall_s']:.0f} s; results in {out}")
+    run_in_order(order, record, out, started=started, deadline=args.deadline, timeout=args.timeout,
+                 run=lambda index, item, timeout_s: run_one(index, *item, args, timeout_s),
+                 expected=lambda item: expected_duration(item[1], record["runs"]), kind=lambda item: item[1],
+                 label=lambda item: f"{item[1]} / {item[2]}", name=lambda item: f"{item[1]}:{item[2]}:r{item[0]}",
+                 rows=lambda runs: table_rows(runs, args.workloads, allocators),
+                 shown=("timed_s", "median_step_s", "samples_per_s", "max_memory_reserved", "utilization", "wall_s"))
     print(format_table(record["rows"], args.warmup, args.steps))

@@ -4,9 +4,9 @@ an allocator loses to its driver calls?
     python -m bench report stall RESULTS... [--traces DIR] [--tolerance 0.3] [--json OUT]
 
 RESULTS are speed-suite folders (bench/results/train/speed-*: summary.json with runs.tar.gz or runs/) and single
-run JSONs of bench/workloads/dynamic.py (e.g. bench/results/train/stall-2026-11-30/vit-paper.json). For every gmlake
-run: its driver calls after warm-up (counted on the GPU; replay reproduces them call for call, see
-tests/test_stall_model.py) priced with gmlake's cost table, the predicted loss (x the stall factor), and the measured
+run JSONs of bench/workloads/dynamic.py (e.g. tests/data/results/train/stall-2026-11-30/vit-paper.json). For every
+gmlake run: its driver calls after warm-up (counted on the GPU; replay reproduces them call for call, see
+bench/tests/test_stall_model.py) priced with gmlake's cost table, the predicted loss (x the stall factor), and the measured
 loss: its time after warm-up minus the median of native's runs of that workload. Native's runs come from the run's
 own source, the speed-suite folder it was timed in (same machine, same device call), so that runs are never
 compared with another machine's native; only a single run JSON, which carries no native run, is compared with the

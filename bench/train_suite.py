@@ -8,7 +8,9 @@ utilization, median step time, tokens/s), then a bisection for the largest batch
 FSDP workload runs under torchrun on two GPUs. Its batch search cannot run inside the job (a rank that runs out of
 memory mid-step leaves the other waiting in a collective), so with --fsdp-batch-search each probe is a job of its
 own, which torchrun ends when a rank fails (about 30 s a probe). Results carry the GPU, driver, torch and gmlake
-versions, the date and each command; `bench report training` turns them into README's table and a PNG.
+versions, the date and each command; `bench report training` judges them against the goals (tables, and a PNG
+with --png), and `bench report docs` makes docs/benchmarks.md's table and the README's figure from the records
+it lists.
 """
 from __future__ import annotations
 

@@ -557,18 +557,6 @@ def test_capture_queries_are_asked_only_where_a_driver_call_may_follow():
     alloc.close()
 
 
-@pytest.mark.parametrize("make", [gmlake.SimDriver, gmlake.HostDriver])
-def test_stream_calls_are_timed(make):
-    from bench.native import load
-    time_stream_calls = load().time_stream_calls
-    got = time_stream_calls(make(), 0, 100)
-    assert set(got) == {"capture_query", "event_record", "event_query", "event_rerecord", "event_destroy",
-                        "iterations"}
-    assert all(got[k] >= 0 for k in got)
-    with pytest.raises(ValueError):
-        time_stream_calls(make(), 0, 0)
-
-
 def test_the_hot_path_reuses_its_blocks_and_nodes_and_keeps_at_most_64(driver):
     """Note [Reusing nodes on the hot path]: a malloc + free that splits and merges takes its Block and container
     nodes from the spares and gives them back, so a steady state allocates nothing; a burst keeps 64 of each."""

@@ -3,7 +3,9 @@
 Each trace was captured under gmlake on an H200 with the same seed, and so the same requests, as the benchmark's
 runs. Replaying it through gmlake, its 8 MiB variant and the expandable-segments model must give the peak reserved
 bytes those allocators reached on the GPU (tests/data/results/train), to the byte: the check that today's allocator code
-still behaves as the code that was measured.
+still behaves as the code that was measured. The GPU cap searches and probes replayed below are the benchmark's own
+records, read where docs/benchmarks.md is generated from (bench/results/train): data only, nothing of bench is
+imported.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from gmlake.sim.replay import replay
 from gmlake.sim.trace import load
 
 RESULTS = Path(__file__).parent / "data" / "results"
+# The GPU cap searches and probes: the records docs/benchmarks.md is generated from.
+CAP_RECORDS = Path(__file__).resolve().parents[1] / "bench" / "results" / "train"
 POLICIES = {"gmlake": get("gmlake-paper"), "gmlake-8m": get("gmlake-paper", chunk_size=8 << 20), "expandable": get("expandable")}
 
 
@@ -44,7 +48,7 @@ def test_replay_gives_the_gpu_runs_peak_to_the_byte(workload, allocator):
     assert replay(trace, POLICIES[allocator]).peak_reserved == measured()[(workload, allocator)]
 
 
-# The GPU cap search (bench cap search, 20 steps, 2026-11-30; tests/data/results/train/cap-2026-11-30b and -c): per
+# The GPU cap search (bench cap search, 20 steps, 2026-11-30; bench/results/train/cap-2026-11-30b and -c): per
 # workload and allocator, the largest memory fraction that ran out of memory and the smallest that fit, of a device
 # of DEVICE_TOTAL bytes. The traces were captured under expandable segments with the same seed and so the same
 # requests (scripts/gpu-cap-trace.sh; the opt1.3b one under its cap, which changes no request).
@@ -86,7 +90,7 @@ def test_replayed_caps_land_in_the_gpu_cap_search_brackets(trace_name):
 
 
 # Session 12's GPU cap searches (bench cap search --predict, 20 steps, one H200, 2026-12-01, code ba17e38;
-# tests/data/results/train/cap-2026-12-01{c,d,e}): every bracket came from the GPU, each pair's replayed bracket was
+# bench/results/train/cap-2026-12-01{c,d,e}): every bracket came from the GPU, each pair's replayed bracket was
 # probed first and held. The traces: the training suite's captures under gmlake (same seed, same requests), and
 # two captured in that session's call (scripts/gpu-cap-trace.sh, uncapped, 20 steps).
 SESSION_12_SEARCHES = ["cap-2026-12-01c", "cap-2026-12-01d", "cap-2026-12-01e"]
@@ -99,7 +103,7 @@ def session_12_pairs() -> list[tuple[str, str, int, int | None]]:
     """(workload, allocator, smallest cap that fit, largest that ran out of memory or None) in bytes, per pair."""
     out = []
     for search in SESSION_12_SEARCHES:
-        record = json.loads((RESULTS / "train" / search / "cap.json").read_text())
+        record = json.loads((CAP_RECORDS / search / "cap.json").read_text())
         total = record["device_total_memory"]
         for pair in record["pairs"]:
             assert pair["status"] == "done" and pair["prediction_held"], pair
@@ -157,8 +161,8 @@ def test_waiting_for_another_streams_block_keeps_fsdp_rank_1_near_its_lag_free_p
 
 
 # Session 13's GPU cap searches (bench cap search --capture, 20 steps, resolution 0.002, one H200, 2026-12-01;
-# tests/data/results/train/cap-2026-12-01{g,h,i}) and its fixed-cap probes (bench cap probe,
-# tests/data/results/train/cap-probe-2026-12-01). Each workload's trace is the uncapped native run that search captured
+# bench/results/train/cap-2026-12-01{g,h,i}) and its fixed-cap probes (bench cap probe,
+# bench/results/train/cap-probe-2026-12-01). Each workload's trace is the uncapped native run that search captured
 # first (same seed, same requests), bundled as tests/data/results/traces/WORKLOAD-20steps-native.gmtrace.
 SESSION_13_SEARCHES = ["cap-2026-12-01g", "cap-2026-12-01h", "cap-2026-12-01i"]
 # The one bracket end replay missed: it has the expandable model run out of memory on cnn at 13,550,976,220 bytes,
@@ -171,7 +175,7 @@ def session_13_pairs() -> list[tuple[str, str, int, int | None]]:
     pair (the first call's bert pairs were cut by its deadline and searched again in the second)."""
     out = []
     for search in SESSION_13_SEARCHES:
-        record = json.loads((RESULTS / "train" / search / "cap.json").read_text())
+        record = json.loads((CAP_RECORDS / search / "cap.json").read_text())
         total = record["device_total_memory"]
         for pair in record["pairs"]:
             if pair["status"] != "done":
@@ -209,7 +213,7 @@ def test_session_13s_fixed_cap_probes_agree_with_replay():
     """bench cap probe placed caps between replay's thresholds, inside the bisection's 0.2 %: gmlake fit bert at
     22,421,000,000 bytes, below expandable segments' failure at 22,423,378,995, and cnn at 13,540,000,000, where
     expandable segments ran out of memory. Replay gives each probe's outcome."""
-    record = json.loads((RESULTS / "train" / "cap-probe-2026-12-01" / "cap-probe.json").read_text())
+    record = json.loads((CAP_RECORDS / "cap-probe-2026-12-01" / "cap-probe.json").read_text())
     for probe in record["probes"]:
         ooms = replay(native_trace(probe["workload"]), as_run(probe["allocator"]), cap=probe["cap_bytes"],
                       samples=0).ooms
@@ -223,9 +227,9 @@ def test_session_13s_fixed_cap_probes_agree_with_replay():
 
 def test_the_settling_probes_on_the_gpu_agree_with_replay():
     """bench cap search's settling probes on the GPU (2026-12-01, code bb5d41a, ResNet-50 predicted from its
-    bundled trace; tests/data/results/train/cap-2026-12-01j): at the midpoint of replay's two thresholds gmlake fit and
+    bundled trace; bench/results/train/cap-2026-12-01j): at the midpoint of replay's two thresholds gmlake fit and
     expandable segments ran out of memory, as replay has it, and the search's verdict says so."""
-    record = json.loads((RESULTS / "train" / "cap-2026-12-01j" / "cap.json").read_text())
+    record = json.loads((CAP_RECORDS / "cap-2026-12-01j" / "cap.json").read_text())
     total = record["device_total_memory"]
     settles = [p for p in record["probes"] if p["purpose"] == "settle"]
     assert [(p["allocator"], p["fit"]) for p in settles] == [("gmlake", True), ("expandable", False)]
