@@ -211,7 +211,7 @@ cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
     walked in the order their frees were made: retired entries are compacted out in place, keeping the order (a
     swap-with-last removal would let a newer incomplete event of S hide older completed ones, so that their memory
     stayed pending for many passes while the stream kept busy, and reserved: `python -m bench fsdp-pattern --lag 2`
-    shows it, tests/test_fsdp_pattern.py checks the backlog stays small). A pass ends as soon as every stream with
+    shows it, bench/tests/test_fsdp_pattern.py checks the backlog stays small). A pass ends as soon as every stream with
     pending events has shown an incomplete one (`pending_per_stream` counts them), so a request costs a few entries,
     not a walk over hundreds (`python -m bench micro`'s pending300_4KiB times a cache hit with 300 frees pending on
     a busy stream). A skipped event only ever delays a free; it never hands out memory early. Polling only when no
