@@ -1,5 +1,5 @@
 // Throws PyTorch's own out-of-memory error, c10::OutOfMemoryError, for the torch bridge (Note [Torch's
-// out-of-memory type] in gmlake/_torch_oom.py). Built by gmlake/_torch_oom.py against the installed torch's headers
+// out-of-memory type] in gmlake/torch/_torch_oom.py). Built by gmlake/torch/_torch_oom.py against the installed torch's headers
 // and its libc10, never by setup.py: it needs c10/util/Exception.h, which needs no CUDA, so gmlake's one build keeps
 // serving CUDA 12 and CUDA 13.
 #include <c10/util/Exception.h>
