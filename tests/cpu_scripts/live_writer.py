@@ -22,7 +22,6 @@ import time
 
 import gmlake
 from gmlake import Allocator, HostDriver, OutOfMemoryError
-from gmlake.policies.knobs import split_settings
 
 MiB = 1 << 20
 PAGES, LIVE, GAP, BIG, LIMIT = 10, 6 * MiB, 14 * MiB, 100 * MiB, 200 * MiB
@@ -58,7 +57,8 @@ class Writer(threading.Thread):
 def policy_of(knobs: str) -> gmlake.Policy:
     if knobs == "default":
         return gmlake.policies.GMLakePolicy()
-    return gmlake.policies.get("gmlake", **dict(split_settings(knobs.split(","))))
+    # the knobs as text, typed by the policy's declarations as GMLAKE_KNOBS's are
+    return gmlake.policies.get("gmlake", **dict(item.split("=", 1) for item in knobs.split(",")))
 
 
 def one_round(alloc: Allocator, r: int) -> tuple[int, list[str], str]:
