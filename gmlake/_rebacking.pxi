@@ -187,7 +187,7 @@ cdef void _restore_chunk(Allocator self, Failure* why, Segment* seg, size_t chun
         _release_handle(self, why, fresh[j], S)
     fresh.clear()
     seg.handles[chunk] = 0
-    rc = _map_new_chunks(self, why, lo, 1, C, whole, C, False)
+    rc = _map_new_chunks(self, why, lo, 1, C, whole, C, False, True)
     if rc == DRIVER_OK:
         rc = _copy_runs(self, why, lo, live, staging, False)
     if rc == DRIVER_OK:

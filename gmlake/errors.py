@@ -17,15 +17,16 @@ class OutOfMemoryError(GmlakeError, MemoryError):
     """
 
     def __init__(self, *, requested: int, reserved: int, allocated: int, cached: int, limit: int = 0,
-                 capacity: int = 0) -> None:
+                 capacity: int = 0, zero_cap: bool = False) -> None:
         self.requested = requested
         self.reserved = reserved
         self.allocated = allocated
         self.cached = cached
         self.limit = limit
         self.capacity = capacity
+        self.zero_cap = zero_cap        # a cap of 0 bytes (set_per_process_memory_fraction(0)), not "no cap"
         cap = []
-        if limit:
+        if limit or zero_cap:
             cap.append(f"cap {_mib(limit)}")
         if capacity:
             cap.append(f"device capacity {_mib(capacity)}")
@@ -38,8 +39,9 @@ class OutOfMemoryError(GmlakeError, MemoryError):
     def torch_message(self, device: int, capturing: bool = False) -> str:
         """The text PyTorch raises (a RuntimeError) when this error ends an allocation through the torch bridge:
         the same figures, with the device and what a training loop can do about it."""
-        return (f"gmlake: CUDA out of memory on device {device}: {self._figures()}; cap {_mib(self.limit)} "
-                f"(set_per_process_memory_fraction or GMLAKE_LIMIT; 0 = none), device capacity "
+        cap = ("cap 0 bytes (set_per_process_memory_fraction(0): no allocation fits)" if self.zero_cap else
+               f"cap {_mib(self.limit)} (set_per_process_memory_fraction or GMLAKE_LIMIT; 0 = none)")
+        return (f"gmlake: CUDA out of memory on device {device}: {self._figures()}; {cap}, device capacity "
                 f"{_mib(self.capacity)}. The allocator is still usable: free tensors or use a smaller batch and retry."
                 + (" (This request came during CUDA graph capture, when the allocator can neither wait for memory "
                    "nor release any: reserve it before capturing.)" if capturing else ""))
