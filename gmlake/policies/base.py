@@ -47,7 +47,9 @@ class Policy:
           grows no more while it holds (Note [Finer pages under a cap]).
       reback_slot: under "expandable", as the last pressure stage, re-back each partly used chunk in handles of
         this many bytes, one per slot that holds live bytes (copied through the host, pointers unchanged), giving
-        its free slots back to the driver (0: never). Note [Taking slots back at the edge].
+        its free slots back to the driver (0: never, every built-in policy). Hazard: while a chunk is re-backed its
+        live bytes are unmapped, and a kernel another thread launches on them then faults (the CUDA context is
+        lost); only for a process whose work one thread launches. Note [Taking slots back at the edge].
       device_reserve: where no cap binds, new memory that would leave the device fewer free bytes than this is
         taken only after every pressure stage failed to make room, so the CUDA libraries' own later allocations
         (kernels loaded for a new shape, workspaces) still find memory (0: growth takes the device's last byte;
