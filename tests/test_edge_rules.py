@@ -175,23 +175,20 @@ def test_a_policy_that_asks_for_rebacking_first_gets_release_then_reback():
 def test_the_builtin_stages_run_in_order_and_each_is_followed_by_a_retry():
     """The built-in stages, as a policy that keeps the default sees them: release the other pool, release all,
     re-back (only where reback_slot is set), then give up; the request is retried after each."""
-    seen = {}
+    seen: dict[int, list] = {0: [], 2 * MiB: []}
 
-    for slot in (0, 2 * MiB):
-        asked = []
+    class Recording(GMLakePolicy):
+        def relieve_pressure(self, size, stream, pool, attempt, default, state):
+            seen[self.reback_slot].append(default)
+            return default
 
-        class Recording(GMLakePolicy):
-            def relieve_pressure(self, size, stream, pool, attempt, default, state):
-                asked.append(default)
-                return default
-
+    for slot in seen:
         alloc = Allocator(SimDriver(), Recording(reback_slot=slot), limit=200 * MiB)
         gapped_pages(alloc)
         try:
             alloc.malloc(100 * MiB)
         except OutOfMemoryError:
             pass
-        seen[slot] = asked
     assert seen[0] == ["release_other_pool", "release_all", None]
     assert seen[2 * MiB] == ["release_other_pool", "release_all", "reback"]
 
@@ -273,7 +270,7 @@ def test_a_fitting_cached_sblock_is_found_behind_any_number_that_do_not_fit():
 def test_a_bounded_search_is_still_a_knob():
     """A policy may bound the search (sblock_search_depth): then the ninth is not examined and the request stitches."""
     alloc = Allocator(SimDriver(), gmlake.policies.get("gmlake-paper", sblock_search_depth=8))
-    stitched, pieces = cached_sblocks(alloc, 9)
+    stitched, _ = cached_sblocks(alloc, 9)
     held = [alloc.malloc(2 * MiB) for _ in range(16)]
     for p in held[1::2]:
         alloc.free(p)
