@@ -355,11 +355,11 @@ def test_no_doubled_prefix(capsys):
     one_error_line(capsys, "min_saved_chunks")
 
 
-@pytest.mark.parametrize("spec, setting", [("gmlake", ["--set", "sblock_search_depth=-1"]),
-                                           ("gmlake[sblock_search_depth=0]", [])])
+@pytest.mark.parametrize("spec, setting", [("gmlake", ["--set", "round_to=-1"]),
+                                           ("gmlake[round_to=0]", [])])
 def test_a_knob_that_fails_validation_names_its_policy_once(capsys, spec, setting):
     assert main(["replay", TINY, "--policy", spec, *setting]) == EXIT_BAD_INPUT
-    err = one_error_line(capsys, f"policy {spec}: sblock_search_depth must be a positive int")
+    err = one_error_line(capsys, f"policy {spec}: round_to must be a positive int")
     assert err.count("policy ") == 1, err
 
 

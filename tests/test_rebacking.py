@@ -34,6 +34,8 @@ def check_bytes(live: list[int], live_mib: int = 6) -> None:
 
 
 def make(driver_name: str, capacity: int = 0, limit: int = 0, **knobs) -> Allocator:
+    """The default policy with re-backing turned on (reback_slot=2MiB; it is off by default) unless `knobs` say."""
+    knobs.setdefault("reback_slot", 2 * MiB)
     driver = HostDriver(capacity=capacity) if driver_name == "host" else SimDriver(capacity=capacity)
     alloc = Allocator(driver, gmlake.policies.get("gmlake", **knobs), limit=limit)
     alloc.debug_checks = True
@@ -93,6 +95,7 @@ def test_no_reback_slot_no_rebacking():
         alloc.malloc(100 * MiB)
     s = alloc.stats()
     assert s["rebacked_chunks"] == 0 and s["calls"]["copy_out"] == 0
+    assert gmlake.policies.get("gmlake").reback_slot == 0
     assert gmlake.policies.get("gmlake-paper").reback_slot == 0
     assert gmlake.policies.get("expandable").reback_slot == 0
 
@@ -145,7 +148,7 @@ def test_relieve_pressure_may_ask_for_it():
             calls.append(default)
             return "reback" if attempt == 0 else None
 
-    alloc = Allocator(SimDriver(), RebackFirst(), limit=200 * MiB)
+    alloc = Allocator(SimDriver(), RebackFirst(reback_slot=2 * MiB), limit=200 * MiB)
     gapped_pages(alloc)
     alloc.malloc(100 * MiB)
     assert calls == ["release_other_pool"] and alloc.stats()["rebacked_chunks"] == 10

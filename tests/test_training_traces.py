@@ -21,7 +21,9 @@ from gmlake.sim.trace import load
 RESULTS = Path(__file__).parent / "data" / "results"
 # The GPU cap searches and probes: the records docs/benchmarks.md is generated from.
 CAP_RECORDS = Path(__file__).resolve().parents[1] / "bench" / "results" / "train"
-POLICIES = {"gmlake": get("gmlake-paper"), "gmlake-8m": get("gmlake-paper", chunk_size=8 << 20), "expandable": get("expandable")}
+# The runs searched at most 8 cached sBlocks per request (sblock_search_depth=8, the default then).
+POLICIES = {"gmlake": get("gmlake-paper", sblock_search_depth=8),
+            "gmlake-8m": get("gmlake-paper", chunk_size=8 << 20, sblock_search_depth=8), "expandable": get("expandable")}
 
 
 def measured() -> dict[tuple[str, str], int]:
@@ -57,7 +59,7 @@ DEVICE_TOTAL = 150109880320
 # and before Note [Stitching a size again] and Note [Leaving the libraries room]: 4 MiB pages under a cap, no
 # re-backing, a size stitched as often as it found free runs, no device reserve. Replay is held to the policy that
 # ran, spelled as it is now.
-GMLAKE_AS_RUN = "gmlake[capped_page_large=4MiB,reback_slot=0,restitch_limit=0,device_reserve=0]"
+GMLAKE_AS_RUN = "gmlake[capped_page_large=4MiB,reback_slot=0,restitch_limit=0,device_reserve=0,sblock_search_depth=8]"
 
 
 def as_run(allocator: str) -> str:
@@ -168,6 +170,15 @@ SESSION_13_SEARCHES = ["cap-2026-12-01g", "cap-2026-12-01h", "cap-2026-12-01i"]
 # The one bracket end replay missed: it has the expandable model run out of memory on cnn at 13,550,976,220 bytes,
 # where the GPU fit; the model needs 3.2 MiB (0.02 %) more than the GPU there.
 SESSION_13_MISSES = {("cnn", "expandable")}
+# Session 13's gmlake re-backed at the edge (reback_slot=2MiB, off by default since: Note [Taking slots back at the
+# edge]) and searched at most 8 cached sBlocks per request: the brackets are held by the default as it was when
+# they were last replayed, with those two knobs as they were.
+SESSION_13_GMLAKE = "gmlake[reback_slot=2MiB,sblock_search_depth=8]"
+# Bracket ends replay misses now, and by how much: since growth joins a free block of no stream that it counted as
+# room (it used to map pages past it, fail, and relieve pressure, releasing every free page first), vit's gmlake
+# needs 8-16 MiB (0.04-0.07 %) more than the GPU run fit in (opt1.3b-ckpt under a cap fits by it instead:
+# tests/test_edge_rules.py).
+SESSION_13_REPLAY_MISSES = {("cnn", "expandable"): 4 << 20, ("vit", "gmlake"): 16 << 20}
 
 
 def session_13_pairs() -> list[tuple[str, str, int, int | None]]:
@@ -194,9 +205,11 @@ def native_trace(workload: str):
 @pytest.mark.parametrize("workload, allocator, fit, failed", session_13_pairs())
 def test_replay_predicts_session_13s_gpu_cap_brackets(workload, allocator, fit, failed):
     trace = native_trace(workload)
-    if (workload, allocator) in SESSION_13_MISSES:
+    missed_by = SESSION_13_REPLAY_MISSES.get((workload, allocator))
+    allocator = SESSION_13_GMLAKE if allocator == "gmlake" else allocator
+    if missed_by:
         assert replay(trace, allocator, cap=fit, samples=0).ooms > 0
-        assert replay(trace, allocator, cap=fit + (4 << 20), samples=0).ooms == 0
+        assert replay(trace, allocator, cap=fit + missed_by, samples=0).ooms == 0
     else:
         assert replay(trace, allocator, cap=fit, samples=0).ooms == 0
     if failed is not None:

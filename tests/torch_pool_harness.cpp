@@ -17,6 +17,7 @@ using Filter = std::function<bool(CUstream_st*)>;
 using BeginFn = void (*)(int, MempoolId, Filter);
 using PoolFn = void (*)(int, MempoolId);
 using AllocFn = void* (*)(size_t, int, void*);
+using FractionFn = void (*)(double, int);
 
 static thread_local std::string last_error;
 static thread_local std::string last_type;   // the thrown error's dynamic type, as typeid names it (mangled)
@@ -58,6 +59,11 @@ uintptr_t harness_alloc(uintptr_t hook, size_t size, int device, intptr_t stream
     if (guarded([&] { ptr = reinterpret_cast<AllocFn>(hook)(size, device, reinterpret_cast<void*>(stream)); }))
         return 0;
     return reinterpret_cast<uintptr_t>(ptr);
+}
+
+// set_per_process_memory_fraction's hook; 1 and a message if it threw.
+int harness_fraction(uintptr_t hook, double fraction, int device) {
+    return guarded([&] { reinterpret_cast<FractionFn>(hook)(fraction, device); });
 }
 
 const char* harness_error() { return last_error.c_str(); }

@@ -360,6 +360,7 @@ cdef class Allocator:
     cdef Knobs k
     cdef std_mutex mutex
     cdef size_t limit_bytes
+    cdef bint zero_cap                                   # a cap of 0 bytes (limit_bytes 0 means none): nothing fits
     cdef bint reserve_open                               # relief ran out: growth may take the device reserve
     cdef size_t max_request
     cdef Stats st
@@ -387,6 +388,7 @@ cdef class Allocator:
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
     cdef int empty_cache_nogil(self, Failure* why) noexcept nogil
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil
+    cdef void cap_nogil(self, size_t limit) noexcept nogil
     cdef object failure(self, size_t size, Failure* why, int64_t request=*)
     cdef void _report(self, Failure* why, Failure* out) noexcept nogil
     cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil

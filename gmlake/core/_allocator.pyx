@@ -394,8 +394,8 @@ cdef class Allocator:
         return self._alloc_under_pressure(why, size_class, size, stream)
 
     cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
-        """Step 5: relieve memory pressure, retrying the request after each attempt that changed something, until
-        it is served or relief runs out. Each attempt takes the growth's built-in stage (Growth.pressure_stage) or
+        """Step 5: relieve memory pressure, retrying the request after each attempt, until it is served or relief
+        runs out. Each attempt takes the growth's built-in stage (Growth.pressure_stage) or
         what the policy's relieve_pressure chose instead, up to MAX_PRESSURE_ATTEMPTS; _relieve carries it out."""
         cdef Block* b
         cdef int attempt, action, default
@@ -405,12 +405,14 @@ cdef class Allocator:
                 action = _ask_pressure(self, why, size, stream, size_class, attempt, default)
             if action == PRESSURE_GIVE_UP:
                 break
-            if _relieve(self, why, size_class, size, action):
-                b = self._try_alloc(why, size_class, size, stream)
-                if b != NULL or why.err != ERR_OOM:
-                    return b
-            elif why.err != ERR_NONE:
+            # Retried after every stage that ran, whether or not it reports a change: its synchronize alone may have
+            # completed other streams' work (pending frees, fences), and a retry that fails is cheap beside it.
+            _relieve(self, why, size_class, size, action)
+            if why.err != ERR_NONE:
                 return NULL
+            b = self._try_alloc(why, size_class, size, stream)
+            if b != NULL or why.err != ERR_OOM:
+                return b
         if self.k.device_reserve and not self.reserve_open:
             # relief ran out: the device reserve is the last memory a request may have (Note [Leaving the
             # libraries room], _reserve_binds)
@@ -598,6 +600,15 @@ cdef class Allocator:
         cdef ScopedLock held
         held.acquire(self.mutex)
         self.limit_bytes = limit
+        self.zero_cap = False
+
+    cdef void cap_nogil(self, size_t limit) noexcept nogil:
+        """Cap the physical memory held at `limit` bytes, 0 included: a cap of 0 refuses every request, as PyTorch's
+        allocator does under set_per_process_memory_fraction(0) (set_limit's 0 means no cap instead)."""
+        cdef ScopedLock held
+        held.acquire(self.mutex)
+        self.limit_bytes = limit
+        self.zero_cap = limit == 0
 
     # ------------------------------------------------------------------ Python API
 
@@ -803,7 +814,7 @@ cdef class Allocator:
                 limit=why.limit, capacity=self.driver.capacity)
         return OutOfMemoryError(
             requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
-            limit=why.limit, capacity=self.driver.capacity)
+            limit=why.limit, capacity=self.driver.capacity, zero_cap=why.limit == 0 and self.zero_cap)
 
     def close(self) -> None:
         """Release everything back to the driver. Raises if allocations are still live."""
@@ -999,7 +1010,8 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
     why.err = ERR_NONE
     # A request no device (or cap) could hold fails at once and changes nothing but the out-of-memory count and
     # history: no loop over billions of chunks, no vector that large, no memory released for nothing.
-    if size > self.max_request or (self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
+    if size > self.max_request or unlikely(self.zero_cap) or (
+            self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
         why.err = ERR_OOM
         _count_oom(self, size, stream)
         self._report(why, out)

@@ -31,7 +31,7 @@ cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) n
         while run < end and _unit_at(self, seg, run) == unit:
             run += unit
             n += 1
-        if _map_new_chunks(self, why, seg.va + at, n, unit, handles, n * unit, False) != DRIVER_OK:
+        if _map_new_chunks(self, why, seg.va + at, n, unit, handles, n * unit, False, False) != DRIVER_OK:
             if at > start:
                 _unmap_units(self, why, seg, start, at, _units_in(self, seg, start, at))
             return NULL
@@ -166,6 +166,19 @@ cdef bint _request_over_cap(Allocator self, Failure* why, int size_class, size_t
     return True
 
 
+cdef Block* _claim_for(Allocator self, Block* b, int64_t stream) noexcept nogil:
+    """Free, indexed b (of `stream` or of no stream) as `stream`'s, merged with its free neighbours of that stream;
+    returns the merged block, indexed. A block of no stream is safe for any stream, so this only narrows who may
+    use it, for the request about to take it."""
+    if b.stream == stream:
+        return b
+    _erase_free(self, b)
+    b.stream = stream
+    b = _coalesce(self, b)
+    _insert_free(self, b)
+    return b
+
+
 cdef Block* _alloc_expandable(Allocator self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
     """Grow an expandable segment by mapping pages until `size` bytes in a row are free, then take them."""
     cdef Block* c = _find_expandable(self, why, size_class, size, stream)
@@ -180,9 +193,13 @@ cdef Block* _alloc_expandable(Allocator self, Failure* why, int size_class, size
             if seg.mapped_chunks == 0:
                 _drop_segment(self, why, seg)     # a segment with nothing mapped holds only VA: give it back
             return NULL
+    c = _claim_for(self, c, stream)
     while c.size < size:
-        # _find_expandable counts a free block of another stream tag (-1) as room, but coalescing does not join it:
-        # growth stops there as out of memory (pressure is then relieved) instead of mapping over a mapped block.
+        # _lowest_room counts a free block of no stream (-1) as room: it joins the run as the stream's (pressure
+        # makes every free block so, and pages mapped after it carry the stream's tag, which coalescing needs)
+        if c.next != NULL and c.next.state == BLOCK_FREE and c.next.stream == ANY_STREAM:
+            c = _claim_for(self, c.next, stream)
+            continue
         if c.next == NULL or c.next.state != BLOCK_UNMAPPED:
             why.err = ERR_OOM
             return NULL

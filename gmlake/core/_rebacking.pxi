@@ -7,9 +7,9 @@
 # live block are out of reach of growth and stitching alike: at the edge of memory, on a device or under a cap
 # barely larger than the peak, they are what keeps a request from fitting where 2 MiB chunks would fit
 # (docs/benchmarks.md, "At the edge of memory"). Finer chunks from the start would reach them, but the driver
-# charges per handle, so every run would pay for a packing that only the runs at their limit need. So the default
-# keeps its coarse chunks and, as the last pressure stage (PRESSURE_REBACK, after every free chunk went back),
-# re-backs each partly used chunk of the default pool that no sBlock maps: its live slots (reback_slot bytes each)
+# charges per handle, so every run would pay for a packing that only the runs at their limit need. A policy that
+# sets `reback_slot` keeps its coarse chunks and, as the last pressure stage (PRESSURE_REBACK, after every free
+# chunk went back), re-backs each partly used chunk of the default pool that no sBlock maps: its live slots (reback_slot bytes each)
 # are copied to the host, the chunk is unmapped, one new handle per live slot is mapped at the same addresses and
 # the bytes copied back, and the chunk's handle is released. Pointers stay valid; the free slots become unmapped
 # holes that growth fills slot by slot from then on (the chunk stays re-backed, so the next step finds its slots
@@ -17,9 +17,21 @@
 # released where the limit leaves room for them (so a failure leaves the chunk as it was), else after.
 #
 # It runs only after a device-wide synchronize (the live bytes must be final before they are copied), never during
-# a graph capture, and only in the default pool; a thread that launches kernels on live memory while another one
-# allocates at the limit would race with the copy, as with any allocator that moves memory. A run that never
-# reaches its limit makes none of these calls.
+# a graph capture, and only in the default pool: a private pool's memory belongs to a CUDA graph (or a MemPool)
+# whose replays touch it with no request in sight, so it is never copied or unmapped (tests/test_edge_rules.py).
+# A run that never reaches its limit makes none of these calls.
+#
+# The hazard, and why it is off by default (`reback_slot=0` in every built-in policy): a handle maps only whole and
+# at its offset 0, so the slots cannot be mapped over the chunk while it is mapped, and the chunk cannot be unmapped
+# in part; the live bytes are therefore unmapped from the unmap to the copy back. The synchronize covers only work
+# launched before it: a kernel that another thread launches on a live tensor in that window reads or writes an
+# unmapped address, which on the H200 is an illegal memory access that loses the CUDA context (both processes of
+# the concurrent-writer run died; with re-backing off the same request failed with out-of-memory, nothing lost).
+# No CUDA call closes the window: the tensors' addresses must stay, so the new slots cannot be mapped elsewhere
+# first, and nothing in the driver API blocks other threads' launches. PyTorch's allocators never move or unmap
+# memory a live tensor uses; the default does not either, and gives up the free bytes inside partly used chunks
+# at the edge instead. A process whose work one thread launches (and no other library launches on its tensors)
+# may turn it on.
 #
 # Measured (`python -m bench edge`, docs/benchmarks.md "At the edge of memory"): on 22 replayed traces the default
 # fits a device within 0.2 % of the peak of the better of the expandable model and gmlake-paper on 20 (10 without
@@ -187,7 +199,7 @@ cdef void _restore_chunk(Allocator self, Failure* why, Segment* seg, size_t chun
         _release_handle(self, why, fresh[j], S)
     fresh.clear()
     seg.handles[chunk] = 0
-    rc = _map_new_chunks(self, why, lo, 1, C, whole, C, False)
+    rc = _map_new_chunks(self, why, lo, 1, C, whole, C, False, True)
     if rc == DRIVER_OK:
         rc = _copy_runs(self, why, lo, live, staging, False)
     if rc == DRIVER_OK:

@@ -74,14 +74,24 @@ cdef inline void _release_stitched(Allocator self, Block* a) noexcept nogil:
 
 
 cdef SBlock* _best_cached(Allocator self, size_t size, size_t below, int64_t stream) noexcept nogil:
-    """Smallest cached sBlock with capacity in [size, below) whose first `size` bytes are free."""
+    """Smallest cached sBlock with capacity in [size, below) whose first `size` bytes are free.
+
+    Note [Searching the sBlock cache]: the cache is indexed by capacity (by_fit), so the search starts at the
+    smallest sBlock that could carry the request and stops at the first one too large (`below`: the best free
+    block's size, where one fits) or whose pieces are free. Every sBlock in that window is examined unless the
+    policy bounds the search (`sblock_search_depth`, 0: no bound, the default): a bound of 8 left a fitting sBlock
+    behind eight whose pieces other blocks held unfound, and the request stitched or grew instead. The cost stays
+    bounded without one: the window holds at most `max_cached_sblocks` sBlocks, an sBlock whose pieces are held
+    fails at its first held piece (one lookup), and the search runs only on a miss (Note [sBlocks only where no
+    free block fits]), where the alternative is a stitch or growth that calls the driver."""
     cdef cmap[SBlockKey, SBlock*].iterator it
     cdef SBlockKey key
     key.capacity = size
     key.serial = 0
     it = self.sblock_cache.by_fit.lower_bound(key)
     cdef size_t tried = 0
-    while it != self.sblock_cache.by_fit.end() and tried < self.k.sblock_search_depth:
+    while it != self.sblock_cache.by_fit.end() and (self.k.sblock_search_depth == 0 or
+                                                    tried < self.k.sblock_search_depth):
         if deref(it).first.capacity >= below:
             return NULL
         if _sblock_fits(self, deref(it).second, size, stream):

@@ -26,7 +26,7 @@ cdef Segment* _new_segment(Allocator self, Failure* why, int size_class, size_t 
         if rc == DRIVER_OOM:
             why.err = ERR_OOM
         return NULL
-    if _map_new_chunks(self, why, va, n, chunk_size, handles, size, True) != DRIVER_OK:
+    if _map_new_chunks(self, why, va, n, chunk_size, handles, size, True, False) != DRIVER_OK:
         return NULL                 # the reservation is freed too
     cdef Segment* seg = new Segment()
     seg.serial = _new_serial(self)

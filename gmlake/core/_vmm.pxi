@@ -112,18 +112,22 @@ cdef bint _reserve_binds(Allocator self, size_t size) noexcept nogil:
 
 
 cdef int _map_new_chunks(Allocator self, Failure* why, uintptr_t va, size_t n, size_t chunk_size,
-                         vector[uint64_t]& handles, size_t va_size, bint release_va) noexcept nogil:
+                         vector[uint64_t]& handles, size_t va_size, bint release_va, bint held) noexcept nogil:
     """Create `n` chunks and map them back to back from `va`, then grant access to the run in one call; on success
     `handles` holds them in order. On failure nothing is left behind: what was mapped is unmapped (and the range's
     reservation of `va_size` bytes freed, if `release_va`), every chunk created is released, `handles` is empty and
     why.err is ERR_OOM where the driver ran out of memory. Returns the driver's code. The one place new memory is
-    created and mapped (a segment mapped at once, pages mapped onto an expandable range's hole)."""
+    created and mapped (a segment mapped at once, pages mapped onto an expandable range's hole, a failed re-back's
+    chunk mapped again). `held`: the bytes replace memory the allocator held a moment ago, which the device reserve
+    never refuses (Note [Leaving the libraries room]: the reserve bounds growth, and restoring a chunk whose live
+    bytes wait on the host is not growth; refused, those bytes would be lost)."""
     cdef size_t i, mapped
     cdef uint64_t handle = 0
     cdef int rc = DRIVER_OK
     handles.clear()
-    if n and self.k.device_reserve and not self.reserve_open and _reserve_binds(self, n * chunk_size):
-        why.err = ERR_OOM
+    if n and not held and self.k.device_reserve and not self.reserve_open and _reserve_binds(self, n * chunk_size):
+        if why.err == ERR_NONE:         # the first failure is the call's (Note [A call's failure])
+            why.err = ERR_OOM
         _discard_range(self, why, va, va_size if release_va else 0, 0, 0, release_va)
         return DRIVER_OOM
     for i in range(n):

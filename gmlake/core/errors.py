@@ -17,15 +17,16 @@ class OutOfMemoryError(GmlakeError, MemoryError):
     """
 
     def __init__(self, *, requested: int, reserved: int, allocated: int, cached: int, limit: int = 0,
-                 capacity: int = 0) -> None:
+                 capacity: int = 0, zero_cap: bool = False) -> None:
         self.requested = requested
         self.reserved = reserved
         self.allocated = allocated
         self.cached = cached
         self.limit = limit
         self.capacity = capacity
+        self.zero_cap = zero_cap        # a cap of 0 bytes (set_per_process_memory_fraction(0)), not "no cap"
         cap = []
-        if limit:
+        if limit or zero_cap:
             cap.append(f"cap {_mib(limit)}")
         if capacity:
             cap.append(f"device capacity {_mib(capacity)}")
@@ -42,15 +43,18 @@ class OutOfMemoryError(GmlakeError, MemoryError):
         then gmlake's report: the figures, the stitches made so far, the limit in force and what to try.
         `device_free`: the device's free memory now (None: not known)."""
         free = f" of which {format_size(device_free)} is free" if device_free is not None else ""
-        allowed = f"{format_size(self.limit)} allowed; " if self.limit else ""
-        if self.limit:
+        capped = bool(self.limit) or self.zero_cap
+        allowed = f"{format_size(self.limit)} allowed; " if capped else ""
+        if self.zero_cap:
+            limit = "a cap of 0 bytes (set_per_process_memory_fraction(0): no allocation fits)"
+        elif self.limit:
             limit = (f"the cap of {_mib(self.limit)} (set_per_process_memory_fraction or GMLAKE_LIMIT) binds before "
                      f"the device's {_mib(self.capacity)}")
         else:
             limit = f"no cap, the device's own {_mib(self.capacity)}"
         made = f"; {stitches} stitches made so far" if stitches is not None else ""
         tries = "free tensors or use a smaller batch and retry"
-        if self.limit:
+        if capped:
             tries += ", or raise the cap"
         if self.cached >= self.requested:
             tries += (f" ({_mib(self.cached)} is cached and free, in pieces of segments still in use that the policy "

@@ -47,7 +47,9 @@ class Policy:
           grows no more while it holds (Note [Finer pages under a cap]).
       reback_slot: under "expandable", as the last pressure stage, re-back each partly used chunk in handles of
         this many bytes, one per slot that holds live bytes (copied through the host, pointers unchanged), giving
-        its free slots back to the driver (0: never). Note [Taking slots back at the edge].
+        its free slots back to the driver (0: never, every built-in policy). Hazard: while a chunk is re-backed its
+        live bytes are unmapped, and a kernel another thread launches on them then faults (the CUDA context is
+        lost); only for a process whose work one thread launches. Note [Taking slots back at the edge].
       device_reserve: where no cap binds, new memory that would leave the device fewer free bytes than this is
         taken only after every pressure stage failed to make room, so the CUDA libraries' own later allocations
         (kernels loaded for a new shape, workspaces) still find memory (0: growth takes the device's last byte;
@@ -78,7 +80,9 @@ class Policy:
       max_split_size / max_non_split_rounding: PyTorch's oversize-block rules (0: no limit).
     Stitched blocks:
       max_cached_sblocks: sBlocks kept mapped after their allocation is freed, least recently used evicted first.
-      sblock_search_depth: how many cached sBlocks a request examines before it gives up on reuse.
+      sblock_search_depth: how many cached sBlocks a request examines before it gives up on reuse (0: every one
+        whose capacity could serve it; the cost stays bounded by `max_cached_sblocks`: Note [Searching the sBlock
+        cache], gmlake/core/_sblocks.pxi).
       sblock_first: a cached sBlock that fits more tightly than the best free block serves the request (the
         paper's order). Off, cached sBlocks serve only requests no free block fits: each check costs a lookup per
         piece, so this keeps the search off the common path.
@@ -119,7 +123,7 @@ class Policy:
     reback_slot: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     device_reserve: int = knob(0, unit="bytes", minimum=0)
     max_cached_sblocks: int = knob(4096, unit="count", minimum=0, growths=STITCHING)
-    sblock_search_depth: int = knob(8, unit="count", minimum=1, growths=STITCHING)
+    sblock_search_depth: int = knob(0, unit="count", minimum=0, growths=STITCHING)
     sblock_first: bool = knob(True, growths=STITCHING)
     restitch_limit: int = knob(0, unit="count", minimum=0, growths=STITCHING)
 

@@ -22,10 +22,11 @@ class GMLakePolicy(Policy):
     62-313, and its priced driver time is 1.38-1.53x the expandable model's (the paper's: 26-29x), at 0.987-0.996
     utilization against the expandable model's 0.873-0.950.
 
-    At the edge of memory (a device or a cap barely larger than the job's peak), once everything free went back, the
-    last pressure stage re-backs partly used pages in 2 MiB slots and gives their free slots back (`reback_slot`,
-    Note [Taking slots back at the edge], gmlake/core/_rebacking.pxi): the paper's packing, paid for only by a run that
-    reaches its limit. A cap that never binds costs nothing (Note [Finer pages under a cap]).
+    It never moves or unmaps memory a live block uses: re-backing partly used pages at the edge of memory
+    (`reback_slot`, Note [Taking slots back at the edge], gmlake/core/_rebacking.pxi) is off (`reback_slot=0`), since a
+    kernel another thread launches while a page is re-backed faults on its unmapped live bytes and the CUDA context
+    is lost. A policy may turn it on where no other thread launches work at the limit. A cap that never binds costs
+    nothing (Note [Finer pages under a cap]).
 
     Cached sBlocks serve only requests no free block fits (`sblock_first=False`): checking an sBlock's pieces costs
     a lookup per piece, and an expandable range's long free tail would otherwise send every request through it.
@@ -50,7 +51,7 @@ class GMLakePolicy(Policy):
     cross_stream: bool = True
     cross_stream_wait: bool = True
     sblock_first: bool = False
-    reback_slot: int = 2 * MiB              # Note [Taking slots back at the edge] (gmlake/core/_rebacking.pxi)
+    reback_slot: int = 0                    # off: Note [Taking slots back at the edge] (gmlake/core/_rebacking.pxi)
     restitch_limit: int = 2                 # Note [Stitching a size again] (gmlake/core/_sblocks.pxi)
     device_reserve: int = 8 * MiB           # Note [Leaving the libraries room] (gmlake/core/_vmm.pxi)
 

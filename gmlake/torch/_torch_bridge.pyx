@@ -202,13 +202,27 @@ cdef public void gmlake_reset() noexcept nogil:
 
 
 cdef public void gmlake_memory_fraction(double fraction, int device) noexcept nogil:
+    """torch.cuda.set_per_process_memory_fraction: a cap of fraction x the device's memory, as PyTorch's allocator
+    sets one. A fraction of 0 (or one that rounds to 0 bytes) is a cap of 0 bytes, under which every allocation
+    fails with out-of-memory, as in PyTorch: not the core's limit 0, which means no cap. A NaN or a fraction outside
+    [0, 1] is refused, as torch's own allocator refuses it, and the cap stays as it was."""
     cdef ErrorText error
-    cdef void* handle = _get(device, &error)
+    cdef char message[160]
+    cdef void* handle
+    cdef size_t capacity, limit
+    if not (0.0 <= fraction <= 1.0):        # also a NaN, which compares false
+        snprintf(message, sizeof(message), "gmlake: set_per_process_memory_fraction: invalid fraction %g, it "
+                 "must be between 0 and 1", fraction)
+        throw_error(message)
+    handle = _get(device, &error)
     if handle == NULL:
-        return
-    if not (0.0 <= fraction <= 1.0):        # torch checks too; a NaN or out-of-range value never becomes a cap
-        throw_error("gmlake: set_per_process_memory_fraction needs a fraction between 0 and 1")
-    (<Allocator>handle).set_limit_nogil(<size_t>(fraction * (<Allocator>handle).driver.capacity))
+        throw_error(error.text)
+    capacity = (<Allocator>handle).driver.capacity
+    limit = <size_t>(fraction * capacity)
+    if limit == 0 and capacity == 0 and fraction != 0.0:
+        (<Allocator>handle).set_limit_nogil(0)  # a driver that models no device size: no cap but fraction 0
+    else:
+        (<Allocator>handle).cap_nogil(limit)
 
 
 cdef public void* gmlake_base_alloc(void* ptr, size_t* size) noexcept nogil:

@@ -1,7 +1,8 @@
 """Re-backing at the edge on the CUDA driver (Note [Taking slots back at the edge]): under a cap, twenty 20 MiB pages
 each hold a live 6 MiB tensor and a freed 14 MiB gap; a 300 MiB tensor fits only once the gaps go back. Every live
 tensor must keep its values (copied to the host and back at the same addresses), kernels must still run on them,
-and the run must have re-backed (not merely released free pages)."""
+and the run must have re-backed (not merely released free pages). Re-backing is off by default: run with
+GMLAKE_KNOBS=reback_slot=2MiB (tests/test_torch_gpu.py does)."""
 import torch
 
 import gmlake.torch as gt
