@@ -67,12 +67,12 @@ def test_memory_fraction_through_the_bridge(harness):  # noqa: F811
     # 0: a cap of 0 bytes, every allocation refused with out-of-memory, the message saying so
     assert got["set_0"] == 0
     for key in ("at_0", "at_0_again"):
-        assert got[key].startswith("gmlake: CUDA out of memory on device 0"), got[key]
+        assert got[key].startswith("CUDA out of memory. Tried to allocate"), got[key]
         assert "cap 0 bytes (set_per_process_memory_fraction(0): no allocation fits)" in got[key], got[key]
     # a fraction in (0, 1]: fraction x the device's memory
     assert got["set_half"] == 0 and got["limit_at_half"] == 32 << 20
     assert got["at_half"] == "ok"
-    assert got["over_half"].startswith("gmlake: CUDA out of memory") and "cap 32.00 MiB" in got["over_half"]
+    assert got["over_half"].startswith("CUDA out of memory.") and "the cap of 32.00 MiB" in got["over_half"]
     # NaN and out of range: refused, one line naming the value, the cap unchanged
     for name, shown in (("nan", "nan"), ("negative", "-0.25"), ("above_one", "1.5"), ("inf", "inf")):
         rc, message, limit = got[name]

@@ -56,7 +56,7 @@ class OutOfMemoryError(GmlakeError, MemoryError):
         tries = "free tensors or use a smaller batch and retry"
         if capped:
             tries += ", or raise the cap"
-        if self.cached >= self.requested:
+        if self.cached >= self.requested and not self.zero_cap:
             tries += (f" ({_mib(self.cached)} is cached and free, in pieces of segments still in use that the policy "
                       f"could not join for this request)")
         return (f"CUDA out of memory. Tried to allocate {format_size(self.requested)}. GPU {device} has a total "
