@@ -68,7 +68,7 @@ def test_memory_fraction_through_the_bridge(harness):  # noqa: F811
     assert got["set_0"] == 0
     for key in ("at_0", "at_0_again"):
         assert got[key].startswith("CUDA out of memory. Tried to allocate"), got[key]
-        assert "cap 0 bytes (set_per_process_memory_fraction(0): no allocation fits)" in got[key], got[key]
+        assert "a cap of 0 bytes (set_per_process_memory_fraction(0): no allocation fits)" in got[key], got[key]
     # a fraction in (0, 1]: fraction x the device's memory
     assert got["set_half"] == 0 and got["limit_at_half"] == 32 << 20
     assert got["at_half"] == "ok"
