@@ -138,3 +138,17 @@ def test_an_analysis_command_without_the_sim_extra_names_the_extra_in_one_line()
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "gmlake[sim]" in lines[0], proc.stderr
+
+
+# A measured figure: a time, a percentage, a ratio with decimals, a count of traces, or the machine it ran on.
+_FIGURE = re.compile(r"\b\d+(?:\.\d+)? ?(?:µs|ms|%)|\bH[12]00\b|\b\d+\.\d+x\b|\b\d+ of \d+ traces\b")
+CORE_AND_POLICIES = sorted(p for layer in ("core", "drivers", "policies") for p in (PACKAGE / layer).iterdir()
+                           if p.suffix in (".py", ".pyx", ".pxd", ".pxi", ".h"))
+
+
+@pytest.mark.parametrize("path", CORE_AND_POLICIES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_core_comments_hold_no_measured_figures(path):
+    """Notes say why and point to docs/benchmarks.md; re-recording a benchmark never edits the core."""
+    found = [f"line {n}: {line.strip()}" for n, line in enumerate(path.read_text().splitlines(), 1)
+             if _FIGURE.search(line)]
+    assert not found, f"{path.relative_to(PACKAGE)} quotes measurements (move them to docs/benchmarks.md): {found}"

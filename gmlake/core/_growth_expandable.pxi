@@ -59,15 +59,10 @@ cdef inline size_t _page(Allocator self, int size_class) noexcept nogil:
     mapped, but grows no more (_coarser_range), so a cap set after the model was loaded still gets that page for
     what comes after. A cap at or above the device's memory is none.
 
-    The default used to map 4 MiB pages under any cap, to reach the free space inside pages that also hold live
-    blocks, where 20 MiB pages left a capped run needing more than PyTorch's expandable segments. It paid for that
-    from the moment the cap was set, bound or not: several times the expandable model's driver time at every cap.
-    Re-backing at the edge (Note [Taking slots back at the edge], _rebacking.pxi) reaches the same space only when
-    the limit binds, so the default now keeps 20 MiB pages under a cap. Replayed on the edge suite's 22 traces
-    (`python -m bench edge`, docs/benchmarks.md "At the edge of memory"), it fits the smallest cap within 0.2 % of
-    the peak of the better of the expandable model and gmlake-paper on 20 (4 MiB pages: 21), is within 1.5x the
-    expandable model's priced driver time at a cap of 1.05x the peak on 19 (4 MiB pages: 0), and a cap that never
-    binds costs nothing on all 22 (4 MiB pages: none). The knob stays for research."""
+    Finer pages reach the free space inside pages that also hold live blocks, but the driver charges per handle, and
+    a range made under a cap pays that price from the moment the cap is set, whether the cap ever binds or not; so
+    the default keeps its uncapped page under a cap, and the knob stays for research. What each page size costs and
+    buys at the edge is measured in docs/benchmarks.md, "At the edge of memory" (`python -m bench edge`)."""
     if size_class == SIZE_SMALL:
         return self.k.expandable_page_small
     if _cap_binds(self):

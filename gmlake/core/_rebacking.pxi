@@ -25,19 +25,13 @@
 # at its offset 0, so the slots cannot be mapped over the chunk while it is mapped, and the chunk cannot be unmapped
 # in part; the live bytes are therefore unmapped from the unmap to the copy back. The synchronize covers only work
 # launched before it: a kernel that another thread launches on a live tensor in that window reads or writes an
-# unmapped address, which on the H200 is an illegal memory access that loses the CUDA context (both processes of
-# the concurrent-writer run died; with re-backing off the same request failed with out-of-memory, nothing lost).
-# No CUDA call closes the window: the tensors' addresses must stay, so the new slots cannot be mapped elsewhere
+# unmapped address: an illegal memory access, which loses the CUDA context and the job with it
+# (tests/gpu_scripts/concurrent_writer.py runs that scenario). No CUDA call closes the window: the tensors' addresses must stay, so the new slots cannot be mapped elsewhere
 # first, and nothing in the driver API blocks other threads' launches. PyTorch's allocators never move or unmap
 # memory a live tensor uses; the default does not either, and gives up the free bytes inside partly used chunks
 # at the edge instead. A process whose work one thread launches (and no other library launches on its tensors)
-# may turn it on.
-#
-# Measured (`python -m bench edge`, docs/benchmarks.md "At the edge of memory"): on 22 replayed traces the default
-# fits a device within 0.2 % of the peak of the better of the expandable model and gmlake-paper on 20 (10 without
-# re-backing), a cap on 20 with 20 MiB pages (finer pages under any cap: 21, at several times the driver time), and
-# a cap that never binds costs nothing on all 22. On the H200 it re-backed twenty pages through torch with every
-# tensor intact (tests/gpu_scripts/reback.py), and the copies cost 303 µs per MiB out and back.
+# may turn it on. What it buys at the edge, and what its copies cost, is measured in docs/benchmarks.md ("At the edge
+# of memory"; `python -m bench edge`).
 
 
 cdef size_t _reback_chunks(Allocator self, Failure* why) noexcept nogil:

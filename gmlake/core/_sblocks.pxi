@@ -312,13 +312,10 @@ cdef SBlock* _same_size_cached(Allocator self, size_t size, int64_t stream, bint
     Note [Stitching a size again]: a stitch saves memory only while its pieces are not needed elsewhere. Once its
     allocation is freed, best fit hands the pieces to smaller requests, and the next request of that size stitches
     other free runs again: a new VA range and a cuMemSetAccess per page, every time. Growing once instead leaves a
-    free run of that size that serves the size from then on. On T5 (an encoder-decoder whose lengths change every
-    step) one attention size stitched 26 times in the first step, 69 stitches in all (1,989 pages mapped again) for
-    0.2 % less reserved, at 3.5x the expandable model's priced driver time. With `restitch_limit=2` it stitches 15
-    times, at 1.6x, reserves less (its peak comes at later, longer shapes) and fits a smaller device (1.0061 P from
-    1.0070). A limit of 1 costs utilization where a size needs its second stitch each step (FSDP's gathered
-    parameters, GPT-2 large's logits: 0.98 to 0.71 and 0.99 to 0.88); at 2 no other edge trace's goal moves
-    (docs/benchmarks.md, "At the edge of memory")."""
+    free run of that size that serves the size from then on. Shapes that change every step (an encoder-decoder's
+    attention) otherwise stitch one size again and again for little memory. A limit of 1 costs utilization where a
+    size needs its second stitch each step (FSDP's gathered parameters, a language model's logits), so the default
+    allows two. What each limit costs and saves is measured in docs/benchmarks.md, "At the edge of memory"."""
     cdef cmap[SBlockKey, SBlock*].iterator it
     cdef SBlockKey key
     cdef size_t held = 0

@@ -76,9 +76,8 @@ cdef class LazyViews:
     """A read-only sequence of the free blocks (FreeBlock) and then the cached sBlocks (CachedSBlock) a hook may
     choose from, each view built when first read. A hook that only returns its `default` builds none.
 
-    Note [Views built on read]: building every candidate's view cost a choose_block about 20 µs a call on a
-    replay of the bundled traces (18 candidates a request, half of them sBlocks with their pieces), where the hook
-    itself takes well under 1 µs; and finding which cached sBlocks fit (a lookup per piece, for every cached sBlock
+    Note [Views built on read]: building every candidate's view costs a choose_block far more than the hook itself
+    takes (a request has many candidates, many of them sBlocks with their pieces); and finding which cached sBlocks fit (a lookup per piece, for every cached sBlock
     big enough) was the larger part of what remained. So views are built on read, and the cached sBlocks that fit
     are found only as far as a read (or `len`) needs. Reads happen while the hook runs, so they see the moment of
     the decision. When the hook returns, the sequence is dropped (the common case: nothing else refers to it) or,

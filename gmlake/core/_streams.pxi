@@ -161,9 +161,8 @@ cdef Block* _wait_for_other_stream(Allocator self, Failure* why, int size_class,
     instead). The price is that ordering: work the requesting stream queues from now on cannot overlap
     what the other stream had queued (FSDP's prefetch stream can end up waiting for compute), so the wait is taken
     only where a single block fits, not for a stitch, and only on a miss: a stream that finds a block of its own
-    (a prefetching side stream reusing its buffers, say) never waits. On two H200s (FSDP, `python -m bench train`)
-    the default reserved less with the wait, at no cost in tokens/s the runs could resolve, so the default takes
-    it; gmlake-paper does not (cross_stream_wait=False, as the paper describes). Blocks freed on a stream are used
+    (a prefetching side stream reusing its buffers, say) never waits. The default takes the wait, since over FSDP
+    it reserves less at no cost in tokens/s the runs resolve (docs/benchmarks.md, the training suite); gmlake-paper does not (cross_stream_wait=False, as the paper describes). Blocks freed on a stream are used
     only by their stream's work (a record_stream'ed block enters the index once its other streams' events are
     done), so the one event covers all of them."""
     cdef FreeIndex* index = free_index(self, size_class)

@@ -94,17 +94,15 @@ cdef bint _reserve_binds(Allocator self, size_t size) noexcept nogil:
     Note [Leaving the libraries room]: the device's memory is shared with the process's other users, and some
     allocate late: cuDNN compiles and loads kernels for new shapes (cuLibraryLoadData), cuBLAS makes workspaces.
     An allocator that takes the device's last free bytes before they have loaded what later shapes need makes them
-    fail outside any allocator, where no pressure stage can help: on the H200, gpt2xl-lora-ckpt given 1.02x its peak
-    allocated as the device's free memory failed in cuDNN's attention backward (cuLibraryLoadData: out of memory)
-    in every gmlake run, re-backing on or off, where expandable segments trained and where gmlake itself trained
-    with 1.004x and 1.014x. With device_reserve, growth that would leave the device fewer free bytes fails softly:
+    fail outside any allocator, where no pressure stage can help (a cuDNN attention backward failing with
+    cuLibraryLoadData: out of memory, where expandable segments trained). With device_reserve, growth that would leave the device fewer free bytes fails softly:
     the request goes through every pressure stage first (release, re-back) and takes the reserve only when they
     made no room (Allocator._alloc_under_pressure), so a request the device has room for still gets it. The free
     memory is asked of the driver (cuMemGetInfo) at growth only, never on a cache hit; a model driver answers its
-    capacity less its live chunks, so a replay with a device limit makes the same decisions. 8 MiB in the default
-    policy: on the H200 that run trained with 8 MiB (and 64 MiB) kept, and in replay 8 MiB costs no goal on any of
-    22 traces, where 16 MiB and 64 MiB each lose the speed at a device of 1.02x or 1.05x P on two (re-backing
-    earlier, more often) (docs/benchmarks.md, "The device itself as the limit")."""
+    capacity less its live chunks, so a replay with a device limit makes the same decisions. A larger reserve
+    leaves the libraries more, and makes every run near the device's edge go through the pressure stages sooner;
+    the default's size and what each size costs are measured in docs/benchmarks.md, "The device itself as the
+    limit"."""
     cdef size_t free = 0
     if _cap_binds(self) or _capturing(self) or self.driver.device_free(&free) != DRIVER_OK:
         return False

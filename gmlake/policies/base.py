@@ -74,7 +74,7 @@ class Policy:
       small_size / small_segment_size: requests up to small_size use a small pool of small_segment_size segments,
         never stitched, so small tensors do not fragment the chunks that large ones stitch.
       chunk_size: one physical handle of the large pool under "chunks". Smaller handles stitch more finely; each
-        handle a stitch maps costs about 30 µs of cuMemSetAccess on an H200, so larger handles stitch cheaper.
+        handle a stitch maps costs a cuMemSetAccess (priced per handle), so larger handles stitch cheaper.
     Splitting:
       large_split_min: a large block is split only if more than this would remain (PyTorch native: 1 MiB).
       max_split_size / max_non_split_rounding: PyTorch's oversize-block rules (0: no limit).

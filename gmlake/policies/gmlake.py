@@ -16,11 +16,11 @@ class GMLakePolicy(Policy):
     the ranges (plus new pages for the shortfall) instead, but only where that maps at least `min_saved_chunks`
     fewer new pages than growing would.
 
-    Note [Why an expandable base]: the paper's design maps 2 MiB handles, and cuMemSetAccess costs ~25 µs per
-    handle whatever its size, so every new segment and every stitch cost ~13 ms per GiB; on dynamic shapes that
-    never reached a steady state. Replayed on the bundled traces this policy makes 4-15 stitches instead of
-    62-313, and its priced driver time is 1.38-1.53x the expandable model's (the paper's: 26-29x), at 0.987-0.996
-    utilization against the expandable model's 0.873-0.950.
+    Note [Why an expandable base]: the paper's design maps 2 MiB handles, and the driver charges cuMemSetAccess per
+    handle whatever its size, so every new segment and every stitch costs in proportion to its bytes; on dynamic
+    shapes that never reaches a steady state. An expandable base grows by large pages and stitches only where that
+    saves pages, so it makes a small fraction of the paper's stitches and driver time at nearly its utilization
+    (docs/benchmarks.md: `gmlake compare`, and the replay figures beside it).
 
     It never moves or unmaps memory a live block uses: re-backing partly used pages at the edge of memory
     (`reback_slot`, Note [Taking slots back at the edge], gmlake/core/_rebacking.pxi) is off (`reback_slot=0`), since a
@@ -35,12 +35,12 @@ class GMLakePolicy(Policy):
     stream's work is done (`cross_stream=True`). The fence is recorded only on a miss, for each other stream that
     holds free blocks, so a step that fits in what is free costs no event call. Keeping blocks on their stream as
     PyTorch does strands FSDP's gradients and unsharded parameters, freed on one stream, where the next layer's
-    stream cannot use them: over FSDP on two H200s, blocks kept per stream reserved about 15 % more a rank than
-    blocks shared, at a slower step. Single-stream traces replay identically either way.
+    stream cannot use them: over FSDP, blocks kept per stream reserve markedly more a rank than blocks shared, at a
+    slower step (docs/benchmarks.md, the training suite). Single-stream traces replay identically either way.
     Handing blocks over only once an event is done costs memory while the GPU trails the CPU, so on a miss the
     requesting stream takes another stream's free block at once after a wait on the GPU (`cross_stream_wait`, Note
-    [Waiting for another stream's free block], gmlake/core/_streams.pxi): on the same FSDP run it reserved 3-7 % less a
-    rank than without the wait, at no cost to tokens/s that the runs resolve (docs/benchmarks.md, training suite).
+    [Waiting for another stream's free block], gmlake/core/_streams.pxi), which over FSDP reserves less again at no
+    cost to tokens/s that the runs resolve (docs/benchmarks.md, training suite).
     """
 
     name: ClassVar[str] = "gmlake"
