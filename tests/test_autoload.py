@@ -34,7 +34,9 @@ def fake_torch(tmp_path) -> Path:
 
 def test_the_pth_is_installed_in_site_packages():
     assert PTH.is_file(), f"{PTH} is missing: reinstall gmlake (pip install -e .)"
-    assert PTH.read_text() == (Path(__file__).parents[1] / "gmlake" / "gmlake_autoload.pth").read_text()
+    source = Path(__file__).parents[1] / "gmlake" / "gmlake_autoload.pth"
+    if source.is_file():        # run from a checkout; from an unpacked sdist against the wheel (.ci/run) there is none
+        assert PTH.read_text() == source.read_text()
 
 
 def test_unset_imports_nothing():

@@ -28,11 +28,21 @@ def _tracked(prefix: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory) -> tuple[str, set[str]]:
-    """The sdist `python -m build --sdist` makes of this checkout: (its top folder, the paths inside it). Built with
-    this environment's setuptools and Cython (no isolated build environment to download)."""
+    """The sdist `python -m build --sdist` makes of this checkout's files: (its top folder, the paths inside it).
+
+    Built from a copy of the files git knows (and the C++ that cythonize generated, with its times, so that
+    setup.py need not cythonize again): in the checkout itself setuptools would read the file list an earlier
+    build left in gmlake.egg-info. Built with this environment's setuptools and Cython (nothing to download)."""
+    copy = tmp_path_factory.mktemp("checkout")
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    for name in [*listed, *(p.relative_to(ROOT).as_posix() for p in (ROOT / "gmlake").rglob("*.cpp"))]:
+        if (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
     out = tmp_path_factory.mktemp("dist")
-    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--skip-dependency-check", "--outdir", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, check=False, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--skip-dependency-check",
+                           "--outdir", str(out)], cwd=copy, capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (archive,) = out.glob("gmlake-*.tar.gz")
     with tarfile.open(archive) as tar:
