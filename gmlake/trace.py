@@ -147,10 +147,15 @@ def load(path: str | Path, device: int | None = None) -> Trace:
     """Read a PyTorch snapshot (pickle, gzipped or not) or a `.gmtrace` file, by path or by the name of a bundled
     trace (`load("opt350m-full-ckpt-native")`; see `bundled_traces`). `device` chooses among a snapshot's devices.
     Raises TraceError for bad input."""
-    path = trace_path(path)
+    given, path = path, trace_path(path)
     try:
         with open(path, "rb") as f:
             head = f.read(6)
+    except FileNotFoundError:
+        if len(Path(given).parts) == 1:     # a bare name: meant as a file here or as a bundled trace
+            raise TraceError(f"no trace file or bundled trace named {str(given)!r}; `gmlake traces` lists the "
+                             f"bundled traces") from None
+        raise TraceError(f"cannot read {path}: no such file") from None
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not head:
