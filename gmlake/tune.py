@@ -344,8 +344,9 @@ def enable_call(o: Outcome, limit: int = 0) -> str:
 # ------------------------------------------------------------------ output
 
 
-def table(result: TuneResult, every: bool = False):
-    """The front (or `every` setting) as a rich Table, GiB and seconds."""
+def table(result: TuneResult, every: bool = False, wide: bool = False):
+    """The front (or `every` setting) as a rich Table, GiB and seconds. By default the columns that fit 80 columns
+    (headers on two lines, long settings folded); `wide` adds the smallest device and the stitches."""
     from rich.table import Table
     from rich.text import Text
 
@@ -360,16 +361,20 @@ def table(result: TuneResult, every: bool = False):
     fit_words = f", within {format_size(result.fit)}" if result.fit is not None else ""
     caption = (f"{hidden} more settings are beaten on all three or do the same as one shown (--all shows them); "
                if hidden else "") \
-        + "driver time priced on an H200; * on the front, > recommended"
+        + "driver time priced on an H200; * on the front, > recommended" \
+        + ("" if wide else "; --wide: the smallest device, stitches" + (", driver s uncapped" if result.fit else ""))
     t = Table(title=Text(f"{result.trace}: {len(result.outcomes)} settings replayed on a "
                          f"{format_size(result.device_memory)} device{fit_words} (GiB, s)"), caption=caption)
-    t.add_column("")
-    t.add_column("setting")
-    for col in ("peak reserved", "smallest cap", "smallest device", "driver s", "stitches"):
-        t.add_column(col, justify="right")
+    t.add_column("", no_wrap=True)
+    t.add_column("setting", overflow="fold")
+    # With --fit, the driver time under it stands in for the uncapped one (--wide shows both).
+    uncapped_time = wide or result.fit is None
+    columns = ["peak\nreserved", "smallest\ncap", *(["smallest\ndevice"] if wide else []),
+               *(["driver s"] if uncapped_time else []), *(["stitches"] if wide else [])]
     if result.fit is not None:
-        t.add_column(f"fits {format_size(result.fit)}", justify="right")
-        t.add_column("driver s there", justify="right")
+        columns += [f"fits\n{format_size(result.fit)}", "driver s\nthere"]
+    for col in columns:
+        t.add_column(col, justify="right", no_wrap=True)
 
     def gib(n: int | None) -> str:
         return "-" if n is None else f"{n / GiB:.3f}"
@@ -378,7 +383,8 @@ def table(result: TuneResult, every: bool = False):
     for o in order:
         mark = (">" if o is result.recommended else " ") + ("*" if o.front else " ")
         row = [mark, Text(o.policy), "OOM" if o.failed else gib(o.peak_reserved), gib(o.smallest_cap),
-               gib(o.smallest_device), f"{o.driver_seconds:.4f}", str(o.stitches)]
+               *([gib(o.smallest_device)] if wide else []), *([f"{o.driver_seconds:.4f}"] if uncapped_time else []),
+               *([str(o.stitches)] if wide else [])]
         if result.fit is not None:
             row += ["yes" if o.fits else "no",
                     "-" if o.fit_driver_seconds is None else f"{o.fit_driver_seconds:.4f}"]
