@@ -123,7 +123,7 @@ def test_json_schema(capsys):
     assert main(["tune", TINY, "--json", "--jobs", "1"]) == EXIT_OK
     record = json.loads(capsys.readouterr().out)
     assert set(record) == {"trace", "device_memory", "fit", "within", "event_lag", "jobs", "seconds", "settings",
-                           "recommended", "reason"}
+                           "recommended", "reason", "trace_seconds"}
     assert record["trace"] == "tiny-gpt2" and record["fit"] is None and record["within"] == 1.05
     keys = {"policy", "spec", "base", "knobs", "failed", "peak_reserved", "peak_allocated", "driver_seconds",
             "step_time_lost", "stitches", "driver_calls", "smallest_cap", "largest_failing_cap", "smallest_device",
