@@ -67,7 +67,7 @@ def test_every_extension_source_and_include_is_in_the_sdist(sdist):
     missing = [s for s in sources if s not in names]
     for source in [p for p in _tracked("gmlake") if p.endswith((".pyx", ".pxi", ".pxd"))]:
         folder = Path(source).parent
-        for include in re.findall(r'^\s*include\s+"([^"]+)"', (ROOT / source).read_text(), flags=re.M):
+        for include in re.findall(r'^\s*include\s+"([^"]+)"', (ROOT / source).read_text(), flags=re.MULTILINE):
             if (folder / include).as_posix() not in names:
                 missing.append(f"{(folder / include).as_posix()} (included by {source})")
     assert missing == []
