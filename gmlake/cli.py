@@ -428,8 +428,11 @@ def cmd_traces(args) -> int:
             print(path.name.removesuffix(".gmtrace"))
         return EXIT_OK
     table = Table(title="bundled traces (use the name as TRACE: gmlake replay NAME)")
-    for col in ("name", "captured under", "device", "events", "real reserved GiB"):
-        table.add_column(col, justify="right" if col in ("events", "real reserved GiB") else "left")
+    # The names whole (they are what one types), the other headers on two lines: 80 columns hold the table.
+    for col in ("name", "captured under", "device", "events", "captured reserved GiB"):
+        table.add_column(col if col == "name" else col.replace(" ", "\n"),
+                         justify="right" if col in ("events", "captured reserved GiB") else "left",
+                         no_wrap=col in ("name", "events"), overflow="fold")
     for path in bundled_traces():
         meta = load(path).meta
         table.add_row(path.name.removesuffix(".gmtrace"), meta.get("allocator", "-"), meta.get("device_name", "-"),

@@ -21,6 +21,7 @@ COMMANDS = {
     "replay-smallest-cap": ["replay", TINY, "--smallest-cap"],
     "tune": ["tune", TINY, "--jobs", "2"],
     "tune-fit": ["tune", TINY, "--fit", "120MiB", "--jobs", "2"],
+    "traces": ["traces"],
 }
 BOX = "│┃┏┗┡└┌├"
 
