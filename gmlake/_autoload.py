@@ -11,6 +11,8 @@ A setting that cannot be right (GMLAKE=maybe, GMLAKE_LIMIT=abc, GMLAKE_KNOBS=nos
 refused at start-up, before the program runs: one line on stderr naming the variable and what it accepts, exit
 status 2 (GMLAKE_TRACEBACK=1 adds the traceback), as the gmlake command refuses bad input. A policy given as
 module:Class or file.py:Class is not imported then (its code runs when torch is), so its knobs are checked then.
+The check imports gmlake (not torch): tens of milliseconds at the start of each process GMLAKE=1 is set for, the
+price of refusing a bad setting before the program runs rather than after its imports.
 """
 from __future__ import annotations
 
