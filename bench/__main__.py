@@ -27,7 +27,8 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "fsdp-pattern": ("bench.fsdp_pattern", "FSDP's streams modelled on the sim driver"),
     "edge": ("bench.edge", "at the edge of memory, by replay: where each policy fits, what fitting costs there"),
     "report": {
-        "docs": ("bench.report_docs", "rewrite docs/benchmarks.md's generated tables from bench/results"),
+        "docs": ("bench.report_docs", ("rewrite the generated sections of the docs (benchmarks.md from "
+                                       "bench/results, policies.md by replay)")),
         "training": ("bench.report_training", "a training suite's own results judged against the goals"),
         "stall": ("bench.stall_check", "the stall model against GPU runs"),
         "prices": ("bench.price_check", "the driver price table against the time measured in GPU runs"),

@@ -1,6 +1,7 @@
-"""Rewrite the generated tables of docs/benchmarks.md from the result files in bench/results.
+"""Rewrite the generated tables of the docs: docs/benchmarks.md's from the result files in bench/results, and the
+manual's sample outputs and replayed figures (docs/policies.md) by running the commands they show.
 
-    python -m bench report docs [--check] [--doc docs/benchmarks.md]
+    python -m bench report docs [--check] [--doc docs/policies.md ...]
 
 It also draws docs/training.png, the README's figure, from the training suite's results.
 Each generated table sits between `<!-- generated: NAME -->` and `<!-- end generated -->`; everything else in the
@@ -435,11 +436,141 @@ def plot(png: Path) -> None:
     plt.close(fig)
 
 
+# ------------------------------------------------------------------ docs/policies.md: replayed on the CPU
+
+# The worked TLSF example (docs/policies.md): the traces and policies its `gmlake compare` command names.
+TLSF_TRACES = [("gpt2l-lora-ckpt-native", "gpt2l-lora-ckpt"), ("opt1.3b-lora-native", "opt1.3b-lora"),
+               ("opt350m-full-ckpt-native", "opt350m-full-ckpt"),
+               ("tests/data/results/train/stall-2026-11-30/bert-native.gmtrace", "BERT, dynamic padding"),
+               ("tests/data/results/train/stall-2026-11-30/cnn-native.gmtrace", "ResNet-50, multi-scale")]
+TLSF_POLICIES = ["gmlake", "expandable", "examples/research/tlsf.py:TLSFPlacement",
+                 "examples/research/tlsf.py:TLSFPlacement[sl_bits=2]"]
+# The tune sample (docs/policies.md section 5): the trace and the fit it is run with.
+TUNE_TRACE, TUNE_FIT = "opt1.3b-lora-native", "18.4GiB"
+
+
+def _in_root(spec: str) -> str:
+    return str(ROOT / spec) if "/" in spec else spec
+
+
+def _tlsf_results() -> list[list]:
+    from gmlake.sim import compare
+    from gmlake.sim.trace import load
+
+    out = []
+    for spec, _ in TLSF_TRACES:
+        trace = load(_in_root(spec))
+        out.append(compare.run([trace], [_in_root(p) for p in TLSF_POLICIES], progress=False))
+    return out
+
+
+def tlsf() -> str:
+    """The TLSF example's table and what it shows, replayed (deterministic: the CPU gives the GPU's figures)."""
+    rows = _tlsf_results()
+    lines = [("| trace | peak allocated | gmlake (best fit) | expandable model | TLSF, 16 classes per power of two | "
+              "TLSF, 4 classes |"), "|---|---|---|---|---|---|"]
+    for (_, label), results in zip(TLSF_TRACES, rows):
+        cells = [f"{r.peak_reserved / GiB:.3f} ({r.utilization:.3f}), {r.stats['stitches']}" for r in results]
+        cells[0] = f"**{cells[0].split(' ')[0]}** " + cells[0].split(" ", 1)[1]
+        lines.append(f"| {label} | {results[0].peak_allocated / GiB:.3f} | " + " | ".join(cells) + " |")
+    more = [r[2].peak_reserved / r[0].peak_reserved - 1 for r in rows] + \
+           [r[3].peak_reserved / r[0].peak_reserved - 1 for r in rows]
+    over_expandable = [label for (_, label), r in zip(TLSF_TRACES, rows) if r[2].peak_reserved > r[1].peak_reserved]
+    stitches = [r[k].stats["stitches"] for r in rows for k in (2, 3)]
+    best_stitches = [r[0].stats["stitches"] for r in rows]
+    ratio = [r[k].driver_seconds / r[0].driver_seconds for r in rows for k in (2, 3)]
+    tlsf_s = [r[k].driver_seconds for r in rows for k in (2, 3)]
+    best_s = [r[0].driver_seconds for r in rows]
+    coarse = sum(r[3].peak_reserved <= r[2].peak_reserved for r in rows)
+    n = len(rows)
+    costs = (f"- **TLSF's guarantee costs memory here.** It reserves {100 * min(more):.1f}-{100 * max(more):.1f} % "
+             "more than best fit on the same base.")
+    if over_expandable:
+        costs += (f" On {len(over_expandable)} of the {n} traces ({'; '.join(over_expandable)}) that is more than "
+                  "expandable segments reserve.")
+    gap = ("- **It hands the gap to stitching.** TLSF skips free blocks of the request's own class that would fit, "
+           f"so more requests find no block and stitch: {min(stitches)}-{max(stitches)} stitches where best fit "
+           f"needs {min(best_stitches)}-{max(best_stitches)}, and {min(ratio):.1f}-{max(ratio):.1f}x the driver "
+           f"time (priced {min(tlsf_s):.3f}-{max(tlsf_s):.3f} s per trace against "
+           f"{min(best_s):.3f}-{max(best_s):.3f} s).")
+    coarser = f"- **Coarser classes (4) were no worse than the paper's 16** on {coarse} of the {n} traces."
+    lines += ["", "What it shows:", costs, gap, coarser]
+    return "\n".join(lines) + "\n"
+
+
+def _tune_run() -> tuple[str, object]:
+    """`gmlake tune TUNE_TRACE --fit TUNE_FIT` at 80 columns, as a terminal shows it (without its last line, the
+    time the search took), and the result."""
+    import contextlib
+    import io
+    import os
+
+    from gmlake.cli import main as gmlake_main
+    from gmlake.sim import tune as gtune
+
+    captured: dict = {}
+    original = gtune.tune
+
+    def keep(*args, **kwargs):
+        captured["result"] = original(*args, **kwargs)
+        return captured["result"]
+
+    out = io.StringIO()
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "80"
+    gtune.tune = keep
+    try:
+        with contextlib.redirect_stdout(out):
+            gmlake_main(["tune", TUNE_TRACE, "--fit", TUNE_FIT, "--jobs", "2"])
+    finally:
+        gtune.tune = original
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+    text = "\n".join(line.rstrip() for line in out.getvalue().splitlines()[:-1])
+    return text, captured["result"]
+
+
+def tune_fit() -> str:
+    """The tune sample: the command, its output, and what it shows in words."""
+    from gmlake.sim import tune as gtune
+
+    text, result = _tune_run()
+    by = {o.spec: o for o in result.outcomes}
+    default, fine = by["gmlake"], by["gmlake[capped_page_large=4MiB]"]
+    plain, _ = gtune.recommend(result.outcomes, None, result.within, result.trace_seconds)
+    fastest = min((o for o in result.outcomes if not o.failed), key=lambda o: o.driver_seconds)
+    return (f"```\n$ gmlake tune {TUNE_TRACE} --fit {TUNE_FIT}\n```\n\n```\n{text}\n```\n\n"
+            f"Under the cap, the default keeps its pages and re-backs at the limit: "
+            f"{default.fit_driver_seconds:.3f} s of driver time there, against {fine.fit_driver_seconds:.3f} s for "
+            f"4 MiB pages from the moment the cap is set (`capped_page_large=4MiB`). Without `--fit` the same trace "
+            f"gets `{plain.policy}`: {plain.peak_reserved / GiB:.3f} GiB at {plain.driver_seconds:.3f} s of driver "
+            f"time, against the fastest setting (`{fastest.policy}`, {fastest.peak_reserved / GiB:.3f} GiB at "
+            f"{fastest.driver_seconds:.3f} s).\n")
+
+
+def tune_search() -> str:
+    """The settings `gmlake tune` replays, from its search (for a trace on one stream)."""
+    import numpy as np
+
+    from gmlake import policies
+    from gmlake.sim import tune as gtune
+    from gmlake.sim.trace import EVENT_DTYPE, Trace
+
+    settings = gtune.search_space(Trace(np.zeros(1, dtype=EVENT_DTYPE), {"name": "one stream"}))
+    builtin = [s.spec for s in settings if not s.knobs]
+    assert builtin == policies.names()
+    return ("The built-in policies at their defaults (" + ", ".join(f"`{s}`" for s in builtin) + "), then "
+            + ", ".join(f"`{s.spec}`" for s in settings if s.knobs) + ".\n")
+
+
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
                                         "latency": latency, "replay": replayed, "device-limit": device_limit,
                                         "edge-probes": edge_probes,
                                         "deepspeed": deepspeed, "edge": edge,
-                                        "edge-time": edge_time}
+                                        "edge-time": edge_time, "tlsf": tlsf, "tune-fit": tune_fit,
+                                        "tune-search": tune_search}
 
 
 def render(text: str) -> str:
@@ -453,22 +584,39 @@ def render(text: str) -> str:
     return MARK.sub(one, text)
 
 
+# The documents whose generated sections this command rewrites: the benchmark docs, and the manual's sample outputs
+# and figures that replay computes.
+DOCS = [DOC, ROOT / "docs" / "policies.md", ROOT / "docs" / "guide.md", ROOT / "README.md"]
+
+
 def main(argv: list[str] | None = None, prog: str = "bench report docs") -> int:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--doc", type=Path, default=DOC, help="the document to rewrite (default docs/benchmarks.md)")
+    parser.add_argument("--doc", type=Path, action="append",
+                        help="a document to rewrite (repeatable; default: " + ", ".join(
+                            str(d.relative_to(ROOT)) for d in DOCS) + ")")
     parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if a table is stale")
     args = parser.parse_args(argv)
-    try:
-        text = args.doc.read_text()
-        new = render(text)
-    except (OSError, ValueError, KeyError) as exc:
-        parser.error(f"{args.doc}: {exc}")
+    stale = []
+    for doc in args.doc or DOCS:
+        try:
+            text = doc.read_text()
+            new = render(text)
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(f"{doc}: {exc}")
+        if args.check:
+            if new != text:
+                stale.append(doc)
+            continue
+        if new != text:
+            doc.write_text(new)
+        print(f"{doc}: {len(MARK.findall(text))} generated sections" + (", rewritten" if new != text else ""))
     if args.check:
-        stale = new != text
-        print(f"{args.doc}: " + ("stale: run python -m bench report docs" if stale else "up to date"),
-              file=sys.stderr if stale else sys.stdout)
+        for doc in stale:
+            print(f"{doc}: stale: run python -m bench report docs", file=sys.stderr)
+        if not stale:
+            print("up to date")
         return 1 if stale else 0
-    args.doc.write_text(new)
-    plot(PNG)
-    print(f"rewrote {len(MARK.findall(text))} tables in {args.doc} and the figure {PNG}")
+    if args.doc is None or DOC in args.doc:
+        plot(PNG)
+        print(f"drew {PNG}")
     return 0

@@ -174,12 +174,14 @@ def _output_dir(path: str, flag: str) -> Path:
 
 
 def _console(piped_width: int = 240, wide: bool = False):
-    """The console tables print to: the terminal's width (or room for every column, `wide`); piped, `piped_width`."""
+    """The console tables print to: the terminal's width (or room for every column, `wide`); piped, `piped_width`
+    unless COLUMNS is set."""
     from rich.console import Console
 
     if wide:
         return Console(width=1000)
-    return Console() if sys.stdout.isatty() else Console(width=piped_width)
+    # COLUMNS, where set, is the width asked for, piped too (rich reads it).
+    return Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=piped_width)
 
 
 def _write_atomically(files: dict[Path, Callable[[Path], object]]) -> None:
@@ -219,7 +221,7 @@ def cmd_replay(args) -> int:
                          + ("--device-memory" if args.device_memory is not None else "--cap"))
     (trace,) = _load([args.trace], args.device)
     if args.smallest_cap:
-        return _smallest_caps(trace, chosen, args.json, args.event_lag)
+        return _smallest_caps(trace, chosen, args.json, args.event_lag, args.wide)
     results = [replay(trace, choice, device_memory=args.device_memory, event_lag=args.event_lag, cap=args.cap or 0,
                       progress=True)
                for choice in chosen]
@@ -237,7 +239,7 @@ def cmd_replay(args) -> int:
 GiB = 1 << 30
 
 
-def _smallest_caps(trace, chosen: list, as_json: bool, event_lag: int = 0) -> int:
+def _smallest_caps(trace, chosen: list, as_json: bool, event_lag: int = 0, wide: bool = False) -> int:
     """`gmlake replay --smallest-cap`: per policy, the smallest memory cap the trace fits under and, beside it, the
     smallest device it fits on with no cap (gmlake.sim.cap.limits, on the machine's cores)."""
     from rich.table import Table
@@ -254,16 +256,19 @@ def _smallest_caps(trace, chosen: list, as_json: bool, event_lag: int = 0) -> in
             print(json.dumps(row))
         return EXIT_OK
     t = Table(title=f"{trace.name}: the smallest memory cap and the smallest device (no cap) per policy "
-                    f"(GiB, and over the peak allocated: xP; by replay, to 0.2 %)")
+                    f"(GiB, and over the peak allocated: xP; by replay, to 0.2 %)",
+              caption=None if wide else "--wide: the uncapped peak reserved and the replays each search took")
+    # Headers on two lines, so that the default columns fit 80 columns; --wide adds two more.
     columns = ("policy", "peak allocated", "smallest cap", "cap xP", "smallest device", "device xP",
-               "uncapped reserved", "replays")
+               *(("uncapped reserved", "replays") if wide else ()))
     for col in columns:
-        t.add_column(col, justify="left" if col == "policy" else "right")
+        t.add_column(col.replace(" ", "\n"), justify="left" if col == "policy" else "right",
+                     overflow="fold", no_wrap=col != "policy")
     for r in rows:
         cells = {**limit_cells(r), "policy": Text(r["policy"]), "peak allocated": f"{r['peak_allocated'] / GiB:.3f}",
                  "uncapped reserved": f"{r['uncapped_peak_reserved'] / GiB:.3f}", "replays": str(r["replays"])}
         t.add_row(*(cells[col] for col in columns))
-    _console().print(t)
+    _console(wide=wide).print(t)
     return EXIT_OK
 
 
@@ -355,8 +360,8 @@ def cmd_tune(args) -> int:
     if args.json:
         print(json.dumps(result.record()))
     else:
-        console = _console()
-        console.print(tune.table(result, every=args.all))
+        console = _console(wide=args.wide)
+        console.print(tune.table(result, every=args.all, wide=args.wide))
         for line in tune.recommendation_lines(result):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         console.print(f"{len(result.outcomes)} settings in {result.seconds:.1f} s on {result.jobs} "
@@ -425,8 +430,11 @@ def cmd_traces(args) -> int:
             print(path.name.removesuffix(".gmtrace"))
         return EXIT_OK
     table = Table(title="bundled traces (use the name as TRACE: gmlake replay NAME)")
-    for col in ("name", "captured under", "device", "events", "real reserved GiB"):
-        table.add_column(col, justify="right" if col in ("events", "real reserved GiB") else "left")
+    # The names whole (they are what one types), the other headers on two lines: 80 columns hold the table.
+    for col in ("name", "captured under", "device", "events", "captured reserved GiB"):
+        table.add_column(col if col == "name" else col.replace(" ", "\n"),
+                         justify="right" if col in ("events", "captured reserved GiB") else "left",
+                         no_wrap=col in ("name", "events"), overflow="fold")
     for path in bundled_traces():
         meta = load(path).meta
         table.add_row(path.name.removesuffix(".gmtrace"), meta.get("allocator", "-"), meta.get("device_name", "-"),
@@ -674,6 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one JSON object: every setting's outcome and the recommendation")
     p.add_argument("--plot", metavar="FILE", help="write a PNG of driver time against memory, the front marked")
     p.add_argument("--all", action="store_true", help="show every setting, not only the front and the built-ins")
+    p.add_argument("--wide", action="store_true", help="also the smallest device and the stitches, however wide")
     p.add_argument("--jobs", type=_count, metavar="N", help="processes to replay on (default: every core)")
     p.add_argument("--device", type=int, help=_DEVICE_HELP)
     p.add_argument("--device-memory", type=_device_memory, metavar="SIZE", help=_DEVICE_MEMORY_HELP)

@@ -123,7 +123,8 @@ def _failure(exc: BaseException) -> str:
 
 
 def _load_file(path_text: str, spec: str) -> object:
-    """The module a policy file defines, executed once per file."""
+    """The module a policy file defines, executed once per file, as Python runs a script: with the file's folder
+    first on sys.path, so that it imports the modules beside it (a Cython seam module built there, a helper)."""
     path = Path(path_text).expanduser()
     if not path.is_file():
         raise ValueError(f"policy {spec!r}: no such file {path_text!r}")
@@ -139,6 +140,9 @@ def _load_file(path_text: str, spec: str) -> object:
         raise ValueError(f"policy {spec!r}: cannot load {path_text!r} as Python")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
+    folder = str(path.parent)
+    if folder not in sys.path:      # kept: the policy's methods may import lazily, as a script's functions may
+        sys.path.insert(0, folder)
     try:
         module_spec.loader.exec_module(module)
     except Exception as exc:  # noqa: BLE001 - the user's file may raise anything

@@ -301,7 +301,8 @@ class Policy:
             spec = specs.get(f.name)
             if spec is not None and rule not in spec["growths"] and cls.cython_growth is Policy.cython_growth:
                 continue
-            rows.append((f.name, f.default, spec["unit"] if spec else ""))
+            # A class's own knob has the unit it declares with `knob(default, unit="bytes")`, else none.
+            rows.append((f.name, f.default, spec["unit"] if spec else f.metadata.get("unit", "")))
         return rows
 
     # ------------------------------------------------------------------ identity (results, labels)

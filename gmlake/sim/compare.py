@@ -136,13 +136,14 @@ def cap_words(caps: Iterable[int]) -> str:
     return " under memory caps of " + ", ".join(f"{c / GiB:.3f}" if c else "none" for c in distinct) + " GiB"
 
 
-# The table's columns: (header, the cell of a result). DEFAULT_COLUMNS fit a 120-column terminal; `--wide` shows
-# them all. The trace and policy columns fold long names onto more lines rather than widen the table. With the
-# smallest device and cap (not `--wide`) the two are one, GROUPED: each trace's name on a row of its own, its policies
-# indented under it, so that names of up to 38 characters (31 beside a column of OOMs) fit whole within 120 columns.
+# The table's columns: (header, the cell of a result). DEFAULT_COLUMNS fit an 80-column terminal; `--wide` shows
+# them all. By default the trace and policy share a column, GROUPED: each trace's name on a row of its own, with the
+# captured run's own peak reserved in the reserved column, its policies indented under it; long names fold onto more
+# lines rather than widen the table. A failed replay brings a column of OOMs (in place of allocated), the smallest
+# device and cap (`--smallest-cap`) two columns over the peak allocated (in place of allocated and stitches).
 GROUPED = "trace / policy"
 NAMES = ("trace", "policy", GROUPED)
-DEFAULT_COLUMNS = ("trace", "policy", "captured", "reserved", "allocated", "alloc/res", "stitches", "driver s")
+DEFAULT_COLUMNS = (GROUPED, "reserved", "allocated", "alloc/res", "stitches", "driver s")
 
 
 def _cells(r: ReplayResult, meta: dict) -> dict:
@@ -164,6 +165,8 @@ def _cells(r: ReplayResult, meta: dict) -> dict:
         "ext@peak": f"{r.external_fragmentation / GiB:.3f}",
         "ext@growth": f"{r.external_fragmentation_at_growth / GiB:.3f}",
         "stitches": str(s["stitches"]),
+        "evictions": str(s["sblock_evictions"]),
+        "re-backed": str(s["rebacked_chunks"]),
         "driver calls": str(s["driver_calls"]),
         "driver s": f"{r.driver_seconds:.3f}",
         "time lost s": f"{r.step_time_lost:.3f}",
@@ -172,8 +175,8 @@ def _cells(r: ReplayResult, meta: dict) -> dict:
 
 
 WIDE_COLUMNS = ("trace", "real reserved (under)", "policy", "OOMs", "allocated", "reserved", "alloc/res", "req/res",
-                "int frag MiB", "ext@peak", "ext@growth", "stitches", "driver calls", "driver s", "time lost s",
-                "Mevents/s")
+                "int frag MiB", "ext@peak", "ext@growth", "stitches", "evictions", "re-backed", "driver calls",
+                "driver s", "time lost s", "Mevents/s")
 
 
 def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False, limits: list[dict] | None = None):
@@ -189,15 +192,17 @@ def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False, 
     real = {t.name: t.meta for t in traces}
     failed = [r for r in results if r.failed]
     columns = list(WIDE_COLUMNS if wide else DEFAULT_COLUMNS)
-    grouped = limits is not None and not wide
+    grouped = not wide
     if limits is not None:
-        shown = list(LIMIT_COLUMNS) if wide else ["device xP", "cap xP"]
-        columns[columns.index("alloc/res") + 1:columns.index("alloc/res") + 1] = shown
-        if grouped:
-            columns.remove("captured")          # room for the two, within 120 columns; --wide shows it
-            columns[:2] = [GROUPED]             # and the names on rows of their own
+        if wide:
+            columns[columns.index("alloc/res") + 1:columns.index("alloc/res") + 1] = list(LIMIT_COLUMNS)
+        else:
+            columns[columns.index("allocated")] = "device xP"
+            columns[columns.index("stitches")] = "cap xP"
     if failed and "OOMs" not in columns:
-        columns.insert(1 if grouped else columns.index("policy") + 1, "OOMs")
+        if "allocated" in columns:
+            columns.remove("allocated")
+        columns.insert(1, "OOMs")
     caption = None
     if failed:
         # Under a cap the cap binds first, unless it is at or above the modelled device's memory.
@@ -209,32 +214,36 @@ def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False, 
         caption = ("alloc/res: peak allocated / peak reserved; req/res: peak requested / peak reserved; int frag: "
                    "allocated - requested (MiB) and ext@peak: reserved - allocated, when reserved first peaked; "
                    "ext@growth: reserved - allocated after the request that brought reserved within 1 % of its peak "
-                   "(the moment `gmlake explain` explains); time lost: driver time x the stall factor "
-                   f"{driver_costs()['stall_factor']}, a rough estimate (the loss per driver second ranged 0.85-2.5x "
-                   "over six GPU runs)" + (f"; {LIMIT_WORDS}" if limits is not None else ""))
+                   "(the moment `gmlake explain` explains); evictions: stitched blocks unmapped to reuse their "
+                   "memory; re-backed: partly used pages whose live blocks were moved to free the rest; time lost: "
+                   f"driver time x the stall factor {driver_costs()['stall_factor']}, a rough estimate (the loss "
+                   "per driver second ranged 0.85-2.5x over six GPU runs)"
+                   + (f"; {LIMIT_WORDS}" if limits is not None else ""))
     elif limits is not None:
         caption = f"alloc/res: peak allocated / peak reserved (utilization); {LIMIT_WORDS}; --wide: every column, " \
                   "--json: every figure"
     else:
-        caption = ("captured: the traced run's own peak reserved; alloc/res: peak allocated / peak reserved "
-                   "(utilization); --wide: fragmentation, driver calls, time lost, replay speed; --json: every figure")
+        caption = ("a trace's row: its captured run's own peak reserved; alloc/res: peak allocated / peak reserved "
+                   "(utilization); --wide: fragmentation, evictions, re-backing, driver calls, time lost; --json: "
+                   "every figure")
     t = Table(title=f"replay on the sim driver{cap_words(r.cap for r in results)} (GiB; driver time at H200 "
                     "micro-benchmark prices, which calls made inside training took a median "
                     f"{driver_costs()['in_training_factor']}x of)", caption=caption)
-    name_width = 28 if wide else 16 if failed else 20     # what keeps the default columns within 120
     widest = {"trace": max((len(r.trace) for r in results), default=5),
               "policy": max((len(r.policy) for r in results), default=6)}
-    widest[GROUPED] = max(widest["trace"], widest["policy"] + 2)
     for col in columns:
-        t.add_column(col, justify="left" if col in NAMES else "right", overflow="fold" if col in NAMES else "ellipsis",
-                     min_width=min(widest.get(col, 0), name_width) or None)
+        t.add_column(col, justify="left" if col in NAMES else "right", overflow="fold",
+                     min_width=min(widest.get(col, 0), 28) or None, no_wrap=col not in NAMES)
     for i, r in enumerate(results):
         cells = {**_cells(r, real.get(r.trace, {})), **limit_cells(limits[i] if limits is not None else None)}
         if grouped:
             if i == 0 or results[i - 1].trace != r.trace:       # a trace's name, then its policies' rows
                 if i:
                     t.add_section()
-                t.add_row(Text(r.trace, style="bold"), *[""] * (len(columns) - 1))
+                row = dict.fromkeys(columns, "")
+                row[GROUPED] = Text(r.trace, style="bold")
+                row["reserved"] = Text(cells["captured"], style="dim")
+                t.add_row(*(row[col] for col in columns))
             cells[GROUPED] = Text("  " + r.policy)
         t.add_row(*(cells[col] for col in columns))
     return t

@@ -175,6 +175,8 @@ class ReplayResult:
             "events_per_second": round(self.events / self.seconds) if self.seconds else None,
             "stitches": self.stats["stitches"],
             "sblock_reuses": self.stats["sblock_reuses"],
+            "sblock_evictions": self.stats["sblock_evictions"],
+            "rebacked_chunks": self.stats["rebacked_chunks"],
             "driver_calls": sum(self.stats["calls"].values()),
             "driver_seconds": round(self.driver_seconds, 6),
             "step_time_lost_seconds": round(self.step_time_lost, 6),

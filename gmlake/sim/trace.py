@@ -147,10 +147,15 @@ def load(path: str | Path, device: int | None = None) -> Trace:
     """Read a PyTorch snapshot (pickle, gzipped or not) or a `.gmtrace` file, by path or by the name of a bundled
     trace (`load("opt350m-full-ckpt-native")`; see `bundled_traces`). `device` chooses among a snapshot's devices.
     Raises TraceError for bad input."""
-    path = trace_path(path)
+    given, path = path, trace_path(path)
     try:
         with open(path, "rb") as f:
             head = f.read(6)
+    except FileNotFoundError:
+        if len(Path(given).parts) == 1:     # a bare name: meant as a file here or as a bundled trace
+            raise TraceError(f"no trace file or bundled trace named {str(given)!r}; `gmlake traces` lists the "
+                             f"bundled traces") from None
+        raise TraceError(f"cannot read {path}: no such file") from None
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not head:
@@ -204,7 +209,16 @@ def load_snapshot(path: str | Path, device: int | None = None) -> Trace:
     events, pools = _convert(traces[device], path, _pool_segments(snapshot.get("segments"), device))
     if pools:
         meta["pools"] = pools
+    seconds = _span_seconds(traces[device])
+    if seconds and "seconds" not in meta:
+        meta["seconds"] = seconds
     return Trace(events, meta)
+
+
+def _span_seconds(entries: list) -> float | None:
+    """The seconds from the first to the last trace entry that records its time (time_us), or None."""
+    times = [e["time_us"] for e in entries if isinstance(e, dict) and type(e.get("time_us")) is int]
+    return (max(times) - min(times)) / 1e6 if len(times) > 1 and max(times) > min(times) else None
 
 
 # Note [Pools in traces]: PyTorch's trace records no pool begin or end, and its events carry no pool; only the
@@ -236,6 +250,9 @@ def _pool_segments(segments, device: int) -> list[tuple[int, int, int]]:
 
 _META_INTS = ("max_memory_reserved", "max_memory_allocated", "device_total", "device", "events")
 _META_STRS = ("name", "allocator", "alloc_conf", "device_name", "torch", "source")
+# seconds: the time the trace spans, its first event to its last (from the snapshot's time_us): the steps it
+# covers, against which `gmlake tune` weighs driver time (Note [What tune may trade for memory], gmlake/sim/tune.py).
+_META_FLOATS = ("seconds",)
 
 
 def _clean_meta(raw, path: Path) -> dict:
@@ -246,6 +263,8 @@ def _clean_meta(raw, path: Path) -> dict:
     meta = {k: raw[k] for k in _META_INTS if isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool)
             and raw[k] >= 0}
     meta.update({k: raw[k][:200] for k in _META_STRS if isinstance(raw.get(k), str)})
+    meta.update({k: float(raw[k]) for k in _META_FLOATS if isinstance(raw.get(k), (int, float))
+                 and not isinstance(raw.get(k), bool) and 0 < raw[k] < 1e9})
     pools = raw.get("pools")
     if isinstance(pools, dict) and all(isinstance(k, str) and k.isdigit() and 0 < int(k) < 1 << 64
                                        and isinstance(v, list) and all(type(i) is int and 0 <= i < 1 << 32 for i in v)

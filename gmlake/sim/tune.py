@@ -25,6 +25,14 @@ a search stays under a minute on two cores.
 Left out: the cached-sBlock bound (`max_cached_sblocks` 0 or 64 changed no bundled trace's memory under either
 stitching policy: the default's sBlocks serve only requests no free block fits), `sblock_first` (more stitches, no
 less memory) and caching's `max_split_size` (more memory on every bundled trace).
+
+Note [What tune may trade for memory]: a recommendation must be one a user would take, so the default policy is the
+reference, and a setting that reserves more memory than the default is recommended only where the driver time it
+saves is visible in the job's steps: at least VISIBLE (1 %) of the step time. A trace covers whole steps, so that is
+driver time saved over the trace of at least 1 % of the time the trace spans (`seconds` in its metadata: its first
+event to its last, recorded from the snapshot's times). A trace that records no time (the bundled ones, captured
+before traces kept it) gives no such margin, so nothing that reserves more than the default is recommended for it.
+With --fit the same holds of the memory reserved and the driver time under that fit, where the default fits.
 """
 from __future__ import annotations
 
@@ -53,6 +61,8 @@ WITHIN = 1.05           # without --fit: the least memory among settings this cl
 # about a millisecond a step, well inside a step's own run-to-run variation. Without it the ratio alone compares
 # milliseconds: a rule that keeps only PyTorch's own 3 ms would give up gigabytes to save 25 ms over a whole run.
 TIE_SECONDS = 0.05
+VISIBLE = 0.01          # Note [What tune may trade for memory]: driver time saved per step, as a share of a step
+DEFAULT_POLICY = "gmlake"
 RESOLUTION = 0.002      # the bisections' relative resolution, as `gmlake replay --smallest-cap`'s
 PAGES = (4 * MiB, 8 * MiB, 20 * MiB, 64 * MiB, 128 * MiB)
 
@@ -215,6 +225,7 @@ class TuneResult:
     seconds: float
     event_lag: int = 0
     limit: int = field(default=0)     # the limit the recommended lines set (the fit, where it is a cap)
+    trace_seconds: float | None = None    # the time the trace spans, where it records it
 
     def record(self) -> dict:
         """The JSON `gmlake tune --json` prints (sizes in bytes, times in seconds)."""
@@ -222,6 +233,7 @@ class TuneResult:
         return {
             "trace": self.trace, "device_memory": self.device_memory, "fit": self.fit, "within": self.within,
             "event_lag": self.event_lag, "jobs": self.jobs, "seconds": round(self.seconds, 3),
+            "trace_seconds": self.trace_seconds,
             "settings": [asdict(o) for o in self.outcomes],
             "recommended": None if best is None else {
                 "policy": best.policy, "spec": best.spec, "reason": self.reason, "limit": self.limit,
@@ -262,11 +274,12 @@ def tune(trace: Trace, fit: int | None = None, device_memory: int | None = None,
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     mark_front(outcomes)
-    best, reason = recommend(outcomes, fit, within)
+    trace_seconds = trace.meta.get("seconds")
+    best, reason = recommend(outcomes, fit, within, trace_seconds)
     limit = fit if fit is not None and fit < device else 0
     return TuneResult(trace=trace.name, device_memory=device, fit=fit, within=within, outcomes=outcomes,
                       recommended=best, reason=reason, jobs=jobs, seconds=time.perf_counter() - started,
-                      event_lag=event_lag, limit=limit)
+                      event_lag=event_lag, limit=limit, trace_seconds=trace_seconds)
 
 
 def _objectives(o: Outcome) -> tuple[int, int, float]:
@@ -283,12 +296,43 @@ def mark_front(outcomes: list[Outcome]) -> None:
             all(a <= b for a, b in zip(_objectives(other), mine)) and _objectives(other) != mine for other in ok)
 
 
-def recommend(outcomes: list[Outcome], fit: int | None, within: float = WITHIN) -> tuple[Outcome | None, str]:
-    """The setting to use, and why in words. With `fit`: the fastest (least priced driver time within that memory)
-    of those that complete in it, ties to the least peak reserved there. Without: the least peak reserved among
-    the settings whose driver time is within `within` times the fastest's or TIE_SECONDS of it, ties to the fastest.
-    Settings that ran out of memory uncapped are never chosen."""
+def worth_its_memory(o: Outcome, default: Outcome | None, trace_seconds: float | None,
+                     fit: int | None = None) -> bool:
+    """Whether `o` may be recommended against the default policy's outcome (Note [What tune may trade for
+    memory]): it reserves no more than the default, or it saves driver time of at least VISIBLE of the time the
+    trace spans. With `fit`: memory and driver time under that fit, where the default fits."""
+    if default is None or o is default:
+        return True
+    if fit is not None:
+        if not default.fits:
+            return True
+        memory, default_memory = o.fit_peak_reserved, default.fit_peak_reserved
+        saved = default.fit_driver_seconds - o.fit_driver_seconds
+    else:
+        memory, default_memory = o.peak_reserved, default.peak_reserved
+        saved = default.driver_seconds - o.driver_seconds
+    if memory <= default_memory:
+        return True
+    return bool(trace_seconds) and saved >= VISIBLE * trace_seconds
+
+
+def _margin_words(trace_seconds: float | None) -> str:
+    if trace_seconds:
+        return (f"; more memory than {DEFAULT_POLICY} only for driver time saved of {VISIBLE:.0%} of the "
+                f"{trace_seconds:.1f} s the trace spans ({VISIBLE:.0%} of each step)")
+    return (f"; none that reserves more than {DEFAULT_POLICY}: the trace records no run time to weigh the driver "
+            f"time saved against")
+
+
+def recommend(outcomes: list[Outcome], fit: int | None, within: float = WITHIN,
+              trace_seconds: float | None = None) -> tuple[Outcome | None, str]:
+    """The setting to use, and why in words. Only settings worth their memory against the default policy are
+    candidates (`worth_its_memory`). With `fit`: the fastest (least priced driver time within that memory) of those
+    that complete in it, ties to the least peak reserved there. Without: the least peak reserved among the settings
+    whose driver time is within `within` times the fastest's or TIE_SECONDS of it, ties to the fastest. Settings
+    that ran out of memory uncapped are never chosen."""
     ok = [o for o in outcomes if not o.failed]
+    default = next((o for o in ok if o.base == DEFAULT_POLICY and not o.knobs), None)
     if fit is not None:
         fitting = [o for o in ok if o.fits]
         if not fitting:
@@ -296,17 +340,21 @@ def recommend(outcomes: list[Outcome], fit: int | None, within: float = WITHIN) 
             where = (f"; the smallest is {smallest.policy}'s, {smallest.smallest_cap / GiB:.3f} GiB"
                      if smallest and smallest.smallest_cap else "")
             return None, f"no setting completes within {format_size(fit)}{where}"
+        fitting = [o for o in fitting if worth_its_memory(o, default, trace_seconds, fit)]
         best = min(fitting, key=lambda o: (o.fit_driver_seconds, o.fit_peak_reserved, len(o.knobs)))
+        margin = _margin_words(trace_seconds) if default is not None and default.fits else ""
         return best, (f"the least driver time ({best.fit_driver_seconds:.3f} s) of the {_settings(len(fitting))} "
-                      f"that complete within {format_size(fit)}")
+                      f"that complete within {format_size(fit)}{margin}")
     if not ok:
         return None, "every setting runs out of memory on the modelled device"
+    ok = [o for o in ok if worth_its_memory(o, default, trace_seconds)]
     fastest = min(o.driver_seconds for o in ok)
     bound = max(within * fastest, fastest + TIE_SECONDS)
     near = [o for o in ok if o.driver_seconds <= bound]
     best = min(near, key=lambda o: (o.peak_reserved, o.driver_seconds, o.smallest_cap or 0, len(o.knobs)))
+    margin = _margin_words(trace_seconds) if default is not None else ""
     return best, (f"the least peak reserved of the {_settings(len(near))} within {within:g}x or "
-                  f"{TIE_SECONDS * 1000:g} ms of the fastest driver time ({fastest:.3f} s)")
+                  f"{TIE_SECONDS * 1000:g} ms of the fastest driver time ({fastest:.3f} s){margin}")
 
 
 def _settings(n: int) -> str:
@@ -345,8 +393,9 @@ def enable_call(o: Outcome, limit: int = 0) -> str:
 # ------------------------------------------------------------------ output
 
 
-def table(result: TuneResult, every: bool = False):
-    """The front (or `every` setting) as a rich Table, GiB and seconds."""
+def table(result: TuneResult, every: bool = False, wide: bool = False):
+    """The front (or `every` setting) as a rich Table, GiB and seconds. By default the columns that fit 80 columns
+    (headers on two lines, long settings folded); `wide` adds the smallest device and the stitches."""
     from rich.table import Table
     from rich.text import Text
 
@@ -361,16 +410,20 @@ def table(result: TuneResult, every: bool = False):
     fit_words = f", within {format_size(result.fit)}" if result.fit is not None else ""
     caption = (f"{hidden} more settings are beaten on all three or do the same as one shown (--all shows them); "
                if hidden else "") \
-        + "driver time priced on an H200; * on the front, > recommended"
+        + "driver time priced on an H200; * on the front, > recommended" \
+        + ("" if wide else "; --wide: the smallest device, stitches" + (", driver s uncapped" if result.fit else ""))
     t = Table(title=Text(f"{result.trace}: {len(result.outcomes)} settings replayed on a "
                          f"{format_size(result.device_memory)} device{fit_words} (GiB, s)"), caption=caption)
-    t.add_column("")
-    t.add_column("setting")
-    for col in ("peak reserved", "smallest cap", "smallest device", "driver s", "stitches"):
-        t.add_column(col, justify="right")
+    t.add_column("", no_wrap=True)
+    t.add_column("setting", overflow="fold")
+    # With --fit, the driver time under it stands in for the uncapped one (--wide shows both).
+    uncapped_time = wide or result.fit is None
+    columns = ["peak\nreserved", "smallest\ncap", *(["smallest\ndevice"] if wide else []),
+               *(["driver s"] if uncapped_time else []), *(["stitches"] if wide else [])]
     if result.fit is not None:
-        t.add_column(f"fits {format_size(result.fit)}", justify="right")
-        t.add_column("driver s there", justify="right")
+        columns += [f"fits\n{format_size(result.fit)}", "driver s\nthere"]
+    for col in columns:
+        t.add_column(col, justify="right", no_wrap=True)
 
     def gib(n: int | None) -> str:
         return "-" if n is None else f"{n / GiB:.3f}"
@@ -379,7 +432,8 @@ def table(result: TuneResult, every: bool = False):
     for o in order:
         mark = (">" if o is result.recommended else " ") + ("*" if o.front else " ")
         row = [mark, Text(o.policy), "OOM" if o.failed else gib(o.peak_reserved), gib(o.smallest_cap),
-               gib(o.smallest_device), f"{o.driver_seconds:.4f}", str(o.stitches)]
+               *([gib(o.smallest_device)] if wide else []), *([f"{o.driver_seconds:.4f}"] if uncapped_time else []),
+               *([str(o.stitches)] if wide else [])]
         if result.fit is not None:
             row += ["yes" if o.fits else "no",
                     "-" if o.fit_driver_seconds is None else f"{o.fit_driver_seconds:.4f}"]

@@ -47,27 +47,42 @@ def _env_size(name: str) -> int | None:
     return parse_size(value.strip(), what=name)
 
 
-def options_from_env() -> dict:
+def options_from_env(load_policy_code: bool = True) -> dict:
     """Policy and limit settings from GMLAKE_* environment variables (see README), typed by the policy's knobs with
     the same strict parsing as `gmlake run --set` (GMLAKE_STITCH=maybe is an error, not True). GMLAKE_POLICY is any
     policy spec (see gmlake.policies.resolve): a built-in or installed name, module:Class or file.py:Class (whose
-    file runs), optionally with inline knobs `NAME[knob=value]`."""
+    file runs), optionally with inline knobs `NAME[knob=value]`. A ValueError names the variable it is about.
+    `load_policy_code=False` (the start-up check of GMLAKE=1): a module:Class or file.py:Class policy is not imported,
+    so its knobs are parsed but not typed by it."""
+    def named(var: str, parse, *args):
+        try:
+            return parse(*args)
+        except ValueError as exc:
+            text = str(exc).removeprefix("gmlake: ")
+            raise ValueError(text if text.startswith(var) else f"{var}={os.environ.get(var, '')}: {text}") from exc
+
     opts: dict[str, Any] = {}
     name = os.environ.get("GMLAKE_POLICY", "").strip() or "gmlake"
     if os.environ.get("GMLAKE_POLICY", "").strip():
         opts["policy"] = name
-    settings: dict[str, object] = {}
+    given: list[tuple[str, dict[str, object]]] = []    # (variable, its knobs); later ones win
     if os.environ.get("GMLAKE_KNOBS"):          # any knobs, "k=v,k=v"; the specific variables below win
-        settings.update(split_settings(k for k in os.environ["GMLAKE_KNOBS"].split(",") if k.strip()))
+        given.append(("GMLAKE_KNOBS", named("GMLAKE_KNOBS", split_settings,
+                                            (k for k in os.environ["GMLAKE_KNOBS"].split(",") if k.strip()))))
     for var, knob in (("GMLAKE_CHUNK_SIZE", "chunk_size"), ("GMLAKE_MAX_CACHED_SBLOCKS", "max_cached_sblocks"),
                       ("GMLAKE_MIN_STITCH_SIZE", "min_stitch_size")):
-        value = _env_size(var)
+        value = named(var, _env_size, var)
         if value is not None:
-            settings[knob] = value
+            given.append((var, {knob: value}))
     if os.environ.get("GMLAKE_STITCH"):
-        settings["stitch"] = parse_bool(os.environ["GMLAKE_STITCH"], what="GMLAKE_STITCH")
-    opts.update(coerce_knobs(policies.policy_class(policies.split_spec(name)[0]), settings, who=name))
-    limit = _env_size("GMLAKE_LIMIT")
+        given.append(("GMLAKE_STITCH", {"stitch": named("GMLAKE_STITCH", lambda: parse_bool(
+            os.environ["GMLAKE_STITCH"], what="GMLAKE_STITCH"))}))
+    base = named("GMLAKE_POLICY", lambda: policies.split_spec(name)[0])
+    if load_policy_code or ":" not in base:
+        cls = named("GMLAKE_POLICY", policies.policy_class, base)
+        for var, settings in given:
+            opts.update(named(var, coerce_knobs, cls, settings, name))
+    limit = named("GMLAKE_LIMIT", _env_size, "GMLAKE_LIMIT")
     if limit is not None:
         opts["limit"] = limit
     return opts

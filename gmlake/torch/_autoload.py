@@ -6,6 +6,13 @@ waits for `import torch`: when torch's own module has finished executing (before
 enabled with the GMLAKE_* settings, as `gmlake run` would. Processes that never import torch are left alone;
 DataLoader workers that never touch CUDA get the allocator installed but never use it. If gmlake cannot be installed,
 `import torch` raises, so a job never silently trains on PyTorch's own allocator.
+
+A setting that cannot be right (GMLAKE=maybe, GMLAKE_LIMIT=abc, GMLAKE_KNOBS=nosuch=1, an unknown GMLAKE_POLICY) is
+refused at start-up, before the program runs: one line on stderr naming the variable and what it accepts, exit
+status 2 (GMLAKE_TRACEBACK=1 adds the traceback), as the gmlake command refuses bad input. A policy given as
+module:Class or file.py:Class is not imported then (its code runs when torch is), so its knobs are checked then.
+The check imports gmlake (not torch): tens of milliseconds at the start of each process GMLAKE=1 is set for, the
+price of refusing a bad setting before the program runs rather than after its imports.
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+import traceback
 
 VARIABLE = "GMLAKE"
 _OFF = ("", "0", "false", "no", "off")
@@ -79,17 +87,51 @@ def _remove_finder() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _EnableAfterTorch)]
 
 
-def install() -> None:
-    """Called from gmlake_autoload.pth when $GMLAKE is set: enable gmlake when torch is imported.
+# Variables that set knobs, whose values a policy's own checks (gmlake.policies.resolve) may refuse together.
+_KNOB_VARIABLES = ("GMLAKE_POLICY", "GMLAKE_KNOBS", "GMLAKE_CHUNK_SIZE", "GMLAKE_MAX_CACHED_SBLOCKS",
+                   "GMLAKE_MIN_STITCH_SIZE", "GMLAKE_STITCH")
 
-    A value that is neither on nor off is reported when torch is imported (an error raised here, during start-up,
-    would only be printed by site.py), so only programs that use torch fail on it.
-    """
+
+def check_environment() -> None:
+    """Parse every GMLAKE_* setting as gmlake.torch.enable_from_env will, without importing torch or a policy's own
+    module or file; raise ValueError naming the variable."""
+    from gmlake import policies
+    from gmlake import torch as gtorch
+
+    opts = gtorch.options_from_env(load_policy_code=False)
+    spec = opts.pop("policy", "gmlake")
+    opts.pop("limit", None)
+    if ":" in policies.split_spec(spec)[0]:
+        return
+    try:
+        policies.resolve(spec, opts, 1)
+    except ValueError as exc:
+        given = [f"{var}={os.environ[var]}" for var in _KNOB_VARIABLES if os.environ.get(var, "").strip()]
+        raise ValueError(f"{', '.join(given) or 'GMLAKE_POLICY=gmlake'}: {str(exc).removeprefix('gmlake: ')}") from exc
+
+
+def _refuse(exc: BaseException) -> None:
+    """One line on stderr and exit status 2, before the program runs. Raising would not do: site.py prints an
+    exception from a .pth file as a traceback and goes on to run the program."""
+    if os.environ.get("GMLAKE_TRACEBACK"):
+        traceback.print_exception(exc)
+    text = " ".join(str(exc).split()).removeprefix("gmlake: ")
+    if not text.startswith(f"{VARIABLE}="):
+        text += f" (unset {VARIABLE} to run without gmlake)"
+    sys.stderr.write(f"gmlake: error: {text}\n")
+    sys.stderr.flush()
+    os._exit(2)
+
+
+def install() -> None:
+    """Called from gmlake_autoload.pth when $GMLAKE is set: check the GMLAKE_* settings (a bad one ends the process
+    with one line and exit status 2), then enable gmlake when torch is imported."""
     try:
         if not requested():
             return
-    except ValueError:
-        pass
+        check_environment()
+    except Exception as exc:  # noqa: BLE001 - any failure to read the settings is reported the same way
+        _refuse(exc)
     if "torch" in sys.modules:      # imported by an earlier .pth or sitecustomize: enable now, CUDA is not up yet
         enable_from_environment()
         return
