@@ -210,7 +210,7 @@ def test_stitch_maybe_is_refused(capsys, value):
 
 def test_run_takes_dash_m_module(monkeypatch, capsys):
     """`gmlake run -m module args` reaches the program check (here: no CUDA torch), not `unrecognized -m`."""
-    from gmlake import cli
+    from gmlake.cli import job
 
     asked = []
 
@@ -218,7 +218,7 @@ def test_run_takes_dash_m_module(monkeypatch, capsys):
         asked.append(what)
         return "stop here"
 
-    monkeypatch.setattr(cli, "_torch_cuda_problem", no_cuda)
+    monkeypatch.setattr(job, "_torch_cuda_problem", no_cuda)
     monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch") or type(sys)("torch"))
     assert main(["run", "--policy", "caching", "-m", "json.tool", "--sort-keys", "x"]) == EXIT_BAD_INPUT
     one_error_line(capsys, "stop here")
@@ -237,11 +237,11 @@ def test_program_options_are_the_programs():
 
 
 def test_capture_runs_a_bare_python_as_this_interpreter(tmp_path, monkeypatch):
-    from gmlake import cli
+    from gmlake.cli import job
 
     calls = []
-    monkeypatch.setattr(cli, "_torch_cuda_problem", lambda what: None)
-    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, env: calls.append(cmd) or 0)
+    monkeypatch.setattr(job, "_torch_cuda_problem", lambda what: None)
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env: calls.append(cmd) or 0)
     script = tmp_path / "train.py"
     script.write_text("")
     assert main(["capture", "-o", str(tmp_path / "r.pickle.gz"), "--", "python3", str(script), "--lr", "1"]) == 0

@@ -171,7 +171,7 @@ def test_torch_environment_selects_each_source(max_pieces_spec, monkeypatch):
 
 def test_gmlake_run_selects_each_source(max_pieces_spec, monkeypatch):
     """The policy `gmlake run` would install: flags over environment, --set over both."""
-    from gmlake.cli import _run_policy
+    from gmlake.cli.job import _run_policy
 
     monkeypatch.setenv("GMLAKE_POLICY", "caching")
     monkeypatch.setenv("GMLAKE_KNOBS", "stitch=false")

@@ -58,11 +58,11 @@ def test_cpu_only_torch_enable_says_it_has_no_cuda(cpu_torch):
 
 
 def test_capture_takes_python_dash_c(tmp_path, monkeypatch):
-    from gmlake import cli
+    from gmlake.cli import job
 
     calls = []
-    monkeypatch.setattr(cli, "_torch_cuda_problem", lambda what: None)
-    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, env: calls.append(cmd) or 0)
+    monkeypatch.setattr(job, "_torch_cuda_problem", lambda what: None)
+    monkeypatch.setattr(subprocess, "call", lambda cmd, env: calls.append(cmd) or 0)
     assert main(["capture", "-o", str(tmp_path / "c.pickle.gz"), "--", "python", "-c", "print(1)", "a"]) == 0
     assert calls[0][0] == sys.executable and calls[0][-3:] == ["-c", "print(1)", "a"]
 
