@@ -17,7 +17,7 @@ import pytest
 
 from gmlake import __version__
 from gmlake.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_OUT_OF_MEMORY, main
-from gmlake.policies.knobs import parse_bool, parse_size
+from gmlake.policies.settings import parse_bool, parse_size
 from gmlake.sim.replay import bundled_traces, replay
 from gmlake.sim.trace import EVENT_DTYPE, Trace, TraceError, load
 

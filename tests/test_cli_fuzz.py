@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gmlake import policies
 from gmlake.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_OUT_OF_MEMORY, main
-from gmlake.policies.knobs import knob_types
+from gmlake.policies.settings import knob_types
 from gmlake.sim.trace import load
 
 TINY = "tests/data/tiny-gpt2-native.pickle.gz"

@@ -234,9 +234,9 @@ def test_python_eviction_hook_chooses_the_victim(driver):
 
 
 def test_knob_settings_parse_to_typed_values_by_one_parser():
-    """--set, GMLAKE_KNOBS and a spec's [knob=value] share one parser (gmlake.policies.knobs.parse_setting), and the text is
+    """--set, GMLAKE_KNOBS and a spec's [knob=value] share one parser (gmlake.policies.settings.parse_setting), and the text is
     typed by the knob's declaration: sizes take units, booleans are strict (yes/no too), names stay text."""
-    from gmlake.policies.knobs import coerce_knobs, parse_setting, split_settings
+    from gmlake.policies.settings import coerce_knobs, parse_setting, split_settings
 
     texts = split_settings(["chunk_size=4_194_304", "stitch=yes", "cross_stream=True", " min_saved_chunks = 0 ",
                             "segment_rule=chunks", "round_to=-1"])

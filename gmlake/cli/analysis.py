@@ -289,7 +289,7 @@ def cmd_policies(args) -> int:
     unit (knobs its growth does not read are refused, so they are not listed)."""
     from rich.table import Table
 
-    from gmlake.policies.knobs import format_knob
+    from gmlake.policies.settings import format_knob
 
     specs = args.policy or policies.names() + sorted(policies.installed())
     for spec in specs:

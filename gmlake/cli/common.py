@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gmlake import policies
-from gmlake.policies.knobs import parse_size
+from gmlake.policies.settings import parse_size
 from gmlake.sim import MAX_DEVICE_MEMORY
 
 EXIT_OK = 0

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gmlake.policies import Policy, PolicyChoice, choice_of, get
-from gmlake.policies.knobs import format_size
+from gmlake.policies.settings import format_size
 from gmlake.sim.replay import PEAK_GROWTH_WITHIN, modelled_device_memory, peak_growth_moment, run_requests
 from gmlake.sim.trace import Trace
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gmlake.policies.knobs import format_size
+from gmlake.policies.settings import format_size
 from gmlake.sim import MAX_DEVICE_MEMORY
 
 MAGIC = b"GMLTRACE"

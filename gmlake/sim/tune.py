@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from gmlake import policies
-from gmlake.policies.knobs import format_size
+from gmlake.policies.settings import format_size
 from gmlake.sim.cap import bisect_fraction, drive
 from gmlake.sim.plots import BUILTIN_COLORS, pyplot
 from gmlake.sim.replay import driver_seconds, modelled_device_memory, run_requests, step_time_lost

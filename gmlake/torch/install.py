@@ -8,7 +8,7 @@ from typing import Any
 
 from gmlake import policies
 from gmlake.core._allocator import Allocator
-from gmlake.policies.knobs import coerce_knobs, parse_bool, parse_size, split_settings
+from gmlake.policies.settings import coerce_knobs, parse_bool, parse_size, split_settings
 from gmlake.torch import _torch_bridge
 from gmlake.torch.memory_api import install_memory_api
 from gmlake.torch.state import _enabled, _history_settings
