@@ -153,7 +153,7 @@ for p in (big, guard, other):
 alloc.empty_cache()                                    # synchronizes, then releases and frees every range
 alloc.close()
 busy.append(drv.busy_seconds)
-edge = Allocator(drv, gmlake.policies.get("gmlake"), limit=200 << 20)   # re-backing at the cap
+edge = Allocator(drv, gmlake.policies.get("gmlake", reback_slot=2 << 20), limit=200 << 20)  # re-backing (opted into) at the cap
 live, gaps = [], []
 for _ in range(10):
     live.append(edge.malloc(6 << 20))

@@ -56,10 +56,11 @@ def test_replay_gives_the_gpu_runs_peak_to_the_byte(workload, allocator):
 # requests (scripts/gpu-cap-trace.sh; the opt1.3b one under its cap, which changes no request).
 DEVICE_TOTAL = 150109880320
 # Every GPU cap search below ran gmlake's default as it was before re-backing (Note [Taking slots back at the edge])
-# and before Note [Stitching a size again] and Note [Leaving the libraries room]: 4 MiB pages under a cap, no
-# re-backing, a size stitched as often as it found free runs, no device reserve. Replay is held to the policy that
-# ran, spelled as it is now.
-GMLAKE_AS_RUN = "gmlake[capped_page_large=4MiB,reback_slot=0,restitch_limit=0,device_reserve=0,sblock_search_depth=8]"
+# and before Note [Stitching a size again], Note [Leaving the libraries room] and Note [Stitching at the edge]: 4 MiB
+# pages under a cap, no re-backing, a size stitched as often as it found free runs, no device reserve, the edge
+# stitching by the same rules as elsewhere. Replay is held to the policy that ran, spelled as it is now.
+GMLAKE_AS_RUN = ("gmlake[capped_page_large=4MiB,reback_slot=0,restitch_limit=0,device_reserve=0,sblock_search_depth=8,"
+                 "edge_page=0]")
 
 
 def as_run(allocator: str) -> str:
@@ -171,9 +172,10 @@ SESSION_13_SEARCHES = ["cap-2026-12-01g", "cap-2026-12-01h", "cap-2026-12-01i"]
 # where the GPU fit; the model needs 3.2 MiB (0.02 %) more than the GPU there.
 SESSION_13_MISSES = {("cnn", "expandable")}
 # Session 13's gmlake re-backed at the edge (reback_slot=2MiB, off by default since: Note [Taking slots back at the
-# edge]) and searched at most 8 cached sBlocks per request: the brackets are held by the default as it was when
-# they were last replayed, with those two knobs as they were.
-SESSION_13_GMLAKE = "gmlake[reback_slot=2MiB,sblock_search_depth=8]"
+# edge]), searched at most 8 cached sBlocks per request and stitched at the edge by the same rules as elsewhere
+# (before Note [Stitching at the edge]): the brackets are held by the default as it was when they were last
+# replayed, with those three knobs as they were.
+SESSION_13_GMLAKE = "gmlake[reback_slot=2MiB,sblock_search_depth=8,edge_page=0]"
 # Bracket ends replay misses now, and by how much: since growth joins a free block of no stream that it counted as
 # room (it used to map pages past it, fail, and relieve pressure, releasing every free page first), vit's gmlake
 # needs 8-16 MiB (0.04-0.07 %) more than the GPU run fit in (opt1.3b-ckpt under a cap fits by it instead:

@@ -820,7 +820,7 @@ def test_settling_plans_session_13s_hand_placed_probes_from_its_real_searches(mo
     from gmlake.sim.replay import replay
     from gmlake.sim.trace import load
 
-    as_run = "gmlake[capped_page_large=4MiB,reback_slot=0,restitch_limit=0,device_reserve=0]"
+    as_run = "gmlake[capped_page_large=4MiB,reback_slot=0,restitch_limit=0,device_reserve=0,edge_page=0]"
     policy_of = cap_search.replay_policy
     monkeypatch.setattr(cap_search, "replay_policy", lambda a: as_run if a == "gmlake" else policy_of(a))
 

@@ -300,6 +300,7 @@ cdef struct Knobs:
     size_t expandable_page_small
     size_t expandable_page_large
     size_t capped_page_large      # expandable_page_large where 0: Note [Finer pages under a cap]
+    size_t edge_page              # 0: no stitching rule of its own at the edge (Note [Stitching at the edge])
     size_t expandable_reserve     # 9/8 of the device's memory where 0
     size_t reback_slot            # 0: never re-back (Note [Taking slots back at the edge])
     size_t device_reserve         # 0: growth may take the device's last byte (Note [Leaving the libraries room])
@@ -362,6 +363,8 @@ cdef class Allocator:
     cdef size_t limit_bytes
     cdef bint zero_cap                                   # a cap of 0 bytes (limit_bytes 0 means none): nothing fits
     cdef bint reserve_open                               # relief ran out: growth may take the device reserve
+    cdef bint at_edge                                    # relief is retrying a request (Note [Stitching at the edge])
+    cdef bint edge_pages                                 # a stitch's shortfall maps edge_page pages now
     cdef size_t max_request
     cdef Stats st
     cdef object hook_errors                              # threading.local: the exception a hook raised, per thread
@@ -405,6 +408,7 @@ cdef class Allocator:
     cdef Block* _try_alloc(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil
     cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
+    cdef Block* _relieve_and_retry(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
     cdef void _retire(self, Block* b) noexcept nogil
 
 

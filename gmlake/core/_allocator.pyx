@@ -350,7 +350,16 @@ cdef class Allocator:
     cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
         """Step 5: relieve memory pressure, retrying the request after each attempt, until it is served or relief
         runs out. Each attempt takes the growth's built-in stage (Growth.pressure_stage) or
-        what the policy's relieve_pressure chose instead, up to MAX_PRESSURE_ATTEMPTS; _relieve carries it out."""
+        what the policy's relieve_pressure chose instead, up to MAX_PRESSURE_ATTEMPTS; _relieve carries it out.
+        While it runs the request is at the edge of memory, where a policy with `edge_page` stitches by its own rule
+        (Note [Stitching at the edge], _growth_expandable.pxi)."""
+        cdef Block* b
+        self.at_edge = self.k.edge_page != 0
+        b = self._relieve_and_retry(why, size_class, size, stream)
+        self.at_edge = False
+        return b
+
+    cdef Block* _relieve_and_retry(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
         cdef Block* b
         cdef int attempt, action, default
         for attempt in range(MAX_PRESSURE_ATTEMPTS):

@@ -65,6 +65,8 @@ cdef inline size_t _page(Allocator self, int size_class) noexcept nogil:
     buys at the edge is measured in docs/benchmarks.md, "At the edge of memory" (`python -m bench edge`)."""
     if size_class == SIZE_SMALL:
         return self.k.expandable_page_small
+    if self.edge_pages:
+        return self.k.edge_page
     if _cap_binds(self):
         return self.k.capped_page_large
     return self.k.expandable_page_large
@@ -73,6 +75,43 @@ cdef inline size_t _page(Allocator self, int size_class) noexcept nogil:
 cdef inline bint _cap_binds(Allocator self) noexcept nogil:
     """Whether a cap below the device's memory is set (a cap at or above it is none)."""
     return self.limit_bytes != 0 and (self.driver.capacity == 0 or self.limit_bytes < self.driver.capacity)
+
+
+cdef size_t _room(Allocator self) noexcept nogil:
+    """The bytes growth may still map: under a cap, the cap less reserved; else the device's free bytes, less the
+    device reserve while it is closed (SIZE_MAX where the driver cannot say)."""
+    cdef size_t free = 0
+    if _cap_binds(self):
+        return self.limit_bytes - self.st.reserved if self.st.reserved < self.limit_bytes else 0
+    if self.driver.device_free(&free) != DRIVER_OK:
+        return <size_t>-1
+    if self.k.device_reserve and not self.reserve_open:
+        return free - self.k.device_reserve if free > self.k.device_reserve else 0
+    return free
+
+
+cdef inline size_t _edge_shortfall(Allocator self, size_t shortfall) noexcept nogil:
+    """At the edge, the new bytes a stitch's shortfall maps: whole pages of its range where they fit under the limit,
+    else edge pages.
+
+    Note [Stitching at the edge]: a request that relief is retrying (Allocator._alloc_under_pressure) is at the edge
+    of memory: growth has failed, and what can still serve it is what the allocator holds free. Two rules keep
+    stitches rare elsewhere, for speed, where growing is the other way to serve a request: `min_saved_chunks` (a
+    stitch must save that many pages) and `restitch_limit` (a size that keeps stitching again grows instead). At the
+    edge either rule turns a request that the cached free bytes can serve into an out-of-memory error. With
+    `edge_page` set, a request at the edge stitches wherever that maps fewer new bytes than growing would, whatever
+    its size's stitching history, and the stitch's shortfall maps whole pages of the range where they fit under the
+    limit (the cap less reserved, or the device's free bytes less the closed device reserve: _room), else pages of
+    `edge_page` bytes in a range of such pages, so that rounding the shortfall up to a 20 MiB page does not fail a
+    request the limit has room for. Nothing live moves or is unmapped: a stitch maps the free pieces' handles at a
+    new address, as every stitch does, and the edge pages are new memory. Off the edge nothing changes, so a run that
+    never reaches its limit makes the same calls with or without a cap.
+
+    Finer pages chosen earlier, once the room under the limit falls under a threshold, do not reach this space: the
+    free bytes a capped run lacks lie in pages mapped long before the limit came near, between live blocks that stay
+    (docs/benchmarks.md, "Finer pages by headroom, and stitching at the edge")."""
+    cdef size_t coarse = round_up(shortfall, _page(self, SIZE_LARGE))
+    return coarse if coarse <= _room(self) else round_up(shortfall, self.k.edge_page)
 
 
 cdef inline bint _coarser_range(Allocator self, Segment* seg, size_t page) noexcept nogil:
@@ -94,8 +133,9 @@ cdef Block* _lowest_room(Allocator self, int size_class, size_t size, int64_t st
     cdef size_t page = _page(self, size_class)
     while it != holes.end() and deref(it).first.stream == stream:
         c = deref(it).second
-        # a released pool's segment, part unmapped, is never the default pool's; a coarser range grows no more
-        if c.seg.owner != NULL or _coarser_range(self, c.seg, page):
+        # a released pool's segment, part unmapped, is never the default pool's; a coarser range grows no more;
+        # edge pages go only to a range of edge pages
+        if c.seg.owner != NULL or _coarser_range(self, c.seg, page) or (self.edge_pages and c.seg.chunk_size != page):
             inc(it)
             continue
         if c.prev != NULL and free_for(c.prev, stream):
@@ -220,16 +260,24 @@ cdef class ExpandableGrowth(Growth):
         return _request_over_cap(a, why, size_class, size)
 
     cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil:
-        # Stitch where that maps at least `min_saved_chunks` fewer new pages than growing the range would.
+        # Stitch where that maps at least `min_saved_chunks` fewer new pages than growing the range would; at the
+        # edge, wherever it maps fewer new bytes (Note [Stitching at the edge]).
         cdef size_t page = _page(a, SIZE_LARGE)
+        if a.at_edge:
+            return _edge_shortfall(a, shortfall) <= _growth_bytes(a, SIZE_LARGE, size, stream)
         return round_up(shortfall, page) + a.k.min_saved_chunks * page <= _growth_bytes(a, SIZE_LARGE, size, stream)
 
     cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
                         Segment** undo) noexcept nogil:
-        # The shortfall as new pages at the lowest hole with room, stitched last.
-        cdef size_t fresh = round_up(shortfall, _page(a, SIZE_LARGE))
-        cdef Block* hole = _find_expandable(a, why, SIZE_LARGE, fresh, stream)
+        # The shortfall as new pages at the lowest hole with room, stitched last; at the edge, edge pages in a range
+        # of their own where whole pages of the range would not fit under the limit.
+        cdef size_t fresh
+        cdef Block* hole
         cdef Segment* seg
+        a.edge_pages = a.at_edge and _edge_shortfall(a, shortfall) < round_up(shortfall, _page(a, SIZE_LARGE))
+        fresh = round_up(shortfall, _page(a, SIZE_LARGE))
+        hole = _find_expandable(a, why, SIZE_LARGE, fresh, stream)
+        a.edge_pages = False
         if hole == NULL:
             return False
         while hole.state != BLOCK_UNMAPPED:

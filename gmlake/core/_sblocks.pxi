@@ -347,7 +347,8 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
     cdef SBlock* sb
     if self.growth.refuses(self, why, SIZE_LARGE, size):
         return NULL
-    if wanted and self.k.restitch_limit and self.sblock_cache.cached():
+    # at the edge, growth cannot serve the request: stitching again is what serves it (Note [Stitching at the edge])
+    if wanted and self.k.restitch_limit and self.sblock_cache.cached() and not self.at_edge:
         sb = _same_size_cached(self, size, stream, &wanted)
         if sb != NULL and not self.k.hook_place:     # a policy that places was offered the cached sBlocks already
             self.st.sblock_reuses += 1

@@ -25,8 +25,10 @@ class GMLakePolicy(Policy):
     It never moves or unmaps memory a live block uses: re-backing partly used pages at the edge of memory
     (`reback_slot`, Note [Taking slots back at the edge], gmlake/core/_rebacking.pxi) is off (`reback_slot=0`), since a
     kernel another thread launches while a page is re-backed faults on its unmapped live bytes and the CUDA context
-    is lost. A policy may turn it on where no other thread launches work at the limit. A cap that never binds costs
-    nothing (Note [Finer pages under a cap]).
+    is lost. A policy may turn it on where no other thread launches work at the limit. At the edge it stitches
+    wherever that saves new memory, mapping a stitch's shortfall in 2 MiB pages where 20 MiB ones would not fit
+    under the limit (`edge_page`, Note [Stitching at the edge]). A cap that never binds costs nothing (Note [Finer
+    pages under a cap]).
 
     Cached sBlocks serve only requests no free block fits (`sblock_first=False`): checking an sBlock's pieces costs
     a lookup per piece, and an expandable range's long free tail would otherwise send every request through it.
@@ -54,6 +56,7 @@ class GMLakePolicy(Policy):
     reback_slot: int = 0                    # off: Note [Taking slots back at the edge] (gmlake/core/_rebacking.pxi)
     restitch_limit: int = 2                 # Note [Stitching a size again] (gmlake/core/_sblocks.pxi)
     device_reserve: int = 8 * MiB           # Note [Leaving the libraries room] (gmlake/core/_vmm.pxi)
+    edge_page: int = 2 * MiB                # Note [Stitching at the edge] (gmlake/core/_growth_expandable.pxi)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ STITCHING = ("chunks", "expandable")       # the growths that stitch (PyTorch's 
 # What sizes new memory under each growth: what a user who set a size knob another growth reads meant.
 SIZING = {"chunks": ("chunk_size", "small_segment_size"),
           "pytorch": ("large_segment_size", "min_large_alloc", "round_large", "small_segment_size"),
-          "expandable": ("expandable_page_large", "capped_page_large", "expandable_page_small", "expandable_reserve")}
+          "expandable": ("expandable_page_large", "capped_page_large", "expandable_page_small", "expandable_reserve",
+                         "edge_page")}
 
 
 def knob(default: Any, *, unit: str = "", minimum: int | None = None, granular: bool = False,
@@ -46,6 +47,12 @@ class Knobs:
           `expandable_page_small` / `expandable_page_large` bytes; `capped_page_large` (0: the same) for a
           large-pool range made while a cap below the device's memory is set; a coarser range made before the cap
           grows no more while it holds (Note [Finer pages under a cap]).
+      edge_page: under "expandable", at the edge of memory (a request that relief is retrying, growth having
+        failed), stitch wherever that maps fewer new bytes than growing would (`min_saved_chunks` and
+        `restitch_limit` do not apply there), and map a stitch's shortfall in pages of this many bytes, in a range
+        of such pages, where whole pages of its range would not fit under the limit (0: the edge stitches by the
+        same rules as elsewhere; the default policy: 2 MiB). Never moves or unmaps live memory. Note [Stitching at
+        the edge] (gmlake/core/_growth_expandable.pxi).
       reback_slot: under "expandable", as the last pressure stage, re-back each partly used chunk in handles of
         this many bytes, one per slot that holds live bytes (copied through the host, pointers unchanged), giving
         its free slots back to the driver (0: never, every built-in policy). Hazard: while a chunk is re-backed its
@@ -112,6 +119,7 @@ class Knobs:
     expandable_page_small: int = knob(2 * MiB, unit="bytes", minimum=1, granular=True, growths=("expandable",))
     expandable_page_large: int = knob(20 * MiB, unit="bytes", minimum=1, granular=True, growths=("expandable",))
     capped_page_large: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
+    edge_page: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     expandable_reserve: int = knob(0, unit="bytes", minimum=0, growths=("expandable",))
     reback_slot: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     device_reserve: int = knob(0, unit="bytes", minimum=0)
