@@ -87,3 +87,16 @@ def test_oom_batch_size_finder_finds_what_it_finds_under_pytorch(finder, tmp_pat
     assert _halvings(sizes["gmlake"], sizes["expandable"]) <= 1, sizes
     if finder != "lightning":       # found by halving from 1024: a power of two below it
         assert sizes["gmlake"] < 1024 and sizes["gmlake"] & (sizes["gmlake"] - 1) == 0, sizes
+
+
+def test_a_refused_cudnn_workspace_is_skipped_as_under_pytorch():
+    """cuDNN asks the allocator for each execution plan's workspace; PyTorch moves to the next plan when the request
+    raises its out-of-memory type (under gmlake's old RuntimeError the first refusal ended the convolution). Under a
+    cap that refuses the first plan's workspace, gmlake must take the same path as PyTorch's allocator: the same
+    refusals skipped, and the same outcome (the convolution runs and matches, or fails with the same type)."""
+    native, ours = (run("oom_workspace.py", allocator=a) for a in ("native", "gmlake"))
+    assert native["workspace_mib"] > 0 and native["refused_workspaces"] >= 1, native    # the path was taken
+    assert ours["refused_workspaces"] == native["refused_workspaces"], (native, ours)
+    assert ours["ran"] == native["ran"] and ours["match"] == native["match"], (native, ours)
+    if not ours["ran"]:
+        assert ours["error"].split(":")[0] == native["error"].split(":")[0] == "OutOfMemoryError", (native, ours)
