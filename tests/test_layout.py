@@ -40,7 +40,7 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     """Every gmlake module `path` imports or cimports, anywhere in it (inside functions too), with its line."""
     text = path.read_text()
     found = []
-    if path.suffix == ".py":
+    if path.suffix in (".py", ".pyi"):
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.Import):
                 found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "gmlake"]
@@ -58,7 +58,7 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-SOURCES = sorted(p for p in PACKAGE.rglob("*") if p.suffix in (".py", ".pyx", ".pxd", ".pxi"))
+SOURCES = sorted(p for p in PACKAGE.rglob("*") if p.suffix in (".py", ".pyi", ".pyx", ".pxd", ".pxi"))
 
 
 def test_every_source_file_sits_in_a_layer():

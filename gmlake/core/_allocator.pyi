@@ -1,7 +1,7 @@
 """Type stubs for gmlake.core._allocator (a Cython module): the allocator."""
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from gmlake.core._driver import Driver
 from gmlake.core.errors import (
@@ -13,12 +13,27 @@ from gmlake.core.errors import (
     PolicyError,
 )
 from gmlake.core.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock, FreeBlocks
-from gmlake.policies.base import Policy
 
 POOL_NAMES: tuple[str, str]
 SEAM_HOOKS: dict[str, int]
 EVICT_REASONS: tuple[str, ...]
 CALL_NAMES: tuple[str, ...]
+
+
+class Policy(Protocol):
+    """What the Allocator asks of a policy, once, when it is made (gmlake.policies.Policy is one; the core imports
+    no policy)."""
+
+    name: str
+    segment_rule: str
+
+    def core_knobs(self, device_capacity: int) -> dict[str, object]: ...
+    def validate(self, granularity: int) -> None: ...
+    def overrides(self, hook: str) -> bool: ...
+    def cython_seams(self) -> object | None: ...
+    def cython_growth(self) -> object | None: ...
+
+def set_default_policy(factory: Callable[[], Policy]) -> None: ...
 
 class Seams:
     """The seams as the core asks them; subclass it in Cython to decide a seam at C speed."""
