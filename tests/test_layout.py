@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "gmlake"
+import gmlake
+
+# The package as it is imported: the source tree, or an installed wheel (which carries the stubs and .pxd files,
+# not the .pyx and .pxi sources it was compiled from).
+PACKAGE = Path(gmlake.__file__).resolve().parent
 LAYERS = ("core", "drivers", "policies", "torch", "sim", "cli")
 # What each layer may import, besides itself. "gmlake" is the package's own __init__: the names most code needs,
 # gathered from core, drivers and policies.
