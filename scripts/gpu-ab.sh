@@ -10,6 +10,8 @@
 # Results in $OUT: ab.json (every run), ab.txt (medians and B / A), build-{A,B}.log, machine.txt.
 set -uo pipefail
 [ $# -eq 2 ] || { echo "usage: scripts/gpu-ab.sh REV_A REV_B" >&2; exit 2; }
+git rev-parse --git-dir >/dev/null 2>&1 \
+  || { echo "gpu-ab.sh: run it in a git checkout of gmlake: it builds the two revisions in worktrees" >&2; exit 2; }
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gmlake-out}
 ROUNDS=${ROUNDS:-3}
