@@ -361,6 +361,23 @@ def oom_summary(head: dict, step: int | None, fraction: float, exc: BaseExceptio
             **device_limit_fields()}
 
 
+LIBRARY_FAILURE_EXIT = 4     # under a device limit, a step failed with an error other than out-of-memory
+
+
+def exit_library_failure(script: str, head: dict, records: list[dict], fraction: float, exc: BaseException,
+                         json_path: str | None) -> NoReturn:
+    """End a device-limited run whose step failed with an error that is not an allocator's out-of-memory (a CUDA
+    library that found no device memory: a cuDNN or cuBLAS error, a kernel that could not load): the summary as
+    exit_out_of_memory writes it, with "library_failure": true, one line on stderr, exit LIBRARY_FAILURE_EXIT."""
+    step = len(records)
+    summary = {**oom_summary(head, step, fraction, exc), "oom": False, "library_failure": True, "per_step": records}
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(summary, f, indent=1)
+    print(f"{script}: step {step} failed outside the allocator: {summary['error']}", file=sys.stderr)
+    sys.exit(LIBRARY_FAILURE_EXIT)
+
+
 def exit_out_of_memory(script: str, head: dict, records: list[dict], fraction: float, exc: BaseException,
                        json_path: str | None) -> NoReturn:
     """End a capped run whose step ran out of memory: the summary (`head`, what ran; then oom, the step, the error's

@@ -10,6 +10,7 @@
     t5    an encoder-decoder with recomputation (T5-base, gradient checkpointing): source length, target length and
           batch drawn per step
     cnn   a multi-scale CNN (ResNet-50 in plain torch, channels-last): image side and batch drawn per step
+    rl, sage  sampling with a KV cache then a policy-gradient step; full-batch GraphSAGE (workloads/edge_programs.py)
 
 The whole shape schedule is drawn from --seed before the model is built, so every allocator sees the same sequence
 (its digest, `schedule_sha256`, is in the summary). bf16 autocast on CUDA, fp32 weights, AdamW. Each step is timed
@@ -49,6 +50,7 @@ from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction: d
     counters_since,
     device_limit_fields,
     dump_snapshot,
+    exit_library_failure,
     exit_out_of_memory,
     gmlake_policy_name,
     gmlake_stats,
@@ -267,8 +269,12 @@ def build_cnn(cfg: dict, device: torch.device) -> Workload:
     return Workload(model, draw, make, loss, lambda s: 0)
 
 
+from bench.workloads import edge_programs  # noqa: E402 - its builders use Workload, defined above
+
+PRESETS.update(edge_programs.PRESETS)
 BUILDERS: dict[str, Callable[[dict, torch.device], Workload]] = {
-    "vit": build_vit, "bert": build_bert, "t5": build_t5, "cnn": build_cnn}
+    "vit": build_vit, "bert": build_bert, "t5": build_t5, "cnn": build_cnn,
+    "rl": edge_programs.build_rl, "sage": edge_programs.build_sage}
 
 
 # ---- the run -------------------------------------------------------------------------------------------------
@@ -420,6 +426,10 @@ def main() -> None:
         schedule = shape_schedule(workload, args.steps, args.seed)
         records, at_warmup, one_step = train(workload, schedule, device, warmup, records)
     except Exception as exc:
+        if fraction is not None and not out_of_memory(exc) and device_limit_fields():
+            # the device as the limit: a CUDA library that found no memory fails with its own error, not the
+            # allocator's (Note [The libraries' memory in replay]); the run records it as such
+            exit_library_failure("dynamic.py", header(args, cfg, warmup), records, fraction, exc, args.json)
         if fraction is None or not out_of_memory(exc):
             raise
         exit_out_of_memory("dynamic.py", header(args, cfg, warmup), records, fraction, exc, args.json)

@@ -106,7 +106,12 @@ cdef class ModelDriver(Driver):
     cdef object model
     # Streams a test has put under a capture the allocator was not told of (begin_raw_capture).
     cdef unordered_map[int64_t, bint] raw_captures
+    # Note [The libraries' memory in replay]: device memory the process holds outside the allocator (CUDA's libraries'
+    # kernels, handles and workspaces), which the capacity serves before any chunk.
+    cdef readonly size_t outside_bytes
     cdef int take_capacity(self, size_t size) noexcept nogil
+    cdef bint hold_outside(self, size_t total) noexcept nogil
+    cdef int device_free(self, size_t* free) noexcept nogil
     cdef void give_capacity(self, size_t size) noexcept nogil
     cdef int fault(self, int kind) noexcept nogil
     cdef int _ask_model(self, object method, tuple args) noexcept

@@ -335,7 +335,7 @@ cdef class ModelDriver(Driver):
             self.fault_countdown[kind] = 0
 
     cdef int take_capacity(self, size_t size) noexcept nogil:
-        if self.capacity and <size_t>self.live_chunk_bytes + size > self.capacity:
+        if self.capacity and <size_t>self.live_chunk_bytes + self.outside_bytes + size > self.capacity:
             return DRIVER_OOM
         self.live_chunks += 1
         self.live_chunk_bytes += size
@@ -344,6 +344,38 @@ cdef class ModelDriver(Driver):
     cdef void give_capacity(self, size_t size) noexcept nogil:
         self.live_chunks -= 1
         self.live_chunk_bytes -= size
+
+    cdef int device_free(self, size_t* free) noexcept nogil:
+        cdef size_t used = <size_t>self.live_chunk_bytes + self.outside_bytes
+        if not self.capacity:
+            free[0] = <size_t>-1
+        else:
+            free[0] = self.capacity - used if used < self.capacity else 0
+        return DRIVER_OK
+
+    cdef bint hold_outside(self, size_t total) noexcept nogil:
+        """Make the memory held outside the allocator `total` bytes, as a library taking or returning memory does.
+        False, leaving it as it was, where the device has no room for the growth: on a GPU the library's own call
+        fails there (a cuDNN or cuBLAS error, or a kernel that cannot load), outside any allocator.
+
+        Note [The libraries' memory in replay]: CUDA's libraries take device memory outside the allocator as a run
+        goes on (lazily loaded kernels the first time a shape picks them, handles, workspaces), and at the device's
+        edge that decides who fits. A trace captured by `gmlake capture` records the bytes held outside its allocator
+        over the run (gmlake.torch.capture); the replay holds them here at the request where the run held them, so
+        a chunk never takes memory the libraries hold, device_free answers what cuMemGetInfo would, and growth of
+        the libraries' memory that the device has no room for counts as the library's failure
+        (gmlake.sim.replay)."""
+        if total > self.outside_bytes and self.capacity and \
+                <size_t>self.live_chunk_bytes + total > self.capacity:
+            return False
+        self.outside_bytes = total
+        return True
+
+    def set_outside_bytes(self, total: int) -> bool:
+        """Hold `total` bytes of the device outside the allocator (hold_outside): False where it has no room."""
+        if total < 0:
+            raise ValueError(f"outside bytes must be >= 0, got {total}")
+        return self.hold_outside(total)
 
     cdef int synchronize(self) noexcept nogil:
         cdef pair[int64_t, uint64_t] entry

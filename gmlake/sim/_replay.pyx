@@ -12,7 +12,8 @@ from gmlake.core._clock cimport monotonic_ns
 
 def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64_t[:] stream,
                   const uint64_t[:] size, const uint32_t[:] ident, size_t samples=2000,
-                  const uint64_t[:] pool=None, uint64_t event_lag=0, int64_t[:] progress=None) -> dict:
+                  const uint64_t[:] pool=None, uint64_t event_lag=0, int64_t[:] progress=None,
+                  const uint64_t[:] outside_at=None, const uint64_t[:] outside_bytes=None) -> dict:
     """Serve each alloc (action 0) and free (action 1) in order; other actions are skipped. The timeline samples
     (about `samples` of them) hold the largest reserved, allocated and requested values since the previous sample.
     `pool`, if given, names per event the private pool (already begun) an alloc is served from, 0 for the default
@@ -23,6 +24,9 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
     the error would go on. A driver error stops the replay. Allocation ids must be below the number of events
     (gmlake.sim.replay numbers them densely). `event_lag` > 0 (a model driver's only): an event the allocator records
     completes that many requests later, as if the GPU trailed the CPU (Note [Event lag in replay]); 0: at once.
+    `outside_at` and `outside_bytes` (a model driver's only; ascending event indices): from event outside_at[k] on,
+    the process holds outside_bytes[k] of the device outside the allocator (Note [The libraries' memory in replay]);
+    growth the device has no room for is counted as a library failure, and the libraries keep what they held.
     Returns peaks, counts and a sampled timeline.
     """
     cdef size_t n = action.shape[0]
@@ -36,6 +40,15 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
         model = <ModelDriver>alloc.driver
         model.event_lag = event_lag
     cdef bint lagged = model is not None
+    cdef size_t outside_n = 0, outside_next = 0, library_failures = 0, first_library_failure = <size_t>-1
+    cdef size_t peak_outside = 0
+    if outside_at is not None or outside_bytes is not None:
+        if outside_at is None or outside_bytes is None or outside_at.shape[0] != outside_bytes.shape[0]:
+            raise ValueError("replay_events: outside_at and outside_bytes go together, of one length")
+        if not isinstance(alloc.driver, ModelDriver):
+            raise ValueError("replay_events: memory outside the allocator needs a model driver (sim or host)")
+        model = <ModelDriver>alloc.driver
+        outside_n = outside_at.shape[0]
     cdef uint32_t max_id = 0
     cdef size_t i
     for i in range(n):
@@ -76,6 +89,14 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
                     break
             if lagged:
                 model.clock += 1
+            while outside_next < outside_n and outside_at[outside_next] <= i:
+                if not model.hold_outside(outside_bytes[outside_next]):
+                    library_failures += 1
+                    if first_library_failure == <size_t>-1:
+                        first_library_failure = i
+                elif model.outside_bytes > peak_outside:
+                    peak_outside = model.outside_bytes
+                outside_next += 1
             if action[i] == 0:
                 if pooled and pool[i] != 0:
                     p = alloc.malloc_in_pool_nogil(size[i], stream[i], pool[i], &why)
@@ -133,6 +154,9 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
         "events": n,
         "requests": served,
         "ooms": ooms,
+        "library_failures": library_failures,
+        "first_library_failure": None if first_library_failure == <size_t>-1 else first_library_failure,
+        "peak_outside": peak_outside,
         "seconds": (t1 - t0) * 1e-9,
         "peak_reserved": peak_reserved,
         "peak_allocated": peak_allocated,

@@ -105,7 +105,8 @@ def limits(trace, policy, resolution: float = 0.002, event_lag: int = 0) -> dict
     """Both searches for one trace and policy, as `gmlake replay --smallest-cap` and `gmlake compare --smallest-cap`
     report them (one call of `smallest_cap` and one of `smallest_device_memory`): the smallest cap and the smallest
     device that fit and the largest of each that failed, in bytes; the two that fit over the policy's uncapped peak
-    allocated (`*_x_peak`); that peak, the uncapped peak reserved, and the replays the two searches took. Raises
+    allocated (`*_x_peak`; the device's less the most the libraries held beyond their share at the capture's
+    start, `libraries_peak`, as a device-limit run on the GPU leaves k x peak + that share); that peak, the uncapped peak reserved, and the replays the two searches took. Raises
     ValueError where the policy runs out of memory on the trace's device even uncapped."""
     from gmlake.sim.replay import replay
 
@@ -116,10 +117,13 @@ def limits(trace, policy, resolution: float = 0.002, event_lag: int = 0) -> dict
     fit, fail, probed = smallest_cap(trace, policy, resolution, event_lag)
     device_fit, device_fail, device_probed = smallest_device_memory(trace, policy, resolution, event_lag)
     peak = uncapped.peak_allocated
+    libraries = trace.outside_peak
     return {"trace": trace.name, "policy": uncapped.policy,
             "smallest_cap": fit, "largest_failing_cap": fail, "smallest_cap_x_peak": fit / peak,
             "smallest_device_memory": device_fit, "largest_failing_device_memory": device_fail,
-            "smallest_device_memory_x_peak": device_fit / peak,
+            # as a device-limit run counts it: k x peak + the libraries' share (Note [The libraries' memory in
+            # replay]); the libraries' share is 0 where the trace records none
+            "smallest_device_memory_x_peak": (device_fit - libraries) / peak, "libraries_peak": libraries,
             "peak_allocated": peak, "uncapped_peak_reserved": uncapped.peak_reserved,
             "replays": len(probed) + len(device_probed) + 2}
 
@@ -134,8 +138,11 @@ def _smallest_limit(trace, policy, limit: str, resolution: float, event_lag: int
                          f"({uncapped.ooms} requests), so no cap can fit it")
     reserved = uncapped.peak_reserved
     size = lambda fraction: math.ceil(fraction * reserved)
-    fits = lambda fraction: run_requests(trace, policy, samples=1, event_lag=event_lag,   # one pass: ooms only
-                                         **{limit: size(fraction)})[1]["ooms"] == 0
+
+    def fits(fraction: float) -> bool:             # one pass: out-of-memory and the libraries' failures only
+        out = run_requests(trace, policy, samples=1, event_lag=event_lag, **{limit: size(fraction)})[1]
+        return out["ooms"] == 0 and out["library_failures"] == 0
+
     floor = (uncapped.peak_allocated - 1) / reserved
     ceiling = 1.0 if limit == "cap" else max(1.0, modelled_device_memory(trace) / reserved)
     search = bisect_fraction(floor, 1.0, resolution, floor=floor, hi_fits=limit == "cap", ceiling=ceiling)

@@ -79,11 +79,16 @@ class ReplayResult:
     policy_spec: str = ""      # the policy as the user named it (built-in name, module:Class, file.py:Class[...])
     policy_class: str = ""     # module.Class
     knobs: dict = field(default_factory=dict)   # every knob of the policy, with its value
+    # Note [The libraries' memory in replay]: times the libraries' memory (as the trace records it) grew where the
+    # device had no room left, and the most it held beyond what it held when the capture began.
+    library_failures: int = 0
+    peak_outside: int = 0
 
     @property
     def failed(self) -> bool:
-        """Whether some requests could not be served (out of memory): the peaks then cover only those served."""
-        return self.ooms > 0
+        """Whether some requests could not be served (out of memory), or the libraries could not take memory they
+        took in the captured run: the peaks then cover only what was served."""
+        return self.ooms > 0 or self.library_failures > 0
 
     @property
     def utilization(self) -> float:
@@ -169,6 +174,8 @@ class ReplayResult:
             "events": self.events,
             "requests": self.requests,
             "ooms": self.ooms,
+            "library_failures": self.library_failures,
+            "peak_outside": self.peak_outside,
             "event_lag": self.event_lag,
             "cap": self.cap,
             "seconds": round(self.seconds, 6),
@@ -240,6 +247,8 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
         events=len(trace),
         requests=out["requests"],
         ooms=out["ooms"],
+        library_failures=out["library_failures"],
+        peak_outside=out["peak_outside"],
         seconds=out["seconds"],
         peak_allocated=out["peak_allocated"],
         peak_reserved=out["peak_reserved"],
@@ -301,12 +310,16 @@ def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", d
         # Note [Pools in traces]: each graph pool routes only the requests that name it, for the whole replay.
         for key in np.unique(pools[pools != 0]).tolist():
             alloc.begin_allocate_to_pool(key, [])
+    outside = trace.outside_of_requests()
+    outside_at, outside_bytes = (None, None) if outside is None else outside
     args = (alloc, np.ascontiguousarray(req["action"]), np.ascontiguousarray(req["stream"]),
             np.ascontiguousarray(req["size"]), np.ascontiguousarray(dense_ids.reshape(-1), dtype=np.uint32), samples,
             pools, event_lag)
+    held = {"outside_at": outside_at, "outside_bytes": outside_bytes}
     if not progress:
-        return alloc, replay_events(*args)
-    return alloc, _with_progress(lambda watch: replay_events(*args, watch), len(req), f"{trace.name}: {choice.label}")
+        return alloc, replay_events(*args, **held)
+    return alloc, _with_progress(lambda watch: replay_events(*args, watch, **held), len(req),
+                                 f"{trace.name}: {choice.label}")
 
 
 PROGRESS_AFTER = 3.0    # seconds a replay runs before it shows a progress bar

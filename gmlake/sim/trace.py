@@ -83,6 +83,24 @@ class Trace:
             out[(req["action"] == ALLOC) & np.isin(req["id"], np.asarray(ids, dtype=np.uint32))] = int(key)
         return out
 
+    def outside_of_requests(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where the run held memory outside its allocator, as the replay serves it: (request index from which it
+        holds, bytes held), both uint64 and in request order; None where the trace records none (Note [The
+        libraries' memory in replay])."""
+        series = self.meta.get("outside")
+        if not series:
+            return None
+        at = np.asarray([event for event, _ in series], dtype=np.int64)
+        held = np.asarray([size for _, size in series], dtype=np.uint64)
+        requests_before = np.concatenate(([0], np.cumsum(self.events["action"] <= FREE)))
+        return requests_before[np.minimum(at, len(self.events))].astype(np.uint64), held
+
+    @property
+    def outside_peak(self) -> int:
+        """The most bytes the run held outside its allocator beyond what it held when recording began (0: none
+        recorded): the libraries' share a device limit must leave them."""
+        return max((size for _, size in self.meta.get("outside") or ()), default=0)
+
     def real_reserved_curve(self) -> np.ndarray | None:
         """Bytes the captured run held after each event, from its segment events (None without any)."""
         a = self.events["action"]
@@ -206,9 +224,12 @@ def load_snapshot(path: str | Path, device: int | None = None) -> Trace:
         raise TraceError(f"{path}: no trace events for device {device}")
     meta = _clean_meta(snapshot.get("gmlake"), path)
     meta = {**meta, "name": meta.get("name", snapshot_stem(path)), "device": device, "source": "snapshot"}
-    events, pools = _convert(traces[device], path, _pool_segments(snapshot.get("segments"), device))
+    events, pools, times = _convert(traces[device], path, _pool_segments(snapshot.get("segments"), device))
     if pools:
         meta["pools"] = pools
+    outside = _outside_series(snapshot.get("gmlake"), times)
+    if outside:
+        meta["outside"] = outside
     seconds = _span_seconds(traces[device])
     if seconds and "seconds" not in meta:
         meta["seconds"] = seconds
@@ -272,6 +293,13 @@ def _clean_meta(raw, path: Path) -> dict:
         meta["pools"] = pools
     elif pools is not None:
         raise TraceError(f"{path}: malformed pool metadata (want {{pool id: [allocation ids]}})")
+    outside = raw.get("outside")
+    if isinstance(outside, list) and all(isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)
+                                         and p[0] >= 0 and 0 <= p[1] <= MAX_DEVICE_MEMORY for p in outside) \
+            and all(a[0] < b[0] for a, b in zip(outside, outside[1:])):
+        meta["outside"] = outside
+    elif outside is not None:
+        raise TraceError(f"{path}: malformed outside-memory metadata (want [[event index, bytes], ...], ascending)")
     if meta.get("device_total", 0) > MAX_DEVICE_MEMORY:
         raise TraceError(f"{path}: records a device of {meta['device_total']} bytes, more than any device holds "
                          f"(at most {format_size(MAX_DEVICE_MEMORY)})")
@@ -286,9 +314,10 @@ def _check_sizes(sizes: np.ndarray, path: Path) -> None:
                          f"(at most {format_size(MAX_DEVICE_MEMORY)}); refusing the trace")
 
 
-def _convert(entries: list, path: Path, pool_segments: list | None = None) -> tuple[np.ndarray, dict]:
-    """The compact events of a snapshot's trace, and {pool key (str): [allocation ids]} of the allocations served
-    from the private-pool segments in `pool_segments` (Note [Pools in traces])."""
+def _convert(entries: list, path: Path, pool_segments: list | None = None) -> tuple[np.ndarray, dict, np.ndarray]:
+    """The compact events of a snapshot's trace, {pool key (str): [allocation ids]} of the allocations served
+    from the private-pool segments in `pool_segments` (Note [Pools in traces]), and each event's time_us (-1 where
+    the entry records none)."""
     events = np.empty(len(entries), dtype=EVENT_DTYPE)
     live: dict[int, int] = {}       # address -> allocation id
     next_id = 0
@@ -309,6 +338,8 @@ def _convert(entries: list, path: Path, pool_segments: list | None = None) -> tu
             addr = _as_int(entry["addr"])
             size = _as_int(entry["size"])
             stream = _as_int(entry.get("stream", 0) or 0)
+            when = entry.get("time_us")
+            when = when if type(when) is int else -1
         except (KeyError, TypeError, ValueError, OverflowError):
             raise TraceError(f"{path}: malformed trace entry {_short(entry)}") from None
         if not (0 <= size < 1 << 63 and 0 <= stream < 1 << 63 and 0 <= addr < 1 << 64):
@@ -317,9 +348,10 @@ def _convert(entries: list, path: Path, pool_segments: list | None = None) -> tu
             k = bisect.bisect_right(starts, addr) - 1
             if k >= 0 and segs[k][0] == addr:
                 born[k] = len(parsed)
-        parsed.append((action, addr, size, stream))
+        parsed.append((action, addr, size, stream, when))
     pools: dict[str, list[int]] = {}
-    for position, (action, addr, size, stream) in enumerate(parsed):
+    times = np.empty(len(parsed), dtype=np.int64)
+    for position, (action, addr, size, stream, when) in enumerate(parsed):
         ident = 0
         if action == ALLOC:
             if size == 0:
@@ -334,9 +366,36 @@ def _convert(entries: list, path: Path, pool_segments: list | None = None) -> tu
                 continue   # allocated before recording began: the replay never saw it
             ident = live.pop(addr)
         events[n] = (action, stream, size, ident)
+        times[n] = when
         n += 1
     _check_sizes(events["size"][:n], path)
-    return events[:n], pools
+    return events[:n], pools, times[:n]
+
+
+def _outside_series(raw, times: np.ndarray) -> list[list[int]]:
+    """The memory the captured run held outside its allocator (gmlake capture's `outside_allocator` samples,
+    [time_us, bytes]), as [event index, bytes beyond the first sample] from the first event at or after each
+    sample, keeping only changes; [] where the trace records none or its events carry no time. Malformed samples
+    are ignored (a trace is untrusted; the requests are what a replay needs)."""
+    samples = raw.get("outside_allocator") if isinstance(raw, dict) else None
+    if not isinstance(samples, list) or not samples or not len(times) or int(times.max()) < 0:
+        return []
+    pairs = [(t, b) for t, b in (s for s in samples if isinstance(s, (list, tuple)) and len(s) == 2)
+             if type(t) is int and type(b) is int and 0 <= b <= MAX_DEVICE_MEMORY]
+    if not pairs:
+        return []
+    base = pairs[0][1]
+    # Events without a time take the last time before them, so the times searched are ascending.
+    known = np.maximum.accumulate(np.where(times >= 0, times, np.iinfo(np.int64).min))
+    series: list[list[int]] = []
+    for when, held in pairs:
+        event = int(np.searchsorted(known, when, side="left"))
+        grown = max(0, held - base)
+        if series and series[-1][0] == event:
+            series[-1][1] = grown
+        elif not series or series[-1][1] != grown:
+            series.append([event, grown])
+    return [pair for pair in series if pair[0] < len(times)] if series else []
 
 
 def _as_int(value) -> int:

@@ -39,18 +39,25 @@ def torch_cuda_problem(device: bool = False) -> str | None:
 
 
 def start(max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
-    """Start recording every allocator event (no stack traces: they make snapshots large and runs slow)."""
+    """Start recording every allocator event (no stack traces: they make snapshots large and runs slow), and
+    sampling the memory the process holds outside its allocator (Note [Sampling the libraries' memory])."""
     import torch
 
+    from gmlake.torch import outside
+
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=max_entries)
+    outside.start(torch.cuda.memory_reserved, torch.cuda.current_device() if torch.cuda.is_initialized() else 0)
 
 
 def dump(path: str | Path, name: str | None = None, **extra) -> Path:
     """Write the snapshot, with the run's real peaks, as a gzipped pickle (atomically: a temp file, renamed)."""
     import torch
 
+    from gmlake.torch import outside
+
     path = Path(path)
     torch.cuda.synchronize()
+    held_outside = outside.stop()
     snapshot = torch.cuda.memory._snapshot()
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     snapshot["gmlake"] = {
@@ -64,6 +71,7 @@ def dump(path: str | Path, name: str | None = None, **extra) -> Path:
         "device_name": props.name,
         "device_total": props.total_memory,
         "torch": str(torch.__version__),
+        **({"outside_allocator": held_outside} if held_outside else {}),
         **extra,
     }
     tmp = path.with_name(path.name + ".tmp")

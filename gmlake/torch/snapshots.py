@@ -16,9 +16,16 @@ from gmlake.torch.state import _enabled, _history_settings, policy_info
 
 def record_memory_history(enabled: bool = True, max_entries: int = 10_000_000) -> None:
     """Record allocator events on every device (now and later), as torch.cuda.memory._record_memory_history."""
+    from gmlake.torch import outside
+    from gmlake.torch.stats import memory_reserved
+
     _history_settings.update(enabled=enabled, max_entries=max_entries)
     for a in _torch_bridge.allocators().values():
         a.record_history(enabled, max_entries)
+    if enabled:             # what the libraries hold beside it, for replay (Note [Sampling the libraries' memory])
+        outside.start(memory_reserved)
+    else:
+        outside.stop()
 
 
 def snapshot() -> dict:
@@ -31,6 +38,11 @@ def snapshot() -> dict:
     if allocators and torch.cuda.is_available():    # the device, as gmlake.torch.capture records it: replay models its size
         props = torch.cuda.get_device_properties(min(allocators))
         out["gmlake"].update(device_total=props.total_memory, device_name=props.name, torch=str(torch.__version__))
+    from gmlake.torch import outside
+
+    held = outside.samples()
+    if held:
+        out["gmlake"]["outside_allocator"] = held
     return out
 
 
