@@ -23,6 +23,7 @@ from bench import RESULTS, ROOT
 from bench.cli import OneLineParser
 
 GiB = 1 << 30
+MiB = 1 << 20
 DOC = ROOT / "docs" / "benchmarks.md"
 PNG = ROOT / "docs" / "training.png"
 MARK = re.compile(r"(<!-- generated: (?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
@@ -548,6 +549,164 @@ def tune_search() -> str:
             + ", ".join(f"`{s.spec}`" for s in settings if s.knobs) + ".\n")
 
 
+def _fill(text: str, width: int, indent: str = "") -> str:
+    """`text` as a paragraph (or a list item, with `indent`) of `width` columns; names keep their hyphens."""
+    return textwrap.fill(text, width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
+
+
+# The policies section 1 of docs/policies.md writes and sections 3-4 run: the doc's own code blocks, so that the
+# samples are what a reader who copies them gets.
+POLICY_DOC = ROOT / "docs" / "policies.md"
+MAXPIECES_TRACES = ["opt1.3b-lora-native", "gpt2l-lora-ckpt-native"]
+EXPLAIN_TRACE = "gpt2l-lora-ckpt-native"
+
+
+def _doc_policies(folder: Path) -> dict[str, str]:
+    """Write maxpieces.py and neversplit.py, as docs/policies.md shows them, into `folder`; their paths."""
+    blocks = re.findall(r"```python\n(.*?)```", POLICY_DOC.read_text(), flags=re.DOTALL)
+    files = {"maxpieces.py": next(b for b in blocks if "class MaxPieces(" in b),
+             "neversplit.py": next(b for b in blocks if b.startswith("# neversplit.py\n"))}
+    for name, code in files.items():
+        (folder / name).write_text(code)
+    return {name: str(folder / name) for name in files}
+
+
+def _markdown(columns: list[str], rows: list[dict], right: set[str]) -> list[str]:
+    """A markdown table of `rows`' `columns` (rich Text or str cells), numbers right-aligned."""
+    return ["| " + " | ".join(columns) + " |",
+            "|" + "|".join("---:" if c in right else "---" for c in columns) + "|",
+            *("| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows)]
+
+
+def _fail_prose(section: str, claim: str) -> None:
+    """The prose around a generated section says `claim`; the replay no longer shows it."""
+    raise ValueError(f"{section}: the replay no longer shows that {claim}: rewrite the prose and the generator")
+
+
+def compare_maxpieces() -> str:
+    """docs/policies.md section 3: the built-ins and MaxPieces compared on two bundled traces, and what it shows."""
+    import tempfile
+
+    from gmlake.sim import compare
+    from gmlake.sim.trace import load
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = _doc_policies(Path(tmp))
+        specs = ["gmlake", "gmlake-paper", "caching", "expandable",
+                 f"{files['maxpieces.py']}:MaxPieces[max_pieces=2]", f"{files['maxpieces.py']}:MaxPieces"]
+        results = compare.run([load(t) for t in MAXPIECES_TRACES], specs, progress=False)
+    columns = ["trace", "policy", "reserved", "alloc/res", "ext@growth", "stitches", "driver calls", "driver s"]
+    cells = [compare._cells(r, {}) for r in results]
+    lines = _markdown(columns, cells, set(columns[2:]))
+    lines[0] = lines[0].replace("| reserved |", "| reserved GiB |").replace("| ext@growth |", "| ext@growth GiB |")
+    by = {(r.trace, r.policy): r for r in results}
+    short = {t: t.split("-")[0] for t in MAXPIECES_TRACES}
+    default = {t: by[(t, "gmlake")] for t in MAXPIECES_TRACES}
+    two = {t: by[(t, "MaxPieces(max_pieces=2)")] for t in MAXPIECES_TRACES}
+    sixteen = {t: by[(t, "MaxPieces")] for t in MAXPIECES_TRACES}
+    if any((sixteen[t].peak_reserved, sixteen[t].stats["stitches"], sixteen[t].stats["calls"])
+           != (default[t].peak_reserved, default[t].stats["stitches"], default[t].stats["calls"])
+           for t in MAXPIECES_TRACES):
+        _fail_prose("compare-maxpieces", "MaxPieces at its default of 16 changes nothing")
+    calls = {t: sum(r.stats["calls"].values()) for t, r in default.items()}
+    fewer = [100 * (1 - sum(two[t].stats["calls"].values()) / calls[t]) for t in MAXPIECES_TRACES]
+    text = ("The default policy's stitches already take few pieces: `MaxPieces` at its default of 16 changes nothing "
+            "on either trace (identical bytes, stitches and calls). At most 2 pieces leaves "
+            + " and ".join(f"{two[t].stats['stitches']} of {default[t].stats['stitches']}" for t in MAXPIECES_TRACES)
+            + " of the default's stitches, and memory comes close to the expandable model's: "
+            + ", ".join(f"{(two[t].peak_reserved - default[t].peak_reserved) / GiB:.2f} GiB more than the default on "
+                        f"{short[t]}" for t in MAXPIECES_TRACES)
+            + f", for {_pct(fewer)} % fewer driver calls.")
+    return "\n".join(lines) + "\n\n" + _fill(text, 117) + "\n"
+
+
+def replay_neversplit() -> str:
+    """docs/policies.md section 3: a policy that never splits a large block, against the default."""
+    import tempfile
+
+    from gmlake.sim import compare
+    from gmlake.sim.trace import load
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = _doc_policies(Path(tmp))
+        results = compare.run([load(MAXPIECES_TRACES[0])], ["gmlake", f"{files['neversplit.py']}:NeverSplit"],
+                              progress=False)
+    columns = ["policy", "reserved", "allocated", "alloc/res", "req/res", "int frag MiB", "ext@peak"]
+    lines = _markdown(columns, [compare._cells(r, {}) for r in results], set(columns[1:]))
+    lines[0] = lines[0].replace("| reserved | allocated |", "| reserved GiB | allocated GiB |").replace(
+        "| ext@peak |", "| ext@peak GiB |")
+    return "\n".join(lines) + "\n"
+
+
+def peak_growth_example() -> str:
+    """docs/policies.md section 3: why the moment of peak growth, shown on gmlake-paper's replay of a trace."""
+    from gmlake.sim.replay import replay
+    from gmlake.sim.trace import load
+
+    trace = load(EXPLAIN_TRACE)
+    r = replay(trace, "gmlake-paper")
+    sizes = trace.requests()["size"]
+    share = 100 * r.reserved_at_peak_growth / r.peak_reserved
+    if r.peak_event == r.peak_growth_event:
+        _fail_prose("peak-growth", "the exact peak comes after the moment of peak growth")
+    return _fill(
+        "Why two moments: the exact peak of reserved memory can come long after the growth that made it. On "
+        f"{EXPLAIN_TRACE}, reserved memory reaches {share:.2f} % of its peak at request #{r.peak_growth_event} (a "
+        f"{sizes[r.peak_growth_event] / MiB:.0f} MiB tensor) under `gmlake-paper`; the exact peak comes at request "
+        f"#{r.peak_event}, a {sizes[r.peak_event] / MiB:.2f} MiB request, when the activations are freed: external "
+        f"fragmentation at that moment is {r.external_fragmentation / GiB:.1f} GiB of {r.peak_reserved / GiB:.1f}, "
+        "which says nothing about the policy. The moment of peak growth is defined as **the first request after "
+        "which reserved memory is within 1 % of its peak** (`gmlake.sim.replay.peak_growth_moment`); growth after it "
+        f"adds less than 1 % of the peak together. There, gmlake-paper holds "
+        f"{r.external_fragmentation_at_growth / GiB:.3f} GiB it could not use.", 117) + "\n"
+
+
+def explain_sample() -> str:
+    """docs/policies.md section 4: `gmlake explain` on a bundled trace as a terminal of 120 columns shows it, and
+    what it says, in words, from the same replay."""
+    import contextlib
+    import io
+    import os
+    import tempfile
+
+    from gmlake.cli import main as gmlake_main
+    from gmlake.sim.explain import explain
+    from gmlake.sim.trace import load
+
+    spec = "maxpieces.py:MaxPieces[max_pieces=2]"
+    out = io.StringIO()
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "120"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            files = _doc_policies(Path(tmp))
+            mine = spec.replace("maxpieces.py", files["maxpieces.py"])
+            with contextlib.redirect_stdout(out):
+                gmlake_main(["explain", EXPLAIN_TRACE, "--policy", "caching", "--policy", "gmlake", "--policy", mine])
+            trace = load(EXPLAIN_TRACE)
+            caching, default, two = (explain(trace, p) for p in ("caching", "gmlake", mine))
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+    text = "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+    if tmp in text:
+        raise ValueError("explain: the output names the temporary folder the doc's policy was written to")
+    if not (default.request_index == two.request_index == caching.request_index
+            and default.largest_free_before < default.request_size and two.growth >= two.request_size - two.page):
+        _fail_prose("explain", "the three policies explain one request that found no free block large enough, "
+                               "and two pieces grew it whole")
+    read = (f"Read: the {default.request_size / MiB:.0f} MiB request found {default.free_before / GiB:.1f} GiB free "
+            f"in {default.free_pieces_before} pieces, none large enough. The default stitched the free pages and "
+            f"mapped {default.growth // default.page} new ones; capped at two pieces, the stitch was refused and all "
+            f"{two.growth // two.page} pages were new, leaving {two.free_whole_chunks / GiB:.1f} GiB of whole free "
+            f"pages that the request could not use. Caching, with {caching.free_before / GiB:.1f} GiB free in "
+            f"{caching.free_pieces_before} pieces, made a new {caching.growth / GiB:.1f} GiB segment.")
+    return (f"```\n$ gmlake explain {EXPLAIN_TRACE} --policy caching --policy gmlake --policy '{spec}'\n```\n\n"
+            f"```\n{text}\n```\n\n" + _fill(read, 117) + "\n")
+
+
 # ------------------------------------------------------------------ README.md: the summary of the results above
 
 # The README's table: a few workloads of the training and speed suites, as a newcomer would name them.
@@ -664,7 +823,7 @@ def readme_utilization() -> str:
     """The README's opening: what utilization is, and the range each allocator reached in the suites."""
     peaks, _, _ = _peaks()
     util = {a: [p[a][1] for p in peaks.values() if a in p] for a in ALLOCATORS}
-    return textwrap.fill(
+    return _fill(
         "PyTorch keeps the GPU memory it gets from the driver (*reserved* memory) and serves tensors (*allocated* "
         "memory) from it. *Utilization* is peak allocated / peak reserved: the share of the memory a job reserved "
         "that it ever used. On the training jobs measured, whose shapes change every step (LLM fine-tuning with variable lengths, "
@@ -689,7 +848,7 @@ def readme_table() -> str:
             "every step, each run in a fresh process with the same shapes under every allocator, gmlake reserved "
             f"less memory than expandable segments on {_n(less)}"
             + (f", the same on {_n(same)}" if same else "") + (f" and more on {_n(more)}" if more else "") + ":")
-    lines = [textwrap.fill(head, 115), "",
+    lines = [_fill(head, 115), "",
              "![utilization, peak reserved memory and step time per workload under native, expandable segments and "
              "gmlake](docs/training.png)", "",
              ("| workload (one GPU unless said) | peak reserved GiB: native / expandable / gmlake | utilization: "
@@ -711,7 +870,7 @@ def readme_table() -> str:
             fits = "a tie: " + fits       # gmlake's fit lies above a cap where expandable segments failed
         lines.append(f"| {label} | {reserved} | {util} | {fits} |")
     env = _env_line(envs + cap_envs)
-    return "\n".join(lines) + "\n\n" + textwrap.fill(
+    return "\n".join(lines) + "\n\n" + _fill(
         env + " All workloads, the method, step times and their spread: [docs/benchmarks.md](docs/benchmarks.md).",
         115) + "\n"
 
@@ -824,7 +983,7 @@ def readme_findings() -> str:
                      f"The difference lay inside the workload's own spread on {len(ratios) - len(outside)} of "
                      f"{len(ratios)}, not on {'; '.join(outside)}, with one or two runs a side.")
                   + " What such runs resolve: docs/benchmarks.md, \"Speed\".")
-    return "\n".join(textwrap.fill(t, 115, subsequent_indent="  ")
+    return "\n".join(_fill(t, 115, "  ")
                      for t in (memory, device_text, cap_text, edge_text, speed_text)) + "\n"
 
 
@@ -851,7 +1010,7 @@ def readme_limits() -> str:
          "20 MiB pages that also hold live tensors cannot be stitched (a page maps only whole); it is taken back "
          "only when a limit binds."),
     ]
-    return "\n".join(textwrap.fill(t, 115, subsequent_indent="  ") for t in lines) + "\n"
+    return "\n".join(_fill(t, 115, "  ") for t in lines) + "\n"
 
 
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
@@ -861,7 +1020,9 @@ TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic
                                         "edge-time": edge_time, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,
                                         "readme-results": readme_results,
-                                        "readme-limits": readme_limits}
+                                        "readme-limits": readme_limits, "compare-maxpieces": compare_maxpieces,
+                                        "replay-neversplit": replay_neversplit, "peak-growth": peak_growth_example,
+                                        "explain": explain_sample}
 
 
 def render(text: str) -> str:
