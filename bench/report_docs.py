@@ -849,8 +849,8 @@ def readme_table() -> str:
             f"less memory than expandable segments on {_n(less)}"
             + (f", the same on {_n(same)}" if same else "") + (f" and more on {_n(more)}" if more else "") + ":")
     lines = [_fill(head, 115), "",
-             "![utilization, peak reserved memory and step time per workload under native, expandable segments and "
-             "gmlake](docs/training.png)", "",
+             ("![utilization, peak reserved memory and step time per workload under native, expandable segments and "
+              "gmlake](docs/training.png)"), "",
              ("| workload (one GPU unless said) | peak reserved GiB: native / expandable / gmlake | utilization: "
               "expandable / gmlake | under a memory cap, the smallest that 20 steps fit (GiB): expandable / gmlake |"),
              "|---|---|---|---|"]
@@ -928,7 +928,7 @@ def readme_findings() -> str:
     device, cap = probes.get("device", []), probes.get("cap", [])
     margin = max(abs(r - 1) for r, _ in device + cap) * 100
     agree = sum(ok for _, ok in device)
-    device_text = (f"- **Replay predicts what fits:** on the H200, "
+    device_text = ("- **Replay predicts what fits:** on the H200, "
                    + (f"each of {len(device)} runs" if agree == len(device) else f"{agree} of {len(device)} runs")
                    + f" given {margin:.1f} % more or less memory than replay's smallest device, and "
                    f"{_of(sum(ok for _, ok in cap), len(cap))} under a cap, fit or ran out of memory as replay said.")
@@ -990,7 +990,7 @@ def readme_findings() -> str:
 def readme_limits() -> str:
     """The README's limitations that carry a figure: jobs where expandable segments already do well, T5's stitches
     in replay, recomputation workloads' utilization."""
-    peaks, dynamic, _ = _peaks()
+    peaks, _, _ = _peaks()
     good = {w: p for w, p in peaks.items() if p["expandable"][1] >= 0.98}
     saved = [_less(p["gmlake"][0], p["expandable"][0]) for p in good.values()]
     ckpt = [p["gmlake"][1] for w, p in peaks.items() if "ckpt" in w and "fsdp" not in w]

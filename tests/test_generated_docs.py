@@ -6,7 +6,6 @@ figure edited by hand inside a generated section."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
