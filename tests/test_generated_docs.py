@@ -1,11 +1,18 @@
-"""The manual's replayed figures and sample outputs (docs/policies.md: the TLSF example, the `gmlake tune` sample,
-the tune search) are what the commands give today: `python -m bench report docs` writes them, and a change to the
-allocator, a policy or a table that moves them fails here until they are regenerated with that one command."""
+"""Every figure and sample output in README.md and docs/ is written by `python -m bench report docs` between
+`<!-- generated: NAME -->` marks (from bench/results and tests/data, or by running the commands shown), or is a
+method's or a knob's figure that a test here holds against the code. A change to the allocator, a policy, a table or
+a result file that moves a figure fails here until the docs are regenerated with that one command, and so does a
+figure edited by hand inside a generated section."""
 from __future__ import annotations
+
+import re
 
 import pytest
 
 report_docs = pytest.importorskip("bench.report_docs")
+
+ROOT = report_docs.ROOT
+MiB = 1 << 20
 
 
 @pytest.mark.parametrize("doc", [d for d in report_docs.DOCS if d != report_docs.DOC and d.is_file()],
@@ -15,7 +22,75 @@ def test_generated_sections_are_up_to_date(doc):
     assert report_docs.render(text) == text, f"{doc.name} is stale: run python -m bench report docs"
 
 
-def test_the_manual_has_its_generated_sections():
-    text = (report_docs.ROOT / "docs" / "policies.md").read_text()
-    names = [m["name"] for m in report_docs.MARK.finditer(text)]
-    assert {"tlsf", "tune-fit", "tune-search"} <= set(names)
+@pytest.mark.parametrize(("doc", "names"), [
+    ("docs/policies.md", {"tlsf", "tune-fit", "tune-search", "compare-maxpieces", "replay-neversplit", "explain"}),
+    ("README.md", {"readme-utilization", "readme-results", "readme-limits"}),
+])
+def test_the_docs_have_their_generated_sections(doc, names):
+    path = ROOT / doc
+    assert path in report_docs.DOCS, f"{doc} is not among the documents bench report docs rewrites"
+    found = [m["name"] for m in report_docs.MARK.finditer(path.read_text())]
+    assert names <= set(found), names - set(found)
+
+
+def _outside_generated(text: str) -> str:
+    """The prose a person wrote: the text without its generated sections and code blocks."""
+    text = report_docs.MARK.sub("", text)
+    return re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+
+
+# The README's figures outside generated sections: each a method's parameter or a knob's default, held below, or
+# a version it requires (Python 3.10) or is licensed under (Apache-2.0).
+README_FIGURES = {"1 %", "2 %", "20 MiB", "2 MiB", "8 MiB", "1.02x", "GMLAKE_KNOBS=reback_slot=2MiB",
+                  "GMLAKE_KNOBS=device_reserve=64MiB", "3.10", "2.0"}
+# A figure: a number with a unit, a percentage or a ratio, or any decimal (utilizations, GiB in tables).
+FIGURE = re.compile(r"\d[\d.,]*\s?(?:%|x\b|[KMG]iB|ms\b|µs|GB\b)|\d+\.\d+")
+
+
+def test_the_readme_has_no_hand_written_measurement():
+    """A measured figure in README.md comes from a generated section; what is left is the method and the knobs."""
+    prose = _outside_generated((ROOT / "README.md").read_text())
+    found = {m.group() for m in re.finditer(r"[\w=]*(?:" + FIGURE.pattern + ")", prose)}
+    assert found <= README_FIGURES, f"figures outside a generated section: {sorted(found - README_FIGURES)}"
+
+
+def test_the_readmes_method_and_knob_figures_are_the_codes():
+    """The figures the README states about the policies and about replay's fidelity are the code's defaults."""
+    from gmlake.policies import GMLakePolicy, PaperPolicy
+    from gmlake.sim.replay import FIDELITY
+
+    text = (ROOT / "README.md").read_text()
+    default, paper = GMLakePolicy(), PaperPolicy()
+    assert default.expandable_page_large == 20 * MiB and "20 MiB pages" in text
+    assert default.min_saved_chunks == 3 and "saves at least three 20 MiB pages" in text
+    assert paper.chunk_size == 2 * MiB and "2 MiB pages, stitch" in text
+    assert default.device_reserve == 8 * MiB and "last 8 MiB" in text
+    assert default.reback_slot == 0 and "Re-backing at the limit is off" in text
+    assert FIDELITY == {"native": ("caching", 0.01), "expandable": ("expandable", 0.02)}
+    assert "within 1 % for native's and 2 % for expandable segments" in text
+
+
+def _edit_a_figure(text: str, name: str) -> str:
+    """`text` with one digit inside generated section `name` changed, as a hand edit would."""
+    match = next(m for m in report_docs.MARK.finditer(text) if m["name"] == name)
+    body = match["body"]
+    digit = re.search(r"\d", body)
+    assert digit, f"section {name} holds no figure"
+    new = "7" if digit.group() != "7" else "8"
+    start = match.start("body") + digit.start()
+    return text[:start] + new + text[start + 1:]
+
+
+@pytest.mark.parametrize("name", ["readme-utilization", "readme-results", "readme-limits"])
+def test_a_hand_edited_figure_in_the_readme_fails_the_check(tmp_path, capsys, name):
+    """`bench report docs --check` (and this file's up-to-date test) fails on a figure edited inside a section;
+    prose outside the sections stays the writer's."""
+    readme = tmp_path / "README.md"
+    text = (ROOT / "README.md").read_text()
+    readme.write_text(text.replace("## Install", "## Installing"))
+    assert report_docs.main(["--check", "--doc", str(readme)]) == 0
+    readme.write_text(_edit_a_figure(text, name))
+    assert report_docs.main(["--check", "--doc", str(readme)]) == 1
+    assert "stale: run python -m bench report docs" in capsys.readouterr().err
+    edited = readme.read_text()
+    assert report_docs.render(edited) == text
