@@ -127,7 +127,7 @@ def expected_duration(workload: str, finished: list[dict]) -> float:
 def outcome_line(run: dict) -> str:
     """A probe's or capped run's outcome in a progress line: fit, OOM or ERROR, its time and what it measured."""
     return ("fit" if run["fit"] else f"OOM at step {run.get('oom_step')}" if run.get("oom") else "ERROR") \
-        + f" in {run['wall_s']:.0f} s" + (f", timed {run['timed_s']:.2f} s" if run.get("timed_s") else "") \
+        + (f" in {run['wall_s']:.0f} s" if "wall_s" in run else "") + (f", timed {run['timed_s']:.2f} s" if run.get("timed_s") else "") \
         + (f", driver {run['driver_busy_after_s']:.3f} s" if run.get("driver_busy_after_s") is not None else "") \
         + (f": {run['error'][-300:]}" if "error" in run else "")
 
