@@ -11,7 +11,7 @@ import os
 import pytest
 
 from bench import RESULTS
-from bench.tests.helpers import one_line_exit_2
+from tests.conftest import one_line_exit_2
 
 edge_time = pytest.importorskip("bench.cap_edge_time")
 cap_probe = pytest.importorskip("bench.cap_probe")

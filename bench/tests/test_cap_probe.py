@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bench.tests.helpers import one_line_exit_2
+from tests.conftest import one_line_exit_2
 
 cap_probe = pytest.importorskip("bench.cap_probe")
 TOTAL = 150109880320        # an H200's total memory as torch reports it

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import RESULTS, ROOT
-from bench.tests.helpers import one_line_exit_2
+from tests.conftest import one_line_exit_2
 
 cap_search = pytest.importorskip("bench.cap_search")
 # dynamic.py and the run environment import torch; CI's machine has none (the bookkeeping tests run there)

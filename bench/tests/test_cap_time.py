@@ -8,7 +8,7 @@ import time
 import pytest
 
 from bench import RESULTS
-from bench.tests.helpers import one_line_exit_2
+from tests.conftest import one_line_exit_2
 
 cap_time = pytest.importorskip("bench.cap_time")
 CAP_JSON = RESULTS / "train" / "cap-2026-11-30c" / "cap.json"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench.tests.helpers import one_line_exit_2
+from tests.conftest import one_line_exit_2
 
 suite = pytest.importorskip("bench.deepspeed_suite")
 workload = pytest.importorskip("bench.workloads.deepspeed_train")
