@@ -29,12 +29,9 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "report": {
         "docs": ("bench.report_docs", ("rewrite the generated sections of the docs (benchmarks.md from "
                                        "bench/results, policies.md by replay)")),
-        "training": ("bench.report_training", "a training suite's own results judged against the goals"),
         "stall": ("bench.stall_check", "the stall model against GPU runs"),
         "prices": ("bench.price_check", "the driver price table against the time measured in GPU runs"),
         "variation": ("bench.run_variation", "the runs' own variation, and the runs a speed gap needs"),
-        "regimes": ("bench.regimes", "which part of the machine made a run slow"),
-        "analysis": ("bench.analyze_training", "where gmlake's memory and driver time go on the captured traces"),
     },
 }
 GROUPS = {"cap": "memory caps on the GPU", "report": "tables and checks from the results"}

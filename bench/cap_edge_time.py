@@ -53,8 +53,7 @@ from pathlib import Path
 from bench import RESULTS, ROOT, cap_probe, cap_search
 from bench.cap_time import spread
 from bench.cli import OneLineParser, named_bytes, render_table
-from bench.speed_suite import GIB, expected_duration
-from bench.train_suite import environment
+from bench.harness import GIB, alternate, device_total_memory, environment, expected_duration, outcome_line
 
 PLAN = ROOT / "bench" / "plans" / "edge-probes.json"
 KINDS = ("cap", "device")
@@ -82,7 +81,7 @@ def plan(workloads: list[str], kinds: list[str], limits: list[float], allocators
                 calibrated = {*calibrated, workload}
             for limit in limits:
                 for round_ in range(rounds):
-                    for allocator in allocators if round_ % 2 == 0 else allocators[::-1]:
+                    for allocator in alternate(allocators, round_):
                         steps.append({"step": "run", "workload": workload, "kind": kind, "limit_p": limit,
                                       "round": round_, "allocator": allocator})
     return steps
@@ -307,7 +306,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap edge-time")
                         "(default bench/plans/edge-probes.json)")
     parser.add_argument("--outside", action="append", default=[], metavar="WORKLOAD=BYTES",
                         help="device points: the bytes WORKLOAD takes outside its allocator, known: no calibration")
-    parser.add_argument("--calibrate-with", default="native", metavar="ALLOCATOR",
+    parser.add_argument("--calibrate-with", default="native", metavar="ALLOCATOR", choices=cap_search.ALLOCATORS,
                         help="device points: the allocator of each workload's calibration run (default native)")
     parser.add_argument("--warm", action="store_true",
                         help="device points: warm CUDA's libraries before the filler, in every run")
@@ -348,18 +347,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap edge-time")
             args.peaks[workload] = {"bytes": plan_peaks[workload], "from": str(args.plan)}
         else:
             parser.error(f"no peak allocated P for {workload} in {args.plan}: give --peak {workload}=BYTES")
-    unknown = [f"{w}:{a}" for w in args.workloads for a in args.allocators if a not in cap_search.SUITES[w].ALLOCATORS]
-    if unknown:
-        parser.error(f"no such workload and allocator: {' '.join(unknown)} (each workload takes the allocators of "
-                     f"its suite, speed_suite.py's or train_suite.py's)")
     device_only = [flag for flag, given_ in (("--outside", args.outside), ("--warm", args.warm),
                                              ("--calibrate-with", args.calibrate_with != "native")) if given_]
     if device_only and "device" not in args.kinds:
         parser.error(f"{device_only[0]} goes with --kinds device")
-    calibrated = [w for w in args.workloads if w not in args.outside] if "device" in args.kinds else []
-    unable = [w for w in calibrated if args.calibrate_with not in cap_search.SUITES[w].ALLOCATORS]
-    if unable:
-        parser.error(f"--calibrate-with {args.calibrate_with}: workload {unable[0]} takes no such allocator")
     return args
 
 
@@ -374,7 +365,7 @@ def main(argv: list[str] | None = None, prog: str = "bench cap edge-time") -> No
         return
     started = time.perf_counter()
     try:
-        total = cap_search.device_total_memory()
+        total = device_total_memory()
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
         sys.exit(f"{prog}: cannot read the CUDA device's total memory: {exc}")
     over = [f"{w} at {limit:g}x P" for w in args.workloads for limit in args.limits if limit * peaks[w] > total]
@@ -456,13 +447,10 @@ def execute(steps: list[dict], record: dict, args: argparse.Namespace, total: in
         run.update(kind=kind, limit_p=step["limit_p"], round=step["round"])
         record["runs"].append(run)
         save()
-        print("   " + ("fit" if run["fit"] else f"OOM at step {run.get('oom_step')}" if run.get("oom") else "ERROR")
-              + f" in {run['wall_s']:.0f} s" + (f", timed {run['timed_s']:.2f} s" if run.get("timed_s") else "")
-              + (f", driver {run['driver_busy_after_s']:.3f} s" if run.get("driver_busy_after_s") is not None else "")
-              + (f", {run['allocator_ooms']} out-of-memory answers" if run.get("allocator_ooms") else "")
-              + (f", outside {run['outside_drift'] / 2**20:+.1f} MiB against the calibration"
-                 if "outside_drift" in run else "")
-              + (f": {run['error'][-300:]}" if "error" in run else ""), flush=True)
+        print("   " + outcome_line(run)
+              + (f"; {run['allocator_ooms']} out-of-memory answers" if run.get("allocator_ooms") else "")
+              + (f"; outside {run['outside_drift'] / 2**20:+.1f} MiB against the calibration"
+                 if "outside_drift" in run else ""), flush=True)
         if run.get("cut"):
             stop(record, f"deadline: {label(step)} was stopped at it", steps[index + 1:])
             return

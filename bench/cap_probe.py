@@ -33,19 +33,16 @@ line per probe.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from bench import RESULTS, cap_search
 from bench.cli import OneLineParser, named_bytes
-from bench.speed_suite import GIB, expected_duration
-from bench.train_suite import environment
+from bench.harness import GIB, Results, device_total_memory, environment, expected_duration
 
 LEAVE_FREE_ENV = "GMLAKE_BENCH_LEAVE_FREE"     # workloads/common.py's: not imported from there, which imports torch
 WARM_ENV = "GMLAKE_BENCH_WARM"                 # workloads/common.py's, likewise
@@ -156,8 +153,8 @@ def parse_probe(item: str) -> tuple[str, str, float]:
         raise ValueError(f"expected WORKLOAD:ALLOCATOR@CAP, got {item!r}")
     if workload not in cap_search.WORKLOADS:
         raise ValueError(f"{item!r}: no such workload {workload!r} (one of {', '.join(cap_search.WORKLOADS)})")
-    if allocator not in cap_search.SUITES[workload].ALLOCATORS:
-        raise ValueError(f"{item!r}: workload {workload} takes no allocator {allocator!r}")
+    if allocator not in cap_search.ALLOCATORS:
+        raise ValueError(f"{item!r}: no such allocator {allocator!r}")
     try:
         value = float(cap)
     except ValueError:
@@ -183,7 +180,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap probe") -> 
     parser.add_argument("--device-limit", action="store_true",
                         help="no cap: the device itself is the limit, and each CAP is the bytes the allocator can "
                              "have (the filler leaves CAP + the bytes the process takes outside its allocator free)")
-    parser.add_argument("--calibrate-with", default="native", metavar="ALLOCATOR",
+    parser.add_argument("--calibrate-with", default="native", metavar="ALLOCATOR", choices=cap_search.ALLOCATORS,
                         help="--device-limit: the allocator of each workload's calibration run (default native)")
     parser.add_argument("--outside", action="append", default=[], metavar="WORKLOAD=BYTES",
                         help="--device-limit: the bytes WORKLOAD takes outside its allocator, known: no calibration")
@@ -216,9 +213,6 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap probe") -> 
     if args.no_calibrate and (args.outside or args.calibrate_only):
         parser.error("--no-calibrate takes neither --outside nor --calibrate-only")
     calibrated = sorted(workloads - set(args.outside)) if args.device_limit and not args.no_calibrate else []
-    unknown = [w for w in calibrated if args.calibrate_with not in cap_search.SUITES[w].ALLOCATORS]
-    if unknown:
-        parser.error(f"--calibrate-with {args.calibrate_with}: workload {unknown[0]} takes no such allocator")
     if args.calibrate_only and not calibrated:
         parser.error("--calibrate-only: every workload already has --outside")
     return args
@@ -226,9 +220,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap probe") -> 
 
 def main(argv: list[str] | None = None, prog: str = "bench cap probe") -> None:
     args = parse_args(argv, prog)
-    started = time.perf_counter()
     try:
-        total = cap_search.device_total_memory()
+        total = device_total_memory()
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
         sys.exit(f"{prog}: cannot read the CUDA device's total memory: {exc}")
     try:
@@ -237,30 +230,21 @@ def main(argv: list[str] | None = None, prog: str = "bench cap probe") -> None:
         print(f"{prog}: {exc}", file=sys.stderr)
         sys.exit(2)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    record: dict = {"environment": environment(), "settings": {k: v for k, v in vars(args).items()},
-                    "device_total_memory": total, "probes": []}
-
-    def save() -> None:
-        record["wall_s"] = round(time.perf_counter() - started, 1)
-        (out / "cap-probe.json").write_text(json.dumps(record, indent=1) + "\n")
-
-    record["calibrations"] = []
+    results = Results(out, "cap-probe.json", {"environment": environment(), "settings": vars(args),
+                                              "device_total_memory": total, "probes": [], "calibrations": []},
+                      args.deadline)
+    record, save = results.record, results.save
     outside: dict[str, int | None] = dict(args.outside)         # per workload: O, or None where calibration failed
     record["outside"] = {w: {"bytes": o, "from": "--outside"} for w, o in outside.items()}
-
-    def time_left() -> float | None:
-        return args.deadline - (time.perf_counter() - started) if args.deadline else None
 
     def run(workload: str, allocator: str, purpose: str, fraction: float, env: dict[str, str]) -> dict | None:
         """One run with `env` added to this process's environment for it alone; None where the deadline leaves no
         time for it."""
-        left = time_left()
-        if left is not None and left < max(expected_duration(workload, record["probes"] + record["calibrations"]),
-                                           1.0):
-            record["stopped"] = f"deadline: {left:.0f} s left"
-            print(f"{record['stopped']}; not starting more runs", flush=True)
+        why = results.no_time_for(expected_duration(workload, record["probes"] + record["calibrations"]))
+        if why:
+            results.stop(why)
             return None
+        left = results.left()
         with added_env(env):
             return cap_search.run_probe(workload, allocator, purpose, fraction,
                                         args.timeout if left is None else min(args.timeout, left), settings=args,

@@ -78,10 +78,9 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TypeVar
 
-from bench import RESULTS, speed_suite, train_suite
+from bench import RESULTS, harness, speed_suite, train_suite
 from bench.cli import OneLineParser, render_table
-from bench.speed_suite import GIB, expected_duration
-from bench.train_suite import environment
+from bench.harness import GIB, device_total_memory, environment, expected_duration, outcome_line
 from gmlake.sim.cap import (  # noqa: F401
     FLOOR,
     WIDEN,
@@ -96,7 +95,7 @@ from gmlake.sim.cap import (  # noqa: F401
 SUITES = {**dict.fromkeys(speed_suite.WORKLOADS, speed_suite), **dict.fromkeys(train_suite.WORKLOADS, train_suite),
           **dict.fromkeys(train_suite.FSDP_WORKLOADS, train_suite)}
 WORKLOADS = tuple(SUITES)
-ALLOCATORS = tuple(dict.fromkeys([*speed_suite.ALLOCATORS, *train_suite.ALLOCATORS]))
+ALLOCATORS = tuple(harness.ALLOCATORS)
 # the workloads' exit status when a step runs out of memory under --memory-fraction (common.OOM_EXIT; not imported
 # from there, which imports torch: the search itself runs without it)
 OOM_EXIT = 3
@@ -249,9 +248,7 @@ def search(workloads: list[str], allocators: list[str], total: int, resolution: 
         probe = run_probe(workload, allocator, purpose, fraction, limit)
         record["probes"].append(probe)
         note_probe(outcome, probe)
-        print("   " + ("fit" if probe["fit"] else "OOM" if probe.get("oom") else "ERROR")
-              + f" in {probe['wall_s']:.0f} s" + (f", timed {probe['timed_s']:.2f} s" if probe.get("timed_s") else "")
-              + (f": {probe['error'][-300:]}" if "error" in probe else ""), flush=True)
+        print("   " + outcome_line(probe), flush=True)
         if probe.get("killed") and left is not None and limit < timeout:
             stop(record, f"deadline: a {workload} / {allocator} probe was stopped at it")
             save()
@@ -325,12 +322,7 @@ def run_probe(workload: str, allocator: str, purpose: str, fraction: float | Non
     if fraction is not None:
         cmd += ["--memory-fraction", repr(fraction)]
     started = time.perf_counter()
-    killed = False
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        killed = True
-        proc = subprocess.CompletedProcess(cmd, -9, "", f"killed after {timeout_s:.0f} s (timeout or deadline)")
+    proc, killed = harness.run_process(cmd, env, timeout_s)
     measured = (json.loads(json_path.read_text()) if proc.returncode == 0 and json_path.exists()
                 else out_of_memory_summary(json_path) or {})
     probe = {"index": index, "workload": workload, "allocator": allocator, "purpose": purpose, "fraction": fraction,
@@ -350,7 +342,7 @@ def run_probe(workload: str, allocator: str, purpose: str, fraction: float | Non
     if not probe["fit"] and measured.get("oom"):
         probe["oom"] = True
     elif not probe["fit"]:
-        probe["error"] = (proc.stderr or proc.stdout or "no output")[-2000:]
+        probe["error"] = harness.output_tail(proc, 2000)
         probe["killed"] = killed
     return probe
 
@@ -387,18 +379,6 @@ def out_of_memory_summary(json_path: Path) -> dict | None:
     return None
 
 
-def device_total_memory() -> int:
-    """torch.cuda.get_device_properties(0).total_memory, read in a child process: a CUDA context here would take
-    memory on the very device the probes measure."""
-    proc = subprocess.run([sys.executable, "-c",
-                           "import torch; print(torch.cuda.get_device_properties(0).total_memory)"],
-                          capture_output=True, check=False, text=True, timeout=180)
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout or "no output").strip().splitlines()
-        raise RuntimeError(lines[-1] if lines else "no output")
-    return int(proc.stdout.split()[-1])
-
-
 def read_bounds(path: str, total: int) -> dict[tuple[str, str], float]:
     """Per (workload, allocator), the largest peak reserved among the finished runs of a speed-suite summary or a
     train-suite results JSON, as a fraction of `total` (at most 1). An FSDP run records its peaks per rank; each
@@ -418,7 +398,7 @@ def replay_policy(allocator: str) -> str:
     policy its `gmlake run` flags choose (with --chunk-size as a knob)."""
     if allocator in ("native", "expandable"):
         return {"native": "caching", "expandable": "expandable"}[allocator]
-    run_flags = {name: flags for name, flags in train_suite.ALLOCATORS.items() if isinstance(flags, list)}
+    run_flags = {name: flags for name, flags in harness.ALLOCATORS.items() if isinstance(flags, list)}
     if allocator not in run_flags:
         raise ValueError(f"no replay policy for allocator {allocator!r}")
     flags = run_flags[allocator]
@@ -548,12 +528,8 @@ def capture_traces(workloads: list[str], settings: argparse.Namespace, out: Path
         cmd += ["--snapshot", str(snapshot)]
         print(f"== capture {workload} (native, uncapped, --snapshot)", flush=True)
         started = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True,
-                                  timeout=timeout_s if left is None else min(timeout_s, left))
-            returncode, why = proc.returncode, (proc.stderr or proc.stdout or "no output")[-500:]
-        except subprocess.TimeoutExpired:
-            returncode, why = -9, "killed at its timeout or the deadline"
+        proc, _ = harness.run_process(cmd, env, timeout_s if left is None else min(timeout_s, left))
+        returncode, why = proc.returncode, harness.output_tail(proc, 500)
         record.update(returncode=returncode, wall_s=round(time.perf_counter() - started, 1))
         snapshots = [p for p in [snapshot, *sorted(folder.glob(f"{name}.rank*.pickle.gz"))] if p.exists()]
         if returncode != 0 or not snapshots:
@@ -668,10 +644,6 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap search") ->
                 replay_policy(allocator)
         except ValueError as exc:
             parser.error(f"--predict: {exc}")
-    unknown = [f"{w}:{a}" for w in args.workloads for a in args.allocators if a not in SUITES[w].ALLOCATORS]
-    if unknown:
-        parser.error(f"no such workload and allocator: {' '.join(unknown)} (each workload takes the allocators of "
-                     f"its suite, speed_suite.py's or train_suite.py's)")
     return args
 
 

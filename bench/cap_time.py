@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from bench import RESULTS, cap_search
 from bench.cli import OneLineParser
-from bench.train_suite import environment
+from bench.harness import Results, environment, outcome_line
 
 
 def pairs_from_cap(path: Path) -> list[tuple[str, str, float]]:
@@ -86,29 +85,22 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap time") -> a
             parser.error("need --workload, --allocator and --fraction (or --from-cap)")
         if not 0 < args.fraction <= 1:
             parser.error(f"--fraction needs a number in (0, 1], got {args.fraction}")
-        if args.allocator not in cap_search.SUITES[args.workload].ALLOCATORS:
-            parser.error(f"no such workload and allocator: {args.workload}:{args.allocator}")
         args.pairs = [(args.workload, args.allocator, args.fraction)]
     return args
 
 
 def main(argv: list[str] | None = None, prog: str = "bench cap time") -> None:
     args = parse_args(argv, prog)
-    started = time.perf_counter()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    record: dict = {"environment": environment(), "settings": {k: v for k, v in vars(args).items()},
-                    "runs": [], "pairs": []}
-
-    def save() -> None:
-        record["wall_s"] = round(time.perf_counter() - started, 1)
-        (out / "cap-time.json").write_text(json.dumps(record, indent=1) + "\n")
+    results = Results(out, "cap-time.json", {"environment": environment(), "settings": vars(args), "runs": [],
+                                             "pairs": []}, args.deadline)
+    record, save = results.record, results.save
 
     for workload, allocator, fraction in args.pairs:
         runs = []
         for round_ in range(args.rounds):
             for capped in (False, True, True, False):
-                left = args.deadline - (time.perf_counter() - started) if args.deadline else args.timeout
+                left = args.timeout if results.left() is None else results.left()
                 walls = sorted(r.get("wall_s", 0.0) for r in runs if r["fit"])
                 if left < (walls[len(walls) // 2] if walls else 1.0):     # a run stopped at the deadline tells nothing
                     record["stopped"] = f"deadline: {left:.0f} s left"
@@ -120,9 +112,7 @@ def main(argv: list[str] | None = None, prog: str = "bench cap time") -> None:
                 runs.append(run)
                 record["runs"].append(run)
                 cap = f"capped at {fraction:.5f}" if capped else "uncapped"
-                print(f"{workload} / {allocator} round {round_} {cap}:"
-                      f" {'fit' if run['fit'] else 'OOM' if run.get('oom') else 'ERROR'}"
-                      + (f", timed {run['timed_s']:.2f} s" if run.get("timed_s") else ""), flush=True)
+                print(f"{workload} / {allocator} round {round_} {cap}: {outcome_line(run)}", flush=True)
                 save()
             if "stopped" in record:
                 break

@@ -32,28 +32,31 @@ without its per-step records, the table's rows), rewritten after every run.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from bench import RESULTS, ROOT, child_env
+from bench import RESULTS, child_env
 from bench.cli import OneLineParser, cell, render_table
-from bench.speed_suite import native_spread, run_order, spread_pct
-from bench.suite import finished_runs, run_in_order
-from bench.train_suite import environment
+from bench.harness import (
+    GIB,
+    Results,
+    environment,
+    finished_runs,
+    launch,
+    measured_run,
+    run_in_order,
+    run_order,
+    run_process,
+)
+from bench.speed_suite import native_spread, spread_pct
 
 WORKLOAD_MODULE = "bench.workloads.deepspeed_train"
 WORKLOAD_SCRIPT = "bench/workloads/deepspeed_train.py"
 ALLOCATORS = ("native", "expandable", "gmlake")
-TORCH_ALLOC_CONF = {"native": "", "expandable": "expandable_segments:True"}
 LAUNCHES = ("alternate", "deepspeed", "direct")
 OPTIMIZERS = ("cpu-adam", "torch-adamw", "auto")
-GIB = 1 << 30
 BASE_PORT = 29600          # MASTER_PORT of run NN: BASE_PORT + NN (a run never waits on the last one's socket)
 # the workload's sizes, passed through as they are (flag, default): a 16 x 1024 GPT-2 (255M parameters, GPT-2's 50257
 # tokens), so that CPU Adam's step over them keeps a run near half a minute and the matrix inside one device command
@@ -89,39 +92,20 @@ def workload_args(stage: int, args) -> list[str]:
     return out
 
 
-def command(stage: int, allocator: str, launch: str, args, json_path: Path, port: int,
+def command(stage: int, allocator: str, how: str, args, json_path: Path, port: int,
             launcher: list[str] | None = None) -> tuple[list[str], dict]:
-    """The command line and environment of one run."""
-    env = {**child_env(), "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": TORCH_ALLOC_CONF.get(allocator, ""),
-           "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-           "MASTER_PORT": str(port)}
-    env.pop("GMLAKE", None)
+    """The command line and environment of one run, started `how` ("deepspeed": the launcher, gmlake by GMLAKE=1;
+    "direct": one process, gmlake by `gmlake run`)."""
     script = [*workload_args(stage, args), "--json", str(json_path)]
-    if launch == "deepspeed":
+    if how == "deepspeed":
+        ds = [*(launcher or deepspeed_launcher()), "--num_gpus", "1", "--master_port", str(port), WORKLOAD_SCRIPT]
+        cmd, env = launch("native" if allocator == "gmlake" else allocator, ds, script)
         if allocator == "gmlake":
             env["GMLAKE"] = "1"
-        launcher = launcher or deepspeed_launcher()
-        return [*launcher, "--num_gpus", "1", "--master_port", str(port), WORKLOAD_SCRIPT, *script], env
-    if allocator == "gmlake":
-        return [sys.executable, "-m", "gmlake", "run", "-m", WORKLOAD_MODULE, *script], env
-    return [sys.executable, "-m", WORKLOAD_MODULE, *script], env
-
-
-def run_process(cmd: list[str], env: dict, timeout_s: float) -> tuple[int, str, bool]:
-    """Run `cmd` from the repository root in a process group of its own; on timeout kill that group (the launcher's
-    children too, which would otherwise hold the GPU). Returns (exit status, output, timed out)."""
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-        return proc.returncode, out, False
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, _ = proc.communicate()
-        return -9, out or "", True
+    else:
+        cmd, env = launch(allocator, [sys.executable], ["-m", WORKLOAD_MODULE, *script])
+    env["MASTER_PORT"] = str(port)
+    return cmd, env
 
 
 def expected_allocator(allocator: str, device: str) -> str:
@@ -132,27 +116,14 @@ def run_one(index: int, round_: int, stage: int, allocator: str, launch: str, ar
     """One run in a fresh process; its measurements merged with the command, launch, return code and wall time."""
     base = Path(args.out) / "runs" / f"{index:02d}-{stage_name(stage)}-{allocator}"
     json_path, log_path = base.with_suffix(".json"), base.with_suffix(".log")
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.unlink(missing_ok=True)
     cmd, env = command(stage, allocator, launch, args, json_path.resolve(), BASE_PORT + index)
-    started = time.perf_counter()
-    code, output, timed_out = run_process(cmd, env, timeout_s)
-    log_path.write_text(output)
-    run = {"index": index, "round": round_, "stage": stage, "allocator": allocator, "launch": launch,
-           "command": ("GMLAKE=1 " if env.get("GMLAKE") else "")
-           + (f"PYTORCH_CUDA_ALLOC_CONF={env['PYTORCH_CUDA_ALLOC_CONF']} " if env["PYTORCH_CUDA_ALLOC_CONF"] else "")
-           + " ".join(cmd), "returncode": code, "wall_s": round(time.perf_counter() - started, 1)}
-    if code == 0 and json_path.exists():
-        measured = json.loads(json_path.read_text())
-        run["allocator_seen"] = measured.pop("allocator", None)
-        run.update(measured)
-        if run.get("max_memory_reserved"):
-            run["utilization"] = run["max_memory_allocated"] / run["max_memory_reserved"]
-        if run["allocator_seen"] != expected_allocator(allocator, args.device):
-            run["error"] = f"ran under {run['allocator_seen']!r}, not {allocator!r}: the launch did not select it"
-    else:
-        why = f"killed after {timeout_s:.0f} s (timeout or deadline)" if timed_out else f"exit status {code}"
-        run["error"] = why + "\n" + (output or "no output")[-3000:]
+    run = measured_run(cmd, env, json_path, timeout_s, {"index": index, "round": round_, "stage": stage,
+                                                        "allocator": allocator, "launch": launch}, log=log_path)
+    run["command"] = ("GMLAKE=1 " if env.get("GMLAKE") else "") + (
+        f"PYTORCH_CUDA_ALLOC_CONF={env['PYTORCH_CUDA_ALLOC_CONF']} " if env["PYTORCH_CUDA_ALLOC_CONF"] else "") \
+        + run["command"]
+    if "error" not in run and run["allocator_seen"] != expected_allocator(allocator, args.device):
+        run["error"] = f"ran under {run['allocator_seen']!r}, not {allocator!r}: the launch did not select it"
     json_path.write_text(json.dumps(run, indent=1) + "\n")
     return run
 
@@ -254,7 +225,8 @@ def preflight(args) -> tuple[dict | None, str]:
         cmd = [sys.executable, "-m", WORKLOAD_MODULE, "--preflight", "--optimizer", optimizer, "--device", args.device]
         env = {**child_env(), "PYTHONUNBUFFERED": "1"}
         env.pop("GMLAKE", None)
-        code, output, timed_out = run_process(cmd, env, args.preflight_timeout)
+        proc, timed_out = run_process(cmd, env, args.preflight_timeout)
+        code, output = proc.returncode, proc.stdout + proc.stderr
         lines = [line for line in output.splitlines() if line.strip()]
         if code == 0 and lines:
             try:
@@ -334,7 +306,6 @@ def main(argv: list[str] | None = None, prog: str = "bench deepspeed") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     check_args(parser, args)
-    started = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info, why = preflight(args)
@@ -345,11 +316,12 @@ def main(argv: list[str] | None = None, prog: str = "bench deepspeed") -> int:
     print("preflight: " + json.dumps(info), flush=True)
     order = [o for o in run_order(args.stages, args.allocators, args.first_round + args.rounds)
              if o[0] >= args.first_round]
-    record = {"environment": environment(), "settings": dict(vars(args)), "preflight": info,
-              "deepspeed_launcher": " ".join(deepspeed_launcher()),
-              "order": [f"{stage_name(s)}:{a}:r{r}:{launch_of(r, args.stages.index(s), args.launch)}"
-                        for r, s, a in order],
-              "runs": [], "rows": []}
+    results = Results(out, "summary.json", {
+        "environment": environment(), "settings": dict(vars(args)), "preflight": info,
+        "deepspeed_launcher": " ".join(deepspeed_launcher()),
+        "order": [f"{stage_name(s)}:{a}:r{r}:{launch_of(r, args.stages.index(s), args.launch)}" for r, s, a in order],
+        "runs": [], "rows": []}, args.deadline, slim=True)
+    record = results.record
     print(f"{len(order)} runs: ZeRO {', '.join(map(str, args.stages))}; {args.steps} steps ({args.warmup} warm-up), "
           f"optimizer {args.optimizer}, launch {args.launch}, deadline {args.deadline or 'none'}", flush=True)
 
@@ -357,14 +329,12 @@ def main(argv: list[str] | None = None, prog: str = "bench deepspeed") -> int:
         done = [r["wall_s"] for r in record["runs"] if "error" not in r and r["stage"] == item[1]]
         return max(done or [r["wall_s"] for r in record["runs"] if "error" not in r] or [0.0])
 
-    def launch(item: tuple) -> str:
+    def how(item: tuple) -> str:
         return launch_of(item[0], args.stages.index(item[1]), args.launch)
 
-    run_in_order(order, record, out, started=started, deadline=args.deadline, timeout=args.timeout,
-                 run=lambda index, item, timeout_s: run_one(index, *item, launch(item), args, timeout_s),
-                 expected=expected, kind=lambda item: f"ZeRO-{item[1]}",
-                 label=lambda item: f"ZeRO-{item[1]} / {item[2]} ({launch(item)})",
-                 name=lambda item: f"{stage_name(item[1])}:{item[2]}:r{item[0]}",
+    run_in_order(order, results, timeout=args.timeout,
+                 run=lambda index, item, timeout_s: run_one(index, *item, how(item), args, timeout_s),
+                 expected=expected, label=lambda item: f"ZeRO-{item[1]} / {item[2]} ({how(item)})",
                  rows=lambda runs: table_rows(runs, args.stages, args.allocators),
                  shown=("median_step_s", "max_memory_reserved", "max_memory_allocated", "utilization", "init_s",
                         "wall_s"), error_tail=1500)

@@ -26,24 +26,27 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from bench import RESULTS, child_env
+from bench import RESULTS
 from bench.cli import OneLineParser, cell, render_table
-from bench.suite import finished_runs, run_in_order
-from bench.train_suite import CANDIDATES, environment
+from bench.harness import (
+    ALLOCATORS,
+    GIB,
+    Results,
+    environment,
+    expected_duration,
+    finished_runs,
+    launch,
+    measured_run,
+    run_in_order,
+    run_order,
+)
 
 WORKLOAD_MODULE = "bench.workloads.dynamic"
 WORKLOADS = ("vit", "bert", "t5", "cnn")
-# allocator name -> how a run starts it: PYTORCH_CUDA_ALLOC_CONF for torch's allocator, or `gmlake run` flags
-TORCH_ALLOC_CONF = {"native": "", "expandable": "expandable_segments:True"}
-GMLAKE_RUN_FLAGS = {"gmlake": [], "gmlake-paper": ["--policy", "gmlake-paper"], **CANDIDATES}
-ALLOCATORS = (*TORCH_ALLOC_CONF, *GMLAKE_RUN_FLAGS)
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper")
-GIB = 1 << 30
 
 
 def cuda_available() -> bool:
@@ -53,54 +56,20 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def run_order(workloads: list[str], allocators: list[str], rounds: int) -> list[tuple[int, str, str]]:
-    """(round, workload, allocator) in the order they run: rounds outermost, each workload's allocators forward in
-    even rounds and backward in odd ones (A B C D, then D C B A)."""
-    order = []
-    for round_ in range(rounds):
-        sequence = allocators if round_ % 2 == 0 else allocators[::-1]
-        order += [(round_, workload, allocator) for workload in workloads for allocator in sequence]
-    return order
-
-
 def command(workload: str, allocator: str, args: argparse.Namespace, json_path: Path) -> tuple[list[str], dict]:
     """The command line and environment of one run."""
-    env = {**child_env(), "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": TORCH_ALLOC_CONF.get(allocator, "")}
-    script = ["-m", WORKLOAD_MODULE, "--workload", workload, "--steps", str(args.steps), "--warmup", str(args.warmup),
-              "--seed", str(args.seed), "--device", args.device, "--size", args.size, "--json", str(json_path)]
-    if allocator in GMLAKE_RUN_FLAGS:
-        return [sys.executable, "-m", "gmlake", "run", *GMLAKE_RUN_FLAGS[allocator], *script], env
-    return [sys.executable, *script], env
-
-
-def expected_duration(workload: str, finished: list[dict]) -> float:
-    """How long a run of `workload` will likely take: the longest finished run of it, else of any workload, else 0."""
-    same = [r["wall_s"] for r in finished if r["workload"] == workload and "error" not in r]
-    anything = [r["wall_s"] for r in finished if "error" not in r]
-    return max(same or anything or [0.0])
+    return launch(allocator, [sys.executable], [
+        "-m", WORKLOAD_MODULE, "--workload", workload, "--steps", str(args.steps), "--warmup", str(args.warmup),
+        "--seed", str(args.seed), "--device", args.device, "--size", args.size, "--json", str(json_path)])
 
 
 def run_one(index: int, round_: int, workload: str, allocator: str, args: argparse.Namespace,
             timeout_s: float) -> dict:
     """One run in a fresh process; its measurements merged with the command, return code and wall time."""
     json_path = Path(args.out) / "runs" / f"{index:02d}-{workload}-{allocator}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.unlink(missing_ok=True)
     cmd, env = command(workload, allocator, args, json_path)
-    started = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        proc = subprocess.CompletedProcess(cmd, -9, stdout, f"killed after {timeout_s:.0f} s (timeout or deadline)")
-    run = {"index": index, "round": round_, "workload": workload, "allocator": allocator,
-           "command": " ".join(cmd), "returncode": proc.returncode, "wall_s": round(time.perf_counter() - started, 1)}
-    if proc.returncode == 0 and json_path.exists():
-        measured = json.loads(json_path.read_text())
-        run["allocator_seen"] = measured.pop("allocator", None)     # what the process saw: "gmlake" for both gmlakes
-        run.update(measured)
-    else:
-        run["error"] = (proc.stderr or proc.stdout or "no output")[-3000:]
+    run = measured_run(cmd, env, json_path, timeout_s,
+                       {"index": index, "round": round_, "workload": workload, "allocator": allocator})
     json_path.write_text(json.dumps(run, indent=1) + "\n")
     return run
 
@@ -207,7 +176,6 @@ def main(argv: list[str] | None = None, prog: str = "bench speed") -> None:
     parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
     parser.add_argument("--out", default=str(RESULTS / "train" / "speed"))
     args = parser.parse_args(argv)
-    started = time.perf_counter()
     args.warmup = args.steps // 4 if args.warmup is None else args.warmup
     if args.rounds < 1 or args.steps < 1 or not 0 <= args.warmup < args.steps:
         parser.error("need --rounds >= 1, --steps >= 1 and 0 <= --warmup < --steps")
@@ -222,17 +190,16 @@ def main(argv: list[str] | None = None, prog: str = "bench speed") -> None:
         print(f"skipping {', '.join(skipped)}: they need CUDA, and this suite runs on the CPU "
               f"({'no CUDA device here' if not has_cuda else '--device cpu'}); running native only", flush=True)
         allocators = ["native"] if "native" in allocators else []
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     order = run_order(args.workloads, allocators, args.rounds)
-    record = {"environment": environment(), "settings": {k: v for k, v in vars(args).items()},
-              "order": [f"{w}:{a}:r{r}" for r, w, a in order], "runs": [], "rows": []}
+    results = Results(Path(args.out), "summary.json", {
+        "environment": environment(), "settings": vars(args), "order": [f"{w}:{a}:r{r}" for r, w, a in order],
+        "runs": [], "rows": []}, args.deadline, slim=True)
     print(f"{len(order)} runs: {args.steps} steps ({args.warmup} warm-up), size {args.size}, device {args.device}, "
           f"deadline {args.deadline or 'none'}", flush=True)
-    run_in_order(order, record, out, started=started, deadline=args.deadline, timeout=args.timeout,
+    run_in_order(order, results, timeout=args.timeout,
                  run=lambda index, item, timeout_s: run_one(index, *item, args, timeout_s),
-                 expected=lambda item: expected_duration(item[1], record["runs"]), kind=lambda item: item[1],
-                 label=lambda item: f"{item[1]} / {item[2]}", name=lambda item: f"{item[1]}:{item[2]}:r{item[0]}",
+                 expected=lambda item: expected_duration(item[1], results.record["runs"]),
+                 label=lambda item: f"{item[1]} / {item[2]}",
                  rows=lambda runs: table_rows(runs, args.workloads, allocators),
                  shown=("timed_s", "median_step_s", "samples_per_s", "max_memory_reserved", "utilization", "wall_s"))
-    print(format_table(record["rows"], args.warmup, args.steps))
+    print(format_table(results.record["rows"], args.warmup, args.steps))

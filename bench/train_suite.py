@@ -8,23 +8,21 @@ utilization, median step time, tokens/s), then a bisection for the largest batch
 FSDP workload runs under torchrun on two GPUs. Its batch search cannot run inside the job (a rank that runs out of
 memory mid-step leaves the other waiting in a collective), so with --fsdp-batch-search each probe is a job of its
 own, which torchrun ends when a rank fails (about 30 s a probe). Results carry the GPU, driver, torch and gmlake
-versions, the date and each command; `bench report training` judges them against the goals (tables, and a PNG
-with --png), and `bench report docs` makes docs/benchmarks.md's table and the README's figure from the records
-it lists.
+versions, the date and each command; `bench report docs` makes docs/benchmarks.md's table and the README's figure
+from the records it lists.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench import RESULTS, ROOT, child_env
+from bench import RESULTS
 from bench.cli import OneLineParser
+from bench.harness import ALLOCATORS, Results, environment, launch, measured_run, run_process
 
 WORKLOADS = {
     f"{model}-{name}": ["--model", hf, *flags]
@@ -33,41 +31,12 @@ WORKLOADS = {
                         ("offload", ["--offload"]))
 }
 FSDP_WORKLOADS = {"opt1.3b-fsdp-lora-ckpt": ["--model", "opt-1.3b"]}      # LoRA + recomputation, always
-# Candidates for the default (`gmlake run` flags), each with the measurement that made it one (docs/benchmarks.md);
-# bench speed offers them too.
-CANDIDATES = {
-    # bench kernels copied 1.2-4.7 % slower on 20 MiB handles than on cudaMalloc memory, and as fast on 64 MiB;
-    "gmlake-64m": ["--policy", "gmlake[expandable_page_large=64MiB]"],
-    # the default before 2026-11-30 20:30: blocks stay on their stream (FSDP: 8.21 GiB a rank, shared 7.14-7.29).
-    "gmlake-perstream": ["--policy", "gmlake[cross_stream=false]"],
-    # replayed on the real FSDP traces, 4 and 8 MiB pages fit caps below expandable's at 5-10x its driver time.
-    "gmlake-page8m": ["--policy", "gmlake[expandable_page_large=8MiB]"],
-    "gmlake-page4m": ["--policy", "gmlake[expandable_page_large=4MiB]"],
-    # replayed on the FSDP rank traces with events done 10-1,000 requests late, rank 1 reserved 6.94-7.00 GiB
-    # against the default's 7.57-8.29 (Note [Waiting for another stream's free block]); its time is unmeasured.
-    "gmlake-wait": ["--policy", "gmlake[cross_stream_wait=true]"],   # the default since 2026-12-01
-    "gmlake-nowait": ["--policy", "gmlake[cross_stream_wait=false]"],
-}
-# allocator name -> how to start it: torch's env setting, or gmlake's `run` flags
-ALLOCATORS = {
-    "native": {},
-    "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-    "gmlake": [],                                          # the default policy (an expandable base that stitches)
-    # The paper's design, which was the default (and ran as "gmlake") in the results of 2026-11-30 10:00 and before
-    "gmlake-paper": ["--policy", "gmlake-paper"],
-    "gmlake-paper-8m": ["--policy", "gmlake-paper", "--chunk-size", str(8 << 20)],   # fewer, larger handles
-    **CANDIDATES,                                           # for the default: larger pages; blocks kept per stream
-}
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake")
 MIN_BATCH, MAX_BATCH = 2, 8         # the default batch range of a single-GPU run (bench cap search's probes too)
 
 
 def command(workload: str, allocator: str, args, out: str, probe: int | None = None) -> tuple[list[str], dict]:
     """The command line and environment of one run, or of one FSDP batch-search probe of `probe` samples."""
-    env = {**child_env(), "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "",
-           "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-    if args.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = args.gpus
     common = ["--steps", str(args.steps), "--min-batch", str(args.min_batch), "--max-batch", str(args.max_batch),
               "--json", out]
     if probe is not None:       # two steps at a fixed shape under the cap
@@ -81,11 +50,10 @@ def command(workload: str, allocator: str, args, out: str, probe: int | None = N
         script = ["-m", "bench.workloads.train_hf", *WORKLOADS[workload], *common]
         if args.cap_gib:
             script += ["--max-batch-search", "--cap-gib", str(args.cap_gib)]
-    how = ALLOCATORS[allocator]
-    if isinstance(how, dict):
-        env.update(how)
-        return [*launcher, *script], env
-    return [*launcher, "-m", "gmlake", "run", *how, *script], env
+    cmd, env = launch(allocator, launcher, script)
+    if args.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = args.gpus
+    return cmd, env
 
 
 def fsdp_max_batch(workload: str, allocator: str, args) -> dict:
@@ -95,10 +63,7 @@ def fsdp_max_batch(workload: str, allocator: str, args) -> dict:
         mid = (lo + hi + 1) // 2
         cmd, env = command(workload, allocator, args, os.devnull, probe=mid)
         started = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            proc = subprocess.CompletedProcess(cmd, -9, "", f"probe timed out after {args.timeout} s")
+        proc, _ = run_process(cmd, env, args.timeout)
         fits = proc.returncode == 0
         probes.append({"batch": mid, "fits": fits, "wall_s": round(time.perf_counter() - started, 1)})
         print(f"   probe batch {mid}: {'fits' if fits else 'does not fit'}", flush=True)
@@ -110,41 +75,6 @@ def fsdp_max_batch(workload: str, allocator: str, args) -> dict:
             return {"max_batch_under_cap": None, "cap_gib": args.cap_gib, "batch_probes": probes,
                     "batch_search_error": (proc.stderr or proc.stdout)[-2000:]}
     return {"max_batch_under_cap": lo, "cap_gib": args.cap_gib, "batch_probes": probes}
-
-
-def source_digest() -> str:
-    """A digest of the gmlake package's sources: names the code measured even where no git history travels."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "gmlake").rglob("*")):
-        if path.suffix in (".py", ".pyx", ".pxd", ".h") and path.is_file():
-            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def environment() -> dict:
-    """The machine and versions a result was measured with (torch None where it is not installed)."""
-    import importlib.util
-
-    import gmlake
-
-    torch_version = None
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        torch_version = torch.__version__
-
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, check=False, text=True).stdout.strip().splitlines()
-    except FileNotFoundError:
-        smi = []
-    gpu, driver = (smi[0].split(", ") + ["?"])[:2] if smi else ("?", "?")
-    return {"gpu": gpu, "nvidia_driver": driver, "torch": torch_version, "gmlake": gmlake.__version__,
-            "gmlake_source_sha256": source_digest(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(sys.argv)}
 
 
 def main(argv: list[str] | None = None, prog: str = "bench train") -> None:
@@ -176,32 +106,22 @@ def main(argv: list[str] | None = None, prog: str = "bench train") -> None:
             parser.error(f"unknown workload or allocator in --runs: {' '.join(bad)}")
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    record = {"environment": environment(), "runs": []}
+    out_path = Path(args.out)
+    results = Results(out_path.parent, out_path.name, {"environment": environment(), "runs": []})
     for round_, (workload, allocator) in ((r, pair) for r in range(args.repeats) for pair in pairs):
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
-            out = tmp.name
-        cmd, env = command(workload, allocator, args, out)
+            summary = Path(tmp.name)
+        cmd, env = command(workload, allocator, args, str(summary))
         print(f"== {workload} / {allocator}", flush=True)
-        started = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired as exc:
-            proc = subprocess.CompletedProcess(cmd, -9, exc.stdout or "", f"timed out after {args.timeout} s")
-        run = {"workload": workload, "allocator": allocator, "round": round_, "command": " ".join(cmd),
-               "returncode": proc.returncode, "wall_s": round(time.perf_counter() - started, 1)}
-        if proc.returncode == 0 and os.path.getsize(out):
-            measured = json.loads(Path(out).read_text())
-            measured["allocator_seen"] = measured.pop("allocator", None)    # what the process saw: "gmlake" for both
-            run.update(measured)
-            run["utilization"] = run["max_memory_allocated"] / run["max_memory_reserved"]
+        run = measured_run(cmd, env, summary, args.timeout,
+                           {"workload": workload, "allocator": allocator, "round": round_}, error_chars=2000)
+        summary.unlink(missing_ok=True)
+        if "error" in run:
+            print(run["error"], flush=True)
+        else:
             if workload in FSDP_WORKLOADS and args.fsdp_batch_search and args.cap_gib:
                 run.update(fsdp_max_batch(workload, allocator, args))
             print(json.dumps({k: run.get(k) for k in ("max_memory_reserved", "utilization", "median_step_s",
                                                        "max_batch_under_cap", "wall_s")}), flush=True)
-        else:
-            run["error"] = str(proc.stderr or proc.stdout)[-2000:]
-            print(run["error"], flush=True)
-        os.unlink(out)
-        record["runs"].append(run)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")   # after every run: a timeout loses one
+        results.record["runs"].append(run)
+        results.save()      # after every run: a timeout loses one

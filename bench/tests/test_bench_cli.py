@@ -13,7 +13,7 @@ import pytest
 
 from bench import ROOT
 from bench.__main__ import COMMANDS
-from bench.tests.helpers import one_line_exit_2
+from tests.conftest import one_line_exit_2
 
 # command words -> module, for every command and subcommand of `python -m bench`
 LEAVES = {(name, *([sub] if sub else [])): entry[0]

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from bench import RESULTS
-from bench.tests.helpers import one_line_exit_2
+from tests.conftest import one_line_exit_2
 
 edge_time = pytest.importorskip("bench.cap_edge_time")
 cap_probe = pytest.importorskip("bench.cap_probe")
@@ -169,7 +169,7 @@ def fake_gpu(monkeypatch, calls, times=alternating, oom=(), wall=30.0, killed=()
                 else None, **extra}
 
     monkeypatch.setattr(edge_time.cap_search, "run_probe", run_probe)
-    monkeypatch.setattr(edge_time.cap_search, "device_total_memory", lambda: TOTAL)
+    monkeypatch.setattr(edge_time, "device_total_memory", lambda: TOTAL)
     monkeypatch.delenv(cap_probe.LEAVE_FREE_ENV, raising=False)
 
 
@@ -272,7 +272,7 @@ def test_a_dry_run_lists_the_runs_and_where_the_deadline_cuts_them_and_touches_n
     def no_gpu():
         raise AssertionError("a dry run read the device")
 
-    monkeypatch.setattr(edge_time.cap_search, "device_total_memory", no_gpu)
+    monkeypatch.setattr(edge_time, "device_total_memory", no_gpu)
     monkeypatch.setattr(edge_time.cap_search, "run_probe", no_gpu)
     edge_time.main(["--workloads", "opt1.3b-lora-ckpt", "gpt2xl-lora-ckpt", "--dry-run", "--deadline", "560"])
     out = capsys.readouterr().out
@@ -320,7 +320,7 @@ def test_the_generated_docs_table_is_the_results_files(monkeypatch, tmp_path):
     (["--outside", "opt1.3b-lora-ckpt=-1"], "whole number >= 0"),
     (["--outside", "vit=1"], "one of --workloads"),
     (["--kinds", "cap", "--warm"], "--warm goes with --kinds device"),
-    (["--calibrate-with", "nosuch"], "takes no such allocator"),
+    (["--calibrate-with", "nosuch"], "invalid choice"),
     (["--plan", "/no/such/plan.json"], "not a bench cap plan file"),
     (["--steps", "0"], "--steps"), (["--deadline", "-1"], "--deadline"),
     (["--gpu-time-steps", "-1"], "0 <= --gpu-time-steps <= --steps"),
@@ -334,7 +334,7 @@ def test_bad_input_is_one_line_and_exit_2(args, says):
 def test_a_peak_given_for_every_workload_needs_no_plan_and_a_limit_over_the_device_is_refused(monkeypatch, capsys):
     args = edge_time.parse_args(["--workloads", "vit", "--peak", "vit=1000", "--plan", "/no/such/plan.json"])
     assert args.peaks == {"vit": {"bytes": 1000, "from": "--peak"}}
-    monkeypatch.setattr(edge_time.cap_search, "device_total_memory", lambda: TOTAL)
+    monkeypatch.setattr(edge_time, "device_total_memory", lambda: TOTAL)
     with pytest.raises(SystemExit) as exit_:
         edge_time.main(["--workloads", "vit", "--peak", f"vit={TOTAL}", "--kinds", "cap"])
     assert exit_.value.code == 2 and "more than the device" in capsys.readouterr().err

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from bench import ROOT
-from bench.tests.helpers import one_line_exit_2
 from gmlake.sim.cap import limits
 from gmlake.sim.trace import load
+from tests.conftest import one_line_exit_2
 
 cap_plan = pytest.importorskip("bench.cap_plan")
 PLAN = json.loads((ROOT / "bench" / "plans" / "edge-probes.json").read_text())

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import RESULTS, ROOT
-from bench.tests.helpers import one_line_exit_2
+from tests.conftest import one_line_exit_2
 
 cap_search = pytest.importorskip("bench.cap_search")
 # dynamic.py and the run environment import torch; CI's machine has none (the bookkeeping tests run there)
@@ -409,7 +409,7 @@ def fake_capture_run(snapshot_for_rank: dict[int, Path], returncode: int = 0):
 def test_capture_runs_each_workload_once_uncapped_under_native_and_keeps_its_traces(tmp_path, monkeypatch):
     tiny = ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz"
     run, calls = fake_capture_run({0: tiny, 1: tiny})
-    monkeypatch.setattr(cap_search.subprocess, "run", run)
+    monkeypatch.setattr(cap_search.harness, "run_process", as_process(run))
     settings = cap_search.parse_args(["--workloads", "t5", "opt1.3b-fsdp-lora-ckpt", "--capture"])
     traces, records = cap_search.capture_traces(settings.capture, settings, tmp_path, 60, lambda: None)
     assert [c[0][c[0].index("--snapshot") + 1] for c in calls] == [
@@ -427,7 +427,7 @@ def test_capture_runs_each_workload_once_uncapped_under_native_and_keeps_its_tra
 @needs_torch
 def test_a_capture_that_fails_or_has_no_time_leaves_its_workload_unpredicted(tmp_path, monkeypatch):
     run, _ = fake_capture_run({}, returncode=1)
-    monkeypatch.setattr(cap_search.subprocess, "run", run)
+    monkeypatch.setattr(cap_search.harness, "run_process", as_process(run))
     settings = cap_search.parse_args(["--workloads", "t5", "--capture", "t5"])
     traces, records = cap_search.capture_traces(["t5"], settings, tmp_path, 60, lambda: None)
     assert traces == {} and "boom" in records[0]["error"]
@@ -442,7 +442,7 @@ def test_main_with_capture_predicts_from_the_captured_trace(tmp_path, monkeypatc
     middle = {a: math.sqrt(lo * hi) for (_, a), (lo, hi) in brackets.items()}
     device = FakeDevice(middle, {a: (brackets["t5", a][0] * 0.99, brackets["t5", a][1] * 1.05) for a in middle})
     run, calls = fake_capture_run({0: tiny})
-    monkeypatch.setattr(cap_search.subprocess, "run", run)
+    monkeypatch.setattr(cap_search.harness, "run_process", as_process(run))
     monkeypatch.setattr(cap_search, "device_total_memory", lambda: TOTAL)
     monkeypatch.setattr(cap_search, "environment", lambda: {"torch": "none"})
     monkeypatch.setattr(cap_search, "run_probe", lambda *args, settings, out, index: {**device(*args), "index": index})
@@ -461,8 +461,6 @@ def test_main_with_capture_predicts_from_the_captured_trace(tmp_path, monkeypatc
     (["--workloads", "gpt"], "invalid choice"), (["--allocators", "tcmalloc"], "invalid choice"),
     (["--steps", "0"], "--steps"), (["--deadline", "-1"], "--deadline"),
     (["--bounds-from", "/no/such/summary.json"], "no such file"), (["--bogus"], "unrecognized"),
-    (["--workloads", "vit", "opt1.3b-lora", "--allocators", "gmlake", "gmlake-paper-8m"],
-     "no such workload and allocator: vit:gmlake-paper-8m ("),              # train_suite.py's alone
     (["--workloads", "t5", "--predict", "t5"], "WORKLOAD=TRACE"),
     (["--workloads", "t5", "--predict", "vit=tests/data/tiny-gpt2-native.pickle.gz"], "one of --workloads"),
     (["--workloads", "t5", "--predict", "t5=/no/such.gmtrace"], "no such file"),
@@ -482,6 +480,11 @@ def test_cap_search_takes_both_suites_workloads_each_with_its_own_allocators():
     assert cap_search.parse_args([]).workloads == ["vit", "bert", "t5", "cnn"]      # the default stays the quick ones
 
 
+def as_process(fake):
+    """A stand-in for harness.run_process from a fake of subprocess.run (cmd, env) -> CompletedProcess."""
+    return lambda cmd, env, timeout_s: (fake(cmd, env), False)
+
+
 def flag(cmd: list[str], name: str) -> str:
     """The value after `name` in a command line."""
     return cmd[cmd.index(name) + 1]
@@ -499,7 +502,7 @@ def captured_probe(monkeypatch, tmp_path, workload: str, allocator: str, fractio
                                                          "max_memory_reserved": 2}))
         return subprocess.CompletedProcess(cmd, cap_search.OOM_EXIT, "", "train_hf.py: out of memory at step 2")
 
-    monkeypatch.setattr(cap_search.subprocess, "run", fake_run)
+    monkeypatch.setattr(cap_search.harness, "run_process", as_process(fake_run))
     settings = cap_search.parse_args(["--workloads", workload, "--allocators", allocator, *settings_args])
     probe = cap_search.run_probe(workload, allocator, "bisect", fraction, 60, settings=settings, out=tmp_path,
                                  index=4)
@@ -554,7 +557,7 @@ def test_an_fsdp_probe_is_a_torchrun_job_whose_rank_tells_out_of_memory(monkeypa
                                          "max_memory_reserved": 4}))
         return subprocess.CompletedProcess(cmd, 1, "", "torch.distributed.elastic...ChildFailedError")
 
-    monkeypatch.setattr(cap_search.subprocess, "run", fake_run)
+    monkeypatch.setattr(cap_search.harness, "run_process", as_process(fake_run))
     workload = "opt1.3b-fsdp-lora-ckpt"
     settings = cap_search.parse_args(["--workloads", workload, "--allocators", "gmlake", "--steps", "12"])
     started["oom"] = True

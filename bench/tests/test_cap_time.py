@@ -3,11 +3,12 @@ from a real cap search's cap.json, and one-line refusals of bad input."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from bench import RESULTS
-from bench.tests.helpers import one_line_exit_2
+from tests.conftest import one_line_exit_2
 
 cap_time = pytest.importorskip("bench.cap_time")
 CAP_JSON = RESULTS / "train" / "cap-2026-11-30c" / "cap.json"
@@ -58,7 +59,7 @@ def test_a_run_that_fails_under_the_cap_is_counted_not_timed(monkeypatch, tmp_pa
     ([], "need --workload"), (["--workload", "vit", "--allocator", "gmlake"], "need --workload"),
     (["--workload", "vit", "--allocator", "gmlake", "--fraction", "0"], "--fraction"),
     (["--workload", "vit", "--allocator", "gmlake", "--fraction", "x"], "--fraction"),
-    (["--workload", "vit", "--allocator", "gmlake-paper-8m", "--fraction", "0.1"], "no such workload and allocator"),
+    (["--workload", "vit", "--allocator", "nosuch", "--fraction", "0.1"], "invalid choice"),
     (["--from-cap", "/no/such/cap.json"], "not a cap search's cap.json"),
     (["--from-cap", str(CAP_JSON), "--workload", "vit"], "either --from-cap"),
     (["--workload", "vit", "--allocator", "gmlake", "--fraction", "0.1", "--rounds", "0"], "--rounds"),
@@ -70,7 +71,7 @@ def test_bad_input_is_one_line_and_exit_2(args, says):
 
 def test_no_run_starts_that_the_deadline_would_cut(monkeypatch, tmp_path):
     clock = iter(range(0, 1000, 10))
-    monkeypatch.setattr(cap_time.time, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(clock)))
 
     def fake_probe(workload, allocator, purpose, fraction, timeout_s, *, settings, out, index):
         return {"index": index, "fraction": fraction, "fit": True, "timed_s": 5.0, "wall_s": 20.0}

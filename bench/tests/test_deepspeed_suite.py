@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 
 import pytest
 
-from bench.tests.helpers import one_line_exit_2
+from tests.conftest import one_line_exit_2
 
 suite = pytest.importorskip("bench.deepspeed_suite")
 workload = pytest.importorskip("bench.workloads.deepspeed_train")
@@ -127,6 +128,10 @@ def test_a_stage_without_native_has_no_ratios_to_it():
     assert "gmlake" in suite.format_table(rows, 10, 40)
 
 
+def done(code: int, output: str) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess([], code, output, "")
+
+
 def test_preflight_falls_back_to_torch_adamw_only_under_auto(monkeypatch):
     calls = []
 
@@ -134,8 +139,8 @@ def test_preflight_falls_back_to_torch_adamw_only_under_auto(monkeypatch):
         optimizer = cmd[cmd.index("--optimizer") + 1]
         calls.append(optimizer)
         if optimizer == "cpu-adam":
-            return 1, "noise\ndeepspeed_train.py: preflight: DeepSpeed's CPU Adam did not build or load (x)\n", False
-        return 0, json.dumps({"preflight": "ok", "optimizer": optimizer}) + "\n", False
+            return done(1, "noise\ndeepspeed_train.py: preflight: DeepSpeed's CPU Adam did not build or load (x)\n"), False
+        return done(0, json.dumps({"preflight": "ok", "optimizer": optimizer}) + "\n"), False
 
     monkeypatch.setattr(suite, "run_process", fake_run)
     args = args_for(["--optimizer", "auto"])
@@ -147,7 +152,7 @@ def test_preflight_falls_back_to_torch_adamw_only_under_auto(monkeypatch):
     expected = "deepspeed_train.py: preflight: DeepSpeed's CPU Adam did not build or load (x)"
     assert suite.preflight(args) == (None, expected)
     assert calls == ["cpu-adam"]
-    monkeypatch.setattr(suite, "run_process", lambda cmd, env, timeout_s: (-9, "", True))
+    monkeypatch.setattr(suite, "run_process", lambda cmd, env, timeout_s: (done(-9, ""), True))
     assert "timed out" in suite.preflight(args_for(["--optimizer", "torch-adamw"]))[1]
 
 

@@ -9,21 +9,6 @@ speed_suite = pytest.importorskip("bench.speed_suite")
 GIB = 1 << 30
 
 
-def test_rounds_alternate_direction_and_are_the_outer_loop():
-    order = speed_suite.run_order(["vit", "bert"], ["A", "B", "C", "D"], rounds=2)
-    assert [a for r, w, a in order if w == "vit"] == list("ABCDDCBA")
-    assert [w for r, w, a in order][:8] == ["vit"] * 4 + ["bert"] * 4
-    assert {r for r, w, a in order[:8]} == {0}
-
-
-def test_expected_duration_prefers_the_same_workload_and_ignores_failures():
-    finished = [{"workload": "vit", "wall_s": 10.0}, {"workload": "bert", "wall_s": 30.0},
-                {"workload": "vit", "wall_s": 50.0, "error": "oom"}]
-    assert speed_suite.expected_duration("vit", finished) == 10.0
-    assert speed_suite.expected_duration("cnn", finished) == 30.0
-    assert speed_suite.expected_duration("cnn", []) == 0.0
-
-
 def run(allocator: str, timed_s: float, gmlake: bool = False) -> dict:
     """A finished run as dynamic.py reports it, at 2 GiB allocated of 4 GiB reserved."""
     out = {"workload": "bert", "allocator": allocator, "timed_s": timed_s, "samples_per_s": 100.0 / timed_s,
