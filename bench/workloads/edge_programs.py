@@ -18,8 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 PRESETS = {
     "rl": {
-        "full": {"hidden": 1024, "layers": 16, "heads": 16, "ffn": 4096, "vocab": 32000,
-                 "groups": (2, 6), "group": (4, 8), "prompt": (64, 384), "prompt_step": 8, "new": (16, 96),
+        "full": {"hidden": 1024, "layers": 8, "heads": 16, "ffn": 4096, "vocab": 32000,
+                 "groups": (2, 6), "group": (4, 8), "prompt": (64, 384), "prompt_step": 8, "new": (8, 48),
                  "new_step": 8},
         "small": {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64, "vocab": 100,
                   "groups": (1, 2), "group": (2, 2), "prompt": (8, 16), "prompt_step": 4, "new": (2, 6),
