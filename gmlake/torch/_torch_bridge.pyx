@@ -289,11 +289,30 @@ cdef size_t _largest_free_block(FreeIndex* index) noexcept nogil:
     return largest
 
 
+cdef size_t _whole_pages(Allocator a, size_t room, bint binds) noexcept nogil:
+    """The largest request whose new memory fits in `room` bytes as `a`'s growth lays it out (Policy.segment_rule):
+    `room` in whole pages of an expandable range (capped_page_large where a cap binds and it is set), in whole
+    chunks (chunks), or in round_large steps, where a request under min_large_alloc would take a whole
+    large_segment_size segment instead (PyTorch's sizing, the growth that does not stitch)."""
+    cdef size_t page
+    if a.k.fit_counts_unmapped:
+        page = a.k.capped_page_large if binds and a.k.capped_page_large else a.k.expandable_page_large
+    elif a.growth.stitches:
+        page = a.k.chunk_size
+    else:
+        page = a.k.round_large
+    if page:
+        room -= room % page
+    if not a.growth.stitches and room < a.k.min_large_alloc and room < a.k.large_segment_size:
+        room = 0
+    return room
+
+
 cdef size_t _largest_served(Allocator a) noexcept nogil:
     """Note [The largest block served now], for `a`."""
     cdef ScopedLock held
-    cdef size_t largest, room, page, free_bytes = 0
-    cdef bint capped
+    cdef size_t largest, room, free_bytes = 0
+    cdef bint capped, binds
     held.acquire(a.mutex)
     if a.zero_cap:
         return 0
@@ -302,19 +321,19 @@ cdef size_t _largest_served(Allocator a) noexcept nogil:
     if room > largest:
         largest = room
     capped = a.limit_bytes != 0
+    binds = capped and (a.driver.capacity == 0 or a.limit_bytes < a.driver.capacity)
     room = 0
     if capped:
         room = a.limit_bytes - a.st.reserved if a.st.reserved < a.limit_bytes else 0
     if not a.pools.capturing and a.driver.device_free(&free_bytes) == DRIVER_OK:
-        if not (capped and (a.driver.capacity == 0 or a.limit_bytes < a.driver.capacity)):
-            # no cap below the device's memory: growth leaves the device reserve free
+        if not binds:       # growth leaves the device reserve free where no cap binds
             free_bytes = free_bytes - a.k.device_reserve if free_bytes > a.k.device_reserve else 0
         room = free_bytes if not capped or free_bytes < room else room
-    page = a.k.chunk_size if a.k.chunk_size > a.k.round_large else a.k.round_large
-    if page:
-        room -= room % page
+    room = _whole_pages(a, room, binds)
     if room > largest:
         largest = room
+    if capped and largest > a.limit_bytes:      # a request over the cap is refused even where a free block fits
+        largest = a.limit_bytes - a.limit_bytes % a.k.round_to
     return largest if largest < a.max_request else a.max_request
 
 
