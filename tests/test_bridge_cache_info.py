@@ -96,9 +96,9 @@ def test_cache_info_answers_the_largest_block_served_now():
         assert g["cap_with_room"] == 131 * MiB // page * page, (name, g)
         assert g["streams"] == [60 * MiB] * 3, (name, g)
         assert g["zero_cap"] == 0, (name, g)
+    n = len(POLICY_NAMES)
     assert got["errors"] == ["gmlake: device 64 out of range", "gmlake: device -1 out of range",
-                             f"gmlake: cannot create the allocator for device {len(POLICY_NAMES)}: no device "
-                             f"{len(POLICY_NAMES)} here"], got["errors"]
+                             f"gmlake: cannot create the allocator for device {n}: no device {n} here"], got["errors"]
 
 
 # Random allocations and frees, under a cap that moves; after each step the answer is asked for and a request of
@@ -152,3 +152,23 @@ def test_the_answer_is_served_without_out_of_memory():
             got = _run(SERVED, name, str(seed))
             assert got["failures"] == [], (name, seed, got)
             assert got["asked"] > 200, (name, seed, got)
+
+
+COUNTED = PRELUDE + r"""
+_torch_bridge.configure(lambda device: Allocator(SimDriver(capacity=256 * MiB), resolve("caching", {}, None).policy))
+before = _torch_bridge.cache_info_calls()
+through_c = info(0)
+through_python = _torch_bridge.cache_info(0)
+try:
+    _torch_bridge.cache_info(70)
+    error = None
+except RuntimeError as exc:
+    error = str(exc)
+print(json.dumps([before, through_c, through_python, error, _torch_bridge.cache_info_calls()]))
+"""
+
+
+def test_each_call_is_counted_and_python_asks_the_same():
+    """cache_info_calls() says whether cacheInfo reached the bridge (the GPU check reads it); cache_info(device) is
+    the same answer from Python, and its error a RuntimeError."""
+    assert _run(COUNTED) == [0, 256 * MiB, 256 * MiB, "gmlake: device 70 out of range", 3]

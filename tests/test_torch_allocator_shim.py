@@ -11,6 +11,7 @@ import subprocess
 import types
 import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -123,7 +124,7 @@ def test_the_shim_compiles_against_the_installed_torchs_headers(tmp_path):
 
 class _FakePluggable:
     """torch.cuda.memory.CUDAPluggableAllocator as enable() uses it: its raw allocator's setters, recorded."""
-    made: list = []
+    made: ClassVar[list] = []
 
     def __init__(self, path, alloc, free):
         self.args, self.set = (path, alloc, free), {}
@@ -157,11 +158,11 @@ def test_without_the_shim_torchs_pluggable_allocator_is_installed_with_one_warni
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert install.install_allocator(fake) is False
-    assert [str(w.message) for w in caught] == [
-        "gmlake: torch.backends.cudnn.benchmark = True will fail in the first convolution (\"CUDAPluggableAllocator "
-        "does not yet support cacheInfo\"): the shim that answers cacheInfo could not be built against torch "
-        f"0.0.0+fake (torch 0.0.0+fake ships no C++ headers ({root / 'include'}/"
-        "torch/csrc/cuda/CUDAPluggableAllocator.h))"]
+    expected = ("gmlake: torch.backends.cudnn.benchmark = True will fail in the first convolution "
+                "(\"CUDAPluggableAllocator does not yet support cacheInfo\"): the shim that answers cacheInfo could "
+                f"not be built against torch 0.0.0+fake (torch 0.0.0+fake ships no C++ headers ({root / 'include'}/"
+                "torch/csrc/cuda/CUDAPluggableAllocator.h))")
+    assert [str(w.message) for w in caught] == [expected]
     (pluggable,) = _FakePluggable.made
     assert pluggable.args == (_torch_bridge.__file__, "gmlake_alloc", "gmlake_free")
     assert changed == [pluggable]

@@ -18,8 +18,7 @@ that matches the running torch where pip installed it (the nvidia-cuda-runtime w
 13, nvidia/cuda_runtime/include for CUDA 12), else a CUDA toolkit (CUDA_HOME or CUDA_PATH first, then nvcc's,
 then /usr/local/cuda). Where it cannot be built (no compiler, no CUDA headers, a torch without CUDA), enable()
 installs torch's plain pluggable allocator as before and warns once saying why: everything works but
-cudnn.benchmark = True, which then fails as it did. The build time is in docs/benchmarks.md ("The out-of-memory
-shim's build").
+cudnn.benchmark = True, which then fails as it did. The build time is in docs/benchmarks.md ("The shims' builds").
 """
 from __future__ import annotations
 

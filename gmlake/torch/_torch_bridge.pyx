@@ -337,13 +337,37 @@ cdef size_t _largest_served(Allocator a) noexcept nogil:
     return largest if largest < a.max_request else a.max_request
 
 
+cdef atomic[uint64_t] _cache_info_calls       # how many times cacheInfo was asked (tests and the GPU check read it)
+
+
+def cache_info_calls() -> int:
+    """How many times gmlake_cache_info was called in this process (cuDNN's benchmark asking cacheInfo, through the
+    allocator shim)."""
+    return _cache_info_calls.load()
+
+
+def cache_info(int device) -> int:
+    """gmlake_cache_info for `device` from Python (Note [The largest block served now]); RuntimeError where the
+    device's allocator cannot be had."""
+    cdef size_t largest = 0
+    cdef char error[ERROR_TEXT]
+    cdef int rc
+    with nogil:
+        rc = gmlake_cache_info(device, &largest, error, sizeof(error))
+    if rc:
+        raise RuntimeError((<bytes>error).decode(errors="replace"))
+    return largest
+
+
 cdef public int gmlake_cache_info(int device, size_t* largest, char* error, size_t error_size) noexcept nogil:
     """CUDACachingAllocator::cacheInfo for gmlake (Note [The largest block served now]): the largest block the
     allocator of `device` could serve now, in `largest`. The allocator is created if this is the device's first
     call. Returns 0, or 1 with the reason in `error` (at most `error_size` bytes, NUL included) where it cannot be
     had: the C++ shim that overrides cacheInfo (gmlake/torch/_torch_allocator_shim.cc) throws it as torch's error."""
     cdef ErrorText why
-    cdef void* handle = _get(device, &why)
+    cdef void* handle
+    _cache_info_calls.fetch_add(1)
+    handle = _get(device, &why)
     if handle == NULL:
         if error != NULL and error_size:
             snprintf(error, error_size, "%s", why.text)

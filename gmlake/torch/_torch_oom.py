@@ -16,7 +16,7 @@ together (one per rank) never load a half-written file; a later enable() only lo
 bridge (_torch_bridge.set_oom_thrower), which calls it only when an allocation has failed: no hot path changes.
 Where it cannot be built (no C++ compiler, torch's headers missing), the bridge throws std::runtime_error with the same
 text, which begins with PyTorch's words "CUDA out of memory.", so tools that read the text still recognise it, and
-enable() warns once saying why. The build time is in docs/benchmarks.md ("The out-of-memory shim's build").
+enable() warns once saying why. The build time is in docs/benchmarks.md ("The shims' builds").
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 SOURCE = Path(__file__).with_name("_torch_oom_shim.cc")
 THROW_SYMBOL = "gmlake_throw_torch_oom"
