@@ -136,3 +136,40 @@ def test_a_custom_policy_from_a_file_has_its_seams_called_on_the_torch_path():
 
 def test_a_raising_policy_hook_fails_the_torch_allocation_with_its_message():
     assert "ok policy error reached torch" in run("policy_error.py", gmlake=False)
+
+
+@pytest.mark.parametrize("limit", [None, "3GiB"])
+def test_cudnn_benchmark_trains_as_under_pytorchs_allocator(limit, tmp_path):
+    """torch.backends.cudnn.benchmark = True under gmlake (Note [cacheInfo through a subclass]): the shim is built
+    (into a fresh cache) and installed, cuDNN's benchmark asks cacheInfo and the bridge answers, no out-of-memory
+    is counted, and a conv net and timm's resnet18 train to PyTorch's losses (cuDNN may time its way to other
+    algorithms than in the native run: equal within fp32 rounding). Under a cap the answer stays under it."""
+    env = {"GMLAKE_CACHE_DIR": str(tmp_path), **({"GMLAKE_LIMIT": limit} if limit else {})}
+    native = json.loads(run("cudnn_benchmark.py", gmlake=False).strip().splitlines()[-1])
+    ours = json.loads(run("cudnn_benchmark.py", env=env).strip().splitlines()[-1])
+    print(json.dumps(ours))
+    assert ours["allocator"] == "gmlake" and ours["cache_info_installed"], ours
+    assert ours["cache_info_calls"] > 0, ours
+    assert ours["num_ooms"] == 0, ours
+    assert ours["losses"].keys() == native["losses"].keys()
+    for name, losses in native["losses"].items():
+        assert ours["losses"][name] == pytest.approx(losses, rel=5e-3, abs=1e-4), name
+    if limit:
+        assert ours["cache_info_mib"] <= ours["limit_mib"], ours
+    else:
+        # the device's free memory less the device reserve, in whole pages, or a larger free block
+        assert ours["device_free_mib"] - 40 <= ours["cache_info_mib"] <= ours["device_free_mib"] + \
+            ours["reserved_mib"], ours
+
+
+def test_without_the_shim_cudnn_benchmark_fails_as_before_with_one_warning(tmp_path):
+    """Where the shim cannot be built (here: no C++ compiler), enable() warns once why and installs torch's plain
+    pluggable allocator: everything but cudnn.benchmark works, which fails as it did."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GMLAKE", "PYTORCH_CUDA_ALLOC_CONF")}
+    env.update(PYTHONUNBUFFERED="1", GMLAKE_CACHE_DIR=str(tmp_path), CXX=str(tmp_path / "no-c++"))
+    proc = subprocess.run([sys.executable, "-m", "gmlake", "run", str(SCRIPTS / "cudnn_benchmark.py"), "2"],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert proc.stderr.count("gmlake: torch.backends.cudnn.benchmark = True will fail in the first convolution") == 1, \
+        proc.stderr[-3000:]
+    assert "no C++ compiler" in proc.stderr and "does not yet support cacheInfo" in proc.stderr, proc.stderr[-3000:]

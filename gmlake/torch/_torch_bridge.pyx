@@ -5,12 +5,15 @@ Compiled with CYTHON_EXTERN_C defined as extern "C", so the `cdef public` functi
 (gmlake_alloc, gmlake_free, ...) for ctypes and torch. Their paths are nogil; only the first call on a device, which
 creates its allocator, and the graph pool hooks (rare, and their errors become Python text) take the GIL.
 """
-from libc.stdint cimport uint64_t, int64_t, uintptr_t
+from libc.stdint cimport uint64_t, int64_t, uintptr_t, INT64_MAX
 from libc.stdio cimport snprintf
 from libcpp.atomic cimport atomic
 from libcpp.utility cimport pair
 from libcpp.vector cimport vector
-from gmlake.core._allocator cimport Allocator, Failure, ERR_OOM, ERR_CAPTURE, ERR_NONE, ScopedLock, std_mutex
+from cython.operator cimport dereference as deref, predecrement as dec
+from gmlake.core._allocator cimport (Allocator, Failure, ERR_OOM, ERR_CAPTURE, ERR_NONE, ScopedLock, std_mutex,
+                                     FreeIndex, SIZE_SMALL, SIZE_LARGE, free_index, free_key)
+from gmlake.core._driver cimport DRIVER_OK
 
 cdef extern from "_bridge.h" namespace "gmlake" nogil:
     void throw_error(const char* message)
@@ -244,6 +247,133 @@ cdef public void gmlake_record_stream(void* ptr, void* stream) noexcept nogil:
         if _allocators[d] != NULL and \
                 (<Allocator>_allocators[d]).record_stream_nogil(<uintptr_t>ptr, <int64_t><uintptr_t>stream) == ERR_NONE:
             return
+
+
+# ---------------------------------------------------------------- cacheInfo: the largest block served now
+#
+# Note [The largest block served now]: PyTorch sizes cuDNN's benchmark (cudnn.benchmark = True) by asking its
+# allocator, through CUDACachingAllocator::cacheInfo(device, &largest), for the largest workspace it could hand out:
+# cuDNN then tries only the algorithms whose workspace is below it, and skips one whose workspace request still
+# raises out-of-memory. PyTorch's own allocator answers the larger of its largest cached free block (of any
+# stream) and the device's free memory, what cudaMalloc could still add. gmlake answers the same question for its
+# own rules, under the allocator's lock:
+#   - the largest free block of the default pool, small or large, of any stream (what PyTorch counts);
+#   - or what growth may still take without relieving pressure: under a cap, the cap less the memory reserved;
+#     otherwise the device's free memory less the policy's device reserve (Note [Leaving the libraries room]:
+#     cuDNN loads its kernels outside the allocator, into what the reserve keeps free), never more than the
+#     device's free memory, and rounded down to whole pages of the growth (chunk_size, round_large), so a
+#     request of that size needs no page past it. While a graph is captured the device is not asked (the core
+#     never asks it then): only the cap's room counts;
+#   - and 0 under a cap of 0 bytes (set_per_process_memory_fraction(0)), which refuses every request.
+# An answer too high costs an out-of-memory per algorithm tried (observers called, num_ooms counted), one too
+# low only a slower algorithm, so it leaves out what a request could get only by pressure relief or stitching
+# (cached sBlocks, several free blocks joined): PyTorch's answer leaves out the same kinds (its release of cached
+# blocks and retry). A private pool's free blocks serve only its own requests and are left out (PyTorch counts
+# them). The answer is rarely asked for (once for each new convolution shape while benchmarking), so it walks the
+# free indexes: one step for each stream that holds free blocks.
+
+cdef size_t _largest_free_block(FreeIndex* index) noexcept nogil:
+    """The largest free block in `index`, of any stream: the last entry of each stream's run (ordered by stream,
+    then size), reached by one lower_bound per stream."""
+    cdef size_t largest = 0
+    cdef int64_t stream
+    cdef FreeIndex.iterator it = index.begin()
+    cdef FreeIndex.iterator last
+    while it != index.end():
+        stream = deref(it).first.stream
+        it = index.end() if stream == INT64_MAX else index.lower_bound(free_key(stream + 1, 0))
+        last = it
+        dec(last)
+        if deref(last).first.size > largest:
+            largest = deref(last).first.size
+    return largest
+
+
+cdef size_t _whole_pages(Allocator a, size_t room, bint binds) noexcept nogil:
+    """The largest request whose new memory fits in `room` bytes as `a`'s growth lays it out (Policy.segment_rule):
+    `room` in whole pages of an expandable range (capped_page_large where a cap binds and it is set), in whole
+    chunks (chunks), or in round_large steps, where a request under min_large_alloc would take a whole
+    large_segment_size segment instead (PyTorch's sizing, the growth that does not stitch)."""
+    cdef size_t page
+    if a.k.fit_counts_unmapped:
+        page = a.k.capped_page_large if binds and a.k.capped_page_large else a.k.expandable_page_large
+    elif a.growth.stitches:
+        page = a.k.chunk_size
+    else:
+        page = a.k.round_large
+    if page:
+        room -= room % page
+    if not a.growth.stitches and room < a.k.min_large_alloc and room < a.k.large_segment_size:
+        room = 0
+    return room
+
+
+cdef size_t _largest_served(Allocator a) noexcept nogil:
+    """Note [The largest block served now], for `a`."""
+    cdef ScopedLock held
+    cdef size_t largest, room, free_bytes = 0
+    cdef bint capped, binds
+    held.acquire(a.mutex)
+    if a.zero_cap:
+        return 0
+    largest = _largest_free_block(free_index(a, SIZE_LARGE))
+    room = _largest_free_block(free_index(a, SIZE_SMALL))
+    if room > largest:
+        largest = room
+    capped = a.limit_bytes != 0
+    binds = capped and (a.driver.capacity == 0 or a.limit_bytes < a.driver.capacity)
+    room = 0
+    if capped:
+        room = a.limit_bytes - a.st.reserved if a.st.reserved < a.limit_bytes else 0
+    if not a.pools.capturing and a.driver.device_free(&free_bytes) == DRIVER_OK:
+        if not binds:       # growth leaves the device reserve free where no cap binds
+            free_bytes = free_bytes - a.k.device_reserve if free_bytes > a.k.device_reserve else 0
+        room = free_bytes if not capped or free_bytes < room else room
+    room = _whole_pages(a, room, binds)
+    if room > largest:
+        largest = room
+    if capped and largest > a.limit_bytes:      # a request over the cap is refused even where a free block fits
+        largest = a.limit_bytes - a.limit_bytes % a.k.round_to
+    return largest if largest < a.max_request else a.max_request
+
+
+cdef atomic[uint64_t] _cache_info_calls       # how many times cacheInfo was asked (tests and the GPU check read it)
+
+
+def cache_info_calls() -> int:
+    """How many times gmlake_cache_info was called in this process (cuDNN's benchmark asking cacheInfo, through the
+    allocator shim)."""
+    return _cache_info_calls.load()
+
+
+def cache_info(int device) -> int:
+    """gmlake_cache_info for `device` from Python (Note [The largest block served now]); RuntimeError where the
+    device's allocator cannot be had."""
+    cdef size_t largest = 0
+    cdef char error[ERROR_TEXT]
+    cdef int rc
+    with nogil:
+        rc = gmlake_cache_info(device, &largest, error, sizeof(error))
+    if rc:
+        raise RuntimeError((<bytes>error).decode(errors="replace"))
+    return largest
+
+
+cdef public int gmlake_cache_info(int device, size_t* largest, char* error, size_t error_size) noexcept nogil:
+    """CUDACachingAllocator::cacheInfo for gmlake (Note [The largest block served now]): the largest block the
+    allocator of `device` could serve now, in `largest`. The allocator is created if this is the device's first
+    call. Returns 0, or 1 with the reason in `error` (at most `error_size` bytes, NUL included) where it cannot be
+    had: the C++ shim that overrides cacheInfo (gmlake/torch/_torch_allocator_shim.cc) throws it as torch's error."""
+    cdef ErrorText why
+    cdef void* handle
+    _cache_info_calls.fetch_add(1)
+    handle = _get(device, &why)
+    if handle == NULL:
+        if error != NULL and error_size:
+            snprintf(error, error_size, "%s", why.text)
+        return 1
+    largest[0] = _largest_served(<Allocator>handle)
+    return 0
 
 
 # ---------------------------------------------------------------- CUDA graphs: PyTorch's private pool hooks

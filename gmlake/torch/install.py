@@ -13,7 +13,8 @@ from gmlake.torch import _torch_bridge
 from gmlake.torch.memory_api import install_memory_api
 from gmlake.torch.state import _enabled, _history_settings
 
-# The C entry points in gmlake/torch/_torch_bridge.pyx, and the CUDAPluggableAllocator hook each one serves.
+# The C entry points in gmlake/torch/_torch_bridge.pyx, and the CUDAPluggableAllocator hook each one serves, where
+# torch's Python CUDAPluggableAllocator installs them (without the allocator shim: install_allocator).
 _HOOKS = {
     "set_init_fn": "gmlake_init",
     "set_reset_fn": "gmlake_reset",
@@ -133,7 +134,23 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
         return made
 
     _torch_bridge.configure(factory)
+    install_oom_error(torch)
+    cache_info = install_allocator(torch)
+    install_memory_api(torch)
+    _enabled.update(policy=policy, knobs=knobs, limit=limit, cache_info=cache_info, chosen=chosen, choice=choice)
+
+
+def install_allocator(torch) -> bool:
+    """Make the bridge PyTorch's CUDA allocator: through the shim whose cacheInfo the bridge answers (Note
+    [cacheInfo through a subclass] in gmlake/torch/_torch_allocator.py), or, where it cannot be built, through
+    torch.cuda.memory.CUDAPluggableAllocator, warning once that cudnn.benchmark = True then fails. Whether cacheInfo
+    is answered."""
+    from gmlake.torch import _torch_allocator
+
     path = _torch_bridge.__file__
+    installed, why = _torch_allocator.install(torch, path)
+    if installed:
+        return True
     pluggable = torch.cuda.memory.CUDAPluggableAllocator(path, "gmlake_alloc", "gmlake_free")
     lib = ctypes.CDLL(path)
     raw = pluggable.allocator()
@@ -142,10 +159,14 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
         if hook is None:
             raise RuntimeError(f"gmlake: this PyTorch ({torch.__version__}) lacks CUDAPluggableAllocator.{setter}")
         hook(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
-    install_oom_error(torch)
     torch.cuda.memory.change_current_allocator(pluggable)
-    install_memory_api(torch)
-    _enabled.update(policy=policy, knobs=knobs, limit=limit, pluggable=pluggable, chosen=chosen, choice=choice)
+    import warnings
+
+    warnings.warn(
+        f"gmlake: torch.backends.cudnn.benchmark = True will fail in the first convolution (\"CUDAPluggableAllocator "
+        f"does not yet support cacheInfo\"): the shim that answers cacheInfo could not be built against torch "
+        f"{torch.__version__} ({why})", RuntimeWarning, stacklevel=3)
+    return False
 
 
 def install_oom_error(torch) -> bool:

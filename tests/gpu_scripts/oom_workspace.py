@@ -3,8 +3,8 @@ of each execution plan it tries, and PyTorch moves on to the next plan when a re
 Under a cap that holds the tensors but only half the first plan's workspace, the refused workspaces are skipped and
 counted, and the convolution ends as it ends under PyTorch's allocator. Prints one JSON line.
 
-(cudnn.benchmark stays off: with it on, PyTorch sizes the search by asking the allocator for cacheInfo, which the
-pluggable-allocator interface does not carry, so no pluggable allocator can serve it.)"""
+(cudnn.benchmark stays off, so that the plans tried are cuDNN's heuristics' under either allocator, not the ones a
+timed search happens to rank first; benchmark mode under gmlake is tests/gpu_scripts/cudnn_benchmark.py's.)"""
 from __future__ import annotations
 
 import json
