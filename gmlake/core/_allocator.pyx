@@ -17,7 +17,7 @@ A request is served by the first step that succeeds (the policy's knobs and grow
   6. fail with an out-of-memory error.
 
 Rooms, one file each, included below as module-level nogil functions over the Allocator's state:
-  _malloc.pxi    a request's path: the steps above, in order   _vmm.pxi       driver calls, counted, orphans retried
+  _requests.pxi  a request's path, the steps above; a free's    _vmm.pxi       driver calls, counted, orphans retried
   _blocks.pxi    free index, holes, split and merge             _segments.pxi  segments and their chunks; pressure
   _growth*.pxi   the Growth interface, its strategies           _rebacking.pxi partly used chunks re-backed at the edge
   _sblocks.pxi   stitch-or-grow, the stitch, the sBlock cache   _streams.pxi   fences, deferred frees, events
@@ -64,77 +64,15 @@ from gmlake.core.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, Fre
 from gmlake.core._clock cimport timespec, clock_gettime, CLOCK_REALTIME
 
 SIZE_CLASS_NAMES = ("small", "large")
-# Each Policy hook and the Seams method (SeamBit) that decides it in Cython.
-SEAM_HOOKS = {"choose_block": SEAM_PLACE, "should_split": SEAM_SPLIT, "choose_stitch": SEAM_STITCH,
-              "allow_stitch": SEAM_ALLOW_STITCH, "segment_layout": SEAM_LAYOUT, "evict_victim": SEAM_EVICT,
-              "relieve_pressure": SEAM_PRESSURE}
 EVICT_REASONS = ("all", "bound", "pressure")
 
 CALL_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
               "event_record", "event_query", "event_destroy", "event_wait", "copy_out", "copy_in")
 
 
-cdef inline size_t round_up(size_t n, size_t m) noexcept nogil:
-    return ((n + m - 1) // m) * m
-
-
-cdef inline void peak_update(size_t* peak, size_t current) noexcept nogil:
-    """The one place a peak statistic follows its current value."""
-    if current > peak[0]:
-        peak[0] = current
-
-
-cdef inline void no_failure(Failure* why) noexcept nogil:
-    """A call's failure, cleared at its start.
-
-    Note [A call's failure]: every call into the core that can fail (malloc, empty_cache, release_pool, ...) keeps
-    a Failure on its own stack and passes a pointer to it down to every function on its path; the driver-call funnel
-    (_call, room vmm) writes the first driver error there, the request's decisions write ERR_OOM, ERR_CAPTURE and
-    the like, and the entry point hands a copy to its caller (_report). Nothing about a failure is kept in the
-    allocator between calls, so no call can see, or overwrite, another's. That holds for a policy hook's failure too:
-    the seams receive the Failure and mark it (hook_failed); only the exception object, which needs the GIL, waits
-    in the calling thread's hook_errors until failure() turns it into the call's PolicyError."""
-    why.err = ERR_NONE
-    why.hook_failed = False
-    why.request = NULL
-    why.code = 0
-    why.call = 0
-    why.reserved = 0
-    why.allocated = 0
-    why.limit = 0
-
-
-cdef inline size_t min_size(size_t a, size_t b) noexcept nogil:
-    return a if a < b else b
-
-
-cdef inline FreeKey key_of(Block* b) noexcept nogil:
-    cdef FreeKey key
-    key.stream = b.stream
-    key.size = b.size
-    key.serial = b.seg.serial
-    key.offset = b.addr - b.seg.va
-    return key
-
-
-cdef inline size_t expandable_size(Block* b) noexcept nogil:
-    return b.size + (b.next.size if b.next != NULL and b.next.state == BLOCK_UNMAPPED else 0)
-
-
-cdef inline bint free_for(Block* b, int64_t stream) noexcept nogil:
-    """Is b free and safe for `stream` (freed on it, or on a stream whose work is known done)?"""
-    return b.state == BLOCK_FREE and (b.stream == stream or b.stream == ANY_STREAM)
-
-
-cdef inline SBlockKey sblock_key(SBlock* sb) noexcept nogil:
-    cdef SBlockKey key
-    key.capacity = sb.capacity
-    key.serial = sb.serial
-    return key
-
-
 # The rooms of the core: module-level functions over the Allocator's state (see _allocator.pxd).
-include "_malloc.pxi"
+include "_common.pxi"
+include "_requests.pxi"
 include "_vmm.pxi"
 include "_blocks.pxi"
 include "_segments.pxi"
@@ -196,25 +134,7 @@ cdef class Allocator:
         self.growth = _growth_of(policy)
         knobs = dict(policy.core_knobs(driver.capacity))
         knobs["fit_counts_unmapped"] = self.growth.fit_counts_unmapped
-        seams = policy.cython_seams()
-        if seams is None:
-            seams = Seams()
-        if not isinstance(seams, Seams):
-            raise TypeError(f"gmlake: policy {policy.name}: cython_seams() must return a gmlake.core._allocator.Seams "
-                            f"or None, got {type(seams).__name__}")
-        self.seams = seams
-        # A seam is asked only where the policy overrides it, in Python or in Cython (never both: which would win?).
-        flags = {}
-        for hook, bit in SEAM_HOOKS.items():
-            in_cython = bool(seams.overridden & bit)
-            if in_cython and policy.overrides(hook):
-                raise ValueError(f"gmlake: policy {policy.name} overrides {hook} both in Python and in its "
-                                 f"Cython seams ({type(seams).__name__})")
-            flags[hook] = in_cython or policy.overrides(hook)
-        knobs.update({"hook_allow_stitch": flags["allow_stitch"], "hook_split": flags["should_split"],
-                      "hook_evict": flags["evict_victim"], "hook_place": flags["choose_block"],
-                      "hook_stitch": flags["choose_stitch"], "hook_layout": flags["segment_layout"],
-                      "hook_pressure": flags["relieve_pressure"]})
+        self.seams = _seams_of(policy, knobs)
         self.k = knobs
         import threading
         self.hook_errors = threading.local()
@@ -277,7 +197,7 @@ cdef class Allocator:
             self.trace[self.trace_next] = e
             self.trace_next = (self.trace_next + 1) % self.trace_max
 
-    # ------------------------------------------------------------------ malloc: a request's steps (_malloc.pxi)
+    # ------------------------------------------------------------------ malloc: a request's steps (_requests.pxi)
 
     cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
         return _malloc_small(self, why, size, stream)
@@ -357,31 +277,13 @@ cdef class Allocator:
         return rc
 
     cdef void _debug_check(self) noexcept nogil:
-        """Note [Invariant checks inside the allocator]: with debug_checks on (always in a GMLAKE_DEBUG build), every
-        operation ends by verifying every invariant, as mimalloc's debug mode does, so a bug is caught at the
-        operation that made it, whichever path (Python, replay, torch) called. A debug build aborts with the broken
-        invariant's name: an allocator that has corrupted its own state must not hand out more memory. Switched on
-        from Python, the error is raised by the next Python call instead, for tests.
-
-        The Python work lives in _verify_invariants, a `with gil` function: a nogil function that holds Python
-        objects takes the GIL on every call (to release them), which doubled the cost of a cache hit."""
+        """Every invariant, checked after the operation with debug_checks on (Note [Invariant checks inside the
+        allocator], _debug.pxi)."""
         if self.checking:
             self._verify_invariants()
 
-
     cdef void _verify_invariants(self) noexcept with gil:
-        if self.invariant_error is not None:
-            return
-        self.checks_run += 1
-        try:
-            self.check()
-        except BaseException as exc:
-            if GMLAKE_DEBUG:
-                message = f"gmlake: invariant broken: {exc}\n".encode()
-                fprintf(stderr, "%s", <const char*>message)
-                abort()
-            self.invariant_error = exc
-
+        _verify_after_operation(self)
 
     def _raise_invariant_error(self) -> None:
         exc = self.invariant_error
@@ -389,18 +291,15 @@ cdef class Allocator:
             self.invariant_error = None
             raise exc
 
-
     @property
     def debug_checks(self) -> bool:
         """Whether every operation ends by checking every invariant (see Note [Invariant checks inside the
         allocator]); slow, for tests and debugging. A GMLAKE_DEBUG build starts with it on."""
         return self.checking
 
-
     @debug_checks.setter
     def debug_checks(self, on: bool) -> None:
         self.checking = bool(on)
-
 
     @property
     def debug_checks_run(self) -> int:
@@ -415,28 +314,10 @@ cdef class Allocator:
         return _api_spares(self)
 
     cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil:
-        it = self.live.find(ptr)
-        if it == self.live.end():
-            return ERR_INVALID_FREE
-        cdef Block* b = deref(it).second
-        self.live_nodes.take_at(self.live, it)
-        self._record(TRACE_FREE_REQUESTED, b.addr, b.requested, b.stream)
-        self.st.frees += 1
-        self.st.live_blocks -= 1
-        self.st.allocated -= b.size
-        self.st.requested -= b.requested
-        if not _free_after_uses(self, why, b, ptr):
-            self._retire(b)
-        return ERR_NONE
+        return _free_live(self, why, ptr)
 
     cdef void _retire(self, Block* b) noexcept nogil:
-        """Return a freed allocation's memory: its pBlock, or its sBlock's claimed pieces (the sBlock is cached)."""
-        self._record(TRACE_FREE_COMPLETED, b.addr, b.requested, b.stream)
-        self.st.active -= b.size
-        if b.seg != NULL:
-            _release_block(self, b)
-        else:
-            _release_stitched(self, b)
+        _free_retire(self, b)
 
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
         """Bytes held by the live allocation at ptr; 0 if ptr is not one."""

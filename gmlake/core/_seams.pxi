@@ -48,6 +48,35 @@ cdef object _policy_error(Allocator self, size_t size, int64_t request):
     return error
 
 
+# Each Policy hook and the Seams method (SeamBit) that decides it in Cython.
+SEAM_HOOKS = {"choose_block": SEAM_PLACE, "should_split": SEAM_SPLIT, "choose_stitch": SEAM_STITCH,
+              "allow_stitch": SEAM_ALLOW_STITCH, "segment_layout": SEAM_LAYOUT, "evict_victim": SEAM_EVICT,
+              "relieve_pressure": SEAM_PRESSURE}
+
+
+cdef Seams _seams_of(object policy, dict knobs):
+    """The policy's Seams: its own Cython seams, or the base that asks its Python hooks. Which seams are asked goes
+    into `knobs` (hook_*): only those the policy overrides, in Python or in Cython (never both: which would win?)."""
+    seams = policy.cython_seams()
+    if seams is None:
+        seams = Seams()
+    if not isinstance(seams, Seams):
+        raise TypeError(f"gmlake: policy {policy.name}: cython_seams() must return a gmlake.core._allocator.Seams "
+                        f"or None, got {type(seams).__name__}")
+    flags = {}
+    for hook, bit in SEAM_HOOKS.items():
+        in_cython = bool(seams.overridden & bit)
+        if in_cython and policy.overrides(hook):
+            raise ValueError(f"gmlake: policy {policy.name} overrides {hook} both in Python and in its "
+                             f"Cython seams ({type(seams).__name__})")
+        flags[hook] = in_cython or policy.overrides(hook)
+    knobs.update({"hook_allow_stitch": flags["allow_stitch"], "hook_split": flags["should_split"],
+                  "hook_evict": flags["evict_victim"], "hook_place": flags["choose_block"],
+                  "hook_stitch": flags["choose_stitch"], "hook_layout": flags["segment_layout"],
+                  "hook_pressure": flags["relieve_pressure"]})
+    return seams
+
+
 # ---------------------------------------------------------------- the core reads a seam's answer here
 
 

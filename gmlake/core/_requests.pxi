@@ -1,9 +1,11 @@
-# The allocator core: a request's path, steps 1-6 of _allocator.pyx's docstring. Included into _allocator.pyx.
+# The allocator core: a request's path, steps 1-6 of _allocator.pyx's docstring, and a free's. Included into
+# _allocator.pyx.
 #
 # malloc_nogil and malloc_in_pool_nogil take the lock and choose the request's target; _serve does the rest: it
 # rounds the size, runs the steps below (the Allocator's _alloc* methods delegate here) and counts the result. The
 # steps ask the rooms (free index, sBlocks, growth, streams, pools, seams) and decide nothing of their own besides
-# their order.
+# their order. free_nogil takes the lock and calls _free_live (the Allocator's _free_locked), which counts the free
+# and returns the memory now (_free_retire, the Allocator's _retire) or once other streams' uses completed.
 
 cdef inline Block* _malloc_small(Allocator self, Failure* why, size_t size, int64_t stream) noexcept nogil:
     cdef Block* b = _best_free(self, SIZE_SMALL, size, stream)
@@ -208,3 +210,29 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
         return 0
     self._debug_check()
     return b.addr
+
+
+cdef inline int _free_live(Allocator self, Failure* why, uintptr_t ptr) noexcept nogil:
+    it = self.live.find(ptr)
+    if it == self.live.end():
+        return ERR_INVALID_FREE
+    cdef Block* b = deref(it).second
+    self.live_nodes.take_at(self.live, it)
+    self._record(TRACE_FREE_REQUESTED, b.addr, b.requested, b.stream)
+    self.st.frees += 1
+    self.st.live_blocks -= 1
+    self.st.allocated -= b.size
+    self.st.requested -= b.requested
+    if not _free_after_uses(self, why, b, ptr):
+        self._retire(b)
+    return ERR_NONE
+
+
+cdef inline void _free_retire(Allocator self, Block* b) noexcept nogil:
+    """Return a freed allocation's memory: its pBlock, or its sBlock's claimed pieces (the sBlock is cached)."""
+    self._record(TRACE_FREE_COMPLETED, b.addr, b.requested, b.stream)
+    self.st.active -= b.size
+    if b.seg != NULL:
+        _release_block(self, b)
+    else:
+        _release_stitched(self, b)
