@@ -16,8 +16,10 @@ A request is served by the first step that succeeds (the policy's knobs and grow
      then (the default policy) the free slots of partly used chunks (_rebacking.pxi);
   6. fail with an out-of-memory error.
 
-Rooms, one file each, included below as module-level nogil functions over the Allocator's state:
-  _requests.pxi  a request's path, the steps above; a free's    _vmm.pxi       driver calls, counted, orphans retried
+Rooms, one file each, included below as module-level functions over the Allocator's state (nogil, but for the Python
+hooks and the Python API's bodies):
+  _common.pxi    rounding, peaks, a call's Failure, sort keys   _vmm.pxi       driver calls, counted, orphans retried
+  _requests.pxi  a request's path, the steps above; a free's
   _blocks.pxi    free index, holes, split and merge             _segments.pxi  segments and their chunks; pressure
   _growth*.pxi   the Growth interface, its strategies           _rebacking.pxi partly used chunks re-backed at the edge
   _sblocks.pxi   stitch-or-grow, the stitch, the sBlock cache   _streams.pxi   fences, deferred frees, events
