@@ -156,3 +156,26 @@ def test_core_comments_hold_no_measured_figures(path):
     found = [f"line {n}: {line.strip()}" for n, line in enumerate(path.read_text().splitlines(), 1)
              if _FIGURE.search(line)]
     assert not found, f"{path.relative_to(PACKAGE)} quotes measurements (move them to docs/benchmarks.md): {found}"
+
+
+
+# A module with one role reads in one sitting; past this size a file is usually holding two. Checked on the
+# allocator's compilation unit: _allocator.pyx and the rooms it includes.
+MAX_LINES = 600
+CORE = PACKAGE / "core"
+ROOMS = sorted(p for p in CORE.iterdir() if p.name == "_allocator.pyx" or p.suffix == ".pxi")
+
+
+@pytest.mark.skipif(not ROOMS, reason="reads the core's sources, which an installed wheel does not carry")
+@pytest.mark.parametrize("path", ROOMS, ids=lambda p: p.name)
+def test_every_core_room_stays_under_600_lines(path):
+    """A room that grows past this is split by role (docs/design.md, "The rooms")."""
+    n = len(path.read_text().splitlines())
+    assert n <= MAX_LINES, f"core/{path.name} has {n} lines; split it by role (at most {MAX_LINES})"
+
+
+def test_the_size_check_reads_every_room():
+    if not ROOMS:
+        pytest.skip("reads the core's sources, which an installed wheel does not carry")
+    names = {p.name for p in ROOMS}
+    assert {"_allocator.pyx", "_requests.pxi", "_seams.pxi", "_hooks.pxi", "_sblocks.pxi"} <= names

@@ -65,3 +65,30 @@ def test_capturing_is_asked_of_the_pools_room():
 
 def _allocator_reads() -> int:
     return (CORE / "_allocator.pyx").read_text().count(".pools.capturing")
+
+
+def _functions(path: Path) -> dict[str, str]:
+    """Each module-level function of a core file, by name, with its text."""
+    found, name, lines = {}, None, []
+    for line in path.read_text().splitlines():
+        m = re.match(r"(?:cdef|def)\s.*?(\w+)\(", line)
+        if m and not line.startswith(" "):
+            if name:
+                found[name] = "\n".join(lines)
+            name, lines = m.group(1), []
+        lines.append(line)
+    if name:
+        found[name] = "\n".join(lines)
+    return found
+
+
+def test_whether_a_size_stitches_is_decided_in_one_place():
+    """The built-in's stitch rule (`stitch`, `min_stitch_size`, `restitch_limit`, and the edge of memory lifting the
+    limit) is read by one function, _may_stitch (the pressure loop sets the edge); the growth says only whether a
+    stitch saves enough."""
+    knob = re.compile(r"\.k\.(?:stitch|min_stitch_size|restitch_limit)\b|\.at_edge\b")
+    readers = {f"{path.name}:{name}" for path in core_files() if path.suffix == ".pxi"
+               for name, text in _functions(path).items() if knob.search(text)}
+    growth = "_growth_expandable.pxi"   # at_edge there chooses the edge's pages and its saving (Growth)
+    expected = {"_sblocks.pxi:_may_stitch", "_requests.pxi:_malloc_under_pressure"}
+    assert {r for r in readers if not r.startswith(growth)} == expected

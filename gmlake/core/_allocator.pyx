@@ -16,17 +16,21 @@ A request is served by the first step that succeeds (the policy's knobs and grow
      then (the default policy) the free slots of partly used chunks (_rebacking.pxi);
   6. fail with an out-of-memory error.
 
-Rooms, one file each, included below as module-level nogil functions over the Allocator's state:
-  _vmm.pxi       driver calls, counted, and orphans retried     _blocks.pxi    free index, holes, split and merge
-  _segments.pxi  segments and their chunks; pressure actions    _growth*.pxi   the Growth interface, its strategies
-  _rebacking.pxi partly used chunks re-backed in slots at the edge
+Rooms, one file each, included below as module-level functions over the Allocator's state (nogil, but for the Python
+hooks and the Python API's bodies):
+  _common.pxi    rounding, peaks, a call's Failure, sort keys   _vmm.pxi       driver calls, counted, orphans retried
+  _requests.pxi  a request's path, the steps above; a free's
+  _blocks.pxi    free index, holes, split and merge             _segments.pxi  segments and their chunks; pressure
+  _growth*.pxi   the Growth interface, its strategies           _rebacking.pxi partly used chunks re-backed at the edge
   _sblocks.pxi   stitch-or-grow, the stitch, the sBlock cache   _streams.pxi   fences, deferred frees, events
-  _pools.pxi     private pools (CUDA graphs) and capture rules  _seams.pxi     the policy's hooks (Python, Cython)
+  _pools.pxi     private pools (CUDA graphs) and capture rules  _debug.pxi     every invariant, checked
+  _seams.pxi     a seam's answer checked; the Cython Seams      _hooks.pxi     the policy's Python hooks, and views
   _api_steps.pxi the Python API's locked steps: what its methods copy or change under the lock
 Each room owns its state in one field of the Allocator (`frees`, `segments`, `sblock_cache`, `streams`, `pools`,
 `orphans`: _structs.h), written only by its own functions. This file keeps the lock (a ScopedLock, acquired once per
-entry point and released when the entry point returns), malloc/free/empty_cache, the cache-hit path, statistics, the
-history, the live map and the Python API.
+entry point and released when the entry point returns), the entry points malloc/free/empty_cache, the live map, the
+history ring and the Python API. The bodies of its longer methods are rooms too: _api_report.pxi (statistics,
+history, segments, failures) and _api_pools.pxi (private pools), over the locked steps of _api_steps.pxi.
 
 Every decision orders blocks by (stream, size, segment serial, offset), never by address, so the sim, host and cuda
 drivers make the same choices for the same requests: a replayed trace predicts the GPU run.
@@ -62,76 +66,15 @@ from gmlake.core.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, Fre
 from gmlake.core._clock cimport timespec, clock_gettime, CLOCK_REALTIME
 
 SIZE_CLASS_NAMES = ("small", "large")
-# Each Policy hook and the Seams method (SeamBit) that decides it in Cython.
-SEAM_HOOKS = {"choose_block": SEAM_PLACE, "should_split": SEAM_SPLIT, "choose_stitch": SEAM_STITCH,
-              "allow_stitch": SEAM_ALLOW_STITCH, "segment_layout": SEAM_LAYOUT, "evict_victim": SEAM_EVICT,
-              "relieve_pressure": SEAM_PRESSURE}
 EVICT_REASONS = ("all", "bound", "pressure")
 
 CALL_NAMES = ("create_chunk", "release_chunk", "reserve", "free_va", "map", "unmap", "set_access", "synchronize",
               "event_record", "event_query", "event_destroy", "event_wait", "copy_out", "copy_in")
 
 
-cdef inline size_t round_up(size_t n, size_t m) noexcept nogil:
-    return ((n + m - 1) // m) * m
-
-
-cdef inline void peak_update(size_t* peak, size_t current) noexcept nogil:
-    """The one place a peak statistic follows its current value."""
-    if current > peak[0]:
-        peak[0] = current
-
-
-cdef inline void no_failure(Failure* why) noexcept nogil:
-    """A call's failure, cleared at its start.
-
-    Note [A call's failure]: every call into the core that can fail (malloc, empty_cache, release_pool, ...) keeps
-    a Failure on its own stack and passes a pointer to it down to every function on its path; the driver-call funnel
-    (_call, room vmm) writes the first driver error there, the request's decisions write ERR_OOM, ERR_CAPTURE and
-    the like, and the entry point hands a copy to its caller (_report). Nothing about a failure is kept in the
-    allocator between calls, so no call can see, or overwrite, another's. That holds for a policy hook's failure too:
-    the seams receive the Failure and mark it (hook_failed); only the exception object, which needs the GIL, waits
-    in the calling thread's hook_errors until failure() turns it into the call's PolicyError."""
-    why.err = ERR_NONE
-    why.hook_failed = False
-    why.request = NULL
-    why.code = 0
-    why.call = 0
-    why.reserved = 0
-    why.allocated = 0
-    why.limit = 0
-
-
-cdef inline size_t min_size(size_t a, size_t b) noexcept nogil:
-    return a if a < b else b
-
-
-cdef inline FreeKey key_of(Block* b) noexcept nogil:
-    cdef FreeKey key
-    key.stream = b.stream
-    key.size = b.size
-    key.serial = b.seg.serial
-    key.offset = b.addr - b.seg.va
-    return key
-
-
-cdef inline size_t expandable_size(Block* b) noexcept nogil:
-    return b.size + (b.next.size if b.next != NULL and b.next.state == BLOCK_UNMAPPED else 0)
-
-
-cdef inline bint free_for(Block* b, int64_t stream) noexcept nogil:
-    """Is b free and safe for `stream` (freed on it, or on a stream whose work is known done)?"""
-    return b.state == BLOCK_FREE and (b.stream == stream or b.stream == ANY_STREAM)
-
-
-cdef inline SBlockKey sblock_key(SBlock* sb) noexcept nogil:
-    cdef SBlockKey key
-    key.capacity = sb.capacity
-    key.serial = sb.serial
-    return key
-
-
 # The rooms of the core: module-level functions over the Allocator's state (see _allocator.pxd).
+include "_common.pxi"
+include "_requests.pxi"
 include "_vmm.pxi"
 include "_blocks.pxi"
 include "_segments.pxi"
@@ -143,9 +86,12 @@ include "_growth_expandable.pxi"
 include "_sblocks.pxi"
 include "_streams.pxi"
 include "_pools.pxi"
+include "_hooks.pxi"
 include "_seams.pxi"
 include "_debug.pxi"
 include "_api_steps.pxi"
+include "_api_report.pxi"
+include "_api_pools.pxi"
 
 
 # The policy an Allocator made without one gets. gmlake.policies sets it when imported (set_default_policy): the
@@ -190,25 +136,7 @@ cdef class Allocator:
         self.growth = _growth_of(policy)
         knobs = dict(policy.core_knobs(driver.capacity))
         knobs["fit_counts_unmapped"] = self.growth.fit_counts_unmapped
-        seams = policy.cython_seams()
-        if seams is None:
-            seams = Seams()
-        if not isinstance(seams, Seams):
-            raise TypeError(f"gmlake: policy {policy.name}: cython_seams() must return a gmlake.core._allocator.Seams "
-                            f"or None, got {type(seams).__name__}")
-        self.seams = seams
-        # A seam is asked only where the policy overrides it, in Python or in Cython (never both: which would win?).
-        flags = {}
-        for hook, bit in SEAM_HOOKS.items():
-            in_cython = bool(seams.overridden & bit)
-            if in_cython and policy.overrides(hook):
-                raise ValueError(f"gmlake: policy {policy.name} overrides {hook} both in Python and in its "
-                                 f"Cython seams ({type(seams).__name__})")
-            flags[hook] = in_cython or policy.overrides(hook)
-        knobs.update({"hook_allow_stitch": flags["allow_stitch"], "hook_split": flags["should_split"],
-                      "hook_evict": flags["evict_victim"], "hook_place": flags["choose_block"],
-                      "hook_stitch": flags["choose_stitch"], "hook_layout": flags["segment_layout"],
-                      "hook_pressure": flags["relieve_pressure"]})
+        self.seams = _seams_of(policy, knobs)
         self.k = knobs
         import threading
         self.hook_errors = threading.local()
@@ -271,121 +199,28 @@ cdef class Allocator:
             self.trace[self.trace_next] = e
             self.trace_next = (self.trace_next + 1) % self.trace_max
 
-    # ------------------------------------------------------------------ malloc
+    # ------------------------------------------------------------------ malloc: a request's steps (_requests.pxi)
 
     cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        cdef Block* b = _best_free(self, SIZE_SMALL, size, stream)
-        cdef Segment* seg
-        if b == NULL and _may_reclaim(self, why) and _reclaim_streams(self, why, stream, False):
-            b = _best_free(self, SIZE_SMALL, size, stream)
-        if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self, why):
-            b = _wait_for_other_stream(self, why, SIZE_SMALL, size, stream)
-        if self.k.hook_place and why.err == ERR_NONE:
-            _ask_place(self, why, SIZE_SMALL, size, stream, &b, NULL)
-        if b != NULL:
-            _erase_free(self, b)
-            return _take(self, why, b, size, stream)
-        if why.err != ERR_NONE:
-            return NULL
-        if self.growth.refuses(self, why, SIZE_SMALL, size):
-            return NULL
-        return self.growth.grow(self, why, SIZE_SMALL, size, stream)
+        return _malloc_small(self, why, size, stream)
 
     cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        # Steps 1-2, the cache hit (Note [The cache-hit path]): the best free block, split, unless a cached sBlock
-        # may fit it tighter (sblock_first) or the policy places.
-        cdef Block* b = _best_free(self, SIZE_LARGE, size, stream)
-        if b != NULL and not self.k.hook_place and not (self.k.sblock_first and self.sblock_cache.cached()):
-            _erase_free(self, b)
-            return _take(self, why, b, size, stream)
-        return self._alloc_large_miss(why, b, size, stream)
+        return _malloc_large(self, why, size, stream)
 
     cdef Block* _alloc_large_miss(self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
-        """A large request the cache-hit path did not serve: another stream's blocks, cached sBlocks, the placement
-        seam, then steps 3-4. `b` is the best free block found (or NULL)."""
-        cdef SBlock* sb = NULL
-        if b == NULL and _may_reclaim(self, why) and _reclaim_streams(self, why, stream, False):
-            b = _best_free(self, SIZE_LARGE, size, stream)
-        if b == NULL and self.k.cross_stream_wait and why.err == ERR_NONE and _may_reclaim(self, why):
-            b = _wait_for_other_stream(self, why, SIZE_LARGE, size, stream)
-        if why.err != ERR_NONE:
-            return NULL
-        # Note [sBlocks only where no free block fits]: with sblock_first off, a cached sBlock serves a request only
-        # when no free block can. Checking whether an sBlock's pieces are free costs a lookup per piece, and an
-        # expandable range's long free tail would otherwise send every request through that search.
-        if self.sblock_cache.cached() and (b == NULL or self.k.sblock_first):
-            sb = _best_cached(self, size, b.size if b != NULL else <size_t>-1, stream)
-        if self.k.hook_place:       # placement seam: the policy may pick another block or sBlock, or none
-            _ask_place(self, why, SIZE_LARGE, size, stream, &b, &sb)
-        if sb != NULL:
-            self.st.sblock_reuses += 1
-            return _claim(self, sb, size, stream)
-        if b != NULL:
-            _erase_free(self, b)
-            return _take(self, why, b, size, stream)
-        # Steps 3-4: stitch free pBlocks, adding new memory for the shortfall only, or grow.
-        return _stitch_or_grow(self, why, size, stream)
+        return _malloc_large_miss(self, why, b, size, stream)
 
     cdef Block* _try_alloc(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
-        why.err = ERR_NONE
-        if unlikely(why.request.target != NULL):
-            return _alloc_in_pool(self, why, size_class, size, stream)
-        if size_class == SIZE_SMALL:
-            return self._alloc_small(why, size, stream)
-        return self._alloc_large(why, size, stream)
+        return _malloc_try(self, why, size_class, size, stream)
 
     cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        cdef int size_class = SIZE_SMALL if size <= self.k.small_size else SIZE_LARGE
-        cdef Block* b = self._try_alloc(why, size_class, size, stream)
-        if b != NULL or why.err != ERR_OOM:
-            return b
-        if _capturing(self):
-            # Every stage of relief synchronizes: Note [Pools and graph capture].
-            why.err = ERR_CAPTURE
-            return NULL
-        if _refuse_unannounced_capture(self, why):
-            return NULL
-        return self._alloc_under_pressure(why, size_class, size, stream)
+        return _malloc_request(self, why, size, stream)
 
     cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
-        """Step 5: relieve memory pressure, retrying the request after each attempt, until it is served or relief
-        runs out. Each attempt takes the growth's built-in stage (Growth.pressure_stage) or
-        what the policy's relieve_pressure chose instead, up to MAX_PRESSURE_ATTEMPTS; _relieve carries it out.
-        While it runs the request is at the edge of memory, where a policy with `edge_page` stitches by its own rule
-        (Note [Stitching at the edge], _growth_expandable.pxi)."""
-        cdef Block* b
-        self.at_edge = self.k.edge_page != 0
-        b = self._relieve_and_retry(why, size_class, size, stream)
-        self.at_edge = False
-        return b
+        return _malloc_under_pressure(self, why, size_class, size, stream)
 
     cdef Block* _relieve_and_retry(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
-        cdef Block* b
-        cdef int attempt, action, default
-        for attempt in range(MAX_PRESSURE_ATTEMPTS):
-            action = default = self.growth.pressure_stage(self, attempt)
-            if self.k.hook_pressure:
-                action = _ask_pressure(self, why, size, stream, size_class, attempt, default)
-            if action == PRESSURE_GIVE_UP:
-                break
-            # Retried after every stage that ran, whether or not it reports a change: its synchronize alone may have
-            # completed other streams' work (pending frees, fences), and a retry that fails is cheap beside it.
-            _relieve(self, why, size_class, size, action)
-            if why.err != ERR_NONE:
-                return NULL
-            b = self._try_alloc(why, size_class, size, stream)
-            if b != NULL or why.err != ERR_OOM:
-                return b
-        if self.k.device_reserve and not self.reserve_open:
-            # relief ran out: the device reserve is the last memory a request may have (Note [Leaving the
-            # libraries room], _reserve_binds)
-            self.reserve_open = True
-            b = self._try_alloc(why, size_class, size, stream)
-            self.reserve_open = False
-            if b != NULL or why.err != ERR_OOM:
-                return b
-        why.err = ERR_OOM
-        return NULL
+        return _malloc_relieve_and_retry(self, why, size_class, size, stream)
 
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* out) noexcept nogil:
         """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `out` is given, says why there."""
@@ -444,29 +279,13 @@ cdef class Allocator:
         return rc
 
     cdef void _debug_check(self) noexcept nogil:
-        """Note [Invariant checks inside the allocator]: with debug_checks on (always in a GMLAKE_DEBUG build), every
-        operation ends by verifying every invariant, as mimalloc's debug mode does, so a bug is caught at the
-        operation that made it, whichever path (Python, replay, torch) called. A debug build aborts with the broken
-        invariant's name: an allocator that has corrupted its own state must not hand out more memory. Switched on
-        from Python, the error is raised by the next Python call instead, for tests.
-
-        The Python work lives in _verify_invariants, a `with gil` function: a nogil function that holds Python
-        objects takes the GIL on every call (to release them), which doubled the cost of a cache hit."""
+        """Every invariant, checked after the operation with debug_checks on (Note [Invariant checks inside the
+        allocator], _debug.pxi)."""
         if self.checking:
             self._verify_invariants()
 
     cdef void _verify_invariants(self) noexcept with gil:
-        if self.invariant_error is not None:
-            return
-        self.checks_run += 1
-        try:
-            self.check()
-        except BaseException as exc:
-            if GMLAKE_DEBUG:
-                message = f"gmlake: invariant broken: {exc}\n".encode()
-                fprintf(stderr, "%s", <const char*>message)
-                abort()
-            self.invariant_error = exc
+        _verify_after_operation(self)
 
     def _raise_invariant_error(self) -> None:
         exc = self.invariant_error
@@ -494,35 +313,13 @@ cdef class Allocator:
         """How many spare Blocks and container nodes the hot path holds for its next requests (Note [Reusing nodes
         on the hot path]): at most 64 of each, freed with the allocator; and how many events it keeps to record
         again (Note [Reusing events]): at most 1,024, destroyed by empty_cache."""
-        cdef Spares n
-        with nogil:
-            _count_spares(self, &n)
-        return {"blocks": n.blocks, "free_index_nodes": n.free_index_nodes, "address_nodes": n.address_nodes,
-                "live_nodes": n.live_nodes, "events": n.events}
+        return _api_spares(self)
 
     cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil:
-        it = self.live.find(ptr)
-        if it == self.live.end():
-            return ERR_INVALID_FREE
-        cdef Block* b = deref(it).second
-        self.live_nodes.take_at(self.live, it)
-        self._record(TRACE_FREE_REQUESTED, b.addr, b.requested, b.stream)
-        self.st.frees += 1
-        self.st.live_blocks -= 1
-        self.st.allocated -= b.size
-        self.st.requested -= b.requested
-        if not _free_after_uses(self, why, b, ptr):
-            self._retire(b)
-        return ERR_NONE
+        return _free_live(self, why, ptr)
 
     cdef void _retire(self, Block* b) noexcept nogil:
-        """Return a freed allocation's memory: its pBlock, or its sBlock's claimed pieces (the sBlock is cached)."""
-        self._record(TRACE_FREE_COMPLETED, b.addr, b.requested, b.stream)
-        self.st.active -= b.size
-        if b.seg != NULL:
-            _release_block(self, b)
-        else:
-            _release_stitched(self, b)
+        _free_retire(self, b)
 
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
         """Bytes held by the live allocation at ptr; 0 if ptr is not one."""
@@ -651,20 +448,7 @@ cdef class Allocator:
 
     def history(self) -> list:
         """The recorded events, oldest first, as PyTorch snapshot trace entries (dicts)."""
-        cdef vector[TraceEntry] copy
-        cdef size_t start, i, n
-        with nogil:
-            start = _copy_history(self, copy)
-        names = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
-                 "segment_unmap", "oom")
-        n = copy.size()
-        out = []
-        for i in range(n):
-            e = copy[(start + i) % n]
-            # An oom entry's addr holds the device's free bytes, which PyTorch's snapshot names device_free.
-            out.append({"action": names[e.action], "device_free" if e.action == TRACE_OOM else "addr": e.addr,
-                        "size": e.size, "stream": e.stream, "time_us": e.time_us, "frames": []})
-        return out
+        return _api_history(self)
 
     def record_stream(self, ptr: int, stream: int) -> None:
         """Note that `stream` uses the allocation at ptr, so its free waits for the work queued there (as
@@ -713,71 +497,13 @@ cdef class Allocator:
 
     def stats(self) -> dict:
         """Byte counts with their peaks, event counts, and driver calls (and handles touched) by kind."""
-        cdef StatsCopy c
-        cdef Stats s
-        cdef size_t i
-        with nogil:
-            _copy_stats(self, &c)
-        s = c.st
-        return {
-            "allocated_bytes": s.allocated,
-            "peak_allocated_bytes": s.peak_allocated,
-            "requested_bytes": s.requested,
-            "peak_requested_bytes": s.peak_requested,
-            "reserved_bytes": s.reserved,
-            "peak_reserved_bytes": s.peak_reserved,
-            "active_bytes": s.active,
-            "peak_active_bytes": s.peak_active,
-            "sblock_va_bytes": s.sblock_va,
-            "peak_sblock_va_bytes": s.peak_sblock_va,
-            "live_blocks": s.live_blocks,
-            "pending_frees": c.pending,
-            "orphans": c.orphans,
-            "orphan_chunk_bytes": c.orphan_bytes,
-            "cached_sblocks": c.cached,
-            "allocs": s.allocs,
-            "frees": s.frees,
-            "stitches": s.stitches,
-            "stitched_handles": s.stitched_handles,
-            "sblock_reuses": s.sblock_reuses,
-            "sblock_evictions": s.sblock_evictions,
-            "segments_created": s.segments_created,
-            "chunks_released": s.chunks_released,
-            "ooms": s.ooms,
-            "stream_migrations": s.stream_migrations,
-            "stream_waits": s.stream_waits,
-            "capture_queries": s.capture_queries,
-            "rebacked_chunks": s.rebacked_chunks,
-            "copied_bytes": s.copied_bytes,
-            "calls": {name: s.calls[i] for i, name in enumerate(CALL_NAMES)},
-            "handles": {name: s.handles[i] for i, name in enumerate(CALL_NAMES)},
-        }
+        return _api_stats(self)
 
     cdef object failure(self, size_t size, Failure* why, int64_t request=-1):
         """The exception for a call that failed as `why` says: PolicyError (with the hook's exception, from this
         thread; `request`: the request's index, where the caller numbers them), DriverError naming the driver call,
         or OutOfMemoryError with the figures at the failure."""
-        if why.err == ERR_POLICY:
-            return _policy_error(self, size, request)
-        if why.err == ERR_DRIVER:
-            return DriverError(CALL_NAMES[why.call], why.code, self.driver.describe_error(why.code))
-        if why.err == ERR_RAW_CAPTURE:
-            return GraphCaptureError(
-                f"gmlake: cannot allocate {size} bytes: the stream is being captured into a CUDA graph that the "
-                f"allocator was not told of (cudaStreamBeginCapture called outside torch.cuda.graph / "
-                f"begin_allocate_to_pool), and the request needs new memory from the driver, which would break the "
-                f"capture or hand the graph's memory out again. Capture with torch.cuda.graph (or call "
-                f"begin_allocate_to_pool first), or allocate this memory before capturing.")
-        if why.err == ERR_CAPTURE and size == 0:
-            return GraphCaptureError("gmlake: empty_cache during CUDA graph capture: it must synchronize the device, "
-                                     "which stream capture forbids; call it after end_allocate_to_pool")
-        if why.err == ERR_CAPTURE:
-            return CaptureOutOfMemoryError(
-                requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
-                limit=why.limit, capacity=self.driver.capacity)
-        return OutOfMemoryError(
-            requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
-            limit=why.limit, capacity=self.driver.capacity, zero_cap=why.limit == 0 and self.zero_cap)
+        return _api_failure(self, size, why, request)
 
     def close(self) -> None:
         """Release everything back to the driver. Raises if allocations are still live."""
@@ -809,93 +535,30 @@ cdef class Allocator:
         streams are under graph capture: until the pool ends, the allocator calls no event or synchronize function
         (Note [Pools and graph capture]). Raises ValueError for a pool already active or released but still
         holding memory."""
-        pid = self._pool_id(pool_id)
-        cdef vector[int64_t] chosen
-        cdef bint every = streams is None
-        if not every:
-            for s in streams:
-                if not isinstance(s, int) or isinstance(s, bool) or s < 0:
-                    raise ValueError(f"gmlake: begin_allocate_to_pool: streams must be ints >= 0, got {s!r}")
-                chosen.push_back(s)
-        cdef uint64_t p = pid
-        cdef bint cap = bool(capturing)
-        cdef int rc
-        with nogil:
-            rc = _begin_pool_nogil(self, p, chosen, every, cap)
-        self._raise_invariant_error()
-        if rc == POOL_ALREADY_ACTIVE:
-            raise ValueError(f"gmlake: private pool {pid} is already active; end_allocate_to_pool({pid}) first")
-        if rc == POOL_RELEASED:
-            raise ValueError(f"gmlake: private pool {pid} was released and still holds memory of live blocks; "
-                             f"it cannot be begun again until they are freed and empty_cache returns it")
+        _api_begin_pool(self, pool_id, streams, capturing)
 
     def retain_pool(self, pool_id: int) -> None:
         """One more use of active private pool `pool_id`, as a second beginAllocateToPool of a pool already routing
         requests is in PyTorch (cudagraph trees capture into the pool their warm-up allocates from): each use is
         released by its own release_pool. The torch bridge routes nested begins through this."""
-        pid = self._pool_id(pool_id)
-        cdef uint64_t p = pid
-        cdef int rc
-        with nogil:
-            rc = _retain_pool_nogil(self, p)
-        if rc == POOL_NOT_ACTIVE:
-            raise ValueError(f"gmlake: retain_pool: private pool {pid} is not active")
+        _api_retain_pool(self, pool_id)
 
     def end_allocate_to_pool(self, pool_id: int) -> None:
         """Stop routing requests to private pool `pool_id` (PyTorch's endAllocateToPool); the pool keeps its memory
         and its use. Ending the last capturing pool lets the frees deferred during capture record their events."""
-        pid = self._pool_id(pool_id)
-        cdef uint64_t p = pid
-        cdef int rc
-        cdef Failure why                    # the deferred frees' events: one that fails waits for the device
-        no_failure(&why)
-        with nogil:
-            rc = _end_pool_nogil(self, &why, p)
-        self._raise_invariant_error()
-        if rc == POOL_NOT_ACTIVE:
-            raise ValueError(f"gmlake: end_allocate_to_pool: private pool {pid} is not active")
+        _api_end_pool(self, pool_id)
 
     def release_pool(self, pool_id: int) -> int:
         """Drop one use of private pool `pool_id` (PyTorch's releasePool). The last use returns the pool's wholly
         free segments to the driver now (after a synchronize), unless a capture is running; blocks still allocated
         stay valid, and their segments return at the next empty_cache or memory pressure once wholly free.
         Returns the bytes returned now."""
-        pid = self._pool_id(pool_id)
-        cdef uint64_t p = pid
-        cdef size_t released = 0
-        cdef int rc
-        cdef Failure why
-        no_failure(&why)
-        with nogil:
-            rc = _release_pool_nogil(self, &why, p, &released)
-        self._raise_invariant_error()
-        if rc == POOL_UNKNOWN:
-            raise ValueError(f"gmlake: release_pool: private pool {pid} has no use to release (never begun, or "
-                             f"already released)")
-        if rc == POOL_STILL_ACTIVE:
-            raise ValueError(f"gmlake: release_pool: private pool {pid} is active; end_allocate_to_pool({pid}) "
-                             f"first")
-        if rc == POOL_SYNC_FAILED:
-            raise self.failure(0, &why)
-        return released
+        return _api_release_pool(self, pool_id)
 
     def pools_info(self) -> list:
         """One dict per private pool: id, use_count, active, capturing, streams (None: every stream), segments,
         reserved_bytes, allocated_bytes (its blocks in use)."""
-        cdef vector[PoolRow] pools
-        cdef vector[int64_t] streams
-        cdef size_t i, j
-        with nogil:
-            _copy_pools(self, pools, streams)
-        out = []
-        for i in range(pools.size()):
-            chosen = None
-            if pools[i].active and not pools[i].all_streams:
-                chosen = [streams[j] for j in range(pools[i].first_stream, pools[i].end_stream)]
-            out.append({"id": pools[i].id, "use_count": pools[i].use_count, "active": pools[i].active,
-                        "capturing": pools[i].capturing, "streams": chosen, "segments": pools[i].segments,
-                        "reserved_bytes": pools[i].reserved, "allocated_bytes": pools[i].allocated})
-        return out
+        return _api_pools_info(self)
 
     def pools_ids(self) -> list:
         """The ids of the private pools that exist (in use, or released but still holding memory)."""
@@ -915,99 +578,4 @@ cdef class Allocator:
         The walk is copied into plain rows under the lock, without the GIL, and turned into Python objects after the
         lock is let go, as every Python method does: Python code run under the lock could free memory of this
         allocator (a finalizer run by the garbage collector), whose lock is not reentrant."""
-        cdef vector[SegmentRow] segs
-        cdef vector[BlockRow] rows
-        cdef size_t i, j
-        with nogil:
-            _copy_segments(self, segs, rows)
-        names = ("free", "allocated", "claimed", "unmapped")
-        out = []
-        for i in range(segs.size()):
-            blocks = [(rows[j].offset, rows[j].size, names[rows[j].state], rows[j].stream, rows[j].used)
-                      for j in range(segs[i].first_row, segs[i].end_row)]
-            out.append({"serial": segs[i].serial, "va": segs[i].va,
-                        "pool": "small" if segs[i].size_class == SIZE_SMALL else "large",
-                        "size": segs[i].size, "chunk_size": segs[i].chunk_size,
-                        "mapped_chunks": segs[i].mapped_chunks, "private_pool": segs[i].private_pool,
-                        "blocks": blocks})
-        return out
-
-
-cdef void _count_oom(Allocator self, size_t size, int64_t stream) noexcept nogil:
-    """An out-of-memory, counted (memory_stats' num_ooms) and, while tracing, recorded as PyTorch's snapshot records
-    it: its entry holds the device's free bytes (asked only then, and never during a capture, which the query could
-    disturb)."""
-    cdef size_t free_bytes = 0
-    self.st.ooms += 1
-    if self.tracing and not _capturing(self) and self.driver.device_free(&free_bytes) != DRIVER_OK:
-        free_bytes = 0
-    self._record(TRACE_OOM, free_bytes, size, stream)
-
-
-cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Failure* out) noexcept nogil:
-    """malloc once the lock is held and the request's target chosen (the caller's ScopedLock releases it). Note [A
-    call's failure].
-
-    Note [The cache-hit path]: a request that a free block serves, in one compilation unit, every step inline or
-    a direct call, no Python, no driver call:
-      malloc_nogil       a Request on the stack, the lock (ScopedLock.acquire), the private pool if any is active
-                         (one size() check)
-      _serve             pending frees polled only if any wait; the size rounded; the statistics below
-      _alloc             the size class; _try_alloc: a private pool's request goes to _alloc_in_pool
-      _alloc_large       _best_free: _peek_fit of the stream's own blocks and of those of no stream (one
-                         lower_bound each), the smaller wins; _erase_free (a spare node kept), _take: _should_split,
-                         _split (a spare Block) and _insert_free of the tail
-      free_nogil         _free_locked: the live map; _retire, _release_block: _coalesce with free neighbours,
-                         _insert_free
-    Anything else (no block fits, a cached sBlock may fit tighter, a hook places) leaves the path at
-    _alloc_large_miss. `python -m bench micro --cache-hits` times it, callgrind counts it."""
-    cdef size_t rounded
-    cdef Block* b = NULL
-    cdef int64_t stream = request.stream
-    cdef Failure failure
-    cdef Failure* why = &failure
-    no_failure(why)
-    why.request = request
-    if _has_pending(self) and not _capturing(self) and not _unannounced_capture(self, why):
-        _process_pending(self, why)
-    why.err = ERR_NONE
-    # A request no device (or cap) could hold fails at once and changes nothing but the out-of-memory count and
-    # history: no loop over billions of chunks, no vector that large, no memory released for nothing.
-    if size > self.max_request or unlikely(self.zero_cap) or (
-            self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
-        why.err = ERR_OOM
-        _count_oom(self, size, stream)
-        self._report(why, out)
-        return 0
-    rounded = round_up(size, self.k.round_to)
-    b = self._alloc(why, rounded, stream)
-    if b == NULL:
-        if why.hook_failed:
-            why.err = ERR_POLICY
-        elif why.err == ERR_NONE:
-            why.err = ERR_OOM
-        if why.err == ERR_OOM or why.err == ERR_CAPTURE:
-            _count_oom(self, size, stream)
-        self._report(why, out)
-        self._debug_check()
-        return 0
-    b.requested = size
-    self._record(TRACE_ALLOC, b.addr, size, stream)
-    self.live_nodes.put(self.live, b.addr, b)
-    self.st.allocs += 1
-    self.st.live_blocks += 1
-    self.st.allocated += b.size
-    self.st.requested += size
-    self.st.active += b.size
-    peak_update(&self.st.peak_allocated, self.st.allocated)
-    peak_update(&self.st.peak_requested, self.st.requested)
-    peak_update(&self.st.peak_active, self.st.active)
-    if why.hook_failed:
-        # A hook raised: the allocation completed with the built-in answer; undo it and fail the request.
-        self._free_locked(why, b.addr)
-        why.err = ERR_POLICY
-        self._report(why, out)
-        self._debug_check()
-        return 0
-    self._debug_check()
-    return b.addr
+        return _api_segments_info(self)

@@ -3,7 +3,7 @@
 #   _growth_chunks.pxi      ChunkGrowth: the paper's design, a request's shortfall in whole chunks, stitched
 #   _growth_pytorch.pxi     PyTorchGrowth: PyTorch's native sizes, one chunk per segment, no stitch
 #   _growth_expandable.pxi  ExpandableGrowth: one range per stream and size class, grown by chunks mapped in place
-# Stitch-or-grow (_sblocks.pxi) and the pressure loop (_allocator.pyx) are written once, over this interface; no room
+# Stitch-or-grow (_sblocks.pxi) and the pressure loop (_requests.pxi) are written once, over this interface; no room
 # asks which strategy is in use. Included into _allocator.pyx; every function takes the Allocator whose lock its
 # caller holds and, where it can fail, the call's Failure (Note [A call's failure]).
 

@@ -304,10 +304,16 @@ cdef bint _stitch_allowed(Allocator self, Failure* why, size_t size, int64_t str
     return True
 
 
-cdef SBlock* _same_size_cached(Allocator self, size_t size, int64_t stream, bint* wanted) noexcept nogil:
-    """The cached sBlocks of this request's size (capacity from `size` to 2 MiB more): one whose pieces are free for
-    `stream` (past the reuse search's depth) is returned; where `restitch_limit` of them have pieces held by other
-    blocks, `wanted` is cleared: the request grows instead of stitching again.
+cdef bint _may_stitch(Allocator self, size_t size, int64_t stream, SBlock** reusable) noexcept nogil:
+    """Whether the built-in stitches a large request of `size` now: the one place its knobs decide that. It does
+    where `stitch` is on and the request is at least `min_stitch_size`, unless `restitch_limit` cached sBlocks of
+    this size (capacity from `size` to 2 MiB more) have pieces held by other blocks: the request grows instead of
+    stitching again. At the edge of memory that limit is not asked: growth cannot serve the request there, and
+    stitching again is what serves it (Note [Stitching at the edge], _growth_expandable.pxi). Whether a stitch
+    saves enough is the growth's to say (Growth.stitch_saves), and the policy's hooks may still change the choice.
+
+    The search for held sBlocks may meet one whose pieces are free for `stream` (past the reuse search's depth):
+    it is put in `reusable` (else NULL), for the caller to claim, and the answer is then yes.
 
     Note [Stitching a size again]: a stitch saves memory only while its pieces are not needed elsewhere. Once its
     allocation is freed, best fit hands the pieces to smaller requests, and the next request of that size stitches
@@ -319,17 +325,21 @@ cdef SBlock* _same_size_cached(Allocator self, size_t size, int64_t stream, bint
     cdef cmap[SBlockKey, SBlock*].iterator it
     cdef SBlockKey key
     cdef size_t held = 0
+    reusable[0] = NULL
+    if not (self.k.stitch and size >= self.k.min_stitch_size):
+        return False
+    if not self.k.restitch_limit or not self.sblock_cache.cached() or self.at_edge:
+        return True
     key.capacity = size
     key.serial = 0
     it = self.sblock_cache.by_fit.lower_bound(key)
     while it != self.sblock_cache.by_fit.end() and deref(it).first.capacity < size + (2 << 20):
         if _sblock_fits(self, deref(it).second, size, stream):
-            return deref(it).second
+            reusable[0] = deref(it).second
+            return True
         held += 1
         inc(it)
-    if held >= self.k.restitch_limit:
-        wanted[0] = False
-    return NULL
+    return held < self.k.restitch_limit
 
 
 cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t stream) noexcept nogil:
@@ -343,16 +353,14 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
     cdef Segment* undo = NULL
     cdef size_t remaining
     cdef Block* b
-    cdef bint wanted = self.k.stitch and size >= self.k.min_stitch_size
+    cdef bint wanted
     cdef SBlock* sb
     if self.growth.refuses(self, why, SIZE_LARGE, size):
         return NULL
-    # at the edge, growth cannot serve the request: stitching again is what serves it (Note [Stitching at the edge])
-    if wanted and self.k.restitch_limit and self.sblock_cache.cached() and not self.at_edge:
-        sb = _same_size_cached(self, size, stream, &wanted)
-        if sb != NULL and not self.k.hook_place:     # a policy that places was offered the cached sBlocks already
-            self.st.sblock_reuses += 1
-            return _claim(self, sb, size, stream)
+    wanted = _may_stitch(self, size, stream, &sb)
+    if sb != NULL and not self.k.hook_place:     # a policy that places was offered the cached sBlocks already
+        self.st.sblock_reuses += 1
+        return _claim(self, sb, size, stream)
     if self.growth.stitches and (wanted or self.k.hook_stitch):
         remaining = _collect_pieces(self, size, stream, blocks, pieces)
         if not (wanted and self.growth.stitch_saves(self, size, remaining, stream)):
