@@ -50,14 +50,15 @@ def test_a_gmlake_debug_build_checks_every_operation_on_every_path(tmp_path):
     from pathlib import Path
 
     package = Path(gmlake.__file__).parent
-    source = package / "_allocator.cpp"
+    source = package / "core" / "_allocator.cpp"
     compiler = shutil.which("c++") or shutil.which("g++")
     if not source.is_file() or compiler is None:
         pytest.skip("needs the generated _allocator.cpp and a C++ compiler")
     copy = tmp_path / "gmlake"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("*.cpp", "__pycache__"))
-    target = copy / ("_allocator" + sysconfig.get_config_var("EXT_SUFFIX"))
-    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-DGMLAKE_DEBUG=1", f"-I{package}",
+    target = copy / "core" / ("_allocator" + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-std=c++17", "-w", "-DGMLAKE_DEBUG=1",
+                    f"-I{package / 'core'}", f"-I{package}",
                     f"-I{sysconfig.get_paths()['include']}", str(source), "-o", str(target)], check=True)
     script = f"""
 import gmlake
