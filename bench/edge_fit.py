@@ -14,8 +14,8 @@ any allocator (cuMemAlloc), and trains the same shape schedule. A run ends as `f
 allocator's torch.OutOfMemoryError) or `library` (a step failed with another error: a CUDA library that found no
 memory). Runs interleave: in each round, per k and workload, the allocators go forward in even rounds and backward
 in odd ones. CUDA_MODULE_LOADING is left at CUDA's default (lazy), unlike `bench cap probe --device-limit`: loading
-kernels during the run is what this measures. --calibration reuses an earlier call's calibrations (and its
-traces), so rounds can be spread over calls. Output: DIR/edge-fit.json and a line per run.
+kernels during the run is what this measures. --calibration reuses an earlier call's calibrations and keeps its
+runs, running only those it lacks, so rounds can be spread over calls. Output: DIR/edge-fit.json and a line per run.
 """
 from __future__ import annotations
 
@@ -140,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {"device_total": total, "torch": torch.__version__, "steps": args.steps, "seed": args.seed,
               "calibrations": {}, "runs": []}
     if args.calibration:
-        result["calibrations"] = json.loads(Path(args.calibration).read_text())["calibrations"]
+        earlier = json.loads(Path(args.calibration).read_text())
+        result["calibrations"], result["runs"] = earlier["calibrations"], earlier.get("runs", [])
+    done = {(r["round"], r["k"], r["workload"], r["allocator"]) for r in result["runs"]}
     started = time.perf_counter()
 
     def save() -> None:
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             print("deadline: no more runs started", flush=True)
             break
         cal = result["calibrations"][workload]
-        if not cal.get("P"):
+        if not cal.get("P") or (r, k, workload, allocator) in done:
             continue
         leave = math.ceil(k * cal["P"]) + cal["L"]
         rec = run(workload, allocator, leave, args, f"r{r}-k{k}-{workload}-{allocator}")
