@@ -304,6 +304,16 @@ cdef bint _stitch_allowed(Allocator self, Failure* why, size_t size, int64_t str
     return True
 
 
+cdef inline bint _room_is_short(Allocator self) noexcept nogil:
+    """Whether the room under the limit (the cap, or the device's free memory: _room) is less than
+    `restitch_room` percent of what is reserved (Note [Stitching a size again])."""
+    cdef size_t room
+    if not self.k.restitch_room:
+        return False
+    room = _room(self)
+    return room != <size_t>-1 and room < self.st.reserved // 100 * self.k.restitch_room
+
+
 cdef bint _may_stitch(Allocator self, size_t size, int64_t stream, SBlock** reusable) noexcept nogil:
     """Whether the built-in stitches a large request of `size` now: the one place its knobs decide that. It does
     where `stitch` is on and the request is at least `min_stitch_size`, unless `restitch_limit` cached sBlocks of
@@ -321,14 +331,22 @@ cdef bint _may_stitch(Allocator self, size_t size, int64_t stream, SBlock** reus
     free run of that size that serves the size from then on. Shapes that change every step (an encoder-decoder's
     attention) otherwise stitch one size again and again for little memory. A limit of 1 costs utilization where a
     size needs its second stitch each step (FSDP's gathered parameters, a language model's logits), so the default
-    allows two. What each limit costs and saves is measured in docs/benchmarks.md, "At the edge of memory"."""
+    allows two. The limit trades memory for driver time, which is the right trade only while memory is plentiful:
+    where the room under the limit (the cap, or the device's free memory) is less than `restitch_room` percent of
+    what is reserved, it is not asked, and a size stitches again, since every page grown then brings the edge
+    nearer, and the pages a repeated size grows stay partly used between live blocks, where no stitch can take
+    them back once the edge comes (an encoder-decoder on a device just larger than its peak ran out of memory so,
+    with more cached free bytes than it asked for). Far from any limit nothing changes. The device's free memory is asked
+    (cuMemGetInfo) only where the limit would apply, instead of a growth that calls the driver more. What each limit
+    and room costs and saves is measured in docs/benchmarks.md, "At the edge of memory" and "The device itself as
+    the limit, libraries loading lazily"."""
     cdef cmap[SBlockKey, SBlock*].iterator it
     cdef SBlockKey key
     cdef size_t held = 0
     reusable[0] = NULL
     if not (self.k.stitch and size >= self.k.min_stitch_size):
         return False
-    if not self.k.restitch_limit or not self.sblock_cache.cached() or self.at_edge:
+    if not self.k.restitch_limit or not self.sblock_cache.cached() or self.at_edge or _room_is_short(self):
         return True
     key.capacity = size
     key.serial = 0

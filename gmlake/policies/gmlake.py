@@ -55,6 +55,7 @@ class GMLakePolicy(Policy):
     sblock_first: bool = False
     reback_slot: int = 0                    # off: Note [Taking slots back at the edge] (gmlake/core/_rebacking.pxi)
     restitch_limit: int = 2                 # Note [Stitching a size again] (gmlake/core/_sblocks.pxi)
+    restitch_room: int = 50                 # the limit lifted where the room under the limit is less than this percent
     device_reserve: int = 8 * MiB           # Note [Leaving the libraries room] (gmlake/core/_vmm.pxi)
     edge_page: int = 2 * MiB                # Note [Stitching at the edge] (gmlake/core/_growth_expandable.pxi)
 

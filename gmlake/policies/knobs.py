@@ -97,6 +97,10 @@ class Knobs:
       restitch_limit: where this many cached sBlocks of a request's size (capacity up to 2 MiB more) have pieces that
         other blocks now hold, the request grows instead of stitching again (0: no limit). Note [Stitching a size
         again] (gmlake/core/_sblocks.pxi).
+      restitch_room: restitch_limit applies only while the room under the limit (the cap less reserved, or the
+        device's free memory) is at least this many percent of the reserved bytes (0: always; the default policy:
+        50). Near a limit a size stitches again instead of growing pages that stay partly used. Note [Stitching a
+        size again].
     """
 
     round_to: int = knob(512, unit="bytes", minimum=1)
@@ -127,6 +131,7 @@ class Knobs:
     sblock_search_depth: int = knob(0, unit="count", minimum=0, growths=STITCHING)
     sblock_first: bool = knob(True, growths=STITCHING)
     restitch_limit: int = knob(0, unit="count", minimum=0, growths=STITCHING)
+    restitch_room: int = knob(0, unit="percent", minimum=0, growths=STITCHING)
 
     @classmethod
     def brings_own_growth(cls) -> bool:
@@ -189,7 +194,7 @@ class Knobs:
             name = unread[0]
             growth = self.segment_rule
             if name in ("stitch", "min_stitch_size", "min_saved_chunks", "max_cached_sblocks", "sblock_search_depth",
-                        "sblock_first", "restitch_limit"):
+                        "sblock_first", "restitch_limit", "restitch_room"):
                 meant = f"a policy whose segment_rule is {' or '.join(STITCHING)} stitches"
             else:
                 meant = f"what sizes new memory there: {', '.join(SIZING[growth])}"
