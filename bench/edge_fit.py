@@ -31,6 +31,7 @@ from pathlib import Path
 from bench.cli import OneLineParser
 
 WORKLOAD_MODULE = "bench.workloads.dynamic"
+WORKLOADS = ("rl", "sage", "t5", "bert", "vit", "cnn")    # bench/workloads/dynamic.py's BUILDERS
 TORCH_ALLOC_CONF = {"native": "", "expandable": "expandable_segments:True"}
 LEAVE_FREE_ENV = "GMLAKE_BENCH_LEAVE_FREE"      # bench/workloads/common.py's (importing it would import torch)
 OOM_EXIT, LIBRARY_FAILURE_EXIT = 3, 4           # bench/workloads/common.py's exit statuses
@@ -106,11 +107,12 @@ def order(workloads: list[str], ks: list[float], allocators: list[str], rounds: 
             for a in (allocators if r % 2 == 0 else allocators[::-1])]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = OneLineParser(prog="bench edge-fit", description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", default=["rl", "sage", "t5", "bert"])
+def parse_args(argv: list[str] | None, prog: str = "bench edge-fit") -> argparse.Namespace:
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=["rl", "sage", "t5", "bert"], choices=WORKLOADS)
     parser.add_argument("--k", nargs="+", type=float, default=[1.02, 1.03, 1.05])
-    parser.add_argument("--allocators", nargs="+", default=["expandable", "gmlake"])
+    parser.add_argument("--allocators", nargs="+", default=["expandable", "gmlake"],
+                        help="native, expandable, or a gmlake policy name (gmlake, gmlake-paper, ...)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--first-round", type=int, default=0, help="number the rounds from here (a later call)")
     parser.add_argument("--steps", type=int, default=16)
@@ -128,13 +130,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "bench edge-fit") -> int:
+    args = parse_args(argv, prog)
     import torch
 
     total = torch.cuda.mem_get_info()[1] if torch.cuda.is_available() else 0
     if not total:
-        print("bench edge-fit: error: needs a CUDA device", file=sys.stderr)
+        print(f"{prog}: error: needs a CUDA device", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

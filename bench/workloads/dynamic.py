@@ -269,7 +269,7 @@ def build_cnn(cfg: dict, device: torch.device) -> Workload:
     return Workload(model, draw, make, loss, lambda s: 0)
 
 
-from bench.workloads import edge_programs  # noqa: E402 - its builders use Workload, defined above
+from bench.workloads import edge_programs
 
 PRESETS.update(edge_programs.PRESETS)
 BUILDERS: dict[str, Callable[[dict, torch.device], Workload]] = {

@@ -10,6 +10,7 @@ bench/workloads/dynamic.py (`--workload rl` and `--workload sage`):
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -118,8 +119,8 @@ class Sage(nn.Module):
     def __init__(self, cfg: dict):
         super().__init__()
         widths = [cfg["features"]] + [cfg["hidden"]] * (cfg["layers"] - 1) + [cfg["classes"]]
-        self.self_lin = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
-        self.neigh_lin = nn.ModuleList(nn.Linear(a, b, bias=False) for a, b in zip(widths, widths[1:]))
+        self.self_lin = nn.ModuleList(nn.Linear(a, b) for a, b in pairwise(widths))
+        self.neigh_lin = nn.ModuleList(nn.Linear(a, b, bias=False) for a, b in pairwise(widths))
 
     def forward(self, x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
         degree = torch.zeros(x.shape[0], device=x.device).index_add_(0, dst, torch.ones_like(dst, dtype=torch.float))

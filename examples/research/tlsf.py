@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gmlake.policies import GMLakePolicy
 from gmlake.core.view import FreeBlock
+from gmlake.policies import GMLakePolicy
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
         model.event_lag = event_lag
     cdef bint lagged = model is not None
     cdef size_t outside_n = 0, outside_next = 0, library_failures = 0, first_library_failure = <size_t>-1
-    cdef size_t peak_outside = 0
+    cdef size_t peak_outside = 0, first_oom = <size_t>-1
     if outside_at is not None or outside_bytes is not None:
         if outside_at is None or outside_bytes is None or outside_at.shape[0] != outside_bytes.shape[0]:
             raise ValueError("replay_events: outside_at and outside_bytes go together, of one length")
@@ -107,6 +107,8 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
                         failed = 1
                         break
                     ooms += 1
+                    if first_oom == <size_t>-1:
+                        first_oom = i
                 else:
                     ptrs[ident[i]] = p
                 served += 1
@@ -154,6 +156,7 @@ def replay_events(Allocator alloc not None, const uint8_t[:] action, const int64
         "events": n,
         "requests": served,
         "ooms": ooms,
+        "first_oom": None if first_oom == <size_t>-1 else first_oom,
         "library_failures": library_failures,
         "first_library_failure": None if first_library_failure == <size_t>-1 else first_library_failure,
         "peak_outside": peak_outside,

@@ -83,6 +83,9 @@ class ReplayResult:
     # device had no room left, and the most it held beyond what it held when the capture began.
     library_failures: int = 0
     peak_outside: int = 0
+    # the request at which the replay first failed, and how: "oom" (the allocator) or "library" (None: it did not)
+    first_failure: int | None = None
+    failure_kind: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -249,6 +252,7 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
         ooms=out["ooms"],
         library_failures=out["library_failures"],
         peak_outside=out["peak_outside"],
+        **_first_failure(out),
         seconds=out["seconds"],
         peak_allocated=out["peak_allocated"],
         peak_reserved=out["peak_reserved"],
@@ -261,6 +265,16 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
         event_lag=event_lag,
         cap=cap,
     )
+
+
+def _first_failure(out: dict) -> dict:
+    """Where a replay first failed and how, as a run that stops at its first failure would have."""
+    failures = [(at, kind) for at, kind in ((out["first_oom"], "oom"), (out["first_library_failure"], "library"))
+                if at is not None]
+    if not failures:
+        return {}
+    at, kind = min(failures)
+    return {"first_failure": at, "failure_kind": kind}
 
 
 PEAK_GROWTH_WITHIN = 0.01

@@ -20,6 +20,7 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 from importlib import resources
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -296,7 +297,7 @@ def _clean_meta(raw, path: Path) -> dict:
     outside = raw.get("outside")
     if isinstance(outside, list) and all(isinstance(p, list) and len(p) == 2 and all(type(v) is int for v in p)
                                          and p[0] >= 0 and 0 <= p[1] <= MAX_DEVICE_MEMORY for p in outside) \
-            and all(a[0] < b[0] for a, b in zip(outside, outside[1:])):
+            and all(a[0] < b[0] for a, b in pairwise(outside)):
         meta["outside"] = outside
     elif outside is not None:
         raise TraceError(f"{path}: malformed outside-memory metadata (want [[event index, bytes], ...], ascending)")

@@ -1,0 +1,44 @@
+"""bench edge-fit: the device as the limit with lazy loading. Replay, with the libraries' memory its traces carry
+(Note [The libraries' memory in replay]), says what every H200 run in the committed results did: trained every step,
+ran out of memory in the allocator, or failed inside a CUDA library."""
+from __future__ import annotations
+
+import pytest
+
+from bench import edge_fit, report_docs
+from bench.__main__ import main as bench_main
+
+
+def test_replay_says_what_every_gpu_run_did():
+    rows = report_docs.edge_fit_rows()
+    assert len(rows) >= 30
+    assert {r["gpu"] for r in rows} == {"fit", "oom", "library"}       # every outcome is there to be predicted
+    wrong = [r for r in rows if r["replay"] != r["gpu"]]
+    assert not wrong, wrong
+
+
+def test_the_default_trains_wherever_expandable_segments_does_in_the_results():
+    rows = report_docs.edge_fit_rows()
+    expandable = {(r["workload"], r["k"], r["round"]): r["gpu"] for r in rows if r["policy"] == "expandable"}
+    for r in rows:
+        if r["policy"] == "gmlake" and expandable.get((r["workload"], r["k"], r["round"])) == "fit":
+            assert r["gpu"] == "fit", r
+
+
+def test_runs_interleave_and_outcomes_are_read_from_exit_and_summary():
+    assert edge_fit.order(["a"], [1.02], ["x", "y"], range(2)) == [(0, 1.02, "a", "x"), (0, 1.02, "a", "y"),
+                                                                   (1, 1.02, "a", "y"), (1, 1.02, "a", "x")]
+    assert edge_fit.outcome(0, {"steps": 1}) == "fit"
+    assert edge_fit.outcome(3, {"oom": True}) == "oom"
+    assert edge_fit.outcome(4, {"library_failure": True}) == "library"
+    assert edge_fit.outcome(1, {}) == "error"
+
+
+@pytest.mark.parametrize("argv", [["--workloads", "nosuch", "--out", "x"], ["--k", "9", "--out", "x"],
+                                  ["--calibration", "/no/such.json", "--out", "x"], ["--out"]])
+def test_bad_input_is_one_line_and_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench_main(["edge-fit", *argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench edge-fit")
