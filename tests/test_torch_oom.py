@@ -391,3 +391,17 @@ def test_the_guides_sample_message_is_what_the_error_says():
     error = OutOfMemoryError(requested=gib, reserved=1536 * mib, allocated=1536 * mib, cached=0, limit=2 * gib,
                              capacity=143156 * mib)
     assert " ".join(sample.split()) == error.torch_message(0, device_free=int(137.62 * gib), stitches=3)
+
+
+def test_a_cap_of_the_whole_device_is_not_named_as_the_limit():
+    """set_per_process_memory_fraction(1.0) sets a cap of the device's size, which binds nothing (the core's rule):
+    the message names the device as the limit and does not tell the user to raise the cap."""
+    device = 140 * (1 << 30)
+    error = OutOfMemoryError(requested=93 * MiB, reserved=8988 * MiB, allocated=8632 * MiB, cached=355 * MiB,
+                             limit=device, capacity=device)
+    text = error.torch_message(0, device_free=63 * MiB, stitches=11)
+    assert "limit in force: the device's own 143360.00 MiB (the cap of 143360.00 MiB is not below it" in text
+    assert "binds before" not in text and "raise the cap" not in text
+    capped = OutOfMemoryError(requested=93 * MiB, reserved=0, allocated=0, cached=0, limit=device // 2,
+                              capacity=device).torch_message(0)
+    assert "binds before the device's" in capped and "raise the cap" in capped

@@ -44,17 +44,22 @@ class OutOfMemoryError(GmlakeError, MemoryError):
         `device_free`: the device's free memory now (None: not known)."""
         free = f" of which {format_size(device_free)} is free" if device_free is not None else ""
         capped = bool(self.limit) or self.zero_cap
+        # a cap at or above the device's memory is none (the core's _cap_binds): the device is the limit then
+        binds = bool(self.limit) and (not self.capacity or self.limit < self.capacity)
         allowed = f"{format_size(self.limit)} allowed; " if capped else ""
         if self.zero_cap:
             limit = "a cap of 0 bytes (set_per_process_memory_fraction(0): no allocation fits)"
-        elif self.limit:
+        elif binds:
             limit = (f"the cap of {_mib(self.limit)} (set_per_process_memory_fraction or GMLAKE_LIMIT) binds before "
                      f"the device's {_mib(self.capacity)}")
+        elif self.limit:
+            limit = (f"the device's own {_mib(self.capacity)} (the cap of {_mib(self.limit)} is not below it, so it "
+                     f"does not bind)")
         else:
             limit = f"no cap, the device's own {_mib(self.capacity)}"
         made = f"; {stitches} stitches made so far" if stitches is not None else ""
         tries = "free tensors or use a smaller batch and retry"
-        if capped:
+        if binds:
             tries += ", or raise the cap"
         if self.cached >= self.requested and not self.zero_cap:
             tries += (f" ({_mib(self.cached)} is cached and free, in pieces of segments still in use that the policy "
