@@ -86,9 +86,18 @@ def test_whether_a_size_stitches_is_decided_in_one_place():
     """The built-in's stitch rule (`stitch`, `min_stitch_size`, `restitch_limit`, and the edge of memory lifting the
     limit) is read by one function, _may_stitch (the pressure loop sets the edge); the growth says only whether a
     stitch saves enough."""
-    knob = re.compile(r"\.k\.(?:stitch|min_stitch_size|restitch_limit)\b|\.at_edge\b")
+    knob = re.compile(r"\.k\.(?:stitch|min_stitch_size|restitch_limit|restitch_room)\b|\.at_edge\b")
     readers = {f"{path.name}:{name}" for path in core_files() if path.suffix == ".pxi"
                for name, text in _functions(path).items() if knob.search(text)}
     growth = "_growth_expandable.pxi"   # at_edge there chooses the edge's pages and its saving (Growth)
-    expected = {"_sblocks.pxi:_may_stitch", "_requests.pxi:_malloc_under_pressure"}
+    expected = {"_sblocks.pxi:_may_stitch", "_sblocks.pxi:_room_is_short", "_requests.pxi:_malloc_under_pressure"}
     assert {r for r in readers if not r.startswith(growth)} == expected
+
+
+def test_the_device_reserve_rule_lives_in_one_room():
+    """`device_reserve` and whether a request has it open (`reserve_open`) are read and written only by the reserve's
+    own functions in _vmm.pxi (Note [Leaving the libraries room]); growth and the pressure loop ask them."""
+    state = re.compile(r"\.k\.device_reserve\b|\.reserve_open\b")
+    readers = {f"{path.name}:{name}" for path in core_files() if path.suffix in (".pxi", ".pyx")
+               for name, text in _functions(path).items() if state.search(text)}
+    assert readers == {"_vmm.pxi:_reserve_binds", "_vmm.pxi:_reserve_kept", "_vmm.pxi:_alloc_from_reserve"}, readers

@@ -85,9 +85,7 @@ cdef size_t _room(Allocator self) noexcept nogil:
         return self.limit_bytes - self.st.reserved if self.st.reserved < self.limit_bytes else 0
     if self.driver.device_free(&free) != DRIVER_OK:
         return <size_t>-1
-    if self.k.device_reserve and not self.reserve_open:
-        return free - self.k.device_reserve if free > self.k.device_reserve else 0
-    return free
+    return free - _reserve_kept(self) if free > _reserve_kept(self) else 0
 
 
 cdef inline size_t _edge_shortfall(Allocator self, size_t shortfall) noexcept nogil:

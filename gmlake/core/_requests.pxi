@@ -120,12 +120,10 @@ cdef inline Block* _malloc_relieve_and_retry(Allocator self, Failure* why, int s
         b = self._try_alloc(why, size_class, size, stream)
         if b != NULL or why.err != ERR_OOM:
             return b
-    if self.k.device_reserve and not self.reserve_open:
+    if _reserve_kept(self):
         # relief ran out: the device reserve is the last memory a request may have (Note [Leaving the
-        # libraries room], _reserve_binds)
-        self.reserve_open = True
-        b = self._try_alloc(why, size_class, size, stream)
-        self.reserve_open = False
+        # libraries room], _vmm.pxi)
+        b = _alloc_from_reserve(self, why, size_class, size, stream)
         if b != NULL or why.err != ERR_OOM:
             return b
     why.err = ERR_OOM

@@ -109,6 +109,24 @@ cdef bint _reserve_binds(Allocator self, size_t size) noexcept nogil:
     return free < size + self.k.device_reserve
 
 
+cdef inline size_t _reserve_kept(Allocator self) noexcept nogil:
+    """The device reserve growth keeps now: device_reserve, or 0 while a request has it open (_alloc_from_reserve).
+    With _reserve_binds and _alloc_from_reserve, the only readers of device_reserve and reserve_open: the rule lives
+    here (Note [Leaving the libraries room])."""
+    return 0 if self.reserve_open else self.k.device_reserve
+
+
+cdef Block* _alloc_from_reserve(Allocator self, Failure* why, int size_class, size_t size,
+                                int64_t stream) noexcept nogil:
+    """Serve a request for which relief ran out with the device reserve open: the last memory a request may have.
+    The reserve closes again as the call returns, so it is open for this one request only."""
+    cdef Block* b
+    self.reserve_open = True
+    b = self._try_alloc(why, size_class, size, stream)
+    self.reserve_open = False
+    return b
+
+
 cdef int _map_new_chunks(Allocator self, Failure* why, uintptr_t va, size_t n, size_t chunk_size,
                          vector[uint64_t]& handles, size_t va_size, bint release_va, bint held) noexcept nogil:
     """Create `n` chunks and map them back to back from `va`, then grant access to the run in one call; on success
@@ -123,7 +141,7 @@ cdef int _map_new_chunks(Allocator self, Failure* why, uintptr_t va, size_t n, s
     cdef uint64_t handle = 0
     cdef int rc = DRIVER_OK
     handles.clear()
-    if n and not held and self.k.device_reserve and not self.reserve_open and _reserve_binds(self, n * chunk_size):
+    if n and not held and _reserve_kept(self) and _reserve_binds(self, n * chunk_size):
         if why.err == ERR_NONE:         # the first failure is the call's (Note [A call's failure])
             why.err = ERR_OOM
         _discard_range(self, why, va, va_size if release_va else 0, 0, 0, release_va)
