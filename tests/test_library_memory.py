@@ -107,3 +107,12 @@ def test_the_sampler_keeps_changes_two_samples_agree_on():
     assert sampler.samples == [[0, 500 * MiB], [5, 700 * MiB + 1]]
     with pytest.raises(ValueError):
         OutsideSampler(lambda: 0, interval=0)
+
+
+def test_the_replay_table_counts_a_library_failure_and_says_so(tmp_path, capsys):
+    from gmlake.cli import main
+
+    path = _snapshot(tmp_path, SAMPLES)
+    assert main(["replay", str(path), "--policy", "expandable", "--device-memory", str(420 * MiB)]) == 3      # EXIT_OOM: a replay failed
+    out = " ".join(capsys.readouterr().out.split())
+    assert "FAILED: 1 of 1 replays" in out and "1 of them the libraries' memory growing" in out

@@ -156,7 +156,8 @@ def _cells(r: ReplayResult, meta: dict) -> dict:
         "captured": f"{captured / GiB:.3f}" if captured else "-",
         "real reserved (under)": Text(f"{captured / GiB:.3f} ({meta.get('allocator', '?')})" if captured else "-"),
         "policy": Text(r.policy),
-        "OOMs": f"[red]{r.ooms}[/red]" if r.failed else "0",
+        # a library's failure (its memory did not fit beside the allocator's) counts as the run's out-of-memory
+        "OOMs": f"[red]{r.ooms + r.library_failures}[/red]" if r.failed else "0",
         "allocated": f"{r.peak_allocated / GiB:.3f}",
         "reserved": f"{r.peak_reserved / GiB:.3f}",
         "alloc/res": "[red]failed[/red]" if r.failed else f"{r.utilization:.4f}",
@@ -208,8 +209,12 @@ def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False, 
         # Under a cap the cap binds first, unless it is at or above the modelled device's memory.
         where = ("memory under the memory cap on the modelled device" if any(r.cap for r in failed)
                  else "the modelled device's memory")
+        libraries = sum(r.library_failures for r in failed)
         caption = (f"[red]FAILED: {len(failed)} of {len(results)} replays ran out of {where} "
-                   f"(requests OOM); their peaks cover only the requests served[/red]")
+                   f"(requests OOM"
+                   + (f", {libraries} of them the libraries' memory growing where the device had no room left"
+                      if libraries else "")
+                   + "); their peaks cover only the requests served[/red]")
     elif wide:
         caption = ("alloc/res: peak allocated / peak reserved; req/res: peak requested / peak reserved; int frag: "
                    "allocated - requested (MiB) and ext@peak: reserved - allocated, when reserved first peaked; "
