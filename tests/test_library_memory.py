@@ -113,6 +113,6 @@ def test_the_replay_table_counts_a_library_failure_and_says_so(tmp_path, capsys)
     from gmlake.cli import main
 
     path = _snapshot(tmp_path, SAMPLES)
-    assert main(["replay", str(path), "--policy", "expandable", "--device-memory", str(420 * MiB)]) == 3      # EXIT_OOM: a replay failed
+    assert main(["replay", str(path), "--policy", "expandable", "--device-memory", str(420 * MiB)]) == 3      # EXIT_OUT_OF_MEMORY: a replay failed
     out = " ".join(capsys.readouterr().out.split())
     assert "FAILED: 1 of 1 replays" in out and "1 of them the libraries' memory growing" in out
