@@ -409,6 +409,112 @@ def latency() -> str:
     return "\n".join(lines) + f"\n\n{count} rounds, native and gmlake alternated, every run pinned to one CPU.\n"
 
 
+# CUDA graphs: a small transformer under torch.compile, each mode and allocator in its own file of interleaved runs
+# (`tests/gpu_scripts/reduce_overhead.py`), and that program's trace, captured under native, replayed.
+GRAPHS = "graphs-2026-11-30b"
+GRAPH_MODES = ("default", "reduce-overhead")
+
+
+def _graph_runs() -> dict[tuple[str, str], list[dict]]:
+    """Per (torch.compile mode, allocator) the runs, in the order they ran."""
+    return {(mode, a): [json.loads(line) for line in (RESULTS / GRAPHS / f"compile-{a}-{mode}.json").read_text()
+                        .splitlines() if line.strip()]
+            for mode in GRAPH_MODES for a in ("native", "gmlake")}
+
+
+def _graph_replays() -> dict[str, dict]:
+    """The captured trace's replay, per policy."""
+    rows = [json.loads(line) for line in (RESULTS / GRAPHS / "replay-graphs.jsonl").read_text().splitlines()
+            if line.strip()]
+    return {r["policy"]: r for r in rows}
+
+
+def _sci(x: float) -> str:
+    """A small relative difference as the docs write it: 1.9e-6."""
+    return re.sub(r"e-0*", "e-", f"{x:.1e}")
+
+
+def _loss_gap(mode: str, runs: dict[tuple[str, str], list[dict]]) -> float:
+    """The largest relative difference of a gmlake run's losses from those of native's run in the same place of the
+    interleaving."""
+    return max(abs(a - b) / abs(b) for ours, theirs in zip(runs[(mode, "gmlake")], runs[(mode, "native")])
+               for a, b in zip(ours["losses"], theirs["losses"]))
+
+
+def _graph_time_inside(mode: str, runs: dict[tuple[str, str], list[dict]]) -> bool:
+    """gmlake's mean timed seconds against native's lie within the larger of the two allocators' spreads."""
+    times = {a: [r["timed_s"] for r in runs[(mode, a)]] for a in ("native", "gmlake")}
+    ratio = statistics.mean(times["gmlake"]) / statistics.mean(times["native"])
+    return abs(ratio - 1) <= max(max(t) / min(t) - 1 for t in times.values())
+
+
+def graphs() -> str:
+    """docs/benchmarks.md, "CUDA graphs": peaks, timed seconds and graph replays per mode and allocator, the losses
+    against native's, and the captured trace replayed."""
+    runs = _graph_runs()
+    lines = ["| torch.compile mode | allocator | peak reserved GiB | peak allocated GiB | timed s (runs in order) | "
+             "graph replays |", "|---|---|---|---|---|---|"]
+    for mode in GRAPH_MODES:
+        least = min(max(r["max_memory_reserved"] for r in runs[(mode, a)]) for a in ("native", "gmlake"))
+        for a in ("native", "gmlake"):
+            mine = runs[(mode, a)]
+            reserved = max(r["max_memory_reserved"] for r in mine)
+            cell = f"{reserved / GiB:.3f}"
+            lines.append(f"| {mode} | {a} | {f'**{cell}**' if reserved == least else cell} | "
+                         f"{max(r['max_memory_allocated'] for r in mine) / GiB:.3f} | "
+                         + ", ".join(f"{r['timed_s']:.3f}" for r in mine) + " | "
+                         + _per_round([r["graph_replays"] for r in mine], "d") + " |")
+    steps = {len(r["losses"]) for rs in runs.values() for r in rs}
+    count = {len(rs) for rs in runs.values()}
+    inside = [_graph_time_inside(m, runs) for m in GRAPH_MODES]
+    replays = _graph_replays()
+    caching = replays["caching"]
+    text = (f"{' or '.join(map(str, sorted(steps)))} steps, {' or '.join(_n(c) for c in sorted(count))} interleaved "
+            f"runs per mode and allocator (`bench/results/{GRAPHS}/`). Losses match those of native's run in the same "
+            f"place to {_sci(_loss_gap('reduce-overhead', runs))} (relative) with CUDA graphs and "
+            f"{_sci(_loss_gap('default', runs))} without; gmlake's timed seconds against native's lie "
+            + ("inside the runs' spread in both modes." if all(inside) else
+               "outside the runs' spread in " + " and ".join(m for m, i in zip(GRAPH_MODES, inside) if not i) + ".")
+            + f" The same program's trace, captured under native in a run of its own ({caching['events']:,} events), "
+            f"replays to {caching['peak_reserved'] / GiB:.3f} GiB reserved under the caching model and "
+            f"{replays['gmlake']['peak_reserved'] / GiB:.3f} under the default (`replay-graphs.jsonl`).")
+    return "\n".join(lines) + "\n\n" + _fill(text, 115) + "\n"
+
+
+def graphs_measured() -> str:
+    """docs/graphs.md, "Measured": reduce-overhead's graph replays, losses and peaks against native's."""
+    runs = _graph_runs()
+    mode = "reduce-overhead"
+    peak = {a: max(r["max_memory_reserved"] for r in runs[(mode, a)]) for a in ("native", "gmlake")}
+    graph_replays = min(r["graph_replays"] for r in runs[(mode, "gmlake")])
+    return _fill(
+        f"A small transformer under `torch.compile(mode=\"reduce-overhead\")` trains with {graph_replays} graph "
+        f"replays and the losses of native's run to {_sci(_loss_gap(mode, runs))} (relative), and reserves "
+        f"{peak['gmlake'] / GiB:.3f} GiB against native's {peak['native'] / GiB:.3f} (`bench/results/{GRAPHS}/`; "
+        "the table is in [benchmarks.md](benchmarks.md), \"CUDA graphs\").", 115) + "\n"
+
+
+def graphs_replay() -> str:
+    """docs/graphs.md, "Replaying a graph-capturing trace": the reduce-overhead program's trace, replayed."""
+    replays = _graph_replays()
+    caching = replays["caching"]
+    return _fill(
+        "The trace of a `reduce-overhead` training program captured under PyTorch's allocator "
+        f"({caching['events']:,} events) replays to {caching['peak_reserved'] / GiB:.3f} GiB reserved under the "
+        f"caching model and {replays['gmlake']['peak_reserved'] / GiB:.3f} GiB under the default "
+        f"(`bench/results/{GRAPHS}/replay-graphs.jsonl`). The record keeps the replays, not the captured run's own "
+        "peak: `gmlake replay TRACE --policy caching` prints both, the run's in its `captured` column.", 115) + "\n"
+
+
+def capture_query() -> str:
+    """docs/graphs.md: what one capture question (`cuStreamIsCapturing`) costs, from the micro benchmark."""
+    data = _json(MICRO)
+    return _fill(
+        f"`python -m bench micro` times one: {data['stream_call_us']['capture_query']:.3f} µs on the "
+        f"{data['environment']['gpu']} (`bench/results/{MICRO}`), so a cross-stream workload such as FSDP shows "
+        "what they cost.", 115) + "\n"
+
+
 def replayed() -> str:
     """The bundled traces replayed under every built-in policy (computed here: replay is deterministic)."""
     from gmlake import policies
@@ -1088,7 +1194,9 @@ TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic
                                         "readme-results": readme_results,
                                         "readme-limits": readme_limits, "compare-maxpieces": compare_maxpieces,
                                         "replay-neversplit": replay_neversplit, "peak-growth": peak_growth_example,
-                                        "explain": explain_sample}
+                                        "explain": explain_sample, "graphs": graphs,
+                                        "graphs-measured": graphs_measured, "graphs-replay": graphs_replay,
+                                        "capture-query": capture_query}
 
 
 def render(text: str) -> str:
@@ -1104,7 +1212,8 @@ def render(text: str) -> str:
 
 # The documents whose generated sections this command rewrites: the benchmark docs, and the manual's sample outputs
 # and figures that replay computes.
-DOCS = [DOC, ROOT / "docs" / "policies.md", ROOT / "docs" / "guide.md", ROOT / "README.md"]
+DOCS = [DOC, ROOT / "docs" / "policies.md", ROOT / "docs" / "guide.md", ROOT / "docs" / "graphs.md",
+        ROOT / "README.md"]
 
 
 def main(argv: list[str] | None = None, prog: str = "bench report docs") -> int:
