@@ -55,11 +55,9 @@ def _stray_figures(prose: str, allowed: set[str]) -> list[str]:
 
 
 def _section(text: str, heading: str) -> str:
-    """The part of markdown `text` under `heading` (a whole heading line), up to the next heading of its level or
-    above."""
-    level = len(heading) - len(heading.lstrip("#"))
+    """The text of markdown `text` under `heading` (a whole heading line), up to the next heading."""
     start = text.index(heading + "\n") + len(heading) + 1
-    end = re.search(rf"^#{{1,{level}}} ", text[start:], flags=re.MULTILINE)
+    end = re.search(r"^#+ ", text[start:], flags=re.MULTILINE)
     return text[start:start + end.start() if end else len(text)]
 
 
@@ -73,7 +71,11 @@ def test_the_readme_has_no_hand_written_measurement():
 # against the knobs below.
 GRAPHS_FIGURES = {"2 MiB", "10 MiB", "20 MiB", "22 MiB", "40 MiB"}
 # docs/benchmarks.md, per section converted to generated text: the figures its prose keeps (the method's).
-BENCHMARK_FIGURES = {"## CUDA graphs": {"32 x"}}
+BENCHMARK_FIGURES = {
+    "## CUDA graphs": {"32 x"},
+    "## At the edge of memory, by replay": {"0.02 %", "0.2 %", "0.99", "1.02x", "1.05x", "1.5x", "2x", "2 MiB",
+                                            "20 MiB", "edge_page=2MiB", "reback_slot=2MiB"},
+}
 
 
 def test_the_graphs_doc_has_no_hand_written_measurement():
@@ -101,6 +103,28 @@ def test_converted_benchmark_sections_have_no_hand_written_measurement(heading):
     prose = _outside_generated(_section(report_docs.DOC.read_text(), heading))
     stray = _stray_figures(prose, BENCHMARK_FIGURES[heading])
     assert not stray, f"docs/benchmarks.md, {heading}: figures outside a generated section: {stray}"
+
+
+def test_the_edge_sections_method_figures_are_the_codes():
+    """The goals and the bisection's resolution that "At the edge of memory" states are bench.edge's, and the pages
+    it names the default policy's."""
+    from bench import edge
+
+    from gmlake.policies import GMLakePolicy
+
+    text = " ".join(_section(report_docs.DOC.read_text(), "## At the edge of memory, by replay").split())
+    record = report_docs.json.loads(report_docs.EDGE.read_text())
+    assert record["resolution"] == 2e-4 and "bisects, to 0.02 %, the smallest device" in text
+    assert edge.MARGINS == (1.02, 1.05) and "at a cap and at a device of 1.02x and 1.05x P" in text
+    assert edge.UNBINDING == 2.0 and "replays a cap of 2x P (which never binds)" in text
+    assert edge.FIT_SLACK == 0.002 and "fit within 0.2 % of P of the better of the other two" in text
+    assert edge.SPEED_RATIO == 1.5 and "at most 1.5x the expandable model's priced driver time" in text
+    assert edge.UTILIZATION == 0.99 and edge.UNCAPPED_RATIO == 2.0
+    assert "utilization 0.99 without a limit at 2x the expandable model's driver time at most" in text
+    p = GMLakePolicy()
+    assert p.expandable_page_large == 20 * MiB and p.reback_slot == 0 and p.edge_page == 2 * MiB
+    assert "The table is the default as it is: 20 MiB pages" in text and "(`reback_slot=0`" in text
+    assert "(`edge_page=2MiB`" in text
 
 
 def test_a_figure_written_by_hand_into_a_converted_section_fails():
