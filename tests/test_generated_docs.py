@@ -75,6 +75,7 @@ BENCHMARK_FIGURES = {
     "## CUDA graphs": {"32 x"},
     "## At the edge of memory, by replay": {"0.02 %", "0.2 %", "0.99", "1.02x", "1.05x", "1.5x", "2x", "2 MiB",
                                             "20 MiB", "edge_page=2MiB", "reback_slot=2MiB"},
+    "### Finer pages by headroom, and stitching at the edge": {"2 MiB", "20 MiB", "edge_page=2MiB"},
 }
 
 
