@@ -592,6 +592,52 @@ def replayed() -> str:
     return "\n".join(lines) + "\n"
 
 
+def fidelity() -> str:
+    """docs/benchmarks.md, "Replay on CPU": each bundled trace replayed through the policy that models the allocator
+    it was captured under, against the run's own peak reserved, and replay's goal (gmlake.sim.replay.FIDELITY)."""
+    from gmlake.sim.replay import FIDELITY, bundled_traces, replay
+    from gmlake.sim.trace import load
+
+    off = []
+    for path in bundled_traces():
+        trace = load(path)
+        policy, _ = FIDELITY[trace.meta["allocator"]]
+        real = trace.meta["max_memory_reserved"]
+        got = replay(trace, policy).peak_reserved
+        if got != real:
+            off.append(f"{trace.name} ({100 * (got / real - 1):+.2f} %)")
+    goal = " and ".join(f"{100 * tol:g} % for {allocator}" for allocator, (_, tol) in FIDELITY.items())
+    return _fill("**Fidelity**: replayed through the policy that models the allocator it was captured under, "
+                 + ("each bundled trace gives the run's real `max_memory_reserved` to the byte"
+                    + (f", but {', '.join(off)}" if off else ""))
+                 + f" (`tests/test_replay.py`; goal {goal}).", 115) + "\n"
+
+
+# The handle-size table: gmlake-paper's chunk_size over the bundled workloads (one capture each: both make the same
+# requests).
+HANDLE_TRACES = ["gpt2l-lora-ckpt-native", "opt1.3b-lora-native", "opt350m-full-ckpt-native"]
+HANDLE_SIZES = [2, 4, 8, 20]
+
+
+def handle_size() -> str:
+    """gmlake-paper with handles of each size: utilization and priced driver time per bundled workload."""
+    from gmlake.policies import PaperPolicy
+    from gmlake.sim.replay import replay
+    from gmlake.sim.trace import load
+
+    default = PaperPolicy().chunk_size // MiB
+    lines = ["| workload | " + " | ".join(f"{m} MiB handles" + (" (its default)" if m == default else "")
+                                          for m in HANDLE_SIZES) + " |", "|---" * (len(HANDLE_SIZES) + 1) + "|"]
+    for name in HANDLE_TRACES:
+        trace = load(name)
+        cells = []
+        for m in HANDLE_SIZES:
+            r = replay(trace, f"gmlake-paper[chunk_size={m}MiB]")
+            cells.append(f"{r.utilization:.3f} / {r.driver_seconds:.2f} s")
+        lines.append(f"| {name.removesuffix('-native')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(png: Path) -> None:
     """The training suite as a picture: utilization, peak reserved and median step time against native's, per
     workload and allocator (the README's figure)."""
@@ -1251,7 +1297,8 @@ TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic
                                         "replay-neversplit": replay_neversplit, "peak-growth": peak_growth_example,
                                         "explain": explain_sample, "graphs": graphs,
                                         "graphs-measured": graphs_measured, "graphs-replay": graphs_replay,
-                                        "capture-query": capture_query, "edge-missed": edge_missed}
+                                        "capture-query": capture_query, "edge-missed": edge_missed,
+                                        "fidelity": fidelity, "handle-size": handle_size}
 
 
 def render(text: str) -> str:
