@@ -507,8 +507,8 @@ def graphs() -> str:
     """docs/benchmarks.md, "CUDA graphs": peaks, timed seconds and graph replays per mode and allocator, the losses
     against native's, and the captured trace replayed."""
     runs = _graph_runs()
-    lines = ["| torch.compile mode | allocator | peak reserved GiB | peak allocated GiB | timed s (runs in order) | "
-             "graph replays |", "|---|---|---|---|---|---|"]
+    lines = [("| torch.compile mode | allocator | peak reserved GiB | peak allocated GiB | timed s (runs in order) | "
+              "graph replays |"), "|---|---|---|---|---|---|"]
     for mode in GRAPH_MODES:
         least = min(max(r["max_memory_reserved"] for r in runs[(mode, a)]) for a in ("native", "gmlake"))
         for a in ("native", "gmlake"):

@@ -111,7 +111,6 @@ def test_the_edge_sections_method_figures_are_the_codes():
     """The goals and the bisection's resolution that "At the edge of memory" states are bench.edge's, and the pages
     it names the default policy's."""
     from bench import edge
-
     from gmlake.policies import GMLakePolicy
 
     text = " ".join(_section(report_docs.DOC.read_text(), "## At the edge of memory, by replay").split())
