@@ -310,19 +310,11 @@ def edge_fit() -> str:
     return "\n".join(lines) + f"\n\n{data['machine']}, {data['date']}; {data['method']}.\n"
 
 
-def edge() -> str:
-    """At the edge of memory, by replay: per trace the smallest device and cap as multiples of the peak allocated P
-    for the default, the expandable model and gmlake-paper, the priced driver time at a cap of 1.05x P, the driver
-    calls of a cap that never binds, utilization; then how many traces meet each goal. Traces whose figures are the
-    same (one workload captured under two allocators) share a row."""
-    record = json.loads(EDGE.read_text())
-    rows: dict[str, dict[str, dict]] = {}
-    for r in record["rows"]:
-        rows.setdefault(r["trace"], {})[r["policy"]] = r
-    lines = [("| trace | P GiB | smallest device, x P: gmlake / expandable / paper | smallest cap, x P | "
-              "priced driver s, cap 1.05x P: gmlake / expandable | calls, cap 2x P / none (gmlake) | "
-              "utilization, none: gmlake / paper |"), "|---|---|---|---|---|---|---|"]
+def _edge_rows(rows: dict[str, dict[str, dict]]) -> tuple[dict[str, str], dict[str, str]]:
+    """The edge table's rows by the name each shows, and each trace's row name: traces whose figures are the same
+    (one workload captured under two allocators) share a row under their common name."""
     shown: dict[str, str] = {}
+    names: dict[str, str] = {}
     for name, by in rows.items():
         g, e, p = by["gmlake"], by["expandable"], by["gmlake-paper"]
         peak = g["peak_allocated"]
@@ -337,9 +329,29 @@ def edge() -> str:
             common = twin
             while common and not name.startswith(common):
                 common = common[:-1]
-            shown[common.rstrip("-") or twin] = shown.pop(twin)
+            common = common.rstrip("-") or twin
+            shown[common] = shown.pop(twin)
+            names.update({t: common for t, n in names.items() if n == twin})
+            names[name] = common
             continue
         shown[name] = cells
+        names[name] = name
+    return shown, names
+
+
+def edge() -> str:
+    """At the edge of memory, by replay: per trace the smallest device and cap as multiples of the peak allocated P
+    for the default, the expandable model and gmlake-paper, the priced driver time at a cap of 1.05x P, the driver
+    calls of a cap that never binds, utilization; then how many traces meet each goal. Traces whose figures are the
+    same (one workload captured under two allocators) share a row."""
+    record = json.loads(EDGE.read_text())
+    rows: dict[str, dict[str, dict]] = {}
+    for r in record["rows"]:
+        rows.setdefault(r["trace"], {})[r["policy"]] = r
+    lines = [("| trace | P GiB | smallest device, x P: gmlake / expandable / paper | smallest cap, x P | "
+              "priced driver s, cap 1.05x P: gmlake / expandable | calls, cap 2x P / none (gmlake) | "
+              "utilization, none: gmlake / paper |"), "|---|---|---|---|---|---|---|"]
+    shown, _ = _edge_rows(rows)
     lines += [f"| {name} | {cells} |" for name, cells in shown.items()]
     goals = record["goals"]
     met = {k: sum(g[k]["met"] for g in goals) for k in goals[0] if k != "trace"}
@@ -350,6 +362,49 @@ def edge() -> str:
              "uncapped": "utilization 0.99 uncapped"}
     return ("\n".join(lines) + f"\n\nOf {len(goals)} traces, each goal met on: "
             + ", ".join(f"{words[k]} {n}" for k, n in met.items()) + ".\n")
+
+
+def edge_missed() -> str:
+    """The goals at the edge the default misses, per goal the traces and their figures (from the same record as the
+    edge table); a workload's captures under several allocators that miss alike are one entry."""
+    record = json.loads(EDGE.read_text())
+    words = {"smallest_device": "The smallest device", "smallest_cap": "The smallest cap",
+             "cap_1.02": "Speed at a cap of 1.02x P", "device_1.02": "Speed at a device of 1.02x P",
+             "cap_1.05": "Speed at a cap of 1.05x P", "device_1.05": "Speed at a device of 1.05x P",
+             "unbinding": "A 2x cap costing nothing", "uncapped": "Utilization 0.99 without a limit"}
+    goals = record["goals"]
+    rows: dict[str, dict[str, dict]] = {}
+    for r in record["rows"]:
+        rows.setdefault(r["trace"], {})[r["policy"]] = r
+    _, names = _edge_rows(rows)
+
+    def figure(key: str, got: dict) -> str:
+        if key in ("smallest_device", "smallest_cap"):
+            return f"{got['ratio']:.4f} P against {got['bound']:.4f}"
+        if key == "uncapped":
+            return f"{got['utilization']:.3f}"
+        if key == "unbinding":
+            return "not free"
+        if got["oom"]:
+            return "out of memory" + (", as the expandable model" if got["expandable_oom"] else "")
+        return f"{got['ratio']:.2f}x the expandable model's driver time"
+
+    lines = []
+    for key, title in words.items():
+        cells: dict[str, list[str]] = {}
+        for g in goals:
+            if not g[key]["met"]:
+                row = cells.setdefault(figure(key, g[key]), [])
+                if names[g["trace"]] not in row:
+                    row.append(names[g["trace"]])
+        if not cells:
+            lines.append(f"- **{title}**: met on all {_n(len(goals))}.")
+            continue
+        missed = sum(not g[key]["met"] for g in goals)
+        lines.append(_fill(f"- **{title}**: missed on {missed} of {len(goals)} traces: "
+                           + "; ".join(f"{', '.join(shown)} ({cell})" for cell, shown in cells.items()) + ".",
+                           115, "  "))
+    return "\n".join(lines) + "\n"
 
 
 def edge_time() -> str:
@@ -409,6 +464,112 @@ def latency() -> str:
     return "\n".join(lines) + f"\n\n{count} rounds, native and gmlake alternated, every run pinned to one CPU.\n"
 
 
+# CUDA graphs: a small transformer under torch.compile, each mode and allocator in its own file of interleaved runs
+# (`tests/gpu_scripts/reduce_overhead.py`), and that program's trace, captured under native, replayed.
+GRAPHS = "graphs-2026-11-30b"
+GRAPH_MODES = ("default", "reduce-overhead")
+
+
+def _graph_runs() -> dict[tuple[str, str], list[dict]]:
+    """Per (torch.compile mode, allocator) the runs, in the order they ran."""
+    return {(mode, a): [json.loads(line) for line in (RESULTS / GRAPHS / f"compile-{a}-{mode}.json").read_text()
+                        .splitlines() if line.strip()]
+            for mode in GRAPH_MODES for a in ("native", "gmlake")}
+
+
+def _graph_replays() -> dict[str, dict]:
+    """The captured trace's replay, per policy."""
+    rows = [json.loads(line) for line in (RESULTS / GRAPHS / "replay-graphs.jsonl").read_text().splitlines()
+            if line.strip()]
+    return {r["policy"]: r for r in rows}
+
+
+def _sci(x: float) -> str:
+    """A small relative difference as the docs write it: 1.9e-6."""
+    return re.sub(r"e-0*", "e-", f"{x:.1e}")
+
+
+def _loss_gap(mode: str, runs: dict[tuple[str, str], list[dict]]) -> float:
+    """The largest relative difference of a gmlake run's losses from those of native's run in the same place of the
+    interleaving."""
+    return max(abs(a - b) / abs(b) for ours, theirs in zip(runs[(mode, "gmlake")], runs[(mode, "native")])
+               for a, b in zip(ours["losses"], theirs["losses"]))
+
+
+def _graph_time_inside(mode: str, runs: dict[tuple[str, str], list[dict]]) -> bool:
+    """gmlake's mean timed seconds against native's lie within the larger of the two allocators' spreads."""
+    times = {a: [r["timed_s"] for r in runs[(mode, a)]] for a in ("native", "gmlake")}
+    ratio = statistics.mean(times["gmlake"]) / statistics.mean(times["native"])
+    return abs(ratio - 1) <= max(max(t) / min(t) - 1 for t in times.values())
+
+
+def graphs() -> str:
+    """docs/benchmarks.md, "CUDA graphs": peaks, timed seconds and graph replays per mode and allocator, the losses
+    against native's, and the captured trace replayed."""
+    runs = _graph_runs()
+    lines = [("| torch.compile mode | allocator | peak reserved GiB | peak allocated GiB | timed s (runs in order) | "
+              "graph replays |"), "|---|---|---|---|---|---|"]
+    for mode in GRAPH_MODES:
+        least = min(max(r["max_memory_reserved"] for r in runs[(mode, a)]) for a in ("native", "gmlake"))
+        for a in ("native", "gmlake"):
+            mine = runs[(mode, a)]
+            reserved = max(r["max_memory_reserved"] for r in mine)
+            cell = f"{reserved / GiB:.3f}"
+            lines.append(f"| {mode} | {a} | {f'**{cell}**' if reserved == least else cell} | "
+                         f"{max(r['max_memory_allocated'] for r in mine) / GiB:.3f} | "
+                         + ", ".join(f"{r['timed_s']:.3f}" for r in mine) + " | "
+                         + _per_round([r["graph_replays"] for r in mine], "d") + " |")
+    steps = {len(r["losses"]) for rs in runs.values() for r in rs}
+    count = {len(rs) for rs in runs.values()}
+    inside = [_graph_time_inside(m, runs) for m in GRAPH_MODES]
+    replays = _graph_replays()
+    caching = replays["caching"]
+    text = (f"{' or '.join(map(str, sorted(steps)))} steps, {' or '.join(_n(c) for c in sorted(count))} interleaved "
+            f"runs per mode and allocator (`bench/results/{GRAPHS}/`). Losses match those of native's run in the same "
+            f"place to {_sci(_loss_gap('reduce-overhead', runs))} (relative) with CUDA graphs and "
+            f"{_sci(_loss_gap('default', runs))} without; gmlake's timed seconds against native's lie "
+            + ("inside the runs' spread in both modes." if all(inside) else
+               "outside the runs' spread in " + " and ".join(m for m, i in zip(GRAPH_MODES, inside) if not i) + ".")
+            + f" The same program's trace, captured under native in a run of its own ({caching['events']:,} events), "
+            f"replays to {caching['peak_reserved'] / GiB:.3f} GiB reserved under the caching model and "
+            f"{replays['gmlake']['peak_reserved'] / GiB:.3f} under the default (`replay-graphs.jsonl`).")
+    return "\n".join(lines) + "\n\n" + _fill(text, 115) + "\n"
+
+
+def graphs_measured() -> str:
+    """docs/graphs.md, "Measured": reduce-overhead's graph replays, losses and peaks against native's."""
+    runs = _graph_runs()
+    mode = "reduce-overhead"
+    peak = {a: max(r["max_memory_reserved"] for r in runs[(mode, a)]) for a in ("native", "gmlake")}
+    graph_replays = min(r["graph_replays"] for r in runs[(mode, "gmlake")])
+    return _fill(
+        f"A small transformer under `torch.compile(mode=\"reduce-overhead\")` trains with {graph_replays} graph "
+        f"replays and the losses of native's run to {_sci(_loss_gap(mode, runs))} (relative), and reserves "
+        f"{peak['gmlake'] / GiB:.3f} GiB against native's {peak['native'] / GiB:.3f} (`bench/results/{GRAPHS}/`; "
+        "the table is in [benchmarks.md](benchmarks.md), \"CUDA graphs\").", 115) + "\n"
+
+
+def graphs_replay() -> str:
+    """docs/graphs.md, "Replaying a graph-capturing trace": the reduce-overhead program's trace, replayed."""
+    replays = _graph_replays()
+    caching = replays["caching"]
+    return _fill(
+        "The trace of a `reduce-overhead` training program captured under PyTorch's allocator "
+        f"({caching['events']:,} events) replays to {caching['peak_reserved'] / GiB:.3f} GiB reserved under the "
+        f"caching model and {replays['gmlake']['peak_reserved'] / GiB:.3f} GiB under the default "
+        f"(`bench/results/{GRAPHS}/replay-graphs.jsonl`). The record keeps the replays, not the captured run's own "
+        "peak: `gmlake replay TRACE --policy caching` prints both, the run's in its `captured` column.", 115) + "\n"
+
+
+def capture_query() -> str:
+    """docs/graphs.md: what one capture question (`cuStreamIsCapturing`) costs, from the micro benchmark."""
+    data = _json(MICRO)
+    return _fill(
+        f"`python -m bench micro` times one: {data['stream_call_us']['capture_query']:.3f} µs on the "
+        f"{data['environment']['gpu']} (`bench/results/{MICRO}`), so a cross-stream workload such as FSDP shows "
+        "what they cost.", 115) + "\n"
+
+
 def replayed() -> str:
     """The bundled traces replayed under every built-in policy (computed here: replay is deterministic)."""
     from gmlake import policies
@@ -428,6 +589,52 @@ def replayed() -> str:
             cells.append(f"{r.peak_reserved / GiB:.2f} / {r.utilization:.3f} / {r.driver_seconds:.3f}")
         lines.append(f"| {trace.name} | {real / GiB:.2f} | " if real else f"| {trace.name} | - | ")
         lines[-1] += " | ".join(cells) + " |"
+    return "\n".join(lines) + "\n"
+
+
+def fidelity() -> str:
+    """docs/benchmarks.md, "Replay on CPU": each bundled trace replayed through the policy that models the allocator
+    it was captured under, against the run's own peak reserved, and replay's goal (gmlake.sim.replay.FIDELITY)."""
+    from gmlake.sim.replay import FIDELITY, bundled_traces, replay
+    from gmlake.sim.trace import load
+
+    off = []
+    for path in bundled_traces():
+        trace = load(path)
+        policy, _ = FIDELITY[trace.meta["allocator"]]
+        real = trace.meta["max_memory_reserved"]
+        got = replay(trace, policy).peak_reserved
+        if got != real:
+            off.append(f"{trace.name} ({100 * (got / real - 1):+.2f} %)")
+    goal = " and ".join(f"{100 * tol:g} % for {allocator}" for allocator, (_, tol) in FIDELITY.items())
+    return _fill("**Fidelity**: replayed through the policy that models the allocator it was captured under, "
+                 + ("each bundled trace gives the run's real `max_memory_reserved` to the byte"
+                    + (f", but {', '.join(off)}" if off else ""))
+                 + f" (`tests/test_replay.py`; goal {goal}).", 115) + "\n"
+
+
+# The handle-size table: gmlake-paper's chunk_size over the bundled workloads (one capture each: both make the same
+# requests).
+HANDLE_TRACES = ["gpt2l-lora-ckpt-native", "opt1.3b-lora-native", "opt350m-full-ckpt-native"]
+HANDLE_SIZES = [2, 4, 8, 20]
+
+
+def handle_size() -> str:
+    """gmlake-paper with handles of each size: utilization and priced driver time per bundled workload."""
+    from gmlake.policies import PaperPolicy
+    from gmlake.sim.replay import replay
+    from gmlake.sim.trace import load
+
+    default = PaperPolicy().chunk_size // MiB
+    lines = ["| workload | " + " | ".join(f"{m} MiB handles" + (" (its default)" if m == default else "")
+                                          for m in HANDLE_SIZES) + " |", "|---" * (len(HANDLE_SIZES) + 1) + "|"]
+    for name in HANDLE_TRACES:
+        trace = load(name)
+        cells = []
+        for m in HANDLE_SIZES:
+            r = replay(trace, f"gmlake-paper[chunk_size={m}MiB]")
+            cells.append(f"{r.utilization:.3f} / {r.driver_seconds:.2f} s")
+        lines.append(f"| {name.removesuffix('-native')} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -1088,7 +1295,10 @@ TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic
                                         "readme-results": readme_results,
                                         "readme-limits": readme_limits, "compare-maxpieces": compare_maxpieces,
                                         "replay-neversplit": replay_neversplit, "peak-growth": peak_growth_example,
-                                        "explain": explain_sample}
+                                        "explain": explain_sample, "graphs": graphs,
+                                        "graphs-measured": graphs_measured, "graphs-replay": graphs_replay,
+                                        "capture-query": capture_query, "edge-missed": edge_missed,
+                                        "fidelity": fidelity, "handle-size": handle_size}
 
 
 def render(text: str) -> str:
@@ -1104,7 +1314,8 @@ def render(text: str) -> str:
 
 # The documents whose generated sections this command rewrites: the benchmark docs, and the manual's sample outputs
 # and figures that replay computes.
-DOCS = [DOC, ROOT / "docs" / "policies.md", ROOT / "docs" / "guide.md", ROOT / "README.md"]
+DOCS = [DOC, ROOT / "docs" / "policies.md", ROOT / "docs" / "guide.md", ROOT / "docs" / "graphs.md",
+        ROOT / "README.md"]
 
 
 def main(argv: list[str] | None = None, prog: str = "bench report docs") -> int:

@@ -25,6 +25,8 @@ def test_generated_sections_are_up_to_date(doc):
 @pytest.mark.parametrize(("doc", "names"), [
     ("docs/policies.md", {"tlsf", "tune-fit", "tune-search", "compare-maxpieces", "replay-neversplit", "explain"}),
     ("README.md", {"readme-utilization", "readme-results", "readme-limits"}),
+    ("docs/graphs.md", {"graphs-replay", "capture-query", "graphs-measured"}),
+    ("docs/benchmarks.md", {"graphs", "edge-missed", "fidelity", "handle-size"}),
 ])
 def test_the_docs_have_their_generated_sections(doc, names):
     path = ROOT / doc
@@ -47,11 +49,91 @@ README_FIGURES = {"1 %", "2 %", "20 MiB", "2 MiB", "8 MiB", "1.02x", "GMLAKE_KNO
 FIGURE = re.compile(r"\d[\d.,]*\s?(?:%|x\b|[KMG]iB|ms\b|µs|GB\b)|\d+\.\d+")
 
 
+def _stray_figures(prose: str, allowed: set[str]) -> list[str]:
+    """The figures of `prose` (a knob's `name=value` whole) that are not in `allowed`."""
+    return sorted({m.group() for m in re.finditer(r"[\w=]*(?:" + FIGURE.pattern + ")", prose)} - allowed)
+
+
+def _section(text: str, heading: str) -> str:
+    """The text of markdown `text` under `heading` (a whole heading line), up to the next heading."""
+    start = text.index(heading + "\n") + len(heading) + 1
+    end = re.search(r"^#+ ", text[start:], flags=re.MULTILINE)
+    return text[start:start + end.start() if end else len(text)]
+
+
 def test_the_readme_has_no_hand_written_measurement():
     """A measured figure in README.md comes from a generated section; what is left is the method and the knobs."""
-    prose = _outside_generated((ROOT / "README.md").read_text())
-    found = {m.group() for m in re.finditer(r"[\w=]*(?:" + FIGURE.pattern + ")", prose)}
-    assert found <= README_FIGURES, f"figures outside a generated section: {sorted(found - README_FIGURES)}"
+    stray = _stray_figures(_outside_generated((ROOT / "README.md").read_text()), README_FIGURES)
+    assert not stray, f"figures outside a generated section: {stray}"
+
+
+# docs/graphs.md's figures outside generated sections: the sizes of a private pool's segments, PyTorch's rule, held
+# against the knobs below.
+GRAPHS_FIGURES = {"2 MiB", "10 MiB", "20 MiB", "22 MiB", "40 MiB"}
+# docs/benchmarks.md, per section converted to generated text: the figures its prose keeps (the method's).
+BENCHMARK_FIGURES = {
+    "## CUDA graphs": {"32 x"},
+    "## At the edge of memory, by replay": {"0.02 %", "0.2 %", "0.99", "1.02x", "1.05x", "1.5x", "2x", "2 MiB",
+                                            "20 MiB", "edge_page=2MiB", "reback_slot=2MiB"},
+    "### Finer pages by headroom, and stitching at the edge": {"2 MiB", "20 MiB", "edge_page=2MiB"},
+    "## Replay on CPU: the bundled traces": {"20 MiB"},
+}
+
+
+def test_the_graphs_doc_has_no_hand_written_measurement():
+    stray = _stray_figures(_outside_generated((ROOT / "docs" / "graphs.md").read_text()), GRAPHS_FIGURES)
+    assert not stray, f"docs/graphs.md: figures outside a generated section: {stray}"
+
+
+def test_the_graphs_docs_pool_sizes_are_the_codes():
+    """Pool segments are sized by PyTorch's rule, the knobs' defaults; whole 20 MiB pages would round 22 MiB up."""
+    from gmlake.policies import GMLakePolicy
+
+    text = " ".join((ROOT / "docs" / "graphs.md").read_text().split())
+    p = GMLakePolicy()
+    assert (p.small_segment_size, p.large_segment_size, p.min_large_alloc, p.round_large) == \
+        (2 * MiB, 20 * MiB, 10 * MiB, 2 * MiB)
+    assert "(2 MiB for the small pool; 20 MiB for requests under 10 MiB" in text
+    assert "else the request rounded up to 2 MiB)" in text
+    page = p.expandable_page_large
+    assert page == 20 * MiB and -(-22 * MiB // page) * page == 40 * MiB
+    assert "in whole 20 MiB pages a 22 MiB request would take 40 MiB" in text
+
+
+@pytest.mark.parametrize("heading", sorted(BENCHMARK_FIGURES))
+def test_converted_benchmark_sections_have_no_hand_written_measurement(heading):
+    prose = _outside_generated(_section(report_docs.DOC.read_text(), heading))
+    stray = _stray_figures(prose, BENCHMARK_FIGURES[heading])
+    assert not stray, f"docs/benchmarks.md, {heading}: figures outside a generated section: {stray}"
+
+
+def test_the_edge_sections_method_figures_are_the_codes():
+    """The goals and the bisection's resolution that "At the edge of memory" states are bench.edge's, and the pages
+    it names the default policy's."""
+    from bench import edge
+    from gmlake.policies import GMLakePolicy
+
+    text = " ".join(_section(report_docs.DOC.read_text(), "## At the edge of memory, by replay").split())
+    record = report_docs.json.loads(report_docs.EDGE.read_text())
+    assert record["resolution"] == 2e-4 and "bisects, to 0.02 %, the smallest device" in text
+    assert edge.MARGINS == (1.02, 1.05) and "at a cap and at a device of 1.02x and 1.05x P" in text
+    assert edge.UNBINDING == 2.0 and "replays a cap of 2x P (which never binds)" in text
+    assert edge.FIT_SLACK == 0.002 and "fit within 0.2 % of P of the better of the other two" in text
+    assert edge.SPEED_RATIO == 1.5 and "at most 1.5x the expandable model's priced driver time" in text
+    assert edge.UTILIZATION == 0.99 and edge.UNCAPPED_RATIO == 2.0
+    assert "utilization 0.99 without a limit at 2x the expandable model's driver time at most" in text
+    p = GMLakePolicy()
+    assert p.expandable_page_large == 20 * MiB and p.reback_slot == 0 and p.edge_page == 2 * MiB
+    assert "The table is the default as it is: 20 MiB pages" in text and "(`reback_slot=0`" in text
+    assert "(`edge_page=2MiB`" in text
+
+
+def test_a_figure_written_by_hand_into_a_converted_section_fails():
+    """The stray-figure check sees a measurement typed into the prose of a converted section."""
+    heading = "## CUDA graphs"
+    prose = _outside_generated(_section(report_docs.DOC.read_text(), heading))
+    assert not _stray_figures(prose, BENCHMARK_FIGURES[heading])
+    assert _stray_figures(prose + "\nIt reserved 1.537 GiB.\n", BENCHMARK_FIGURES[heading]) == ["1.537 GiB"]
 
 
 def test_the_readmes_method_and_knob_figures_are_the_codes():
