@@ -1,17 +1,11 @@
 """FSDP full-shard (ZeRO-3) training with LoRA and recomputation, shapes varying per step, one process per GPU.
 
-    torchrun --nproc-per-node 2 -m bench.workloads.fsdp_train --model opt-1.3b --json out.json
     torchrun --nproc-per-node 2 -m gmlake run -m bench.workloads.fsdp_train --model opt-1.3b --json out.json
 
-Rank 0 writes the summary: each rank's peak allocated and reserved memory, the median step time, tokens per second,
-and `timed_s`, the slowest rank's sum of step times after --warmup (the first quarter by default). Each rank draws
-its own shapes, as each rank's data loader would.
-
---memory-fraction F (0 < F <= 1) caps each rank with torch.cuda.set_per_process_memory_fraction(F) before the model
-is built (bench cap search bisects on it). A rank that runs out of memory under it writes its own summary
-(`oom`, the step, its peaks; rank r > 0 to the --json path with `.rank<r>` before the suffixes) and ends its process
-at once with exit status 3, since the other rank waits in a collective that will never complete; torchrun then
-stops the job (with its own exit status), so the rank's file is what tells an out-of-memory stop from a crash.
+Rank 0 writes the summary: each rank's peaks, the median step time, tokens/s and `timed_s` (the slowest rank's).
+Each rank draws its own shapes. Under --memory-fraction a rank out of memory writes its own summary (rank r > 0 to
+`rank_path`) and exits 3 at once, since the other rank waits in a collective that will never complete: torchrun's
+own status then ends the job, and the rank's file tells an out-of-memory stop from a crash.
 """
 from __future__ import annotations
 
