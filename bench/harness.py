@@ -1,6 +1,5 @@
-"""The harness every bench command that runs workloads shares: how each allocator starts, one run in a fresh process,
-the interleaved order of rounds, the deadline, and the result files (rewritten after every run, so that a call cut
-short keeps what it finished)."""
+"""What every bench command that runs workloads shares: how each allocator starts, one run in a fresh process, the
+interleaved rounds, the deadline, and result files rewritten after every run."""
 from __future__ import annotations
 
 import datetime

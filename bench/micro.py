@@ -1,12 +1,10 @@
 """Micro benchmark of the allocator core and the driver it stands on.
 
-    python -m bench micro --driver cuda --out bench/results/micro-h200.json
-    python -m bench micro --driver sim --cache-hits --iterations 300000     # one JSON line: the cache hits only
+    python -m bench micro --driver cuda|host|sim [--iterations N] [--cache-hits] [--out FILE]
 
-Measures: malloc+free of a cached block inside the Cython core (ns); each driver call's cost (µs, per handle where
-the driver charges per handle); the time to stitch 512 MiB at each handle size against the driver calls that stitch
-makes; the calls stream ordering makes (cuStreamIsCapturing, event record / query / destroy); and stitches per step
-of a synthetic training loop after warm-up.
+A cached block's malloc+free inside the Cython core, each driver call's cost, stitching 512 MiB at each handle
+size, the stream calls, and stitches per step of a synthetic training loop (docs/benchmarks.md, "The core and the
+driver: micro benchmark").
 """
 from __future__ import annotations
 

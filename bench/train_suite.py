@@ -1,15 +1,11 @@
-"""The real training benchmark: each workload under the native allocator, expandable segments and gmlake.
+"""The training suite: LLM fine-tuning workloads under the native allocator, expandable segments and gmlake.
 
-    python -m bench train [--workloads NAME ...] [--allocators NAME ...] [--steps 24] [--cap-gib 24]
-                                [--gpus 0] [--out bench/results/train.json]
+    python -m bench train [--workloads NAME ...] [--allocators NAME ...] [--steps 24] [--cap-gib 24] [--gpus 0]
+        [--out bench/results/train.json]
 
-One process per (workload, allocator): a training phase with shapes drawn per step (peak allocated, peak reserved,
-utilization, median step time, tokens/s), then a bisection for the largest batch that fits under a fixed cap. The
-FSDP workload runs under torchrun on two GPUs. Its batch search cannot run inside the job (a rank that runs out of
-memory mid-step leaves the other waiting in a collective), so with --fsdp-batch-search each probe is a job of its
-own, which torchrun ends when a rank fails (about 30 s a probe). Results carry the GPU, driver, torch and gmlake
-versions, the date and each command; `bench report docs` makes docs/benchmarks.md's table and the README's figure
-from the records it lists.
+One process per (workload, allocator): training on shapes drawn per step, then a bisection for the largest batch
+under a fixed cap (FSDP under torchrun, each probe a job of its own with --fsdp-batch-search). docs/benchmarks.md,
+"Training suite: LLM fine-tuning", holds the method; `bench report docs` makes its table from the records.
 """
 from __future__ import annotations
 
