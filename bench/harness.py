@@ -224,9 +224,10 @@ def source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def environment() -> dict:
-    """The machine and versions a result was measured with (torch None where it is not installed)."""
+def environment(**extra) -> dict:
+    """The machine and versions a result was measured with (torch None where it is not installed), and `extra`."""
     import importlib.util
+    import platform
 
     import gmlake
 
@@ -242,9 +243,10 @@ def environment() -> dict:
         smi = []
     gpu, driver = (smi[0].split(", ") + ["?"])[:2] if smi else ("?", "?")
     return {"gpu": gpu, "nvidia_driver": driver, "torch": torch_version, "gmlake": gmlake.__version__,
-            "gmlake_source_sha256": source_digest(),
+            "gmlake_source_sha256": source_digest(), "python": platform.python_version(),
+            "cpu": platform.processor() or platform.machine(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(sys.argv)}
+            "command": " ".join(sys.argv), **extra}
 
 
 def device_total_memory() -> int:

@@ -8,19 +8,15 @@ driver: micro benchmark").
 """
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
 import json
-import platform
 import random
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import gmlake
 from bench.cli import OneLineParser
+from bench.harness import environment
 from bench.native import load as _load_native
 from gmlake import Allocator
 
@@ -190,35 +186,6 @@ def synthetic_training(driver, steps: int = 200, warmup: int = 50, seed: int = 0
     }
 
 
-def environment(kind: str) -> dict:
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "driver_kind": kind,
-        "gmlake": gmlake.__version__,
-        "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
-        "command": " ".join(sys.argv),
-    }
-    try:
-        env["cuda_bindings"] = importlib.metadata.version("cuda-bindings")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    if kind == "cuda":
-        try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
-            env["gpu"], env["nvidia_driver"] = [x.strip() for x in smi.splitlines()[0].split(",")]
-        except (OSError, subprocess.SubprocessError, IndexError, ValueError):
-            pass    # no nvidia-smi, it failed, or it printed something else: the record goes without the GPU
-        try:
-            import torch
-
-            env["torch"] = torch.__version__
-        except Exception:  # noqa: BLE001, S110 - torch is optional here, and a broken install fails in many ways
-            pass
-    return env
-
-
 def main(argv: list[str] | None = None, prog: str = "bench micro") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--driver", choices=["cuda", "host", "sim"], default="sim")
@@ -233,7 +200,7 @@ def main(argv: list[str] | None = None, prog: str = "bench micro") -> None:
     if args.cache_hits:
         print(json.dumps(cache_hits(driver, args.iterations)))
         return
-    result = {"environment": environment(args.driver)}
+    result = {"environment": environment(driver_kind=args.driver)}
     result["cache_hit_ns"] = cache_hits(driver, args.iterations)
     result["driver_call_us"] = driver_costs(driver)
     result["stitch_512MiB"] = stitch_costs(driver, result["driver_call_us"])
