@@ -56,8 +56,6 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--min-seq", type=int, default=128)
     p.add_argument("--max-seq", type=int, default=1024)
-    p.add_argument("--cap-gib", type=float, help="cap each rank's memory (set_per_process_memory_fraction); the "
-                                                 "suite's batch search runs each probe as its own job under a cap")
     p.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter, at least one)")
     p.add_argument("--memory-fraction", metavar="F",
                    help="cap each rank at F (0 < F <= 1) of its device's memory; out of memory: exit 3 (see above)")
@@ -69,9 +67,9 @@ def main() -> None:
                         "profiler (Note [GPU time] in common.py; 0: none; default 4, under --memory-fraction 0)")
     args = p.parse_args()
     fraction = memory_fraction("fsdp_train.py", args.memory_fraction, "cuda")
-    if fraction is not None and (args.cap_gib or args.gpu_time_steps):
-        refuse("fsdp_train.py", "--memory-fraction takes neither --cap-gib nor --gpu-time-steps N > 0 (under the cap "
-                                "the profiled steps could fail the run)")
+    if fraction is not None and args.gpu_time_steps:
+        refuse("fsdp_train.py", "--memory-fraction takes no --gpu-time-steps N > 0 (under the cap the profiled steps "
+                                "could fail the run)")
     if args.gpu_time_steps is None:
         args.gpu_time_steps = 0 if fraction is not None else 4
     warmup = min(max(1, args.steps // 4), args.steps - 1) if args.warmup is None else args.warmup
@@ -86,9 +84,6 @@ def main() -> None:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     if args.snapshot:
         start_snapshot()
-    if args.cap_gib:
-        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * (1 << 30) / total))
     if fraction is not None:
         torch.cuda.set_per_process_memory_fraction(fraction)     # the cap holds from the first byte of the model
     try:
