@@ -1,44 +1,15 @@
 """Step time at the edge of memory, on the GPU: gmlake against expandable segments at 1.02x and 1.05x the peak
 allocated P, as a cap and as the device's free memory, interleaved.
 
-    python -m bench cap edge-time [--workloads opt1.3b-lora-ckpt gpt2xl-lora-ckpt opt1.3b-ckpt]
-                                  [--allocators expandable gmlake] [--limits 1.02 1.05] [--kinds cap device]
-                                  [--rounds 2] [--peak WORKLOAD=BYTES ...] [--plan bench/plans/edge-probes.json]
-                                  [--outside WORKLOAD=BYTES ...] [--warm] [--steps 20] [--gpu-time-steps N]
-                                  [--deadline SECONDS]
-                                  [--timeout SECONDS] [--out DIR] [--dry-run]
+    python -m bench cap edge-time [--workloads W ...] [--limits 1.02 1.05] [--kinds cap device] [--rounds 2]
+        [--peak W=BYTES ...] [--plan bench/plans/edge-probes.json] [--outside W=BYTES ...] [--gpu-time-steps N]
+        [--deadline S] [--dry-run]
 
-Why (the edge goal's speed half): "at 1.02x and 1.05x P, as a cap and as the device's free memory, gmlake's step
-time <= expandable segments' (interleaved, two rounds, spread reported)". Replay (`python -m bench edge`) prices the
-driver calls there; this runs the workloads there.
-
-P per workload is the peak allocated of the trace of the probes' own shapes (seed 0, 20 steps), from `bench cap
-plan`'s file (--plan, default bench/plans/edge-probes.json); --peak WORKLOAD=BYTES gives it instead. Each limit L
-(--limits, each above 1) gives the allocator L x P bytes, as one of --kinds:
-- cap: torch's set_per_process_memory_fraction(L x P / the device's total), as `bench cap probe` sets a cap;
-- device: no cap, the device itself the limit, as `bench cap probe --device-limit` makes it: a filler leaves L x P
-  + O bytes free, O being what the process takes outside its allocator, measured by one calibration run per
-  workload (`cap_probe.calibrate`; --outside WORKLOAD=BYTES gives O instead), and each run's own bytes outside are
-  checked against O (`outside_drift`).
-Every run is a fresh process started exactly as a cap-search probe (`cap_search.run_probe`: the suite's shapes,
---steps, --seed); its time is the workload's `timed_s` (sum of the step times after --warmup), as bench cap time's.
-
-Order: workload by workload; within one, (kind, limit) points in the order --kinds x --limits give them, and at
-each point --rounds rounds of the two --allocators, A B in even rounds and B A in odd ones (two rounds: A B B A),
-before the next point: a deadline then leaves whole comparisons behind it, not a few runs of every point. A
-workload's calibration runs before its first device point. --deadline stops starting runs that would likely end
-after it (estimated from the finished runs of the same workload and kind, else TYPICAL_S) and saves what ran.
---dry-run prints the runs and an estimate of their time, and runs nothing.
-
-Per point and allocator: the times of the runs that fit, their sum, spread (max / min - 1), the out-of-memory
-count (an allocator that ran out of memory at a point is reported as such there, not timed); B / A (the ratio of
-their mean times), resolved where |ratio - 1| is over both allocators' spreads (as bench cap time's; with fewer than
-two timed runs a side, never: a spread of one run is no spread), and the goal (B's time <= A's): met, missed, or
-not resolved. With --gpu-time-steps N each run then profiles N more steps (its last N shapes, under the same limit)
-and the table adds their kernels' own time per run: whether a limit changed the GPU's work, or only the host's
-(Note [GPU time] in bench/workloads/common.py). Output: DIR/edge-time.json (environment, settings, P per workload,
-every calibration and run, every point's summary), rewritten after every run; DIR/probes/ (each run's summary); a
-table at the end.
+docs/benchmarks.md ("The device itself as the limit, on the H200") holds the method. P comes from `bench cap plan`'s
+file or --peak; a device point leaves L x P + O bytes free, O calibrated per workload (`cap_probe.calibrate`). Each
+run is a cap-search probe (`cap_search.run_probe`); per point the allocators alternate A B, B A. B / A is resolved
+where it differs from 1 by more than both spreads. Output: DIR/edge-time.json, rewritten after every run,
+DIR/probes/, and a table.
 """
 from __future__ import annotations
 

@@ -2,19 +2,11 @@
 smallest cap from the workload's trace, and the probes just above and below each, as `bench cap probe` takes them.
 
     python -m bench cap plan [--out bench/plans/edge-probes.json] [--margin 0.003] [--resolution 1e-4]
-                             [--pairs WORKLOAD=TRACE ...] [--allocators gmlake gmlake-paper expandable]
+        [--pairs WORKLOAD=TRACE ...] [--allocators gmlake gmlake-paper expandable]
 
-Why: replay says where each allocator stops fitting, as a cap (set_per_process_memory_fraction) and as the device
-itself (no cap); a probe at threshold x (1 + margin), expected to fit, and one at threshold x (1 - margin), expected
-to run out of memory, check both ends on the GPU in two runs per pair. The thresholds come from gmlake.sim.cap.limits
-(the searches `gmlake replay --smallest-cap` runs) at `--resolution`, under each allocator's replay policy
-(cap_search.replay_policy). Probe lists are ordered by priority: workload by workload, gmlake's and the next
-allocator's pairs (gmlake-paper's by default, the better of the other two on these traces), then the other
-allocators' pairs, so that a deadline in `bench cap probe` cuts those first.
-
-Output: one JSON file with the thresholds per pair and two lists of WORKLOAD:ALLOCATOR@BYTES, `device` (for
-`bench cap probe --device-limit`, BYTES being what the allocator can have) and `cap` (for `bench cap probe`),
-each item with whether replay expects a fit (`expect`).
+A probe at threshold x (1 + margin) should fit and one at x (1 - margin) should not; gmlake's pairs and the next
+allocator's come first, so that a deadline in `bench cap probe` cuts the others. Output: the thresholds per pair and
+two lists of WORKLOAD:ALLOCATOR@BYTES, `device` (for --device-limit) and `cap`, each item with its `expect`.
 """
 from __future__ import annotations
 

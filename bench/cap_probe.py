@@ -1,34 +1,15 @@
 #!/usr/bin/env python3
 """Fixed-cap probes: does each WORKLOAD under ALLOCATOR complete its steps at exactly this cap?
 
-    python -m bench cap probe bert:gmlake@22420000000 cnn:gmlake@13540000000 cnn:expandable@13540000000
-    python -m bench cap probe vit:expandable@0.15201 --steps 20 --deadline 300 --out DIR
+    python -m bench cap probe bert:gmlake@22420000000 vit:expandable@0.15201 [--steps 20] [--deadline S] [--out DIR]
     python -m bench cap probe --device-limit opt1.3b-lora-ckpt:gmlake@7640216268 [--outside W=BYTES ...] [--warm]
 
-Why: the cap search (bench cap search) bisects to a resolution, 0.2 % at best in one call; two allocators whose
-thresholds lie closer than that come out as a tie. Replay (`gmlake cap`, or the search's --predict) places each
-threshold to the byte, so a probe or two at caps chosen between replay's thresholds, below one allocator's GPU
-failure, settle what a bisection cannot: "gmlake fit at a cap where expandable segments ran out of memory".
-
-Each CAP is a fraction of the device's memory (at most 1) or a number of bytes (above 1). Each probe is a fresh
-process started exactly as a cap-search probe (`cap_search.run_probe`: the suite's shapes, --steps, --seed), in the
-order given; --deadline stops starting probes that would likely end after it.
-
---device-limit makes the device itself the limit instead of a cap: each CAP (bytes) is what the probe's allocator
-can have. The process runs at memory fraction 1 (which caps nothing, and turns an out-of-memory into exit 3), with
-CUDA_MODULE_LOADING=EAGER; once its CUDA context exists, all of the device's free memory but CAP + O bytes is taken
-outside any allocator (common.limit_memory, $GMLAKE_BENCH_LEAVE_FREE). O is the memory the process takes outside
-its allocator after that point (Note [Memory outside the allocator] in workloads/common.py: CUDA's libraries'
-handles, kernels and workspaces, taken during the first steps: 0.6-0.7 GB on the H200, where the first probes left
-it out and every one ran out of memory). O is measured per workload by a calibration run first: the workload, with
-the same steps and seed, under --calibrate-with (default native) with no filler, whose run records the bytes taken
-outside its allocator at its end. --outside WORKLOAD=BYTES gives O instead, --no-calibrate takes O as 0, --warm
-runs common.warm_libraries before the filler in every run (calibrations too), --calibrate-only runs only the
-calibrations. Every probe records its own bytes outside the allocator (at its end, or at its out-of-memory, and
-after each step), and is flagged where they differ from O by more than OUTSIDE_TOLERANCE: then the allocator did not
-get CAP bytes, and the probe does not say what it means to.
-Output: DIR/cap-probe.json (environment, device total, every calibration and probe with its cap in bytes) and a
-line per probe.
+A CAP is a fraction of the device (at most 1) or bytes (above 1); each probe is a cap-search probe
+(`cap_search.run_probe`). With --device-limit the device itself is the limit: a filler leaves CAP + O bytes free, O
+being the bytes the process takes outside its allocator (Note [Memory outside the allocator] in
+workloads/common.py), measured per workload by a calibration run (--outside gives it, --no-calibrate takes 0); a
+probe whose own bytes outside differ from O by more than OUTSIDE_TOLERANCE is flagged. docs/benchmarks.md ("The
+device itself as the limit, on the H200") holds the method. Output: DIR/cap-probe.json and a line per probe.
 """
 from __future__ import annotations
 

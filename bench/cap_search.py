@@ -1,70 +1,14 @@
-"""The cap search (issue 10, "under a cap"): per workload and allocator, the smallest memory cap at which training
-completes, and the step time near it.
+"""The cap search: per workload and allocator, the smallest memory cap at which training completes, and the step
+time near it (docs/benchmarks.md, "Under a memory cap", holds the method).
 
     python -m bench cap search [--workloads vit bert t5 cnn] [--allocators expandable gmlake] [--steps 20]
-                               [--warmup N] [--resolution 0.01] [--deadline SECONDS] [--timeout SECONDS] [--out DIR]
-                               [--bounds-from bench/results/train/speed-.../summary.json]
-                               [--predict WORKLOAD=TRACE ...] [--capture [WORKLOAD ...]]
-    python -m bench cap search --workloads gpt2xl-lora-ckpt opt1.3b-lora-ckpt opt1.3b-offload \
-                               [--bounds-from bench/results/train/call1-gpu1.json] ...
+        [--resolution 0.01] [--deadline S] [--bounds-from SUMMARY_JSON] [--predict W=TRACE ...] [--capture [W ...]]
 
-Why: the speed suite reports peak reserved memory with no cap, which is what an allocator keeps when nothing presses
-it. Under a cap an allocator can release its cache and retry, so what a job fits into is the smallest cap it
-completes under: torch.cuda.set_per_process_memory_fraction(f), the cap a user sharing or sizing a GPU sets.
-
-Workloads: speed_suite.py's dynamic-shape ones (vit bert t5 cnn, the default), train_suite.py's single-GPU LLM
-ones (opt1.3b-lora, opt1.3b-ckpt, opt1.3b-lora-ckpt, opt1.3b-offload, gpt2xl-lora, ...) and its FSDP one
-(opt1.3b-fsdp-lora-ckpt, under torchrun on every visible GPU, each rank under the cap). Allocators by the names both
-suites give them; each workload takes those of its own suite (a pair that suite does not know is refused).
-
-Each probe is a fresh process of the workload's script, started exactly as its suite starts that allocator, with the
-same seed (so the same shapes) and `--steps 20`, plus `--memory-fraction f` (`probe_command`):
-bench/workloads/dynamic.py as speed_suite.py's `command` starts it, or bench/workloads/train_hf.py as train_suite.py's
-`command` does (the workload's model flags and the suite's default batch range, no max-batch search). Either times
-the steps after --warmup, and profiles no steps after the run (`--gpu-time-steps 0`: under the cap they could fail
-it). A probe fits when it exits 0 and fails when it ran out of memory under the cap: it exits 3 with an `oom`
-summary, or, under FSDP, a rank wrote one (NAME.rank<r>.json) before torchrun stopped the job. Any other failure
-ends that pair's search as an error, since bisecting on crashes would give a meaningless threshold. Per pair:
-
-1. reference: an uncapped run. Its peak allocated / device total is the floor (below it nothing fits) and its peak
-   reserved / total a fraction that fits (the same run capped there never meets the cap). With --bounds-from (a
-   speed-suite summary.json, or a train-suite results JSON: both list runs with their peak reserved) the reference
-   is instead a run capped at that suite's peak reserved for the pair (widened by 10 % until one fits, as a 60-step
-   run's peaks need not hold for 20 steps); its own peaks then give the bounds, and its time stands for the
-   uncapped time (a cap at or above a run's own peak never binds). A pair the file lacks gets an uncapped reference.
-2. bisection, geometric, between the two until hi / lo <= 1 + resolution: the smallest fraction that fit is then
-   within the resolution of the threshold (it is the reference's peak reserved when no capped probe fit below it).
-   With --predict WORKLOAD=TRACE, replay first: `gmlake.sim.cap.smallest_cap` of the trace under each allocator's
-   policy gives a bracket (largest cap that failed, smallest that fit, 0.2 % apart). The search probes that bracket
-   first, as bounds not known to hold (moved 1 % at a time while wrong), so where replay is right two probes settle
-   a pair to replay's resolution, however fine: two allocators whose brackets do not overlap are then told apart
-   even where they lie 0.4 % apart, which a 1 % bisection cannot. The pair's record keeps the prediction and
-   whether both its ends held (`prediction_held`). A workload of several traces (FSDP: `--predict W=rank0 W=rank1`)
-   takes its largest rank's bracket. With --capture [WORKLOAD ...] (no names: every workload without --predict),
-   the search first runs each workload once uncapped under torch's native allocator with `--snapshot`, started as
-   its probes are (same seed, steps and so requests), keeps the trace (OUT/traces/, one per FSDP rank) and predicts
-   from it: one extra run buys the 0.2 % brackets where no trace exists yet.
-3. one timed run at 1.05 x that fraction: its time (sum of step times after warm-up, the workload's timed_s) against
-   the reference's, and under gmlake the seconds its driver calls added over the timed steps (`driver_added_s`,
-   measured inside the calls, the largest rank's under FSDP): on these shared machines a single capped run's time
-   moves by more than the goal's 10 %, and this says how much of it the allocator could have caused.
-
-4. settling probes (with --predict or --capture), once a workload's pairs are done: where the GPU has not shown
-   one allocator below another (its smallest fit above the other's largest failure, the two within the
-   resolution) but replay's thresholds, to 0.01 %, part them, one or two probes at a cap between those thresholds
-   show the order (`settle_plan`, Note [Settling probes]). BERT and ResNet-50 needed two such probes by hand in
-   session 13 (bench cap probe). The record's "verdicts" list, per workload, which allocator fit a cap at or
-   below one at which another ran out of memory; they are printed after the table.
-
-Order: workloads in turn; within one, the allocators' probes alternate (A B, then B A, ...), so a drift in the
-machine's speed falls on both and a deadline leaves them about equally far. --deadline stops starting probes that
-would likely end after it (a probe still running at it is stopped) and marks the pairs left "unfinished" (with the
-bracket they reached) or "not started".
-
-Output: DIR/probes/NNN-WORKLOAD-ALLOCATOR-PURPOSE.json (the workload's summary, per-step times included) and
-DIR/cap.json (environment, settings, the device's total memory, every probe, every pair's outcome), rewritten after
-every probe; a table at the end. The device's total memory is read in a child process so that this one never
-creates a CUDA context on the device the probes measure.
+Each probe is a fresh process of the workload's script started as its suite starts it, plus `--memory-fraction f`;
+it fits on exit 0 and fails on an out-of-memory exit (3, or an FSDP rank's `oom` summary); any other failure ends
+that pair's search as an error. Per pair: a reference run, geometric bisection (replay's bracket first under
+--predict/--capture), one timed run at 1.05x the smallest fit, then settling probes (Note [Settling probes]).
+Output: DIR/probes/*.json and DIR/cap.json, rewritten after every probe, and a table.
 """
 from __future__ import annotations
 
@@ -463,13 +407,10 @@ def replay_thresholds(rows: list[dict], total: int) -> dict[tuple[str, str], flo
 
 def settle_plan(outcomes: dict[str, dict], thresholds: dict[str, float]) -> list[tuple[float, list[str], str, str]]:
     """Note [Settling probes]: per ordered pair of one workload's allocators (a, b) whose searches ended without
-    showing a below b (a's smallest fit is above b's largest failure, both within the resolution of each other)
-    while replay puts a's threshold below b's, one cap that tells them apart: b's largest failure where replay has
-    a fit there with room to spare (then only a is probed), else the midpoint of the two replayed thresholds (a and
-    b probed, each where replay expects it, fit and failure, as far from its threshold as the other's allows).
-    Returns (cap, allocators to probe there, a, b) per pair worth a probe, as fractions. A bisection to 0.2 %
-    cannot separate two thresholds 0.1 % apart; replay places them to 0.01 %, and one or two probes then settle
-    the order on the GPU (BERT and ResNet-50, session 13)."""
+    showing a below b while replay puts a's threshold below b's, one cap that tells them apart: b's largest failure
+    where replay has a fit there with room to spare (only a probed), else the midpoint of the two replayed
+    thresholds (both probed). Returns (cap, allocators to probe there, a, b) as fractions. A 0.2 % bisection cannot
+    separate thresholds 0.1 % apart; replay places them to 0.01 %, and one or two probes settle the order."""
     plan = []
     for a, oa in outcomes.items():
         for b, ob in outcomes.items():

@@ -1,18 +1,13 @@
 #!/usr/bin/env python3
-"""Time under a cap (issue 10: "step time at 1.05x its smallest cap <= 1.10x its uncapped step time"), with the
-rounds the cap search's single timed probe lacks.
+"""Time under a cap, with the rounds the cap search's single timed probe lacks.
 
-    python -m bench cap time --workload gpt2xl-lora-ckpt --allocator gmlake --fraction 0.0588759 --rounds 3
-    python -m bench cap time --from-cap bench/results/train/cap-2026-11-30c/cap.json --rounds 3
+    python -m bench cap time --workload W --allocator A --fraction F [--rounds 3]
+    python -m bench cap time --from-cap bench/results/train/cap-.../cap.json [--rounds 3]
 
-One workload and allocator, each run a fresh process started exactly as a cap-search probe (bench cap search's
-`probe_command`: the suite's shapes, --steps, --seed), alternating uncapped and capped runs in A B B A order per
-round, so that a drift of the machine's speed falls on both. Time = the workload's `timed_s` (sum of the step times
-after warm-up). Reports the ratio of the capped runs' summed time to the uncapped runs', with each side's own spread
-(max / min - 1) beside it: a ratio whose distance from 1 is inside the spreads is not resolved.
-
---from-cap takes every pair of a cap search's cap.json that found a smallest fit, at TIMED_MARGIN (1.05) x it.
-Output: DIR/cap-time.json (environment, every run, per pair the sums, ratio and spreads) and a line per pair.
+Uncapped and capped runs of one pair (cap-search probes) in A B B A order per round; the capped runs' summed time over
+the uncapped runs', with each side's spread: a ratio within the spreads is not resolved. --from-cap takes every pair
+of a cap search at TIMED_MARGIN x its smallest fit. docs/benchmarks.md, "Under a memory cap", holds the method.
+Output: DIR/cap-time.json and a line per pair.
 """
 from __future__ import annotations
 

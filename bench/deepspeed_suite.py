@@ -1,33 +1,13 @@
-"""DeepSpeed ZeRO-2 and ZeRO-3 with the optimizer offloaded to the CPU, on one GPU, under native, expandable
-segments and gmlake, interleaved.
+"""DeepSpeed ZeRO-2 and ZeRO-3 with the optimizer offloaded to the CPU, on one GPU, under native,
+expandable segments and gmlake, interleaved.
 
     python -m bench deepspeed [--stages 2 3] [--allocators native expandable gmlake] [--rounds 2] [--steps 40]
-                              [--optimizer cpu-adam|torch-adamw|auto] [--launch alternate|deepspeed|direct]
-                              [--deadline SECONDS] [--timeout 180] [--out DIR] [--device cuda|cpu]
+        [--optimizer cpu-adam|torch-adamw|auto] [--launch alternate|deepspeed|direct] [--deadline S] [--out DIR]
 
-Each run is a fresh process of bench/workloads/deepspeed_train.py (same seed, so the same sequence lengths and, with
-deterministic kernels, the same losses under every allocator). The order is speed suite's: rounds outermost, each
-stage's allocators A B C in even rounds and C B A in odd ones, so two rounds make A B C C B A per stage.
-
-How a run starts: through DeepSpeed's launcher, `deepspeed --num_gpus 1 bench/workloads/deepspeed_train.py ...`,
-gmlake by `GMLAKE=1` in its environment; or as one process, `python -m bench.workloads.deepspeed_train ...`, gmlake by
-`python -m gmlake run -m bench.workloads.deepspeed_train ...`. --launch alternate (the default) takes the launcher
-for the first stage and one process for the second in round 1, the other way round in round 2, so that round 1 alone
-starts gmlake both ways (a deadline that cuts the suite short keeps both) and every allocator of a stage and round
-starts the same way. Each run checks that it ran under the allocator it was meant to.
-
-First a preflight (seconds, or a minute or two the first time: DeepSpeed builds its CPU Adam with torch's JIT): it
-stops the suite with one line if deepspeed is not importable, torch sees no GPU, or CPU Adam does not build.
-`--optimizer auto` falls back to torch's AdamW on the CPU (DeepSpeed's `torch_adam`) where CPU Adam does not build.
-
-Per stage and allocator the table gives peak reserved and allocated (over the training steps), utilization (peak
-allocated / peak reserved), the median step time after warm-up (the median over runs of each run's median, with the
-runs' min-max) against native's and expandable's, the largest difference between a run's per-step losses and native's
-first run (0: identical), and gmlake's stitches and driver calls after warm-up. Native's own spread is printed too.
-
-Output: DIR/runs/NN-zeroS-ALLOCATOR.json (the workload's summary with its per-step records, plus the command, launch,
-return code and wall time) and .log (its output), DIR/summary.json (environment, settings, preflight, every run
-without its per-step records, the table's rows), rewritten after every run.
+Each run is a fresh process of bench/workloads/deepspeed_train.py, A B C then C B A per stage; --launch alternate
+starts gmlake through DeepSpeed's launcher (`GMLAKE=1`) and as one process (`gmlake run`) in turn. A preflight
+stops the suite in one line where deepspeed, the GPU or CPU Adam is missing. docs/benchmarks.md ("DeepSpeed ZeRO with
+the optimizer on the CPU") holds the method and the table. Output: DIR/runs/*.json|.log and DIR/summary.json.
 """
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """At the edge of memory, by replay: per trace and policy, where it fits and what fitting costs there.
 
-    python -m bench edge [TRACE ...] [--policy gmlake --policy expandable --policy gmlake-paper]
-                         [--resolution 2e-4] [--json OUT.json] [--check EXPECTED.json]
+    python -m bench edge [TRACE ...] [--policy SPEC ...] [--resolution 2e-4] [--json OUT.json] [--check EXPECTED.json]
 
-Per trace, P is its peak allocated as the expandable model replays it (PyTorch's 512 B rounding), the same for every
-policy. Per policy:
-- smallest device: the smallest simulated device (no cap) the replay completes on, bisected to `--resolution`
-  (relative), as a multiple of P: what the job fits into when the device itself is the limit;
-- smallest cap: the same for a cap (set_per_process_memory_fraction's, on the trace's own device);
-- priced driver time (gmlake.sim.replay.driver_seconds) at a cap and at a device of 1.02x and 1.05x P ("oom" where
-  the replay does not complete);
-- with a cap of 2x P, which never binds: driver calls and peak reserved beside the uncapped run's;
-- uncapped: peak reserved, utilization (P / peak reserved), driver calls, priced driver time.
-Then the goals (the default policy against min(expandable, gmlake-paper) + 0.2 % of P, and so on) per trace.
-
-Traces default to every bundled one (gmlake/sim/data/traces), tests/data's and the training suite's captures
-(tests/data/results/traces). A replay is deterministic, so the figures are the build's: --json writes them, --check compares
-a run with a file written before (exit 1 on any difference), the test's data.
+Per trace, P is its peak allocated under the expandable model; per policy the smallest device and cap as multiples
+of P, the priced driver time at 1.02x and 1.05x P, and the uncapped figures; then the goals. Traces default to every
+bundled and test one. Replay is deterministic: --json writes the figures, --check compares them with a file (exit 1
+on any difference). docs/benchmarks.md, "At the edge of memory, by replay", holds the method and the table.
 """
 from __future__ import annotations
 

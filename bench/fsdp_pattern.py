@@ -1,26 +1,14 @@
 """FSDP's streams on a CPU: PyTorch FSDP1's allocation pattern replayed through policies on the sim driver.
 
-    python -m bench fsdp-pattern [--policy SPEC]... [--steps 24] [--layers 24] [--json OUT] [--trace OUT.pickle.gz]
+    python -m bench fsdp-pattern [--policy SPEC]... [--steps 24] [--layers 24] [--lag N] [--json OUT]
+        [--trace OUT.pickle.gz]
 
-Issue 10: under FSDP (OPT-1.3B, full shard, LoRA, recomputation, two H200s, 2026-11-30) the default reached
-utilization 0.719 and expandable segments 0.701, where the paper's design had reached 0.976. No FSDP trace is bundled
-(`bench.workloads.fsdp_train --snapshot` captures one per rank), so this models the pattern from FSDP1's source
-(torch/distributed/fsdp/_runtime_utils.py, _flat_param.py), per rank, sizes of OPT-1.3B in bf16 over two ranks:
-
-- the unshard stream allocates each layer's unsharded flat parameter (the all-gather output, ~100 MiB) before the
-  layer runs; after it, the compute stream frees it with record_stream (`_free_unsharded_flat_param`);
-- the compute stream allocates the checkpointed layer inputs (kept until backward), the layer's temporaries, the
-  recomputation in backward and the flat parameter's unsharded gradient;
-- the post-backward stream allocates each layer's sharded gradient (the reduce-scatter output, ~50 MiB), kept
-  until the optimizer step's zero_grad; the unsharded gradient is freed with record_stream on that stream.
-
-Blocks stay on the stream that allocated them unless the policy shares them (`cross_stream`), so without sharing the
-post-backward stream's sharded gradients, freed at zero_grad, can never hold the next forward's activations. Shapes
-(batch 2-8, length 128-1024) are drawn per step from --seed. Events complete at once (the sim driver), so sharing is
-as early as it can be: an upper bound on what the GPU would reuse. --lag N makes the GPU's work trail the CPU's by N
-layers instead (no better a model of FSDP's timing: it puts the paper's design at 0.77, where the GPU measured 0.976;
-it is the case that showed completed frees retired late, Note [Polling pending frees]). --trace writes the pattern as a snapshot, recorded
-under the caching policy (PyTorch's native allocator), that `gmlake replay`, `compare`, `explain` and `cap` read.
+Modelled from FSDP1's source, per rank, OPT-1.3B in bf16 over two ranks: the unshard stream allocates each layer's
+unsharded flat parameter, freed after the layer with record_stream; the compute stream the checkpointed inputs,
+temporaries and unsharded gradient; the post-backward stream each sharded gradient, kept until zero_grad. Without
+`cross_stream` sharing those gradients can never hold the next forward's activations. Events complete at once, an
+upper bound on reuse; --lag N makes the GPU trail by N layers (Note [Polling pending frees]). --trace writes the
+pattern as a snapshot (tests/data/fsdp-pattern.pickle.gz) for `gmlake replay`.
 """
 from __future__ import annotations
 

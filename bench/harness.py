@@ -1,6 +1,5 @@
-"""The harness every bench command that runs workloads shares: how each allocator starts, one run in a fresh process,
-the interleaved order of rounds, the deadline, and the result files (rewritten after every run, so that a call cut
-short keeps what it finished)."""
+"""What every bench command that runs workloads shares: how each allocator starts, one run in a fresh process, the
+interleaved rounds, the deadline, and result files rewritten after every run."""
 from __future__ import annotations
 
 import datetime
@@ -225,9 +224,10 @@ def source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def environment() -> dict:
-    """The machine and versions a result was measured with (torch None where it is not installed)."""
+def environment(**extra) -> dict:
+    """The machine and versions a result was measured with (torch None where it is not installed), and `extra`."""
     import importlib.util
+    import platform
 
     import gmlake
 
@@ -243,9 +243,10 @@ def environment() -> dict:
         smi = []
     gpu, driver = (smi[0].split(", ") + ["?"])[:2] if smi else ("?", "?")
     return {"gpu": gpu, "nvidia_driver": driver, "torch": torch_version, "gmlake": gmlake.__version__,
-            "gmlake_source_sha256": source_digest(),
+            "gmlake_source_sha256": source_digest(), "python": platform.python_version(),
+            "cpu": platform.processor() or platform.machine(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(sys.argv)}
+            "command": " ".join(sys.argv), **extra}
 
 
 def device_total_memory() -> int:

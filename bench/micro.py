@@ -1,28 +1,22 @@
 """Micro benchmark of the allocator core and the driver it stands on.
 
-    python -m bench micro --driver cuda --out bench/results/micro-h200.json
-    python -m bench micro --driver sim --cache-hits --iterations 300000     # one JSON line: the cache hits only
+    python -m bench micro --driver cuda|host|sim [--iterations N] [--cache-hits] [--out FILE]
 
-Measures: malloc+free of a cached block inside the Cython core (ns); each driver call's cost (µs, per handle where
-the driver charges per handle); the time to stitch 512 MiB at each handle size against the driver calls that stitch
-makes; the calls stream ordering makes (cuStreamIsCapturing, event record / query / destroy); and stitches per step
-of a synthetic training loop after warm-up.
+A cached block's malloc+free inside the Cython core, each driver call's cost, stitching 512 MiB at each handle
+size, the stream calls, and stitches per step of a synthetic training loop (docs/benchmarks.md, "The core and the
+driver: micro benchmark").
 """
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
 import json
-import platform
 import random
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import gmlake
 from bench.cli import OneLineParser
+from bench.harness import environment
 from bench.native import load as _load_native
 from gmlake import Allocator
 
@@ -192,35 +186,6 @@ def synthetic_training(driver, steps: int = 200, warmup: int = 50, seed: int = 0
     }
 
 
-def environment(kind: str) -> dict:
-    env = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "driver_kind": kind,
-        "gmlake": gmlake.__version__,
-        "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
-        "command": " ".join(sys.argv),
-    }
-    try:
-        env["cuda_bindings"] = importlib.metadata.version("cuda-bindings")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    if kind == "cuda":
-        try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
-            env["gpu"], env["nvidia_driver"] = [x.strip() for x in smi.splitlines()[0].split(",")]
-        except (OSError, subprocess.SubprocessError, IndexError, ValueError):
-            pass    # no nvidia-smi, it failed, or it printed something else: the record goes without the GPU
-        try:
-            import torch
-
-            env["torch"] = torch.__version__
-        except Exception:  # noqa: BLE001, S110 - torch is optional here, and a broken install fails in many ways
-            pass
-    return env
-
-
 def main(argv: list[str] | None = None, prog: str = "bench micro") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--driver", choices=["cuda", "host", "sim"], default="sim")
@@ -235,7 +200,7 @@ def main(argv: list[str] | None = None, prog: str = "bench micro") -> None:
     if args.cache_hits:
         print(json.dumps(cache_hits(driver, args.iterations)))
         return
-    result = {"environment": environment(args.driver)}
+    result = {"environment": environment(driver_kind=args.driver)}
     result["cache_hit_ns"] = cache_hits(driver, args.iterations)
     result["driver_call_us"] = driver_costs(driver)
     result["stitch_512MiB"] = stitch_costs(driver, result["driver_call_us"])

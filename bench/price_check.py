@@ -3,21 +3,9 @@ steady-state share of step time.
 
     python -m bench report prices RESULTS... [--json OUT]
 
-Why: replay prices a run's driver calls with gmlake/sim/data/driver_costs_h200.json (bench micro's per-call costs,
-measured on calls in a tight loop); inside a training run the same calls may cost more (cold caches, a busier
-driver). Since 2026-12-01 every gmlake run records `driver_busy_s`, the seconds spent inside its driver calls
-(Driver.busy_seconds), for the whole run and after warm-up: this script holds the two side by side.
-
-RESULTS are cap-search folders (bench/results/train/cap-*: cap.json and probes.tar.gz or probes/), speed-suite
-folders (bench/results/train/speed-*: summary.json with runs.tar.gz or runs/, read by stall_check.load_runs) and
-single run JSONs (a workload summary, or a file with a list of them under "runs"). Every completed gmlake run, and
-under FSDP every rank, gives one row; runs under native or expandable segments (no gmlake counters) are left out,
-and so are runs from before `driver_busy_s` was recorded (counted in the summary).
-
-Prints one row per run/rank: its driver calls, priced and measured seconds over the whole run and their ratio
-(measured / priced), and after warm-up the measured seconds, their share of the timed steps (timed_s) and the
-priced seconds; then the median and quartiles of the whole-run ratio, and the after-warm-up share of step time of
-the uncapped runs (no memory_fraction). --json OUT writes the rows and that summary. Bad input: one line, exit 2.
+RESULTS are cap-search and speed-suite folders and run JSONs; every gmlake run (each FSDP rank) that recorded
+`driver_busy_s` gives a row: driver calls, priced and measured seconds and their ratio, and after warm-up the
+measured share of the timed steps; then the ratio's quartiles. Bad input: one line, exit 2.
 """
 from __future__ import annotations
 

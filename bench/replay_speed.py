@@ -1,17 +1,12 @@
-"""Replay speed: trace events per second through each built-in policy over the bundled traces (goal: >= 1 M/s), or
-the same replay loop in two built checkouts, interleaved (an A/B of a change).
+"""Replay speed: trace events per second through each built-in policy over the bundled traces, or the same replay
+loop in two built checkouts, interleaved (an A/B of a change).
 
     python -m bench replay-speed [--repeat 3]
     python -m bench replay-speed --against OLD_CHECKOUT [--new NEW_CHECKOUT] [--repeat 5] [--micro] [--json OUT]
 
-With --against, each checkout runs in its own long-lived worker process (bench/_replay_worker.py, its own build,
-imported from its root). For every repeat, every bundled trace and every built-in policy, the old and the new worker
-each replay the trace once, one after the other (never at the same time), so drifts in machine load hit both alike.
-The figure is the median over the repeats of events / seconds, timed inside the nogil replay loop (`run_requests`,
-sampling 2000 windows in both checkouts). A warm-up replay per trace and policy runs first and is not counted. The
-workers also report the allocator's stats, and the A/B says where old and new differ in what they did (driver calls,
-stitches), so a speed change is not a change of behaviour in disguise. With --micro, the core's cache hits (sim
-driver, as `bench micro` times them) are timed the same way.
+With --against each checkout runs in its own worker (bench/_replay_worker.py), old and new in turn per trace and
+policy; the figure is the median of events / s timed inside the nogil loop, and the A/B says where the two differ in
+what they did, so a speed change is not a change of behaviour in disguise. --micro times the core's cache hits too.
 """
 from __future__ import annotations
 

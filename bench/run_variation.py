@@ -1,13 +1,10 @@
-"""How many runs resolving a speed difference would take, from the runs' own variation (issue 10, "Speed").
+"""How many runs resolving a speed difference would take, from the runs' own variation.
 
     python -m bench report variation [RESULTS_DIR] [--gap 0.01 0.02]
 
-Reads every results JSON under RESULTS_DIR (default bench/results/train) that lists `runs` (the training suite's,
-the speed suite's summaries, cap-time records), groups the finished runs by file, workload and allocator (one
-group: repeats in one device call), and takes each group of two or more runs' coefficient of variation of its
-speed (tokens/s, else 1 / timed_s). Telling two allocators a relative gap `g` apart at two standard errors, with
-runs whose coefficient of variation is `cv`, takes about 8 cv^2 / g^2 runs of each (the standard error of a
-difference of two means of n runs is cv * sqrt(2 / n)); printed at the median and quartile CVs.
+Groups the finished runs of every results JSON under RESULTS_DIR by file, workload and allocator and takes each
+group's coefficient of variation `cv` of its speed; a gap `g` at two standard errors takes about 8 cv^2 / g^2 runs
+of each allocator.
 """
 from __future__ import annotations
 

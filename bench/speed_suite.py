@@ -1,25 +1,12 @@
-"""The speed suite (issue 10, "never slower than expandable segments"): dynamic-shape training under each allocator.
+"""The speed suite: dynamic-shape training under each allocator, interleaved.
 
     python -m bench speed [--workloads vit bert t5 cnn] [--allocators native expandable gmlake gmlake-paper]
-                                [--rounds 2] [--steps 60] [--warmup N] [--deadline SECONDS] [--out DIR]
-                                [--device cuda|cpu] [--size full|small]
+        [--rounds 2] [--steps 60] [--warmup N] [--deadline S] [--out DIR] [--device cuda|cpu] [--size full|small]
 
-Each run is a fresh process of bench/workloads/dynamic.py (same seed, so the same shapes, under every allocator):
-`native` (PYTORCH_CUDA_ALLOC_CONF empty), `expandable` (expandable_segments:True), `gmlake` (`python -m gmlake run`)
-and `gmlake-paper` (`python -m gmlake run --policy gmlake-paper`). The order is interleaved: round 1 runs each
-workload's allocators A B C D, round 2 D C B A, and so on, so two rounds make A B C D D C B A and a drift in the
-machine's speed falls on every allocator alike. Rounds are the outer loop, so a deadline that cuts the suite short
-leaves every workload with at least its first round.
-
-The measure is the sum of a run's step times after warm-up (the first quarter of the steps by default); per workload
-and allocator the table shows its median over runs relative to native's median, the min-max of the runs (as ratios
-to native's median), their spread (max - min over their own median), samples/s, peak reserved GiB, utilization
-(peak allocated / peak reserved) and, under gmlake, its stitches and driver calls after warm-up. Native's own spread
-is printed too: a ratio within it of 1.00 is not resolved.
-
-Output: DIR/runs/NN-WORKLOAD-ALLOCATOR.json, one per run (dynamic.py's summary, per-step times included, plus the
-command, return code and wall time), and DIR/summary.json (environment, every run without its per-step records, the
-table's rows), rewritten after every run so that a suite stopped from outside keeps what finished.
+Each run is a fresh process of bench/workloads/dynamic.py (same seed, same shapes); rounds alternate A B C D and
+D C B A (harness.interleaved). The measure is the sum of the step times after warm-up, against native's median; the
+table and its reading are in docs/benchmarks.md, "Speed suite: shapes that change every step". Output:
+DIR/runs/*.json and DIR/summary.json, rewritten after every run.
 """
 from __future__ import annotations
 

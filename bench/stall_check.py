@@ -1,26 +1,13 @@
-"""The stall model against the GPU (issue 10): does priced driver time x the stall factor predict the training time
-an allocator loses to its driver calls?
+"""The stall model against the GPU: does priced driver time x the stall factor predict the training time an
+allocator loses to its driver calls?
 
     python -m bench report stall RESULTS... [--traces DIR] [--tolerance 0.3] [--json OUT]
 
-RESULTS are speed-suite folders (bench/results/train/speed-*: summary.json with runs.tar.gz or runs/) and single
-run JSONs of bench/workloads/dynamic.py (e.g. tests/data/results/train/stall-2026-11-30/vit-paper.json). For every
-gmlake run: its driver calls after warm-up (counted on the GPU; replay reproduces them call for call, see
-bench/tests/test_stall_model.py) priced with gmlake's cost table, the predicted loss (x the stall factor), and the measured
-loss: its time after warm-up minus the median of native's runs of that workload. Native's runs come from the run's
-own source, the speed-suite folder it was timed in (same machine, same device call), so that runs are never
-compared with another machine's native; only a single run JSON, which carries no native run, is compared with the
-natives of every source given (the baseline column says which). A suite run whose folder has no native run of its
-workload gets no verdict. A prediction is judged only where it exceeds its baseline's own run-to-run spread (else
-the GPU cannot resolve it); exit status 1 if a judged one misses by more than the tolerance, 2 on bad input.
-
-With --traces DIR (WORKLOAD-native.pickle.gz or .gmtrace, a trace captured under native by `gmlake capture`,
-and WORKLOAD-capture.json, that run's summary with each step's `allocations_before`), the priced time comes from
-replaying the trace through the run's policy instead, from the first request of the first step after warm-up to
-the end: the prediction a researcher gets on a CPU.
-
-The "busy s" column is the time measured inside the driver's calls after warm-up (Driver.busy_seconds), for runs
-made since it is recorded (2026-12-01): beside "priced s" it checks the price table on that very run.
+RESULTS are speed-suite folders and single dynamic.py run JSONs. Per gmlake run: its driver calls after warm-up
+priced with the cost table (or, with --traces, by replaying the native trace from the first timed step), the
+predicted loss, and the measured one against the median native run of the same source. A prediction is judged only
+beyond its baseline's spread; exit 1 where a judged one misses by more than the tolerance, 2 on bad input.
+docs/benchmarks.md ("Speed, and what the runs can resolve") holds the method.
 """
 from __future__ import annotations
 

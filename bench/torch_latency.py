@@ -2,16 +2,9 @@
 
     python -m bench latency [--rounds N] [--iterations N] [--repeats N] [--goal RATIO] [--out FILE]
 
-Each allocator runs in its own process (the allocator is chosen before CUDA starts); sizes cover the small pool,
-a large block and a block that gmlake serves from a cached stitched block. Rounds alternate the order (native,
-gmlake, then gmlake, native, ...), as the speed suites do, since a shared machine drifts between processes; the
-record keeps every run and gives, per size, each allocator's median and the ratio of the medians with each side's
-spread. Every run is pinned to the same CPU, and takes the best of --repeats timed loops, so that a noisy
-neighbour's bursts and a move between cores weigh less; each run also times a fixed pure-Python loop on that CPU
-(`probe_us`), which shows how loaded the host was while it ran. Per size it says whether gmlake met the goal
-(gmlake / native <= --goal, default 1.1) by the runs' extremes: met where even gmlake's slowest run over native's
-fastest is within it, missed where even gmlake's fastest over native's slowest is above it, else not resolved: on a
-loaded machine take more rounds rather than read the medians' ratio as a pass.
+Each allocator in its own process pinned to one CPU, rounds alternating the order, the best of --repeats loops per
+run, with a fixed Python loop (`probe_us`) showing the host's load. Per size the goal (gmlake / native <= --goal) is
+met or missed only by the runs' extremes, else not resolved (docs/benchmarks.md, "Latency through PyTorch").
 """
 from __future__ import annotations
 

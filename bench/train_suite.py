@@ -1,28 +1,22 @@
-"""The real training benchmark: each workload under the native allocator, expandable segments and gmlake.
+"""The training suite: LLM fine-tuning workloads under the native allocator, expandable segments and gmlake.
 
-    python -m bench train [--workloads NAME ...] [--allocators NAME ...] [--steps 24] [--cap-gib 24]
-                                [--gpus 0] [--out bench/results/train.json]
+    python -m bench train [--workloads NAME ...] [--allocators NAME ...] [--steps 24] [--cap-gib 24] [--gpus 0]
+        [--out bench/results/train.json]
 
-One process per (workload, allocator): a training phase with shapes drawn per step (peak allocated, peak reserved,
-utilization, median step time, tokens/s), then a bisection for the largest batch that fits under a fixed cap. The
-FSDP workload runs under torchrun on two GPUs. Its batch search cannot run inside the job (a rank that runs out of
-memory mid-step leaves the other waiting in a collective), so with --fsdp-batch-search each probe is a job of its
-own, which torchrun ends when a rank fails (about 30 s a probe). Results carry the GPU, driver, torch and gmlake
-versions, the date and each command; `bench report docs` makes docs/benchmarks.md's table and the README's figure
-from the records it lists.
+One process per (workload, allocator): training on shapes drawn per step, then a bisection for the largest batch
+under a fixed cap (single-GPU workloads; FSDP runs under torchrun). docs/benchmarks.md,
+"Training suite: LLM fine-tuning", holds the method; `bench report docs` makes its table from the records.
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench import RESULTS
 from bench.cli import OneLineParser
-from bench.harness import ALLOCATORS, Results, environment, launch, measured_run, run_process
+from bench.harness import ALLOCATORS, Results, environment, launch, measured_run
 
 WORKLOADS = {
     f"{model}-{name}": ["--model", hf, *flags]
@@ -35,13 +29,11 @@ DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake")
 MIN_BATCH, MAX_BATCH = 2, 8         # the default batch range of a single-GPU run (bench cap search's probes too)
 
 
-def command(workload: str, allocator: str, args, out: str, probe: int | None = None) -> tuple[list[str], dict]:
-    """The command line and environment of one run, or of one FSDP batch-search probe of `probe` samples."""
+def command(workload: str, allocator: str, args, out: str) -> tuple[list[str], dict]:
+    """The command line and environment of one run (the max-batch search in-process, single-GPU workloads only: a
+    rank out of memory mid-step would leave the other waiting in a collective)."""
     common = ["--steps", str(args.steps), "--min-batch", str(args.min_batch), "--max-batch", str(args.max_batch),
               "--json", out]
-    if probe is not None:       # two steps at a fixed shape under the cap
-        common = ["--steps", "2", "--min-batch", str(probe), "--max-batch", str(probe), "--min-seq", "1024",
-                  "--max-seq", "1024", "--cap-gib", str(args.cap_gib), "--json", out]
     if workload in FSDP_WORKLOADS:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
         script = ["-m", "bench.workloads.fsdp_train", *FSDP_WORKLOADS[workload], *common]
@@ -56,27 +48,6 @@ def command(workload: str, allocator: str, args, out: str, probe: int | None = N
     return cmd, env
 
 
-def fsdp_max_batch(workload: str, allocator: str, args) -> dict:
-    """The largest FSDP batch (1,024 tokens) under the cap, by bisection over jobs of one probe each."""
-    probes, lo, hi = [], 0, args.fsdp_search_max
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        cmd, env = command(workload, allocator, args, os.devnull, probe=mid)
-        started = time.perf_counter()
-        proc, _ = run_process(cmd, env, args.timeout)
-        fits = proc.returncode == 0
-        probes.append({"batch": mid, "fits": fits, "wall_s": round(time.perf_counter() - started, 1)})
-        print(f"   probe batch {mid}: {'fits' if fits else 'does not fit'}", flush=True)
-        if fits:
-            lo = mid
-        elif "out of memory" in (proc.stdout + proc.stderr).lower():
-            hi = mid - 1
-        else:
-            return {"max_batch_under_cap": None, "cap_gib": args.cap_gib, "batch_probes": probes,
-                    "batch_search_error": (proc.stderr or proc.stdout)[-2000:]}
-    return {"max_batch_under_cap": lo, "cap_gib": args.cap_gib, "batch_probes": probes}
-
-
 def main(argv: list[str] | None = None, prog: str = "bench train") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=[*WORKLOADS, *FSDP_WORKLOADS],
@@ -88,9 +59,6 @@ def main(argv: list[str] | None = None, prog: str = "bench train") -> None:
     parser.add_argument("--min-batch", type=int, default=MIN_BATCH)
     parser.add_argument("--max-batch", type=int, default=MAX_BATCH)
     parser.add_argument("--cap-gib", type=float, default=24.0, help="0: skip the max-batch search")
-    parser.add_argument("--fsdp-batch-search", action="store_true",
-                        help="also bisect for the FSDP workload's largest batch under --cap-gib, a job per probe")
-    parser.add_argument("--fsdp-search-max", type=int, default=64, help="upper bound of that search")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the whole list this many times, round after round, so that drift in the machine's "
                              "speed falls on every allocator alike (the report pools repeats)")
@@ -119,8 +87,6 @@ def main(argv: list[str] | None = None, prog: str = "bench train") -> None:
         if "error" in run:
             print(run["error"], flush=True)
         else:
-            if workload in FSDP_WORKLOADS and args.fsdp_batch_search and args.cap_gib:
-                run.update(fsdp_max_batch(workload, allocator, args))
             print(json.dumps({k: run.get(k) for k in ("max_memory_reserved", "utilization", "median_step_s",
                                                        "max_batch_under_cap", "wall_s")}), flush=True)
         results.record["runs"].append(run)

@@ -2,13 +2,9 @@
 
     python -m bench kernels [--gib 4] [--rounds 3] [--out FILE]
 
-Issue 10: on the T5 workload both VMM allocators (expandable segments and gmlake) took ~4 % more time than native
-with no driver call after warm-up, so the cause may be the memory itself (page size, TLB reach) rather than the
-allocator's calls. This times the same kernels on one buffer from each source: cudaMalloc (torch's native
-allocator), gmlake's core over the CUDA driver with 20 MiB handles (the default's large pages), with 2 MiB handles,
-and a range stitched from 2 MiB handles of several segments (the paper's design). Kernels: a device copy (bandwidth),
-a random gather over the whole buffer (TLB reach), a bf16 matmul (compute). Sources are interleaved round by round;
-each kernel's time is the median of its iterations, timed with CUDA events; ratios are against cudaMalloc's.
+The same kernels (a device copy, a random gather, a bf16 matmul) on one buffer from cudaMalloc, from gmlake's core
+with 20 MiB and 2 MiB handles, and stitched from 2 MiB handles of several segments; sources interleaved by round,
+medians by CUDA events, ratios against cudaMalloc's (docs/benchmarks.md, "Speed, and what the runs can resolve").
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Helpers shared by the training workloads: which allocator this process runs under, its memory peaks, gmlake's
-own counters, and running under a memory cap (--memory-fraction).
-
-Under gmlake (a pluggable allocator) torch.cuda.memory_stats() and its peaks raise; these helpers read gmlake's
-figures through gmlake.torch instead, under torch's names.
+"""Helpers shared by the training workloads: the allocator in use, its peaks and gmlake's counters (read through
+gmlake.torch under gmlake, whose stats torch cannot read), GPU time, and runs under a cap or a device limit.
 """
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ GMLAKE_COUNTERS = ("stitches", "stitched_handles", "sblock_reuses", "sblock_evic
 
 
 def allocator_name() -> str:
-    """"gmlake" when gmlake is torch's CUDA allocator in this process, else "expandable" or "native" from
-    PYTORCH_CUDA_ALLOC_CONF."""
+    """"gmlake", or "expandable" or "native" from PYTORCH_CUDA_ALLOC_CONF."""
     try:
         import gmlake.torch as gt
 
@@ -45,9 +41,8 @@ def memory_peaks() -> dict:
 
 
 def allocator_ooms() -> int:
-    """How many requests the allocator answered with out-of-memory in this process, a library's caught ones too (a
-    workspace request that failed makes cuDNN or cuBLAS pick another kernel): gmlake's counter under gmlake, torch's
-    num_ooms otherwise."""
+    """Requests the allocator answered with out-of-memory, those a library caught too (cuDNN or cuBLAS then pick
+    another kernel)."""
     if allocator_name() == "gmlake":
         import gmlake.torch as gt
 
@@ -56,8 +51,7 @@ def allocator_ooms() -> int:
 
 
 def gmlake_stats() -> dict | None:
-    """gmlake's own counters for the run (stitches, sBlock reuses, driver calls and handles by kind, and the
-    seconds measured inside the driver's calls), or None under torch's allocator."""
+    """gmlake's counters, calls and handles by kind and seconds inside the driver's calls; None under torch's."""
     if allocator_name() != "gmlake":
         return None
     import gmlake.torch as gt
@@ -102,8 +96,7 @@ def gmlake_policy_name() -> str | None:
 
 
 def counters_since(before: dict, after: dict) -> dict:
-    """What gmlake did between two gmlake_stats() readings: counter and per-kind call differences (cached_sblocks,
-    a level rather than a count, is taken as is from `after`)."""
+    """What gmlake did between two gmlake_stats() readings (cached_sblocks, a level, as is from `after`)."""
     out = {k: after[k] - before[k] for k in GMLAKE_COUNTERS if k != "cached_sblocks"}
     out["cached_sblocks"] = after["cached_sblocks"]
     for group in ("calls", "handles"):
@@ -114,9 +107,7 @@ def counters_since(before: dict, after: dict) -> dict:
     return out
 
 
-# Kernel classes by name for gpu_time(), first match wins: copies and fills move bytes only, so they feel a change in
-# memory bandwidth most; GEMMs are compute-bound; the rest (elementwise, reductions, norms, optimizer) mostly
-# bandwidth-bound.
+# Kernel classes by name for gpu_time(), first match wins: copies feel memory bandwidth most, GEMMs are compute-bound.
 KERNEL_CLASSES = (
     ("copy", ("memcpy", "memset", "copy_kernel", "catarraybatched", "fill")),
     ("gemm", ("gemm", "cutlass", "nvjet", "cublas", "sm90_xmma", "matmul")),
@@ -124,15 +115,14 @@ KERNEL_CLASSES = (
 
 
 def gpu_time(step: Callable[[], None], cuda: bool = True) -> dict:
-    """The device time of the kernels one call of `step` launches, in ms: in all and by KERNEL_CLASSES ("other" for
-    the rest), with the number of kernels. `cuda=False` times CPU operators instead (a smoke test off the GPU).
+    """The device time in ms of the kernels one call of `step` launches, in all and by KERNEL_CLASSES, with their
+    count. `cuda=False` times CPU operators instead (a smoke test).
 
-    Note [GPU time]: on the shared H200s a run's step times move by up to 46 % with the host (launch path, CPU) while
-    the GPU clock stays put (Note [Machine regimes]), so wall time cannot resolve a few percent between allocators.
-    The kernels' own durations leave out the GPU's idle gaps, and with them the host's noise: what is left is what
-    memory placement can change, such as the bandwidth of memory mapped as small VMM handles (a copy runs 1.2-4.7 %
-    slower over 20 MiB handles than over cudaMalloc memory, bench kernels). Callers time extra steps after
-    the timed ones, with shapes already seen, so the profiler never enters tokens/s or the memory peaks."""
+    Note [GPU time]: on shared machines step times move with the host (Note [Machine regimes]) while the GPU clock
+    stays put, so wall time cannot resolve a few percent between allocators. The kernels' own durations leave out
+    the idle gaps and with them the host's noise: what is left is what memory placement can change (docs/benchmarks.md,
+    "Speed, and what the runs can resolve"). Callers profile extra steps after the timed ones, shapes already seen,
+    so the profiler never enters the timed figures or the peaks."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -161,13 +151,11 @@ def gpu_time(step: Callable[[], None], cuda: bool = True) -> dict:
 class MachineProbe:
     """How fast the machine is right now, measured between steps (outside the timed region).
 
-    Note [Machine regimes]: on the shared H200s a run's steps switch between speed regimes with the same shapes
-    (0.24 s and 0.40 s per step on opt1.3b-ckpt, 2026-11-30, under every allocator), so runs of one allocator can
-    differ by 46 % and no allocator's ratio near 1 can be read. Three fixed probes after each step say which part
-    of the machine changed: `gpu_spin_ms`, a kernel spinning a fixed number of GPU clock cycles (the GPU's clock);
-    `launch_ms`, 100 tiny kernel launches and a synchronize (the host and driver path a training step's launches
-    take); `cpu_ms`, a fixed pure-Python loop (the host CPU). Each takes about a millisecond and allocates one
-    512-byte tensor, once, so peaks stay as they were."""
+    Note [Machine regimes]: on shared machines a run's steps switch between speed regimes with the same shapes, under
+    every allocator (docs/benchmarks.md, "Speed, and what the runs can resolve"). Three fixed probes after each step
+    say which part changed: `gpu_spin_ms` (a kernel spinning fixed GPU cycles: the GPU's clock), `launch_ms` (100
+    tiny launches and a synchronize: the host and driver path), `cpu_ms` (a pure-Python loop: the host CPU). Each
+    takes about a millisecond and allocates one 512-byte tensor, once, so peaks stay as they were."""
 
     def __init__(self, cuda: bool) -> None:
         self.cuda = cuda
@@ -198,8 +186,7 @@ OOM_EXIT = 3        # the exit status of a run that ran out of memory under --me
 
 
 def parse_fraction(text: str | None) -> float | None:
-    """--memory-fraction's value: None when absent, else a number in (0, 1] (torch rejects others, and a typo should
-    stop the run before minutes of model building). Raises ValueError saying why."""
+    """--memory-fraction's value: None when absent, else a number in (0, 1]; ValueError saying why."""
     if text is None:
         return None
     try:
@@ -218,8 +205,7 @@ def refuse(script: str, why: str) -> NoReturn:
 
 
 def memory_fraction(script: str, text: str | None, device: str) -> float | None:
-    """--memory-fraction checked as the workloads take it: parse_fraction's value, which needs a CUDA device (it caps
-    that device's memory). Anything else is refused (exit 2) before the model is built."""
+    """--memory-fraction checked (it needs a CUDA device), or refused in one line before the model is built."""
     try:
         fraction = parse_fraction(text)
     except ValueError as exc:
@@ -244,11 +230,10 @@ def filler_bytes(free: int, leave: int) -> int:
 
 def outside_allocator_bytes(free_after_filler: int, free_now: int, reserved_now: int,
                             reserved_at_filler: int = 0) -> int:
-    """The device memory this process took outside its allocator since the filler was placed: what left the free
-    memory ((free right after the filler) - (free now)) and is not the allocator's growth since (reserved now -
-    reserved then). Note [Memory outside the allocator]: CUDA's libraries take memory on first use (handles, their
-    kernels, workspaces, local memory for kernels that spill), after the filler; a device limit must leave room for
-    it, or the allocator gets less than the bytes the probe means to give it."""
+    """The device memory taken outside the allocator since the filler: the free memory lost, less the allocator's
+    growth. Note [Memory outside the allocator]: CUDA's libraries take memory on first use (handles, kernels,
+    workspaces, spilled locals), after the filler; a device limit must leave room for it, or the allocator gets less
+    than the bytes the probe means to give it."""
     return free_after_filler - free_now - (reserved_now - reserved_at_filler)
 
 
@@ -262,9 +247,8 @@ def _reserved_now() -> int:
 
 
 def device_limit_fields() -> dict:
-    """For a run under a device limit ($GMLAKE_BENCH_LEAVE_FREE): the bytes asked to be left free, the filler's
-    size, the free bytes right after it, and the bytes held outside the allocator now (`outside_allocator_bytes`).
-    {} without a device limit. Never raises: at an out-of-memory it reports why it could not measure instead."""
+    """Under a device limit: the filler's figures and the bytes outside the allocator now ({} without one). Never
+    raises: at an out-of-memory it says why it could not measure instead."""
     if not _device_limit:
         return {}
     out = dict(_device_limit)
@@ -285,11 +269,8 @@ def outside_now() -> dict:
 
 
 def warm_libraries(device: str = "cuda") -> None:
-    """Use, once and small, what training uses of CUDA's libraries (cuBLAS and cuBLASLt GEMMs in bf16 and fp32
-    with and without bias, forward and backward, attention, norms, softmax, cross entropy, an optimizer step), then
-    give back every byte the allocator took for it (cuBLAS workspaces included): what the libraries keep for
-    themselves is taken before the filler instead of after it. Whether that is most of the memory taken outside the
-    allocator is measured ($GMLAKE_BENCH_WARM=1 in a calibration), not assumed."""
+    """Use, once and small, what training uses of CUDA's libraries, then give back what the allocator took for it:
+    what the libraries keep is then taken before the filler. How much that covers is measured, not assumed."""
     import torch.nn.functional as F
 
     for dtype in (torch.bfloat16, torch.float32):
@@ -316,14 +297,10 @@ def warm_libraries(device: str = "cuda") -> None:
 
 
 def limit_memory(fraction: float) -> int:
-    """Cap this process at `fraction` of the device (torch.cuda.set_per_process_memory_fraction, which initialises
-    CUDA) and, where $GMLAKE_BENCH_LEAVE_FREE names a number of bytes, make the device itself the limit: take all
-    of the device's free memory but that many bytes, outside any allocator (cuMemAlloc, held until the process
-    ends), so the allocator runs out where a device that much larger than this process's CUDA context would.
-    Returns the bytes taken (0: none, where the bytes to leave are all that is free: a calibration run measures
-    then, with no filler). The filler is taken once the context exists, so the context's own memory is not counted
-    in the bytes left; memory CUDA's libraries take later is (Note [Memory outside the allocator]):
-    `device_limit_fields` measures it, and $GMLAKE_BENCH_WARM=1 runs `warm_libraries` before the filler."""
+    """Cap this process at `fraction` of the device (this initialises CUDA) and, where $GMLAKE_BENCH_LEAVE_FREE names
+    bytes, make the device the limit: a cuMemAlloc filler takes all its free memory but those bytes, once the
+    context exists (what the libraries take later counts: Note [Memory outside the allocator]). Returns the filler's
+    bytes; $GMLAKE_BENCH_WARM=1 runs `warm_libraries` first."""
     import ctypes
 
     torch.cuda.set_per_process_memory_fraction(fraction)
@@ -348,14 +325,12 @@ def limit_memory(fraction: float) -> int:
 
 
 def out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` is an allocation failure: torch.OutOfMemoryError, under torch's allocator and under gmlake; a
-    RuntimeError saying "out of memory" where gmlake could not build its shim for torch's type."""
+    """Whether `exc` is an allocation failure (a RuntimeError saying so where gmlake has no shim for torch's type)."""
     return isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc))
 
 
 def oom_summary(head: dict, step: int | None, fraction: float, exc: BaseException) -> dict:
-    """The summary of a run that ran out of memory under its cap: `head` (what ran), then oom, the step, the error's
-    first line and the peaks so far."""
+    """The summary of a run that ran out of memory under its cap: `head`, the step, the error's first line, peaks."""
     first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
     return {**head, "memory_fraction": fraction, "oom": True, "oom_step": step, "error": first_line, **memory_peaks(),
             **device_limit_fields()}
@@ -364,29 +339,49 @@ def oom_summary(head: dict, step: int | None, fraction: float, exc: BaseExceptio
 LIBRARY_FAILURE_EXIT = 4     # under a device limit, a step failed with an error other than out-of-memory
 
 
-def exit_library_failure(script: str, head: dict, records: list[dict], fraction: float, exc: BaseException,
-                         json_path: str | None) -> NoReturn:
-    """End a device-limited run whose step failed with an error that is not an allocator's out-of-memory (a CUDA
-    library that found no device memory: a cuDNN or cuBLAS error, a kernel that could not load): the summary as
-    exit_out_of_memory writes it, with "library_failure": true, one line on stderr, exit LIBRARY_FAILURE_EXIT."""
+def cap_fields(fraction: float | None, filler: int) -> dict:
+    """The summary's fields of a run that fit under its cap (none without one)."""
+    return {} if fraction is None else {"memory_fraction": fraction, "oom": False, "filler_bytes": filler,
+                                        **device_limit_fields()}
+
+
+def exit_failed(script: str, head: dict, records: list[dict], fraction: float | None, exc: Exception,
+                json_path: str | None) -> NoReturn:
+    """End a run whose model building or step raised: re-raised unless capped. An out-of-memory under the cap exits
+    OOM_EXIT; under a device limit another error (a CUDA library that found no memory, whose failure is not the
+    allocator's: Note [The libraries' memory in replay]) exits LIBRARY_FAILURE_EXIT. Either way the summary (the
+    step is the number of records, 0 also covering the model's building) goes to `json_path`, one line to stderr."""
+    oom = out_of_memory(exc)
+    if fraction is None or not (oom or device_limit_fields()):
+        raise exc
     step = len(records)
-    summary = {**oom_summary(head, step, fraction, exc), "oom": False, "library_failure": True, "per_step": records}
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(summary, f, indent=1)
+    summary = {**oom_summary(head, step, fraction, exc), "per_step": records}
+    if not oom:
+        summary.update(oom=False, library_failure=True)
+    write_summary(summary, json_path)
+    if oom:
+        print(f"{script}: out of memory at step {step} under memory fraction {fraction}", file=sys.stderr)
+        sys.exit(OOM_EXIT)
     print(f"{script}: step {step} failed outside the allocator: {summary['error']}", file=sys.stderr)
     sys.exit(LIBRARY_FAILURE_EXIT)
 
 
-def exit_out_of_memory(script: str, head: dict, records: list[dict], fraction: float, exc: BaseException,
-                       json_path: str | None) -> NoReturn:
-    """End a capped run whose step ran out of memory: the summary (`head`, what ran; then oom, the step, the error's
-    first line, the peaks so far and the steps that completed) to `json_path`, one line on stderr, exit status
-    OOM_EXIT. The step is the number of records, so step 0 with none also covers building the model."""
-    step = len(records)
-    summary = {**oom_summary(head, step, fraction, exc), "per_step": records}
+def write_summary(summary: dict, json_path: str | None, shown: tuple[str, ...] | None = None) -> None:
+    """The summary to `json_path`; with `shown` (keys left out) printed too, as one line of JSON."""
     if json_path:
         with open(json_path, "w") as f:
             json.dump(summary, f, indent=1)
-    print(f"{script}: out of memory at step {step} under memory fraction {fraction}", file=sys.stderr)
-    sys.exit(OOM_EXIT)
+    if shown is not None:
+        print(json.dumps({k: v for k, v in summary.items() if k not in shown}))
+
+
+def add_run_arguments(parser, steps: int) -> None:
+    """The options every single-process workload takes alike."""
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the summary here")
+    parser.add_argument("--snapshot", metavar="PATH", help="record every allocator event into this snapshot "
+                        "(.pickle.gz; slows the run): a trace for replay")
+    parser.add_argument("--memory-fraction", metavar="F",
+                        help="cap this process at F (0 < F <= 1) of the device's memory; out of memory: exit 3")

@@ -5,17 +5,10 @@ sequence lengths drawn afresh each step, and write a JSON summary: losses, peak 
     gmlake run -m bench.workloads.deepspeed_train --stage 2 --json out.json                       # one process
     python -m bench.workloads.deepspeed_train --preflight        # deepspeed importable, CPU Adam built (JIT), exit
 
-`python -m bench deepspeed` runs these under native, expandable segments and gmlake, interleaved.
-
-Needs deepspeed (0.19: its CPU Adam is C++ built on first use by torch's JIT, with ninja, a C++ compiler with OpenMP
-and Python's headers; no nvcc) and transformers. `--optimizer torch-adamw` steps torch's AdamW on the CPU instead
-(DeepSpeed's `torch_adam`), for a machine where that build fails. `--device cpu` is a smoke test on the CPU
-(DeepSpeed's CPU accelerator, a tiny model, no memory figures).
-
-GPT-2 at random init (no downloads), bf16, eager attention, no dropout, deterministic algorithms and one seed, so
-that every allocator sees the same shapes and computes the same losses: an allocator changes where tensors live,
-never what the kernels compute. The peaks are taken over the training steps (DeepSpeed's ZeRO-2 init resets them
-itself); `init_reserved` is what was reserved when they began.
+Needs deepspeed and transformers; `--optimizer torch-adamw` where CPU Adam does not build, `--device cpu` a smoke
+test. GPT-2 at random init, deterministic kernels and one seed: every allocator computes the same losses. The peaks
+are over the training steps; `init_reserved` is what was reserved when they began. `python -m bench deepspeed` runs
+it under each allocator (docs/benchmarks.md, "DeepSpeed ZeRO with the optimizer on the CPU").
 """
 from __future__ import annotations
 

@@ -1,31 +1,13 @@
 """Train a model at random init (no downloads) on shapes drawn per step: the dynamic-shape speed workloads.
 
-    python -m bench.workloads.dynamic --workload {vit,bert,t5,cnn} [--steps 60] [--seed 0] [--device cuda|cpu]
-                                      [--size small|full] [--warmup N] [--json OUT] [--memory-fraction F]
+    python -m bench.workloads.dynamic --workload {vit,bert,t5,cnn,rl,sage} [--steps 60] [--seed 0]
+        [--device cuda|cpu] [--size small|full] [--warmup N] [--json OUT] [--memory-fraction F]
 
-    vit   a mixed-resolution vision transformer (ViT-Base/16, pos. embeddings interpolated): image side and batch
-          drawn per step
-    bert  a dynamic-padding encoder classifier (BERT-base): padded length (a multiple of 8, as a collator with
-          pad_to_multiple_of=8 makes it), per-sample lengths under it, and batch drawn per step
-    t5    an encoder-decoder with recomputation (T5-base, gradient checkpointing): source length, target length and
-          batch drawn per step
-    cnn   a multi-scale CNN (ResNet-50 in plain torch, channels-last): image side and batch drawn per step
-    rl, sage  sampling with a KV cache then a policy-gradient step; full-batch GraphSAGE (workloads/edge_programs.py)
-
-The whole shape schedule is drawn from --seed before the model is built, so every allocator sees the same sequence
-(its digest, `schedule_sha256`, is in the summary). bf16 autocast on CUDA, fp32 weights, AdamW. Each step is timed
-between two torch.cuda.synchronize() calls, inputs made before the first. The summary carries the per-step times,
-the sum of the step times after --warmup steps (the first quarter by default), samples/s and tokens/s after
-warm-up, the peaks of allocated and reserved memory, and, under gmlake, its counters at the end and what it did
-after warm-up (stitches, driver calls by kind). --size small builds tiny models for a smoke test on the CPU.
-
---memory-fraction F (0 < F <= 1, CUDA only) caps the process with torch.cuda.set_per_process_memory_fraction(F),
-set as CUDA starts, before the model is built, so the cap holds from the first byte; it works alike under torch's
-allocator (native, expandable segments) and under `gmlake run`, which wires torch's memory-fraction hook. A step
-that runs out of memory under the cap (torch.OutOfMemoryError, or a RuntimeError saying "out of memory" where gmlake
-could not build its shim for torch's type) ends the run with one line on stderr and exit status 3 (OOM_EXIT), and the
---json summary says "oom": true, the step and the peaks so far: bench cap search bisects on that answer. Without the
-option nothing changes.
+vit (ViT-B/16, mixed resolution), bert (BERT-base, dynamic padding), t5 (T5-base with recomputation), cnn (ResNet-50,
+channels-last); rl and sage live in workloads/edge_programs.py. The shape schedule is drawn from --seed before the
+model is built, so every allocator sees the same sequence (`schedule_sha256`); docs/benchmarks.md ("Speed suite")
+holds the method. --memory-fraction caps the process from the first byte; a step out of memory under it exits 3
+(OOM_EXIT) with an `oom` summary, on which bench cap search bisects. --size small is a smoke test on the CPU.
 """
 from __future__ import annotations
 
@@ -43,15 +25,15 @@ import torch
 from torch import nn
 
 from bench.cli import OneLineParser
-from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction: defined here before common.py; tests read them
+from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction, out_of_memory: tests read them here
     OOM_EXIT,
     MachineProbe,
+    add_run_arguments,
     allocator_name,
+    cap_fields,
     counters_since,
-    device_limit_fields,
     dump_snapshot,
-    exit_library_failure,
-    exit_out_of_memory,
+    exit_failed,
     gmlake_policy_name,
     gmlake_stats,
     gpu_time,
@@ -62,14 +44,12 @@ from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction: d
     outside_now,
     parse_fraction,
     start_snapshot,
+    write_summary,
 )
 
 # Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive, in steps of
-# `batch_step` and `shape_step`; `shape` is the image side in pixels or the padded sequence length). The full sizes
-# are estimates, not measurements: about 0.05-0.1 s a step and a peak of 10-30 GB on an H200 under bf16 autocast
-# (ViT-B/16 and BERT-base at up to ~65k tokens a step, T5-base with recomputation, ResNet-50 at up to 224 images of
-# 288 px), so that 4 workloads x 4 allocators x 2 rounds of 60 steps fit one 9-minute device call; --batch and
-# --shape override the ranges.
+# `batch_step` and `shape_step`; `shape` is the image side or the padded sequence length). The full sizes are chosen
+# so that the suite's 4 workloads x 4 allocators x 2 rounds of 60 steps fit one 9-minute device call.
 PRESETS: dict[str, dict[str, dict]] = {
     "vit": {
         "full": {"hidden": 768, "layers": 12, "heads": 12, "ffn": 3072, "patch": 16, "classes": 1000,
@@ -383,23 +363,15 @@ def header(args: argparse.Namespace, cfg: dict, warmup: int) -> dict:
 def main() -> None:
     parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=sorted(BUILDERS), required=True)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
-    parser.add_argument("--seed", type=int, default=0)
+    add_run_arguments(parser, steps=60)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--size", choices=("small", "full"), default="full")
     parser.add_argument("--batch", type=int, nargs=2, metavar=("MIN", "MAX"), help="batch range (overrides --size)")
     parser.add_argument("--shape", type=int, nargs=2, metavar=("MIN", "MAX"),
                         help="image side or sequence length range (overrides --size)")
-    parser.add_argument("--json", help="write the summary here")
     parser.add_argument("--gpu-time-steps", type=int, default=4, metavar="N",
                         help="after the run, time the kernels of N more steps (the last N shapes) with the profiler "
                              "(Note [GPU time]; at most --steps; 0: none)")
-    parser.add_argument("--memory-fraction", metavar="F",
-                        help="cap this process at F (0 < F <= 1) of the device's memory; out of memory: exit 3")
-    parser.add_argument("--snapshot", metavar="PATH",
-                        help="record every allocator event, the model's building included, into this snapshot "
-                             "(.pickle.gz; slows the run): a trace for replay (`gmlake replay`, cap_search.py)")
     args = parser.parse_args()
     warmup = args.steps // 4 if args.warmup is None else args.warmup
     if args.steps < 1 or not 0 <= warmup < args.steps:
@@ -425,14 +397,8 @@ def main() -> None:
         workload = BUILDERS[args.workload](cfg, device)
         schedule = shape_schedule(workload, args.steps, args.seed)
         records, at_warmup, one_step = train(workload, schedule, device, warmup, records)
-    except Exception as exc:
-        if fraction is not None and not out_of_memory(exc) and device_limit_fields():
-            # the device as the limit: a CUDA library that found no memory fails with its own error, not the
-            # allocator's (Note [The libraries' memory in replay]); the run records it as such
-            exit_library_failure("dynamic.py", header(args, cfg, warmup), records, fraction, exc, args.json)
-        if fraction is None or not out_of_memory(exc):
-            raise
-        exit_out_of_memory("dynamic.py", header(args, cfg, warmup), records, fraction, exc, args.json)
+    except Exception as exc:  # noqa: BLE001 - exit_failed re-raises all but a capped run's failures
+        exit_failed("dynamic.py", header(args, cfg, warmup), records, fraction, exc, args.json)
     if args.snapshot:
         dump_snapshot(args.snapshot)
 
@@ -442,8 +408,7 @@ def main() -> None:
         "parameters": sum(p.numel() for p in workload.model.parameters()),
         **summarize(records, warmup),
     }
-    if fraction is not None:
-        summary.update({"memory_fraction": fraction, "oom": False, "filler_bytes": filler, **device_limit_fields()})
+    summary.update(cap_fields(fraction, filler))
     if args.device == "cuda":
         summary.update(memory_peaks())
         summary["utilization"] = summary["max_memory_allocated"] / summary["max_memory_reserved"]
@@ -454,10 +419,7 @@ def main() -> None:
         summary["gpu_time"] = [gpu_time(lambda shape=shape: one_step(shape), cuda=args.device == "cuda")
                                for shape in schedule[-args.gpu_time_steps:]]
     summary["per_step"] = records
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("per_step", "gmlake", "config")}))
+    write_summary(summary, args.json, shown=("per_step", "gmlake", "config"))
 
 
 if __name__ == "__main__":

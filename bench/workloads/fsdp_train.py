@@ -1,17 +1,11 @@
 """FSDP full-shard (ZeRO-3) training with LoRA and recomputation, shapes varying per step, one process per GPU.
 
-    torchrun --nproc-per-node 2 -m bench.workloads.fsdp_train --model opt-1.3b --json out.json
     torchrun --nproc-per-node 2 -m gmlake run -m bench.workloads.fsdp_train --model opt-1.3b --json out.json
 
-Rank 0 writes the summary: each rank's peak allocated and reserved memory, the median step time, tokens per second,
-and `timed_s`, the slowest rank's sum of step times after --warmup (the first quarter by default). Each rank draws
-its own shapes, as each rank's data loader would.
-
---memory-fraction F (0 < F <= 1) caps each rank with torch.cuda.set_per_process_memory_fraction(F) before the model
-is built (bench cap search bisects on it). A rank that runs out of memory under it writes its own summary
-(`oom`, the step, its peaks; rank r > 0 to the --json path with `.rank<r>` before the suffixes) and ends its process
-at once with exit status 3, since the other rank waits in a collective that will never complete; torchrun then
-stops the job (with its own exit status), so the rank's file is what tells an out-of-memory stop from a crash.
+Rank 0 writes the summary: each rank's peaks, the median step time, tokens/s and `timed_s` (the slowest rank's).
+Each rank draws its own shapes. Under --memory-fraction a rank out of memory writes its own summary (rank r > 0 to
+`rank_path`) and exits 3 at once, since the other rank waits in a collective that will never complete: torchrun's
+own status then ends the job, and the rank's file tells an out-of-memory stop from a crash.
 """
 from __future__ import annotations
 
@@ -62,8 +56,6 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--min-seq", type=int, default=128)
     p.add_argument("--max-seq", type=int, default=1024)
-    p.add_argument("--cap-gib", type=float, help="cap each rank's memory (set_per_process_memory_fraction); the "
-                                                 "suite's batch search runs each probe as its own job under a cap")
     p.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter, at least one)")
     p.add_argument("--memory-fraction", metavar="F",
                    help="cap each rank at F (0 < F <= 1) of its device's memory; out of memory: exit 3 (see above)")
@@ -75,9 +67,9 @@ def main() -> None:
                         "profiler (Note [GPU time] in common.py; 0: none; default 4, under --memory-fraction 0)")
     args = p.parse_args()
     fraction = memory_fraction("fsdp_train.py", args.memory_fraction, "cuda")
-    if fraction is not None and (args.cap_gib or args.gpu_time_steps):
-        refuse("fsdp_train.py", "--memory-fraction takes neither --cap-gib nor --gpu-time-steps N > 0 (under the cap "
-                                "the profiled steps could fail the run)")
+    if fraction is not None and args.gpu_time_steps:
+        refuse("fsdp_train.py", "--memory-fraction takes no --gpu-time-steps N > 0 (under the cap the profiled steps "
+                                "could fail the run)")
     if args.gpu_time_steps is None:
         args.gpu_time_steps = 0 if fraction is not None else 4
     warmup = min(max(1, args.steps // 4), args.steps - 1) if args.warmup is None else args.warmup
@@ -92,9 +84,6 @@ def main() -> None:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     if args.snapshot:
         start_snapshot()
-    if args.cap_gib:
-        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * (1 << 30) / total))
     if fraction is not None:
         torch.cuda.set_per_process_memory_fraction(fraction)     # the cap holds from the first byte of the model
     try:

@@ -2,20 +2,13 @@
 
     python -m bench.workloads.train_hf --model gpt2-large --lora --ckpt --steps 40 --json out.json
 
-The conditions that fragment memory: LoRA (peft), gradient checkpointing, optimizer offload, and batch sizes and
-sequence lengths drawn afresh each step, as a real data loader produces them. The summary's times are over the steps
-after --warmup (the first quarter by default): `timed_s`, their sum, and tokens/s.
-
---memory-fraction F (0 < F <= 1, CUDA only) caps the process with torch.cuda.set_per_process_memory_fraction(F) before
-the model is built, as dynamic.py does: building the model or a step that runs out of memory under the cap ends the
-run with one line on stderr and exit status 3 (OOM_EXIT), the --json summary saying "oom": true, the step and the
-peaks so far (bench cap search bisects on that answer). Under a cap nothing runs after the timed steps: no
-profiled --gpu-time-steps (0 by default there) and no --max-batch-search, either of which could fail a run that fit.
+LoRA (peft), gradient checkpointing, optimizer offload and batch sizes and lengths drawn afresh each step: the
+conditions that fragment memory (docs/benchmarks.md, "Training suite"). --memory-fraction caps the run as dynamic.py
+does (out of memory: exit 3 with an `oom` summary); under a cap nothing runs after the timed steps by default.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
@@ -26,21 +19,22 @@ import torch
 from bench.cli import OneLineParser
 from bench.workloads.common import (  # fsdp_train.py imports them from here too
     MachineProbe,
+    add_run_arguments,
     allocator_name,
     allocator_ooms,
+    cap_fields,
     counters_since,
-    device_limit_fields,
     dump_snapshot,
-    exit_out_of_memory,
+    exit_failed,
     gmlake_stats,
     gpu_time,
     limit_memory,
     memory_fraction,
     memory_peaks,
-    out_of_memory,
     outside_now,
     refuse,
     start_snapshot,
+    write_summary,
 )
 
 MODELS = {
@@ -185,17 +179,12 @@ def main() -> None:
     p.add_argument("--lora", action="store_true")
     p.add_argument("--ckpt", action="store_true", help="gradient checkpointing (recomputation)")
     p.add_argument("--offload", action="store_true", help="optimizer states on the CPU")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--warmup", type=int,
-                   help="steps not timed (default: the first quarter, and at least one where there are two or more)")
+    add_run_arguments(p, steps=40)
     p.add_argument("--min-batch", type=int, default=4)
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--min-seq", type=int, default=128)
     p.add_argument("--max-seq", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (no memory figures)")
-    p.add_argument("--json", help="write a summary here")
-    p.add_argument("--snapshot", help="record the training phase's allocator events into this snapshot (slows it)")
     p.add_argument("--gpu-time-steps", type=int, metavar="N",
                    help="after the run, time the kernels of N more steps (the last N shapes) with the profiler "
                         "(Note [GPU time] in common.py; at most --steps; 0: none; default 4, or 0 under "
@@ -206,8 +195,6 @@ def main() -> None:
     p.add_argument("--cap-gib", type=float, default=24.0, help="memory cap for the batch search, GiB")
     p.add_argument("--search-seq", type=int, default=1024, help="sequence length for the batch search")
     p.add_argument("--search-max", type=int, default=512, help="upper bound of the batch search")
-    p.add_argument("--memory-fraction", metavar="F",
-                   help="cap this process at F (0 < F <= 1) of the device's memory; out of memory: exit 3")
     args = p.parse_args()
     # as it was before --warmup: the first quarter, at least the first step, never every step
     warmup = min(max(1, args.steps // 4), args.steps - 1) if args.warmup is None else args.warmup
@@ -236,10 +223,8 @@ def main() -> None:
     steps: list[dict] = []
     try:
         train_step, model = train(args, device, steps)
-    except Exception as exc:
-        if fraction is None or not out_of_memory(exc):
-            raise
-        exit_out_of_memory("train_hf.py", head, steps, fraction, exc, args.json)
+    except Exception as exc:  # noqa: BLE001 - exit_failed re-raises all but a capped run's failures
+        exit_failed("train_hf.py", head, steps, fraction, exc, args.json)
     if args.snapshot:
         dump_snapshot(args.snapshot)
 
@@ -247,8 +232,7 @@ def main() -> None:
     timed_s = sum(s["step_s"] for s in timed)
     summary = {**head, "timed_s": timed_s, "median_step_s": statistics.median(s["step_s"] for s in timed),
                "tokens_per_s": sum(s["batch"] * s["seq"] for s in timed) / timed_s}
-    if fraction is not None:
-        summary.update({"memory_fraction": fraction, "oom": False, "filler_bytes": filler, **device_limit_fields()})
+    summary.update(cap_fields(fraction, filler))
     if cuda:
         summary.update(memory_peaks())
         summary["allocator_ooms"] = allocator_ooms()
@@ -263,10 +247,7 @@ def main() -> None:
         summary["max_batch_under_cap"] = search_max_batch(train_step, args, model) if args.max_batch_search else None
         summary["cap_gib"] = args.cap_gib if args.max_batch_search else None
     summary["per_step"] = steps
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f)
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("per_step", "gmlake")}))
+    write_summary(summary, args.json, shown=("per_step", "gmlake"))
 
 
 if __name__ == "__main__":
