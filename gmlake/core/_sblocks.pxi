@@ -346,7 +346,7 @@ cdef bint _may_stitch(Allocator self, size_t size, int64_t stream, SBlock** reus
     reusable[0] = NULL
     if not (self.k.stitch and size >= self.k.min_stitch_size):
         return False
-    if not self.k.restitch_limit or not self.sblock_cache.cached() or self.at_edge or _room_is_short(self):
+    if not self.k.restitch_limit or not self.sblock_cache.cached() or self.at_edge:
         return True
     key.capacity = size
     key.serial = 0
@@ -357,7 +357,7 @@ cdef bint _may_stitch(Allocator self, size_t size, int64_t stream, SBlock** reus
             return True
         held += 1
         inc(it)
-    return held < self.k.restitch_limit
+    return held < self.k.restitch_limit or _room_is_short(self)
 
 
 cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t stream) noexcept nogil:
