@@ -11,14 +11,9 @@ import sys
 COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "train": ("bench.train_suite", "the training suite: LLM fine-tuning workloads under native, expandable, gmlake"),
     "speed": ("bench.speed_suite", "the dynamic-shape speed suite: four workloads, allocators interleaved"),
-    "deepspeed": ("bench.deepspeed_suite",
-                  "DeepSpeed ZeRO-2/3 with the optimizer on the CPU: native, expandable, gmlake interleaved"),
     "cap": {
         "search": ("bench.cap_search", "the smallest memory cap at which each workload completes, per allocator"),
-        "probe": ("bench.cap_probe", "does a workload complete at exactly this cap"),
         "time": ("bench.cap_time", "step time at a cap against uncapped, in A B B A rounds"),
-        "plan": ("bench.cap_plan", "probes just above and below replay's smallest device and cap, per workload"),
-        "edge-time": ("bench.cap_edge_time", "step time at 1.02x and 1.05x the peak allocated, cap and device"),
     },
     "micro": ("bench.micro", "the core's cache hits, each driver call, stitching, stream calls"),
     "latency": ("bench.torch_latency", "torch.empty + del under gmlake against native's allocator"),

@@ -13,8 +13,8 @@ a fresh process which, once its CUDA context exists, takes all of the device's f
 any allocator (cuMemAlloc), and trains the same shape schedule. A run ends as `fit` (every step), `oom` (the
 allocator's torch.OutOfMemoryError) or `library` (a step failed with another error: a CUDA library that found no
 memory). Runs interleave: in each round, per k and workload, the allocators go forward in even rounds and backward
-in odd ones. CUDA_MODULE_LOADING is left at CUDA's default (lazy), unlike `bench cap probe --device-limit`: loading
-kernels during the run is what this measures. --calibration reuses an earlier call's calibrations and keeps its
+in odd ones. CUDA_MODULE_LOADING is left at CUDA's default (lazy): loading kernels during the run is what this
+measures. --calibration reuses an earlier call's calibrations and keeps its
 runs, running only those it lacks, so rounds can be spread over calls. Output: DIR/edge-fit.json and a line per run.
 """
 from __future__ import annotations

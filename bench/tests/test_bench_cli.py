@@ -20,9 +20,8 @@ LEAVES = {(name, *([sub] if sub else [])): entry[0]
           for name, group in COMMANDS.items()
           for sub, entry in (group.items() if isinstance(group, dict) else [("", group)])}
 # the workloads, run by the suites as modules of their own (`python -m bench.workloads.dynamic`)
-WORKLOADS = ["bench.workloads.dynamic", "bench.workloads.fsdp_train", "bench.workloads.train_hf",
-             "bench.workloads.deepspeed_train"]
-NEEDS_TORCH = {"bench.train_suite", "bench.cap_search", "bench.cap_probe", "bench.cap_time", *WORKLOADS}
+WORKLOADS = ["bench.workloads.dynamic", "bench.workloads.fsdp_train", "bench.workloads.train_hf"]
+NEEDS_TORCH = {"bench.train_suite", "bench.cap_search", "bench.cap_time", *WORKLOADS}
 
 
 def test_every_bench_module_is_a_command():
