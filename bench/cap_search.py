@@ -175,7 +175,7 @@ def probe_command(workload: str, allocator: str, settings: argparse.Namespace,
     from `settings`, its summary to `json_path`, and no profiled steps after the run."""
     if SUITES[workload] is train_suite:
         # train_suite.py's run of the workload at its default batch range; cap_gib 0: without the max-batch search
-        run = argparse.Namespace(gpus=None, steps=settings.steps, min_batch=train_suite.MIN_BATCH,
+        run = argparse.Namespace(steps=settings.steps, min_batch=train_suite.MIN_BATCH,
                                  max_batch=train_suite.MAX_BATCH, cap_gib=0)
         cmd, env = train_suite.command(workload, allocator, run, str(json_path))
         cmd += ["--warmup", str(settings.warmup)]

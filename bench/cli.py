@@ -30,23 +30,6 @@ def error_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
-
-def named_bytes(item: str, flag: str, names, whose: str, minimum: int) -> tuple[str, int]:
-    """`FLAG NAME=BYTES` -> (name, bytes): NAME one of `names` (`whose` says whose, for the message), BYTES a whole
-    number >= `minimum`; ValueError with the reason."""
-    name, sep, text = item.partition("=")
-    if not sep or name not in names:
-        raise ValueError(f"{flag} takes {whose.split()[0].upper()}=BYTES with {whose}, got {item!r}")
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        least = "above 0" if minimum == 1 else f">= {minimum}"
-        raise ValueError(f"{flag} {name}: BYTES must be a whole number {least}, got {text!r}")
-    return name, value
-
-
 def cell(value, fmt: str, unit: str = "") -> str:
     """A table's cell: `value` formatted by `fmt`, then `unit` ("x", "%"), or "-" where there is no value."""
     return "-" if value is None else format(value, fmt) + unit

@@ -341,16 +341,6 @@ def summarize(records: list[dict], warmup: int) -> dict:
     }
 
 
-def preset(workload: str, size: str, batch: list[int] | None, shape: list[int] | None) -> dict:
-    """The workload's dimensions at `size`, with the batch and shape ranges given on the command line."""
-    cfg = dict(PRESETS[workload][size])
-    if batch:
-        cfg["batch"] = tuple(batch)
-    if shape:
-        cfg["shape"] = tuple(shape)
-    return cfg
-
-
 def header(args: argparse.Namespace, cfg: dict, warmup: int) -> dict:
     """The summary's first keys: what ran, under which allocator."""
     return {
@@ -366,9 +356,6 @@ def main() -> None:
     add_run_arguments(parser, steps=60)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--size", choices=("small", "full"), default="full")
-    parser.add_argument("--batch", type=int, nargs=2, metavar=("MIN", "MAX"), help="batch range (overrides --size)")
-    parser.add_argument("--shape", type=int, nargs=2, metavar=("MIN", "MAX"),
-                        help="image side or sequence length range (overrides --size)")
     parser.add_argument("--gpu-time-steps", type=int, default=4, metavar="N",
                         help="after the run, time the kernels of N more steps (the last N shapes) with the profiler "
                              "(Note [GPU time]; at most --steps; 0: none)")
@@ -388,7 +375,7 @@ def main() -> None:
     filler = 0
     if fraction is not None:
         filler = limit_memory(fraction)     # initialises CUDA; the cap holds from the first byte
-    cfg = preset(args.workload, args.size, args.batch, args.shape)
+    cfg = dict(PRESETS[args.workload][args.size])
     torch.manual_seed(args.seed)
     records: list[dict] = []
     if args.snapshot:
