@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from bench import RESULTS, harness, speed_suite, train_suite
-from bench.cli import OneLineParser, render_table
+from bench.cli import OneLineParser, add_run_options, check_run_options, render_table
 from bench.harness import GIB, device_total_memory, environment, expected_duration, outcome_line
 from gmlake.sim.cap import Search, bisect_fraction
 
@@ -281,37 +281,17 @@ def table(record: dict) -> str:
     return render_table(title, columns, rows, left=("workload", "allocator", "status"))
 
 
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """The options of how each run goes (its steps, warm-up, seed, model size, timeout) and of the deadline, shared
-    with bench cap time; `check_run_options` checks them."""
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size", choices=("full", "small"), default="full", help="the dynamic workloads' models")
-    parser.add_argument("--deadline", type=float, default=0, help="seconds from the start (0: none)")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
-
-
-def check_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse bad run options in one line (exit 2), and fill in the default warm-up."""
-    args.warmup = args.steps // 4 if args.warmup is None else args.warmup
-    if args.steps < 1 or not 0 <= args.warmup < args.steps:
-        parser.error("need --steps >= 1 and 0 <= --warmup < --steps")
-    if not args.deadline >= 0 or not args.timeout > 0:
-        parser.error("need --deadline >= 0 and --timeout > 0")
-    args.device = "cuda"              # for speed_suite.command: a fraction only means something on a CUDA device
-
-
 def parse_args(argv: list[str] | None = None, prog: str = "bench cap search") -> argparse.Namespace:
     """The command line, checked: any bad value is one line on stderr and exit 2."""
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(speed_suite.WORKLOADS))
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=["expandable", "gmlake"])
     parser.add_argument("--resolution", type=float, default=0.01, help="stop bisecting at hi / lo <= 1 + this")
-    add_run_options(parser)
+    add_run_options(parser, steps=20)
     parser.add_argument("--out", default=str(RESULTS / "train" / "cap"))
     args = parser.parse_args(argv)
     check_run_options(parser, args)
+    args.device = "cuda"              # for speed_suite.command: a fraction only means something on a CUDA device
     if not 0 < args.resolution < 1:
         parser.error(f"--resolution needs a number in (0, 1), got {args.resolution}")
     args.workloads = list(dict.fromkeys(args.workloads))

@@ -304,17 +304,13 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
     for index, shape in enumerate(schedule):
         if index == warmup:
             at_warmup = gmlake_stats()
-        # Requests made before this step (torch's cumulative count): where the step starts in a captured trace, so
-        # replay can price the steps after warm-up alone (bench report stall).
-        allocations = torch.cuda.memory_stats().get("allocation.all.allocated") if cuda else None
         inputs = workload.make_inputs(shape, device)
         sync()
         started = time.perf_counter()
         loss = step(inputs)
         step_s = time.perf_counter() - started
         del inputs
-        record = {**shape, "step_s": step_s, "tokens": workload.tokens(shape), "loss": loss.item(),
-                  "allocations_before": allocations}
+        record = {**shape, "step_s": step_s, "tokens": workload.tokens(shape), "loss": loss.item()}
         now = gmlake_step_counters()
         if now is not None:
             record.update(stitches=now[0] - counters[0], driver_calls=now[1] - counters[1])

@@ -31,7 +31,6 @@ from bench.workloads.common import (  # fsdp_train.py imports them from here too
     limit_memory,
     memory_fraction,
     memory_peaks,
-    outside_now,
     refuse,
     start_snapshot,
     write_summary,
@@ -161,7 +160,7 @@ def train(args: argparse.Namespace, device: torch.device,
             optim.zero_grad(set_to_none=True)
         sync()
         steps.append({"batch": batch, "seq": seq, "step_s": time.perf_counter() - t0, "loss": loss.item(), **probe(),
-                      **before, **outside_now()})   # under a device limit: bytes outside the allocator so far
+                      **before})
 
     def train_step(batch: int, seq: int) -> None:
         ids = torch.randint(0, vocab, (batch, seq), device=device)
