@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from bench import RESULTS, harness, speed_suite, train_suite
 from bench.cli import OneLineParser, add_run_options, check_run_options, render_table
-from bench.harness import GIB, device_total_memory, environment, expected_duration, outcome_line
+from bench.harness import GIB, alternate, device_total_memory, environment, expected_duration, outcome_line
 from gmlake.sim.cap import Search, bisect_fraction
 
 # workload -> the suite whose script runs it (and whose allocators it takes): dynamic.py's or train_hf.py's
@@ -147,7 +147,7 @@ def search(workloads: list[str], allocators: list[str], total: int, resolution: 
         pending = {a: next(plan) for a, plan in plans.items()}
         turn = 0
         while pending:
-            for allocator in (list(pending) if turn % 2 == 0 else list(pending)[::-1]):
+            for allocator in alternate(list(pending), turn):
                 outcomes[workload, allocator]["status"] = "unfinished"
                 probe = probe_once(workload, allocator, *pending[allocator])
                 if probe is None:
