@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from bench import RESULTS, cap_search
-from bench.cli import OneLineParser
+from bench.cli import OneLineParser, add_run_options, check_run_options
 from bench.harness import Results, environment, outcome_line
 
 
@@ -60,10 +60,11 @@ def parse_args(argv: list[str] | None = None, prog: str = "bench cap time") -> a
     parser.add_argument("--fraction", type=float, help="the cap to time at, a fraction of the device's memory")
     parser.add_argument("--from-cap", metavar="CAP_JSON", help="a cap search's cap.json: time every pair it fit")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of uncapped, capped, capped, uncapped")
-    cap_search.add_run_options(parser)
+    add_run_options(parser, steps=20)
     parser.add_argument("--out", default=str(RESULTS / "train" / "cap-time"))
     args = parser.parse_args(argv)
-    cap_search.check_run_options(parser, args)
+    check_run_options(parser, args)
+    args.device = "cuda"              # the probes' workloads run capped on the GPU
     if args.rounds < 1:
         parser.error("need --rounds >= 1")
     if args.from_cap:

@@ -30,21 +30,26 @@ def error_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
+def add_run_options(parser: argparse.ArgumentParser, steps: int, size: str | None = "full") -> None:
+    """How each workload run goes (steps, warm-up, seed, the dynamic workloads' model size) and the deadline: the
+    options bench speed, cap search and cap time share; `check_run_options` checks them. `size` None: chosen by
+    the device (full on cuda, small on cpu)."""
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=("full", "small"), default=size, help="the dynamic workloads' models")
+    parser.add_argument("--deadline", type=float, default=0, help="seconds from the start: start no run that would "
+                        "likely end after it, and stop one still running at it (0: none)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
 
-def named_bytes(item: str, flag: str, names, whose: str, minimum: int) -> tuple[str, int]:
-    """`FLAG NAME=BYTES` -> (name, bytes): NAME one of `names` (`whose` says whose, for the message), BYTES a whole
-    number >= `minimum`; ValueError with the reason."""
-    name, sep, text = item.partition("=")
-    if not sep or name not in names:
-        raise ValueError(f"{flag} takes {whose.split()[0].upper()}=BYTES with {whose}, got {item!r}")
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        least = "above 0" if minimum == 1 else f">= {minimum}"
-        raise ValueError(f"{flag} {name}: BYTES must be a whole number {least}, got {text!r}")
-    return name, value
+
+def check_run_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad run options in one line (exit 2), and fill in the default warm-up."""
+    args.warmup = args.steps // 4 if args.warmup is None else args.warmup
+    if args.steps < 1 or not 0 <= args.warmup < args.steps:
+        parser.error("need --steps >= 1 and 0 <= --warmup < --steps")
+    if not args.deadline >= 0 or not args.timeout > 0:
+        parser.error("need --deadline >= 0 and --timeout > 0")
 
 
 def cell(value, fmt: str, unit: str = "") -> str:

@@ -13,8 +13,8 @@ a fresh process which, once its CUDA context exists, takes all of the device's f
 any allocator (cuMemAlloc), and trains the same shape schedule. A run ends as `fit` (every step), `oom` (the
 allocator's torch.OutOfMemoryError) or `library` (a step failed with another error: a CUDA library that found no
 memory). Runs interleave: in each round, per k and workload, the allocators go forward in even rounds and backward
-in odd ones. CUDA_MODULE_LOADING is left at CUDA's default (lazy), unlike `bench cap probe --device-limit`: loading
-kernels during the run is what this measures. --calibration reuses an earlier call's calibrations and keeps its
+in odd ones. CUDA_MODULE_LOADING is left at CUDA's default (lazy): loading kernels during the run is what this
+measures. --calibration reuses an earlier call's calibrations and keeps its
 runs, running only those it lacks, so rounds can be spread over calls. Output: DIR/edge-fit.json and a line per run.
 """
 from __future__ import annotations
@@ -22,17 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from bench.cli import OneLineParser
+from bench.harness import launch, run_process
 
 WORKLOAD_MODULE = "bench.workloads.dynamic"
 WORKLOADS = ("rl", "sage", "t5", "bert", "vit", "cnn")    # bench/workloads/dynamic.py's BUILDERS
-TORCH_ALLOC_CONF = {"native": "", "expandable": "expandable_segments:True"}
 LEAVE_FREE_ENV = "GMLAKE_BENCH_LEAVE_FREE"      # bench/workloads/common.py's (importing it would import torch)
 OOM_EXIT, LIBRARY_FAILURE_EXIT = 3, 4           # bench/workloads/common.py's exit statuses
 
@@ -41,15 +39,11 @@ def command(workload: str, allocator: str, args: argparse.Namespace, json_path: 
             snapshot: Path | None = None) -> tuple[list[str], dict]:
     """The command line and environment of one run at memory fraction 1 (which caps nothing, and makes the workload
     place the filler that $GMLAKE_BENCH_LEAVE_FREE asks for)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": TORCH_ALLOC_CONF.get(allocator, "")}
     script = ["-m", WORKLOAD_MODULE, "--workload", workload, "--steps", str(args.steps), "--seed", str(args.seed),
               "--size", args.size, "--gpu-time-steps", "0", "--memory-fraction", "1", "--json", str(json_path)]
     if snapshot is not None:
         script += ["--snapshot", str(snapshot)]
-    if allocator in TORCH_ALLOC_CONF:
-        return [sys.executable, *script], env
-    policy = [] if allocator == "gmlake" else ["--policy", allocator]
-    return [sys.executable, "-m", "gmlake", "run", *policy, *script], env
+    return launch(allocator, [sys.executable], script)
 
 
 def outcome(returncode: int, measured: dict) -> str:
@@ -72,10 +66,7 @@ def run(workload: str, allocator: str, leave: int, args: argparse.Namespace, nam
     cmd, env = command(workload, allocator, args, json_path, snapshot)
     env[LEAVE_FREE_ENV] = str(leave)
     started = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        proc = subprocess.CompletedProcess(cmd, -9, "", f"killed after {args.timeout} s")
+    proc, _ = run_process(cmd, env, args.timeout)
     measured = json.loads(json_path.read_text()) if json_path.exists() else {}
     steps = measured.get("per_step") or []
     outside = [s.get("outside_allocator_bytes") for s in steps if s.get("outside_allocator_bytes") is not None]
@@ -127,6 +118,7 @@ def parse_args(argv: list[str] | None, prog: str = "bench edge-fit") -> argparse
         parser.error("need --rounds >= 0, --steps >= 1 and every --k within [1, 4]")
     if args.calibration and not Path(args.calibration).is_file():
         parser.error(f"--calibration {args.calibration}: no such file")
+    args.out = str(Path(args.out).resolve())       # the runs start in the repository's root (harness.run_process)
     return args
 
 

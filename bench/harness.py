@@ -47,10 +47,11 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 def launch(allocator: str, launcher: list[str], script: list[str]) -> tuple[list[str], dict[str, str]]:
     """The command line and environment that run `launcher + script` under `allocator`: torch's allocators by
-    PYTORCH_CUDA_ALLOC_CONF, gmlake's by `python -m gmlake run FLAGS` between the launcher and the script."""
+    PYTORCH_CUDA_ALLOC_CONF, gmlake's by `python -m gmlake run FLAGS` between the launcher and the script (a name
+    not in ALLOCATORS is a gmlake policy: `--policy NAME`)."""
     env = {**child_env(), "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "", **NO_MULTICAST}
     env.pop("GMLAKE", None)
-    how = ALLOCATORS[allocator]
+    how = ALLOCATORS.get(allocator, ["--policy", allocator])
     if isinstance(how, dict):
         env.update(how)
         return [*launcher, *script], env

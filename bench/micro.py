@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import gmlake
-from bench.cli import OneLineParser
+from bench.cli import OneLineParser, render_table
 from bench.harness import environment
 from bench.native import load as _load_native
 from gmlake import Allocator
@@ -216,39 +216,23 @@ def main(argv: list[str] | None = None, prog: str = "bench micro") -> None:
 
 
 def print_tables(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=120)
     env = result["environment"]
-    console.print(f"[bold]gmlake micro benchmark[/] {env.get('gpu', env['driver_kind'])} "
-                  f"driver {env.get('nvidia_driver', '-')} {env['date']}")
-    t = Table(title="malloc+free of a cached block (ns, in the Cython core)")
-    for k in result["cache_hit_ns"]:
-        t.add_column(k, justify="right")
-    t.add_row(*(f"{v:.0f}" for v in result["cache_hit_ns"].values()))
-    console.print(t)
-    t = Table(title="driver calls (µs; per handle where charged per handle), 512 MiB of handles")
+    print(f"gmlake micro benchmark {env.get('gpu', env['driver_kind'])} driver {env.get('nvidia_driver', '-')} "
+          f"{env['date']}")
+    hits, calls = result["cache_hit_ns"], result["stream_call_us"]
     cols = ["create_chunk", "reserve", "map", "set_access_per_handle", "set_access_one_handle", "unmap_per_handle",
             "free_va", "release_chunk"]
-    t.add_column("handle")
-    for c in cols:
-        t.add_column(c, justify="right")
-    for size, row in result["driver_call_us"].items():
-        t.add_row(size, *(f"{row[c]:.2f}" for c in cols))
-    console.print(t)
-    t = Table(title="stitch 512 MiB from 8 free 64 MiB segments")
-    for c in ("handle", "handles", "stitch µs", "driver floor µs", "ratio", "reuse µs"):
-        t.add_column(c, justify="right")
-    for size, row in result["stitch_512MiB"].items():
-        t.add_row(size, str(row["handles"]), f"{row['stitch_us']:.0f}", f"{row['driver_floor_us']:.0f}",
-                  f"{row['ratio_to_driver_calls']:.3f}" if row["ratio_to_driver_calls"] else "-",
-                  f"{row['reuse_us']:.1f}")
-    console.print(t)
-    t = Table(title="stream ordering's calls (µs per call, default stream; events queried once complete)")
-    for c in result["stream_call_us"]:
-        t.add_column(c, justify="right")
-    t.add_row(*(f"{v:.3f}" for v in result["stream_call_us"].values()))
-    console.print(t)
-    syn = {k: v for k, v in result["synthetic_training"].items() if k != "stitches_by_step"}
-    console.print("synthetic training:", syn)
+    tables = [
+        ("malloc+free of a cached block (ns, in the Cython core)", list(hits), [[f"{v:.0f}" for v in hits.values()]]),
+        ("driver calls (µs; per handle where charged per handle), 512 MiB of handles", ["handle", *cols],
+         [[size, *(f"{row[c]:.2f}" for c in cols)] for size, row in result["driver_call_us"].items()]),
+        ("stitch 512 MiB from 8 free 64 MiB segments",
+         ["handle", "handles", "stitch µs", "driver floor µs", "ratio", "reuse µs"],
+         [[size, str(row["handles"]), f"{row['stitch_us']:.0f}", f"{row['driver_floor_us']:.0f}",
+           f"{row['ratio_to_driver_calls']:.3f}" if row["ratio_to_driver_calls"] else "-", f"{row['reuse_us']:.1f}"]
+          for size, row in result["stitch_512MiB"].items()]),
+        ("stream ordering's calls (µs per call, default stream; events queried once complete)", list(calls),
+         [[f"{v:.3f}" for v in calls.values()]])]
+    for title, columns, rows in tables:
+        print(render_table(title, columns, rows, left=("handle",)), end="")
+    print("synthetic training:", {k: v for k, v in result["synthetic_training"].items() if k != "stitches_by_step"})

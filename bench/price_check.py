@@ -14,10 +14,7 @@ import statistics
 import tarfile
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
-from bench.cli import OneLineParser, error_line
+from bench.cli import OneLineParser, cell, error_line, render_table
 from bench.stall_check import load_runs
 from gmlake.sim.replay import driver_costs, driver_seconds
 
@@ -120,30 +117,22 @@ def summarize(table: list[dict], skipped: int) -> dict:
             "uncapped_share_after_pct_max": max(shares, default=None)}
 
 
-def num(v: float | None, fmt: str) -> str:
-    """`v` formatted, or "-" where it is None."""
-    return "-" if v is None else format(v, fmt)
-
-
 def render(table: list[dict], s: dict) -> str:
-    """The rows as a rich table, and the summary line."""
-    t = Table(title="driver time: gmlake's price table (priced) against the GPU (measured inside the calls)")
-    for name in ("workload", "allocator", "purpose", "source", "rank", "capped", "calls", "priced s", "measured s",
-                 "meas/priced", "after: meas s", "% of timed", "priced s"):
-        t.add_column(name, justify="left" if name in ("workload", "allocator", "purpose", "source") else "right")
-    for r in table:
-        t.add_row(r["workload"], r["allocator"], r["purpose"] or "-", Path(r["source"]).name,
-                  "-" if r["rank"] is None else str(r["rank"]), f"{r['memory_fraction']:.4f}" if r["capped"] else "no",
-                  str(r["calls"]), num(r["priced_s"], ".4f"), num(r["busy_s"], ".4f"), num(r["ratio"], ".2f"),
-                  num(r["busy_after_s"], ".4f"), num(r["share_after_pct"], ".2f"), num(r["priced_after_s"], ".4f"))
+    """The rows as a table, and the summary line."""
     if not s["n"]:                  # no table of empty rows
         return f"no gmlake run with driver_busy_s ({s['skipped_without_busy']} without it)"
-    console = Console(width=200, record=True)
-    with console.capture() as captured:
-        console.print(t)
+    columns = ["workload", "allocator", "purpose", "source", "rank", "capped", "calls", "priced s", "measured s",
+               "meas/priced", "after: meas s", "% of timed", "after: priced s"]
+    cells = [[r["workload"], r["allocator"], r["purpose"] or "-", Path(r["source"]).name,
+              cell(r["rank"], "d"), f"{r['memory_fraction']:.4f}" if r["capped"] else "no", str(r["calls"]),
+              cell(r["priced_s"], ".4f"), cell(r["busy_s"], ".4f"), cell(r["ratio"], ".2f"),
+              cell(r["busy_after_s"], ".4f"), cell(r["share_after_pct"], ".2f"), cell(r["priced_after_s"], ".4f")]
+             for r in table]
     share = ("no uncapped run" if not s["uncapped_n"] else f"{s['uncapped_share_after_pct_min']:.2f}-"
              f"{s['uncapped_share_after_pct_max']:.2f} % over {s['uncapped_n']} uncapped runs/ranks")
-    return (captured.get() + f"measured / priced over whole runs: median {s['ratio_median']:.2f} (quartiles "
+    return (render_table("driver time: gmlake's price table (priced) against the GPU (measured inside the calls)",
+                         columns, cells, left=("workload", "allocator", "purpose", "source"))
+            + f"measured / priced over whole runs: median {s['ratio_median']:.2f} (quartiles "
             f"{s['ratio_q1']:.2f}-{s['ratio_q3']:.2f}, range {s['ratio_min']:.2f}-{s['ratio_max']:.2f}), n = "
             f"{s['n']}; {s['skipped_without_busy']} gmlake runs/ranks without driver_busy_s skipped. Driver time "
             f"after warm-up, share of step time: {share}")

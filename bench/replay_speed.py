@@ -2,9 +2,9 @@
 loop in two built checkouts, interleaved (an A/B of a change).
 
     python -m bench replay-speed [--repeat 3]
-    python -m bench replay-speed --against OLD_CHECKOUT [--new NEW_CHECKOUT] [--repeat 5] [--micro] [--json OUT]
+    python -m bench replay-speed --against OLD_CHECKOUT [--repeat 5] [--micro] [--json OUT]
 
-With --against each checkout runs in its own worker (bench/_replay_worker.py), old and new in turn per trace and
+With --against this checkout and the old one each run in its own worker (bench/_replay_worker.py), old and new in turn per trace and
 policy; the figure is the median of events / s timed inside the nogil loop, and the A/B says where the two differ in
 what they did, so a speed change is not a change of behaviour in disguise. --micro times the core's cache hits too.
 """
@@ -19,38 +19,30 @@ import sys
 from pathlib import Path
 
 from bench import ROOT
-from bench.cli import OneLineParser
+from bench.cli import OneLineParser, render_table
 
 WORKER = Path(__file__).resolve().parent / "_replay_worker.py"
 
 
 def table(repeat: int) -> None:
     """Best of `repeat` replays of every bundled trace under every built-in policy, in M events/s."""
-    from rich.console import Console
-    from rich.table import Table
-
     from gmlake import policies
     from gmlake.sim.replay import bundled_traces, replay
     from gmlake.sim.trace import load
 
-    out = Table(title=f"replay speed on {platform.processor() or platform.machine()} (M events/s, best of {repeat})")
-    out.add_column("trace")
     names = policies.names()
-    for name in names:
-        out.add_column(name, justify="right")
-    total_events, total_seconds = 0, 0.0
+    rows, total_events, total_seconds = [], 0, 0.0
     for path in bundled_traces():
         trace = load(path)
-        row = [trace.name]
+        rows.append([trace.name])
         for name in names:
             best = min((replay(trace, name) for _ in range(repeat)), key=lambda r: r.seconds)
-            row.append(f"{best.events / best.seconds / 1e6:.1f}")
+            rows[-1].append(f"{best.events / best.seconds / 1e6:.1f}")
             total_events += best.events
             total_seconds += best.seconds
-        out.add_row(*row)
-    console = Console(width=120)
-    console.print(out)
-    console.print(f"overall: {total_events / total_seconds / 1e6:.2f} M events/s")
+    title = f"replay speed on {platform.processor() or platform.machine()} (M events/s, best of {repeat})"
+    print(render_table(title, ["trace", *names], rows, left=("trace",), width=120), end="")
+    print(f"overall: {total_events / total_seconds / 1e6:.2f} M events/s")
 
 
 class Worker:
@@ -123,7 +115,6 @@ def main(argv: list[str] | None = None, prog: str = "bench replay-speed") -> Non
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=None, help="replays per case (default 3; 5 with --against)")
     parser.add_argument("--against", type=Path, metavar="OLD_CHECKOUT", help="A/B against this built checkout")
-    parser.add_argument("--new", type=Path, default=ROOT, metavar="NEW_CHECKOUT", help="default: this one")
     parser.add_argument("--policy", action="append", help="with --against: only these policies (repeatable)")
     parser.add_argument("--trace", action="append", help="with --against: only these bundled traces (repeatable)")
     parser.add_argument("--json", type=Path, help="with --against: also write every timing here")
@@ -136,8 +127,7 @@ def main(argv: list[str] | None = None, prog: str = "bench replay-speed") -> Non
             parser.error("--policy, --trace, --json and --micro go with --against")
         table(args.repeat or 3)
         return
-    for root in (args.against, args.new):
-        if not (root / "gmlake").is_dir():
-            parser.error(f"{root}: not a gmlake checkout (no gmlake/ in it)")
-    against(args.against.resolve(), args.new.resolve(), args.repeat or 5, args.policy, args.trace, args.micro,
+    if not (args.against / "gmlake").is_dir():
+        parser.error(f"{args.against}: not a gmlake checkout (no gmlake/ in it)")
+    against(args.against.resolve(), ROOT, args.repeat or 5, args.policy, args.trace, args.micro,
             args.json)

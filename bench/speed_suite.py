@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bench import RESULTS
-from bench.cli import OneLineParser, cell, render_table
+from bench.cli import OneLineParser, add_run_options, cell, check_run_options, render_table
 from bench.harness import (
     ALLOCATORS,
     GIB,
@@ -152,20 +152,13 @@ def main(argv: list[str] | None = None, prog: str = "bench speed") -> None:
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(DEFAULT_ALLOCATORS))
     parser.add_argument("--rounds", type=int, default=2, help="each round runs every allocator once per workload")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--warmup", type=int, help="steps not timed (default: the first quarter)")
-    parser.add_argument("--seed", type=int, default=0)
+    add_run_options(parser, steps=60, size=None)
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where present, else cpu")
-    parser.add_argument("--size", choices=("full", "small"), help="default: full on cuda, small on cpu")
-    parser.add_argument("--deadline", type=float, default=0,
-                        help="seconds from the start: start no run that would likely end after it, and stop one "
-                             "still running at it (0: none)")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
     parser.add_argument("--out", default=str(RESULTS / "train" / "speed"))
     args = parser.parse_args(argv)
-    args.warmup = args.steps // 4 if args.warmup is None else args.warmup
-    if args.rounds < 1 or args.steps < 1 or not 0 <= args.warmup < args.steps:
-        parser.error("need --rounds >= 1, --steps >= 1 and 0 <= --warmup < --steps")
+    check_run_options(parser, args)
+    if args.rounds < 1:
+        parser.error("need --rounds >= 1")
     has_cuda = cuda_available()
     args.device = args.device or ("cuda" if has_cuda else "cpu")
     args.size = args.size or ("full" if args.device == "cuda" else "small")

@@ -1,6 +1,6 @@
 """The training suite: LLM fine-tuning workloads under the native allocator, expandable segments and gmlake.
 
-    python -m bench train [--workloads NAME ...] [--allocators NAME ...] [--steps 24] [--cap-gib 24] [--gpus 0]
+    python -m bench train [--workloads NAME ...] [--allocators NAME ...] [--steps 24] [--cap-gib 24]
         [--out bench/results/train.json]
 
 One process per (workload, allocator): training on shapes drawn per step, then a bisection for the largest batch
@@ -42,10 +42,7 @@ def command(workload: str, allocator: str, args, out: str) -> tuple[list[str], d
         script = ["-m", "bench.workloads.train_hf", *WORKLOADS[workload], *common]
         if args.cap_gib:
             script += ["--max-batch-search", "--cap-gib", str(args.cap_gib)]
-    cmd, env = launch(allocator, launcher, script)
-    if args.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = args.gpus
-    return cmd, env
+    return launch(allocator, launcher, script)
 
 
 def main(argv: list[str] | None = None, prog: str = "bench train") -> None:
@@ -53,36 +50,22 @@ def main(argv: list[str] | None = None, prog: str = "bench train") -> None:
     parser.add_argument("--workloads", nargs="*", default=[*WORKLOADS, *FSDP_WORKLOADS],
                         choices=[*WORKLOADS, *FSDP_WORKLOADS])
     parser.add_argument("--allocators", nargs="*", default=list(DEFAULT_ALLOCATORS), choices=list(ALLOCATORS))
-    parser.add_argument("--runs", nargs="*", metavar="WORKLOAD:ALLOCATOR",
-                        help="these pairs only, in this order (instead of every workload under every allocator)")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--min-batch", type=int, default=MIN_BATCH)
     parser.add_argument("--max-batch", type=int, default=MAX_BATCH)
     parser.add_argument("--cap-gib", type=float, default=24.0, help="0: skip the max-batch search")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="run the whole list this many times, round after round, so that drift in the machine's "
-                             "speed falls on every allocator alike (the report pools repeats)")
-    parser.add_argument("--gpus", help="CUDA_VISIBLE_DEVICES for the runs (to run two suites side by side)")
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", default=str(RESULTS / "train.json"))
     args = parser.parse_args(argv)
-    pairs = [(w, a) for w in args.workloads for a in args.allocators]
-    if args.runs:
-        pairs = [tuple(r.split(":", 1)) for r in args.runs]
-        bad = [f"{w}:{a}" for w, a in pairs if w not in {**WORKLOADS, **FSDP_WORKLOADS} or a not in ALLOCATORS]
-        if bad:
-            parser.error(f"unknown workload or allocator in --runs: {' '.join(bad)}")
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
     out_path = Path(args.out)
     results = Results(out_path.parent, out_path.name, {"environment": environment(), "runs": []})
-    for round_, (workload, allocator) in ((r, pair) for r in range(args.repeats) for pair in pairs):
+    for workload, allocator in ((w, a) for w in args.workloads for a in args.allocators):
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
             summary = Path(tmp.name)
         cmd, env = command(workload, allocator, args, str(summary))
         print(f"== {workload} / {allocator}", flush=True)
         run = measured_run(cmd, env, summary, args.timeout,
-                           {"workload": workload, "allocator": allocator, "round": round_}, error_chars=2000)
+                           {"workload": workload, "allocator": allocator}, error_chars=2000)
         summary.unlink(missing_ok=True)
         if "error" in run:
             print(run["error"], flush=True)

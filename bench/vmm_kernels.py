@@ -1,9 +1,9 @@
 """Do kernels run slower on VMM-mapped memory than on cudaMalloc's?
 
-    python -m bench kernels [--gib 4] [--rounds 3] [--out FILE]
+    python -m bench kernels [--rounds 3] [--iterations 20] [--out FILE]
 
-The same kernels (a device copy, a random gather, a bf16 matmul) on one buffer from cudaMalloc, from gmlake's core
-with 20 MiB and 2 MiB handles, and stitched from 2 MiB handles of several segments; sources interleaved by round,
+The same kernels (a device copy, a random gather, a bf16 matmul) on one 4 GiB buffer from cudaMalloc, from gmlake's
+core with 20 MiB and 2 MiB handles, and stitched from 2 MiB handles of several segments; sources interleaved by round,
 medians by CUDA events, ratios against cudaMalloc's (docs/benchmarks.md, "Speed, and what the runs can resolve").
 """
 from __future__ import annotations
@@ -18,6 +18,8 @@ from bench.cli import OneLineParser
 
 MiB = 1 << 20
 GiB = 1 << 30
+BUFFER_GIB = 4
+HANDLES_MIB = (20, 2)       # the VMM buffers' handle sizes: gmlake's 20 MiB chunk and the 2 MiB granularity
 
 
 class _DeviceBytes:
@@ -83,17 +85,12 @@ def time_kernels(torch, buf, iterations: int) -> dict:
 
 def main(argv: list[str] | None = None, prog: str = "bench kernels") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gib", type=int, default=4, help="buffer size in GiB (default 4)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over every source (default 3)")
     parser.add_argument("--iterations", type=int, default=20, help="timed iterations per kernel (default 20)")
-    parser.add_argument("--handles", type=int, nargs="+", default=[20, 2], metavar="MIB",
-                        help="handle sizes in MiB to map the VMM buffers with (default 20 2), each a multiple of 2")
     parser.add_argument("--out", type=Path, help="write the results here as JSON")
     args = parser.parse_args(argv)
-    if args.gib < 1 or args.rounds < 1 or args.iterations < 1:
-        parser.error("--gib, --rounds and --iterations must be at least 1")
-    if any(h < 2 or h % 2 or h * MiB > args.gib * GiB for h in args.handles):
-        parser.error("--handles: each size must be an even number of MiB, at least 2 and at most the buffer")
+    if args.rounds < 1 or args.iterations < 1:
+        parser.error("--rounds and --iterations must be at least 1")
     try:
         import torch
     except ImportError:
@@ -104,8 +101,8 @@ def main(argv: list[str] | None = None, prog: str = "bench kernels") -> None:
 
     torch.zeros(1, device="cuda")               # torch's context is the primary context gmlake's driver retains
     driver = gmlake.cuda_driver(0)
-    size = args.gib * GiB
-    sources = {"cudaMalloc": None, **{f"vmm {h} MiB handles": (h * MiB, False) for h in args.handles},
+    size = BUFFER_GIB * GiB
+    sources = {"cudaMalloc": None, **{f"vmm {h} MiB handles": (h * MiB, False) for h in HANDLES_MIB},
                "stitched, 2 MiB handles": (2 * MiB, True)}
     runs: dict[str, list[dict]] = {name: [] for name in sources}
     for _ in range(args.rounds):
@@ -122,8 +119,8 @@ def main(argv: list[str] | None = None, prog: str = "bench kernels") -> None:
             torch.cuda.empty_cache()
     base = {k: statistics.median(r[k] for r in runs["cudaMalloc"]) for k in runs["cudaMalloc"][0]}
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "gib": args.gib,
-              "handles_mib": args.handles, "rounds": args.rounds, "iterations": args.iterations, "median_ms": {},
+              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "gib": BUFFER_GIB,
+              "handles_mib": list(HANDLES_MIB), "rounds": args.rounds, "iterations": args.iterations, "median_ms": {},
               "ratio": {}, "spread": {}}
     for name, rows in runs.items():
         result["median_ms"][name] = {k: statistics.median(r[k] for r in rows) for k in base}

@@ -9,7 +9,7 @@ export NCCL_NVLS_ENABLE=0               # NVLink multicast stays off on shared m
 OUT=${OUT:-/tmp/gmlake-out}
 mkdir -p "$OUT"
 # PACK_OUT=1: when the script ends, everything under $OUT becomes one file, $OUT/results.tgz (for a machine that
-# hands back only a few files; an edge-time run alone writes one per run)
+# hands back only a few files; a suite writes one per run)
 if [ "${PACK_OUT:-0}" = 1 ]; then
   trap 'tar czf /tmp/gmlake-results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete &&
         mv /tmp/gmlake-results.tgz "$OUT/results.tgz"' EXIT

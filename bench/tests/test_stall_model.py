@@ -147,23 +147,3 @@ def test_stall_check_bad_input_is_one_line_and_exit_2(tmp_path):
     proc = stall_check(str(tmp_path / "missing"))
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no such results" in proc.stderr
-
-
-def test_replay_prices_the_steps_after_warm_up_from_the_step_markers(tmp_path):
-    """With a capture's per-step request counts, stall_check replays only the steps after warm-up: all of the
-    trace's driver time when warm-up ends before the first request, none when it ends after the last."""
-    module = stall_check_module()
-    trace = tmp_path / "cnn-native.gmtrace"
-    trace.write_bytes((STALL / "cnn-native.gmtrace").read_bytes())
-    allocs = int((load(trace).requests()["action"] == 0).sum())
-    costs = driver_costs()
-    priced = {}
-    for marker in (0, allocs // 4, allocs):
-        (tmp_path / "cnn-capture.json").write_text(json.dumps({"per_step": [{"allocations_before": marker}]}))
-        priced[marker] = module.replayed_after_warmup(tmp_path, "cnn", "gmlake-paper", 0, costs)
-    assert priced[0] == pytest.approx(replay(load(trace), "gmlake-paper").driver_seconds)
-    assert priced[allocs] == 0
-    assert 0 < priced[allocs // 4] < priced[0]
-    (tmp_path / "cnn-capture.json").write_text(json.dumps({"per_step": [{"allocations_before": allocs + 1}]}))
-    with pytest.raises(ValueError, match="truncated"):
-        module.replayed_after_warmup(tmp_path, "cnn", "gmlake-paper", 0, costs)

@@ -215,11 +215,10 @@ def memory_fraction(script: str, text: str | None, device: str) -> float | None:
     return fraction
 
 
-LEAVE_FREE_ENV = "GMLAKE_BENCH_LEAVE_FREE"   # bytes: the device is the limit (bench/cap_probe.py --device-limit)
-WARM_ENV = "GMLAKE_BENCH_WARM"               # "1": warm CUDA's libraries before the filler is placed
+LEAVE_FREE_ENV = "GMLAKE_BENCH_LEAVE_FREE"   # bytes: the device is the limit (bench edge-fit)
 
 # Where limit_memory placed a filler (or, with nothing to take, would have): what it took, the device's free bytes
-# right after, and what the allocator held then (0, unless warm_libraries left something). Empty: no device limit.
+# right after, and what the allocator held then. Empty: no device limit.
 _device_limit: dict = {}
 
 
@@ -268,47 +267,17 @@ def outside_now() -> dict:
         else {}
 
 
-def warm_libraries(device: str = "cuda") -> None:
-    """Use, once and small, what training uses of CUDA's libraries, then give back what the allocator took for it:
-    what the libraries keep is then taken before the filler. How much that covers is measured, not assumed."""
-    import torch.nn.functional as F
-
-    for dtype in (torch.bfloat16, torch.float32):
-        x = torch.randn(64, 128, 256, device=device, dtype=dtype, requires_grad=True)
-        w = torch.randn(512, 256, device=device, dtype=dtype, requires_grad=True)
-        b = torch.zeros(512, device=device, dtype=dtype, requires_grad=True)
-        h = F.gelu(F.linear(x, w, b)) + F.linear(x, w)                     # addmm (cuBLASLt) and mm
-        h = F.layer_norm(h, (512,))
-        q = h.view(64, 128, 8, 64).transpose(1, 2)
-        a = F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(64, 128, 512)
-        logits = a @ w                                                      # bmm-shaped matmul
-        loss = F.cross_entropy(logits.float().view(-1, 256), torch.randint(0, 256, (64 * 128,), device=device))
-        loss.backward()
-        optim = torch.optim.AdamW([x, w, b], lr=1e-4)
-        optim.step()
-        del x, w, b, h, q, a, logits, loss, optim
-    if device != "cuda":                # a smoke test on the CPU
-        return
-    torch.cuda.synchronize()
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
-    torch.cuda.empty_cache()
-
-
 def limit_memory(fraction: float) -> int:
     """Cap this process at `fraction` of the device (this initialises CUDA) and, where $GMLAKE_BENCH_LEAVE_FREE names
     bytes, make the device the limit: a cuMemAlloc filler takes all its free memory but those bytes, once the
     context exists (what the libraries take later counts: Note [Memory outside the allocator]). Returns the filler's
-    bytes; $GMLAKE_BENCH_WARM=1 runs `warm_libraries` first."""
+    bytes."""
     import ctypes
 
     torch.cuda.set_per_process_memory_fraction(fraction)
     leave = os.environ.get(LEAVE_FREE_ENV)
     if not leave:
         return 0
-    if os.environ.get(WARM_ENV) == "1":
-        warm_libraries()
     free, _ = torch.cuda.mem_get_info()           # also makes the primary context current on this thread
     take = filler_bytes(free, int(leave))
     if take > 0:
@@ -320,7 +289,7 @@ def limit_memory(fraction: float) -> int:
         limit_memory.filler = pointer             # kept for the process's life
     free_after, _ = torch.cuda.mem_get_info()
     _device_limit.update(leave_free=int(leave), filler_bytes=take, free_after_filler=free_after,
-                         reserved_at_filler=_reserved_now(), warmed=os.environ.get(WARM_ENV) == "1")
+                         reserved_at_filler=_reserved_now())
     return take
 
 

@@ -304,17 +304,13 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
     for index, shape in enumerate(schedule):
         if index == warmup:
             at_warmup = gmlake_stats()
-        # Requests made before this step (torch's cumulative count): where the step starts in a captured trace, so
-        # replay can price the steps after warm-up alone (bench report stall).
-        allocations = torch.cuda.memory_stats().get("allocation.all.allocated") if cuda else None
         inputs = workload.make_inputs(shape, device)
         sync()
         started = time.perf_counter()
         loss = step(inputs)
         step_s = time.perf_counter() - started
         del inputs
-        record = {**shape, "step_s": step_s, "tokens": workload.tokens(shape), "loss": loss.item(),
-                  "allocations_before": allocations}
+        record = {**shape, "step_s": step_s, "tokens": workload.tokens(shape), "loss": loss.item()}
         now = gmlake_step_counters()
         if now is not None:
             record.update(stitches=now[0] - counters[0], driver_calls=now[1] - counters[1])
@@ -341,16 +337,6 @@ def summarize(records: list[dict], warmup: int) -> dict:
     }
 
 
-def preset(workload: str, size: str, batch: list[int] | None, shape: list[int] | None) -> dict:
-    """The workload's dimensions at `size`, with the batch and shape ranges given on the command line."""
-    cfg = dict(PRESETS[workload][size])
-    if batch:
-        cfg["batch"] = tuple(batch)
-    if shape:
-        cfg["shape"] = tuple(shape)
-    return cfg
-
-
 def header(args: argparse.Namespace, cfg: dict, warmup: int) -> dict:
     """The summary's first keys: what ran, under which allocator."""
     return {
@@ -366,9 +352,6 @@ def main() -> None:
     add_run_arguments(parser, steps=60)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--size", choices=("small", "full"), default="full")
-    parser.add_argument("--batch", type=int, nargs=2, metavar=("MIN", "MAX"), help="batch range (overrides --size)")
-    parser.add_argument("--shape", type=int, nargs=2, metavar=("MIN", "MAX"),
-                        help="image side or sequence length range (overrides --size)")
     parser.add_argument("--gpu-time-steps", type=int, default=4, metavar="N",
                         help="after the run, time the kernels of N more steps (the last N shapes) with the profiler "
                              "(Note [GPU time]; at most --steps; 0: none)")
@@ -388,7 +371,7 @@ def main() -> None:
     filler = 0
     if fraction is not None:
         filler = limit_memory(fraction)     # initialises CUDA; the cap holds from the first byte
-    cfg = preset(args.workload, args.size, args.batch, args.shape)
+    cfg = dict(PRESETS[args.workload][args.size])
     torch.manual_seed(args.seed)
     records: list[dict] = []
     if args.snapshot:

@@ -31,7 +31,6 @@ from bench.workloads.common import (  # fsdp_train.py imports them from here too
     limit_memory,
     memory_fraction,
     memory_peaks,
-    outside_now,
     refuse,
     start_snapshot,
     write_summary,
@@ -71,20 +70,24 @@ def build_model(name: str, device: str | torch.device = "cpu"):
     return model, cfg.vocab_size, lora_targets
 
 
+SEARCH_SEQ, SEARCH_MAX = 1024, 512     # the max-batch search's sequence length and largest batch
+
+
 def search_max_batch(train_step, args, model) -> int:
-    """The largest batch (at --search-seq tokens) whose training step fits under the cap, by bisection. Each probe
-    runs two steps; an out-of-memory error marks a batch too large, and the allocator must recover from it."""
+    """The largest batch (at most SEARCH_MAX, of SEARCH_SEQ tokens) whose training step fits under the cap, by
+    bisection. Each probe runs two steps; an out-of-memory error marks a batch too large, and the allocator must
+    recover from it."""
     import gc
 
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * (1 << 30) / total))
-    lo, hi = 0, args.search_max
+    lo, hi = 0, SEARCH_MAX
     while lo < hi:
         mid = (lo + hi + 1) // 2
         try:
             for _ in range(2):
-                train_step(mid, args.search_seq)
+                train_step(mid, SEARCH_SEQ)
             lo = mid
         except RuntimeError as exc:          # torch.OutOfMemoryError, or gmlake's out-of-memory RuntimeError
             if "out of memory" not in str(exc).lower():
@@ -157,7 +160,7 @@ def train(args: argparse.Namespace, device: torch.device,
             optim.zero_grad(set_to_none=True)
         sync()
         steps.append({"batch": batch, "seq": seq, "step_s": time.perf_counter() - t0, "loss": loss.item(), **probe(),
-                      **before, **outside_now()})   # under a device limit: bytes outside the allocator so far
+                      **before})
 
     def train_step(batch: int, seq: int) -> None:
         ids = torch.randint(0, vocab, (batch, seq), device=device)
@@ -193,8 +196,6 @@ def main() -> None:
     p.add_argument("--max-batch-search", action="store_true",
                    help="after training, find the largest batch that fits under --cap-gib (bisection)")
     p.add_argument("--cap-gib", type=float, default=24.0, help="memory cap for the batch search, GiB")
-    p.add_argument("--search-seq", type=int, default=1024, help="sequence length for the batch search")
-    p.add_argument("--search-max", type=int, default=512, help="upper bound of the batch search")
     args = p.parse_args()
     # as it was before --warmup: the first quarter, at least the first step, never every step
     warmup = min(max(1, args.steps // 4), args.steps - 1) if args.warmup is None else args.warmup
