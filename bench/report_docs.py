@@ -598,11 +598,6 @@ def tlsf() -> str:
 def _tune_run() -> tuple[str, object]:
     """`gmlake tune TUNE_TRACE --fit TUNE_FIT` at 80 columns, as a terminal shows it (without its last line, the
     time the search took), and the result."""
-    import contextlib
-    import io
-    import os
-
-    from gmlake.cli import main as gmlake_main
     from gmlake.sim import tune as gtune
 
     captured: dict = {}
@@ -612,21 +607,12 @@ def _tune_run() -> tuple[str, object]:
         captured["result"] = original(*args, **kwargs)
         return captured["result"]
 
-    out = io.StringIO()
-    before = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "80"
     gtune.tune = keep
     try:
-        with contextlib.redirect_stdout(out):
-            gmlake_main(["tune", TUNE_TRACE, "--fit", TUNE_FIT, "--jobs", "2"])
+        _, out, _ = _run_cli(["tune", TUNE_TRACE, "--fit", TUNE_FIT, "--jobs", "2"])
     finally:
         gtune.tune = original
-        if before is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = before
-    text = "\n".join(line.rstrip() for line in out.getvalue().splitlines()[:-1])
-    return text, captured["result"]
+    return "\n".join(line.rstrip() for line in out.splitlines()[:-1]), captured["result"]
 
 
 def tune_fit() -> str:
@@ -777,33 +763,20 @@ def peak_growth_example() -> str:
 def explain_sample() -> str:
     """docs/policies.md section 4: `gmlake explain` on a bundled trace as a terminal of 120 columns shows it, and
     what it says, in words, from the same replay."""
-    import contextlib
-    import io
-    import os
     import tempfile
 
-    from gmlake.cli import main as gmlake_main
     from gmlake.sim.explain import explain
     from gmlake.sim.trace import load
 
     spec = "maxpieces.py:MaxPieces[max_pieces=2]"
-    out = io.StringIO()
-    before = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "120"
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            files = _doc_policies(Path(tmp))
-            mine = spec.replace("maxpieces.py", files["maxpieces.py"])
-            with contextlib.redirect_stdout(out):
-                gmlake_main(["explain", EXPLAIN_TRACE, "--policy", "caching", "--policy", "gmlake", "--policy", mine])
-            trace = load(EXPLAIN_TRACE)
-            caching, default, two = (explain(trace, p) for p in ("caching", "gmlake", mine))
-    finally:
-        if before is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = before
-    text = "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+    with tempfile.TemporaryDirectory() as tmp:
+        files = _doc_policies(Path(tmp))
+        _, out, _ = _run_cli(["explain", EXPLAIN_TRACE, "--policy", "caching", "--policy", "gmlake", "--policy", spec],
+                             120, Path(tmp))
+        trace = load(EXPLAIN_TRACE)
+        caching, default, two = (explain(trace, p) for p in ("caching", "gmlake",
+                                                              spec.replace("maxpieces.py", files["maxpieces.py"])))
+    text = "\n".join(line.rstrip() for line in out.splitlines())
     if tmp in text:
         raise ValueError("explain: the output names the temporary folder the doc's policy was written to")
     if not (default.request_index == two.request_index == caching.request_index
@@ -1193,9 +1166,9 @@ def caps_notes() -> str:
     ties = "; ".join(f"{w}: " + ", ".join(f"{a} ({'-' if f is None else f'{f:.3f}'}, {fit:.3f}]" for a, (f, fit)
                                           in sorted(b.items())) for w, b in fsdp.items())
     return "\n".join(_fill(s, 115, "  ") for s in (
-        f"- **gmlake completed training at a cap where expandable segments ran out of memory on "
-        f"{_of(len(wins), len(single))} single-GPU workloads**, by {_span(by, 2)} % of the cap, counting the fixed "
-        f"probes that settled caps a bisection left tied ({fixed}; `bench/results/{CAP_PROBES[0]}`).",
+        (f"- **gmlake completed training at a cap where expandable segments ran out of memory on "
+         f"{_of(len(wins), len(single))} single-GPU workloads**, by {_span(by, 2)} % of the cap, counting the fixed "
+         f"probes that settled caps a bisection left tied ({fixed}; `bench/results/{CAP_PROBES[0]}`)."),
         f"- **FSDP**, in (failed, fit] brackets: {ties}.")) + "\n"
 
 
