@@ -961,11 +961,6 @@ def readme_table() -> str:
         115) + "\n"
 
 
-def readme_results() -> str:
-    """The README's results: the table, then the findings."""
-    return readme_table() + "\n" + readme_findings()
-
-
 def _memory_text(peaks: dict, dynamic: set[str]) -> str:
     """How much less gmlake reserved than expandable segments (and native) on the suites' workloads."""
     llm = {w: p for w, p in peaks.items() if w not in dynamic and "fsdp" not in w}
@@ -1193,12 +1188,10 @@ def micro_notes() -> str:
     from gmlake.sim.replay import bundled_traces, replay
     from gmlake.sim.trace import load
 
-    calls = _json(MICRO)["driver_call_us"]
-    small = [calls[k]["set_access_per_handle"] + calls[k]["unmap_per_handle"] for k in calls
-             if int(k.removesuffix("MiB")) <= 8]
-    stitch = _json(MICRO)["stitch_512MiB"]
-    traces = [load(p) for p in bundled_traces()]
-    paper = [replay(t, "gmlake-paper").driver_seconds / replay(t, "expandable").driver_seconds for t in traces]
+    calls, stitch = _json(MICRO)["driver_call_us"], _json(MICRO)["stitch_512MiB"]
+    small = [c["set_access_per_handle"] + c["unmap_per_handle"] for k, c in calls.items() if int(k[:-3]) <= 8]
+    paper = [replay(t, "gmlake-paper").driver_seconds / replay(t, "expandable").driver_seconds
+             for t in map(load, bundled_traces())]
     return _fill(f"`set_access` and `unmap` together cost {_span(small, 0)} µs per handle mapped in the range for "
                  "handles up to 8 MiB, whatever the handle's size. That is why the default grows in large pages "
                  "and stitches only where it saves several: the paper's 2 MiB chunks spend "
@@ -1207,6 +1200,25 @@ def micro_notes() -> str:
                  f"{_span([s['ratio_to_driver_calls'] for k, s in stitch.items() if int(k[:-3]) <= 8], 2)} at 2-8 MiB "
                  f"handles; {stitch['2MiB']['stitch_us'] / 1000:.1f} ms for {stitch['2MiB']['handles']} 2 MiB handles; "
                  f"`bench/results/{MICRO}`).", 115) + "\n"
+
+
+# The stall model's judged runs: the speed suites' and the paper policy's single runs (bench/tests/test_stall_model.py).
+STALL = [RESULTS / DYNAMIC.rsplit("/", 1)[0], *(ROOT / "tests/data/results/train" / p for p in (
+    "speed-2026-11-30d", "stall-2026-11-30/vit-paper.json", "stall-2026-11-30/t5-paper.json"))]
+STALL_TOLERANCE = 0.3
+
+
+def stall() -> str:
+    """The stall model against the GPU runs it is judged on (`python -m bench report stall`)."""
+    from bench import stall_check
+    from gmlake.sim.replay import driver_costs
+
+    judged = [r for r in stall_check.check(stall_check.load_runs(STALL), STALL_TOLERANCE) if r["judged"]]
+    ratios = [r["measured_s"] / r["priced_s"] for r in judged]
+    return _fill(f"Its stall factor, {driver_costs()['stall_factor']}, is the geometric mean of the {_n(len(judged))} "
+                 f"judged runs' ratios ({_span(ratios, 2)}x). It predicts {sum(bool(r['ok']) for r in judged)} of the "
+                 f"{len(judged)} runs within {100 * STALL_TOLERANCE:.0f} % (`python -m bench report stall "
+                 + " ".join(str(Path(p).relative_to(ROOT)) for p in STALL) + "`).", 115) + "\n"
 
 
 def _run_cli(args: list[str], columns: int = 80, cwd: Path | None = None) -> tuple[int, str, str]:
@@ -1271,7 +1283,7 @@ def oom_message() -> str:
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
                                         "latency": latency, "replay": replayed, "edge": edge, "edge-fit": edge_fit, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,
-                                        "readme-results": readme_results,
+                                        "readme-results": lambda: readme_table() + "\n" + readme_findings(),
                                         "readme-limits": readme_limits, "compare-maxpieces": compare_maxpieces,
                                         "replay-neversplit": replay_neversplit, "peak-growth": peak_growth_example,
                                         "explain": explain_sample, "graphs": graphs,
@@ -1281,7 +1293,7 @@ TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic
                                         "versions": versions, "training-notes": training_notes,
                                         "dynamic-notes": dynamic_notes, "caps-notes": caps_notes, "tune-gpu": tune_gpu,
                                         "micro-notes": micro_notes, "policy-errors": policy_errors,
-                                        "oom-message": oom_message}
+                                        "oom-message": oom_message, "stall": stall}
 
 
 def render(text: str) -> str:
