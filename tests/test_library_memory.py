@@ -68,7 +68,7 @@ def test_the_smallest_device_leaves_the_libraries_their_share(tmp_path):
     shared = smallest_device_memory(with_libs, "expandable")[0]
     assert shared >= alone + 300 * MiB - 0.01 * shared
     # The device's multiple of the peak counts the allocator's share alone, as a device-limit run leaves
-    # k x peak + the libraries' share (docs/benchmarks.md, "The device itself as the limit").
+    # k x peak + the libraries' share (docs/benchmarks.md, "The device as the limit, libraries loading lazily").
     row = limits(with_libs, "expandable")
     assert row["libraries_peak"] == 300 * MiB
     assert row["smallest_device_memory_x_peak"] == pytest.approx((shared - 300 * MiB) / row["peak_allocated"])
