@@ -48,6 +48,9 @@ EDGE = RESULTS / "edge-figures.json"
 # The device as the limit with CUDA's libraries loading lazily (`python -m bench edge_fit`), both calls' runs, with the
 # calibration runs' traces (tests/data/edge) that replay predicts each run from.
 EDGE_FIT = "h200-2026-12-03b/edge-fit.json"
+# The same programs probed on the H200 just under and just over replay's smallest device (held by
+# bench/tests/test_edge_fit.py).
+EDGE_BRACKET = "h200-2026-12-03b/edge-bracket.json"
 MICRO = "micro-h200-2026-11-30-2003.json"
 AB = "h200-2026-12-01-ab/ab.json"
 LATENCY_GOAL = 1.1          # torch.empty + del under gmlake: at most this times native's time
@@ -185,6 +188,45 @@ def edge_fit() -> str:
         c = cal[workload]
         lines.append(f"| {workload} | {c['P'] / GiB:.2f} | {c['L'] / MiB:.0f} | {k} | {policy} | "
                      f"{cell.get(0, 'not run')} | {cell.get(1, 'not run')} | {cell['replay']} |")
+    return "\n".join(lines) + f"\n\n{data['machine']}, {data['date']}; {data['method']}.\n"
+
+
+def edge_bracket_rows() -> list[dict]:
+    """Per workload and allocator of the bracket results: replay's smallest device as k (over P, the libraries' L
+    aside), the probes just under and over it on the H200 (k, what the run did, what replay says of its device)."""
+    from gmlake.sim.cap import smallest_device_memory
+    from gmlake.sim.replay import replay
+    from gmlake.sim.trace import load
+
+    fits = _json(EDGE_FIT)
+    data = _json(EDGE_BRACKET)
+    pairs: dict[tuple, dict] = {}
+    for run in data["runs"]:
+        w, a = run["workload"], run["allocator"]
+        if (w, a) not in pairs:
+            cal = fits["calibrations"][w]
+            trace = load(ROOT / fits["traces"][w])
+            smallest = smallest_device_memory(trace, a, 2e-4)[0]
+            pairs[(w, a)] = {"workload": w, "allocator": a, "replay_k": (smallest - cal["L"]) / cal["P"],
+                             "trace": trace, "probes": []}
+        got = replay(pairs[(w, a)]["trace"], a, device_memory=run["free_after_filler"], samples=1)
+        pairs[(w, a)]["probes"].append({"k": run["k"], "gpu": run["outcome"], "replay": got.failure_kind or "fit"})
+    for pair in pairs.values():
+        del pair["trace"]
+    return list(pairs.values())
+
+
+def edge_bracket() -> str:
+    """The bracket table: replay's smallest device beside the H200's probes just under and over it."""
+    data = _json(EDGE_BRACKET)
+    lines = ["| workload | allocator | replay's smallest k | GPU under it | GPU over it | replay says there |",
+             "|---|---|---|---|---|---|"]
+    for pair in edge_bracket_rows():
+        probes = sorted(pair["probes"], key=lambda p: p["k"])
+        under, over = probes[0], probes[-1]
+        lines.append(f"| {pair['workload']} | {pair['allocator']} | {pair['replay_k']:.4f} | "
+                     f"{under['gpu']} at {under['k']} | {over['gpu']} at {over['k']} | "
+                     f"{under['replay']}, {over['replay']} |")
     return "\n".join(lines) + f"\n\n{data['machine']}, {data['date']}; {data['method']}.\n"
 
 
@@ -1281,7 +1323,7 @@ def oom_message() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
-                                        "latency": latency, "replay": replayed, "edge": edge, "edge-fit": edge_fit, "tlsf": tlsf, "tune-fit": tune_fit,
+                                        "latency": latency, "replay": replayed, "edge": edge, "edge-fit": edge_fit, "edge-bracket": edge_bracket, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,
                                         "readme-results": lambda: readme_table() + "\n" + readme_findings(),
                                         "readme-limits": readme_limits, "compare-maxpieces": compare_maxpieces,

@@ -42,3 +42,17 @@ def test_bad_input_is_one_line_and_exit_2(argv, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bench edge-fit")
+
+
+def test_the_gpu_edge_is_within_half_a_percent_of_p_of_replays():
+    """Per workload and allocator, the H200 run just under replay's smallest device failed and the one just over it
+    trained, each no more than 0.5 % of P away from it: the GPU's smallest device is within 0.5 % of P of replay's.
+    Replay also says what each of those runs did."""
+    pairs = report_docs.edge_bracket_rows()
+    assert {p["workload"] for p in pairs} == {"rl", "sage", "t5", "bert"}
+    assert {p["allocator"] for p in pairs} == {"gmlake", "expandable"}
+    for pair in pairs:
+        under, over = sorted(pair["probes"], key=lambda p: p["k"])
+        assert under["gpu"] in ("oom", "library") and over["gpu"] == "fit", pair
+        assert pair["replay_k"] - 0.005 - 1e-4 <= under["k"] < over["k"] <= pair["replay_k"] + 0.005 + 1e-4, pair
+        assert [under["replay"], over["replay"]] == [under["gpu"], over["gpu"]], pair
