@@ -386,7 +386,7 @@ def test_a_snapshot_with_an_out_of_memory_renders_in_memory_viz():
 def test_the_guides_sample_message_is_what_the_error_says():
     """docs/guide.md's out-of-memory sample is the text torch_message writes for its figures, so it cannot drift."""
     guide = (Path(__file__).resolve().parent.parent / "docs" / "guide.md").read_text()
-    sample = guide.split("for example, under a 2 GiB cap on an H200:\n\n```\n", 1)[1].split("```", 1)[0]
+    sample = guide.split("<!-- generated: oom-message -->\n```\n", 1)[1].split("```", 1)[0]
     mib, gib = 1 << 20, 1 << 30
     error = OutOfMemoryError(requested=gib, reserved=1536 * mib, allocated=1536 * mib, cached=0, limit=2 * gib,
                              capacity=143156 * mib)
