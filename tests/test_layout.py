@@ -196,3 +196,10 @@ def test_bench_stays_one_small_tool():
     largest = sorted(sizes.items(), key=lambda item: -item[1])[:5]
     assert total <= BENCH_MAX_LINES, (f"bench/ has {total} lines of code, tests and report_docs.py aside (at most "
                                       f"{BENCH_MAX_LINES}): drop a feature or merge repeated code; largest: {largest}")
+
+
+def test_the_products_tests_never_import_bench():
+    """bench/ is lab tooling beside the package: a test that imports it belongs in bench/tests."""
+    pattern = re.compile(r"^\s*(?:from bench\b|import bench\b)|importorskip\(\s*[\"']bench\b", re.M)
+    found = [p.name for p in Path(__file__).resolve().parent.rglob("*.py") if pattern.search(p.read_text())]
+    assert not found, found
