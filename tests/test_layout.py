@@ -200,6 +200,6 @@ def test_bench_stays_one_small_tool():
 
 def test_the_products_tests_never_import_bench():
     """bench/ is lab tooling beside the package: a test that imports it belongs in bench/tests."""
-    pattern = re.compile(r"^\s*(?:from bench\b|import bench\b)|importorskip\(\s*[\"']bench\b", re.M)
+    pattern = re.compile(r"^\s*(?:from bench\b|import bench\b)|importorskip\(\s*[\"']bench\b", re.MULTILINE)
     found = [p.name for p in Path(__file__).resolve().parent.rglob("*.py") if pattern.search(p.read_text())]
     assert not found, found
