@@ -50,7 +50,7 @@ def test_the_writer_catches_rebacking_live_memory():
     """With re-backing on, the 100 MiB request copies the live slots out, unmaps their pages and maps new handles
     while the writer writes: the writer faults on the unmapped range or its write is lost in the old page. Either
     way the run fails; this is the hazard the default avoids, and the proof the test above can fail."""
-    proc = run_writer("reback_slot=2MiB", "cap", rounds=5)
+    proc = run_writer("reback_slot=2MiB", "cap", rounds=30)   # a race: enough rounds to meet it
     assert proc.returncode != 0, describe(proc)
     assert proc.returncode == -signal.SIGSEGV or "lost_writes=0" not in proc.stdout, describe(proc)
 
