@@ -47,7 +47,9 @@ CAPS = ["train/cap-2026-11-30b", "train/cap-2026-11-30c", "train/cap-2026-12-01"
 EDGE = RESULTS / "edge-figures.json"
 # The device as the limit with CUDA's libraries loading lazily (`python -m bench edge_fit`), both calls' runs, with the
 # calibration runs' traces (tests/data/edge) that replay predicts each run from.
-EDGE_FIT = "h200-2026-12-03b/edge-fit.json"
+EDGE_FIT = "h200-2026-12-04/edge-fit.json"
+FINE_SPEED = "h200-2026-12-04/speed-page2m.json"
+EDGE_FINE = RESULTS / "edge-figures-page2m.json"     # `python -m bench edge` with 2 MiB pages judged
 # The same programs probed on the H200 just under and just over replay's smallest device (held by
 # bench/tests/test_edge_fit.py).
 EDGE_BRACKET = "h200-2026-12-03b/edge-bracket.json"
@@ -153,6 +155,12 @@ def _gpu_outcome(run: dict) -> str:
     return "fit" if run["outcome"] == "fit" else f"{run['outcome']} at step {run['steps_done']}"
 
 
+def _run_policy(run: dict) -> str:
+    """The policy spec a GPU run ran under: its allocator with the knobs the record names."""
+    knobs = run.get("knobs") or {}
+    return run["allocator"] + (f"[{','.join(f'{k}={v}' for k, v in knobs.items())}]" if knobs else "")
+
+
 def edge_fit_rows() -> list[dict]:
     """Per run of the edge-fit results: its workload, k, allocator, policy label, round, what the H200 did and what
     replay of the workload's calibration trace (its libraries' memory included) says on a device of the bytes the
@@ -164,8 +172,7 @@ def edge_fit_rows() -> list[dict]:
     traces = {w: load(ROOT / path) for w, path in data["traces"].items()}
     rows = []
     for run in data["runs"]:
-        knobs = run.get("knobs") or {}
-        policy = run["allocator"] + (f"[{','.join(f'{k}={v}' for k, v in knobs.items())}]" if knobs else "")
+        policy = _run_policy(run)
         got = replay(traces[run["workload"]], policy, device_memory=run["free_after_filler"], samples=1)
         rows.append({"workload": run["workload"], "k": run["k"], "policy": policy, "round": run["round"],
                      "gpu": run["outcome"], "gpu_text": _gpu_outcome(run),
@@ -202,7 +209,7 @@ def edge_bracket_rows() -> list[dict]:
     data = _json(EDGE_BRACKET)
     pairs: dict[tuple, dict] = {}
     for run in data["runs"]:
-        w, a = run["workload"], run["allocator"]
+        w, a = run["workload"], _run_policy(run)
         if (w, a) not in pairs:
             cal = fits["calibrations"][w]
             trace = load(ROOT / fits["traces"][w])
@@ -1312,6 +1319,50 @@ def policy_errors() -> str:
     return "```\n" + "\n".join(lines) + "\n```\n"
 
 
+def edge_fine_pages() -> str:
+    """The edge goals with 2 MiB pages from the start beside the default's (two records of `python -m bench edge`):
+    per goal how many traces meet it, the fit goals' misses, and the priced driver time without a limit."""
+    default, fine = json.loads(EDGE.read_text()), json.loads(EDGE_FINE.read_text())
+    label = next(r["policy"] for r in fine["rows"] if r["policy"] not in ("expandable", "gmlake-paper"))
+    n = len(fine["goals"])
+    words = {"smallest_device": "The smallest device", "smallest_cap": "The smallest cap",
+             "device_1.02": "Speed at a device of 1.02x P", "device_1.05": "Speed at a device of 1.05x P",
+             "unbinding": "A 2x cap costing nothing", "uncapped": "Utilization 0.99 and speed without a limit"}
+    lines = []
+    for key, title in words.items():
+        met = sum(g[key]["met"] for g in fine["goals"])
+        was = sum(g[key]["met"] for g in default["goals"])
+        misses = [f"{g['trace']} ({g[key]['ratio']:.4f} P against {g[key]['bound']:.4f})"
+                  for g in fine["goals"] if not g[key]["met"] and key.startswith("smallest")]
+        lines.append(f"- **{title}**: met on {met} of {n} (the default: {was} of {len(default['goals'])})"
+                     + (f"; missed on {', '.join(misses)}" if misses else "") + ".")
+    ours = {r["trace"]: r["uncapped"]["driver_seconds"] for r in fine["rows"] if r["policy"] == label}
+    base = {r["trace"]: r["uncapped"]["driver_seconds"] for r in default["rows"] if r["policy"] == "gmlake"}
+    ratios = sorted(ours[t] / base[t] for t in ours if base.get(t))
+    lines.append(f"- **Priced driver time without a limit**, over the whole trace: {ratios[0]:.1f}-{ratios[-1]:.1f}x "
+                 f"the default's (median {ratios[len(ratios) // 2]:.1f}x).")
+    return f"`{label}` against the default, by replay on the same {n} traces:\n\n" + "\n".join(lines) + "\n"
+
+
+def fine_pages_speed() -> str:
+    """The speed runs of 2 MiB pages beside the default's and expandable segments' (bench speed, interleaved): each
+    run's timed seconds after warm-up, the spread, and the driver's calls and time after warm-up."""
+    data = _json(FINE_SPEED)
+    env, settings = data["environment"], data["settings"]
+    lines = ["| workload | allocator | timed s, each run | spread | driver calls after warm-up | "
+             "driver ms after warm-up | peak reserved GiB |", "|---|---|---|---|---|---|---|"]
+    for row in data["rows"]:
+        calls, busy = row.get("driver_calls_after_warmup"), row.get("driver_busy_s_after_warmup")
+        spread = f"{row['spread_pct']:.1f} %" if row["runs"] > 1 else "one run"
+        lines.append(f"| {row['workload']} | {row['allocator']} | {', '.join(f'{t:.2f}' for t in row['timed_s'])} | "
+                     f"{spread} | {'-' if calls is None else f'{calls:.0f}'} | "
+                     f"{'-' if busy is None else f'{busy * 1e3:.1f}'} | {row['peak_reserved_gib']:.2f} |")
+    return ("\n".join(lines) + f"\n\n{env['gpu']} (driver {env['nvidia_driver']}), torch {env['torch']}, Python "
+            f"{env['python']}, {env['date'][:10]}; `python -m bench speed --workloads {' '.join(settings['workloads'])} "
+            f"--allocators {' '.join(settings['allocators'])} --rounds {settings['rounds']} --steps {settings['steps']} "
+            f"--warmup {settings['warmup']}`, one call, runs interleaved; a run the deadline cut is not there.\n")
+
+
 def oom_message() -> str:
     """docs/guide.md: the out-of-memory message a 1 GiB request meets under a 2 GiB cap on an H200 (that device's
     capacity and free memory), as the torch bridge writes it."""
@@ -1323,7 +1374,8 @@ def oom_message() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
-                                        "latency": latency, "replay": replayed, "edge": edge, "edge-fit": edge_fit, "edge-bracket": edge_bracket, "tlsf": tlsf, "tune-fit": tune_fit,
+                                        "latency": latency, "replay": replayed, "edge": edge, "edge-fit": edge_fit, "edge-bracket": edge_bracket,
+                                        "fine-pages-speed": fine_pages_speed, "edge-fine-pages": edge_fine_pages, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,
                                         "readme-results": lambda: readme_table() + "\n" + readme_findings(),
                                         "readme-limits": readme_limits, "compare-maxpieces": compare_maxpieces,
