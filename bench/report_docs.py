@@ -1349,8 +1349,8 @@ def fine_pages_speed() -> str:
     run's timed seconds after warm-up, the spread, and the driver's calls and time after warm-up."""
     data = _json(FINE_SPEED)
     env, settings = data["environment"], data["settings"]
-    lines = ["| workload | allocator | timed s, each run | spread | driver calls after warm-up | "
-             "driver ms after warm-up | peak reserved GiB |", "|---|---|---|---|---|---|---|"]
+    lines = [("| workload | allocator | timed s, each run | spread | driver calls after warm-up | "
+              "driver ms after warm-up | peak reserved GiB |"), "|---|---|---|---|---|---|---|"]
     for row in data["rows"]:
         calls, busy = row.get("driver_calls_after_warmup"), row.get("driver_busy_s_after_warmup")
         spread = f"{row['spread_pct']:.1f} %" if row["runs"] > 1 else "one run"
