@@ -405,3 +405,30 @@ def test_a_cap_of_the_whole_device_is_not_named_as_the_limit():
     capped = OutOfMemoryError(requested=93 * MiB, reserved=0, allocated=0, cached=0, limit=device // 2,
                               capacity=device).torch_message(0)
     assert "binds before the device's" in capped and "raise the cap" in capped
+
+
+@pytest.mark.parametrize("page, cached, free, hint", [
+    (20 * MiB, 300 * MiB, 400 * MiB, True),         # the bytes are there, in coarse pages: finer ones may fit
+    (2 * MiB, 300 * MiB, 400 * MiB, False),         # already the finest pages
+    (None, 300 * MiB, 400 * MiB, False),            # a policy without expandable ranges
+    (20 * MiB, 75 * MiB, 457 * MiB, False),         # cached and free together are short of the request: no page helps
+    (20 * MiB, 0, 900 * MiB, False),                # nothing cached: the device itself could not give the bytes
+])
+def test_the_message_suggests_finer_pages_only_where_they_could_fit_the_request(page, cached, free, hint):
+    """Like PyTorch's hint at expandable segments: coarse pages, with the request no larger than what is cached free
+    and what the device still has, name the knob and where it is measured."""
+    error = OutOfMemoryError(requested=700 * MiB, reserved=8508 * MiB, allocated=8508 * MiB - cached, cached=cached,
+                             limit=0, capacity=143156 * MiB)
+    text = error.torch_message(0, device_free=free, stitches=1, page=page)
+    assert ("GMLAKE_KNOBS=expandable_page_large=2MiB" in text) == hint
+    assert ('"Fine pages from the start"' in text) == hint
+
+
+def test_under_a_cap_the_room_is_the_caps():
+    """Under a binding cap the room is the cap less reserved, not the device's free memory."""
+    error = OutOfMemoryError(requested=100 * MiB, reserved=560 * MiB, allocated=500 * MiB, cached=60 * MiB,
+                             limit=600 * MiB, capacity=143156 * MiB)
+    assert "expandable_page_large" in error.torch_message(0, device_free=100 << 30, page=20 * MiB)
+    short = OutOfMemoryError(requested=200 * MiB, reserved=560 * MiB, allocated=500 * MiB, cached=60 * MiB,
+                             limit=600 * MiB, capacity=143156 * MiB)
+    assert "expandable_page_large" not in short.torch_message(0, device_free=100 << 30, page=20 * MiB)

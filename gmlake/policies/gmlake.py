@@ -28,7 +28,9 @@ class GMLakePolicy(Policy):
     is lost. A policy may turn it on where no other thread launches work at the limit. At the edge it stitches
     wherever that saves new memory, mapping a stitch's shortfall in 2 MiB pages where 20 MiB ones would not fit
     under the limit (`edge_page`, Note [Stitching at the edge]). A cap that never binds costs nothing (Note [Finer
-    pages under a cap]).
+    pages under a cap]). What it still cannot reach at the edge are the free bytes inside 20 MiB pages that live
+    blocks share; `expandable_page_large=2MiB` maps pages fine enough from the start, at many more driver calls
+    (docs/benchmarks.md, "Fine pages from the start"), and the out-of-memory message suggests it where it could help.
 
     Cached sBlocks serve only requests no free block fits (`sblock_first=False`): checking an sBlock's pieces costs
     a lookup per piece, and an expandable range's long free tail would otherwise send every request through it.

@@ -157,9 +157,12 @@ cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nog
         if oom:
             note = _observe_oom(device, size, why.limit if why.limit else a.driver.capacity,
                                 free_bytes if known_free else 0)
+            policy = a.policy
             text = error.torch_message(device, a.capturing != 0 or why.err == ERR_CAPTURE,
                                        device_free=free_bytes if known_free else None,
-                                       stitches=a.stats()["stitches"]) + note
+                                       stitches=a.stats()["stitches"],
+                                       page=policy.expandable_page_large
+                                       if policy.segment_rule == "expandable" else None) + note
         else:
             text = f"gmlake: allocating {size} bytes on device {device} failed: {error}"
         encoded = text.encode()[:OOM_TEXT - 48].decode(errors="ignore").encode()    # whole characters only
