@@ -28,7 +28,7 @@ CANDIDATES = {
     "gmlake-page8m": ["--policy", "gmlake[expandable_page_large=8MiB]"],
     "gmlake-page4m": ["--policy", "gmlake[expandable_page_large=4MiB]"],
     # replayed over every trace, 2 MiB pages fit within 0.2 % of P of the better of expandable and gmlake-paper on
-    # all but two, at about ten times the default's priced driver time (docs/benchmarks.md, "Fine pages from the start")
+    # all but one, at about ten times the default's priced driver time (docs/benchmarks.md, "Fine pages from the start")
     "gmlake-page2m": ["--policy", "gmlake[expandable_page_large=2MiB]"],
     # Note [Waiting for another stream's free block]: the default now; kept by name for the records that carry it
     "gmlake-wait": ["--policy", "gmlake[cross_stream_wait=true]"],

@@ -45,7 +45,7 @@ CAPS = ["train/cap-2026-11-30b", "train/cap-2026-11-30c", "train/cap-2026-12-01"
         "train/cap-2026-12-01h", "train/cap-2026-12-01i", "train/cap-2026-12-01j"]
 # At the edge of memory, by replay: `python -m bench edge --json` (held by bench/tests/test_edge.py).
 EDGE = RESULTS / "edge-figures.json"
-# The device as the limit with CUDA's libraries loading lazily (`python -m bench edge_fit`), both calls' runs, with the
+# The device as the limit with CUDA's libraries loading lazily (`python -m bench edge_fit`), every call's runs, with the
 # calibration runs' traces (tests/data/edge) that replay predicts each run from.
 EDGE_FIT = "h200-2026-12-04/edge-fit.json"
 FINE_SPEED = "h200-2026-12-04/speed-page2m.json"

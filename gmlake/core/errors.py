@@ -69,7 +69,7 @@ class OutOfMemoryError(GmlakeError, MemoryError):
                       f"could not join for this request)")
         room = (self.limit - self.reserved if self.reserved < self.limit else 0) if binds else (device_free or 0)
         if page and page > FINEST_PAGE and self.cached and self.cached + room >= self.requested and not self.zero_cap:
-            # free bytes inside coarse pages that live blocks share are what finer pages reach (the knob's Note)
+            # free bytes inside coarse pages that live blocks share are what finer pages reach (docs/benchmarks.md)
             tries += (f"; if it ran out at the edge, finer pages may fit it: "
                       f"GMLAKE_KNOBS=expandable_page_large={FINEST_PAGE >> 20}MiB (docs/benchmarks.md, \"Fine pages "
                       f"from the start\")")
