@@ -49,7 +49,8 @@ EDGE = RESULTS / "edge-figures.json"
 # calibration runs' traces (tests/data/edge) that replay predicts each run from.
 EDGE_FIT = "h200-2026-12-04/edge-fit.json"
 FINE_SPEED = "h200-2026-12-04/speed-page2m.json"
-EDGE_FINE = RESULTS / "edge-figures-page2m.json"     # `python -m bench edge` with 2 MiB pages judged
+# `python -m bench edge` with finer pages judged, by page in MiB (held by bench/tests/test_edge.py)
+EDGE_PAGES = {page: RESULTS / f"edge-figures-page{page}m.json" for page in (2, 4, 10)}
 # The same programs probed on the H200 just under and just over replay's smallest device (held by
 # bench/tests/test_edge_fit.py).
 EDGE_BRACKET = "h200-2026-12-03b/edge-bracket.json"
@@ -1319,29 +1320,35 @@ def policy_errors() -> str:
     return "```\n" + "\n".join(lines) + "\n```\n"
 
 
-def edge_fine_pages() -> str:
-    """The edge goals with 2 MiB pages from the start beside the default's (two records of `python -m bench edge`):
-    per goal how many traces meet it, the fit goals' misses, and the priced driver time without a limit."""
-    default, fine = json.loads(EDGE.read_text()), json.loads(EDGE_FINE.read_text())
-    label = next(r["policy"] for r in fine["rows"] if r["policy"] not in ("expandable", "gmlake-paper"))
-    n = len(fine["goals"])
-    words = {"smallest_device": "The smallest device", "smallest_cap": "The smallest cap",
-             "device_1.02": "Speed at a device of 1.02x P", "device_1.05": "Speed at a device of 1.05x P",
-             "unbinding": "A 2x cap costing nothing", "uncapped": "Utilization 0.99 and speed without a limit"}
-    lines = []
-    for key, title in words.items():
-        met = sum(g[key]["met"] for g in fine["goals"])
-        was = sum(g[key]["met"] for g in default["goals"])
-        misses = [f"{g['trace']} ({g[key]['ratio']:.4f} P against {g[key]['bound']:.4f})"
-                  for g in fine["goals"] if not g[key]["met"] and key.startswith("smallest")]
-        lines.append(f"- **{title}**: met on {met} of {n} (the default: {was} of {len(default['goals'])})"
-                     + (f"; missed on {', '.join(misses)}" if misses else "") + ".")
-    ours = {r["trace"]: r["uncapped"]["driver_seconds"] for r in fine["rows"] if r["policy"] == label}
-    base = {r["trace"]: r["uncapped"]["driver_seconds"] for r in default["rows"] if r["policy"] == "gmlake"}
-    ratios = sorted(ours[t] / base[t] for t in ours if base.get(t))
-    lines.append(f"- **Priced driver time without a limit**, over the whole trace: {ratios[0]:.1f}-{ratios[-1]:.1f}x "
-                 f"the default's (median {ratios[len(ratios) // 2]:.1f}x).")
-    return f"`{label}` against the default, by replay on the same {n} traces:\n\n" + "\n".join(lines) + "\n"
+def edge_page_sizes() -> str:
+    """The edge goals by the page the default policy maps (records of `python -m bench edge`, each with one page
+    judged; 20 MiB is the default's own table): per page how many traces meet each goal, the priced driver time
+    without a limit against the default's, and the traces whose fit goal no page meets."""
+    records = [(20, json.loads(EDGE.read_text()))] + [(page, json.loads(path.read_text()))
+                                                       for page, path in sorted(EDGE_PAGES.items(), reverse=True)]
+    n = len(records[0][1]["goals"])
+    keys = ("smallest_device", "smallest_cap", "device_1.02", "device_1.05", "cap_1.02", "cap_1.05", "uncapped")
+    lines = ["| page | fit: device | fit: cap | speed: device 1.02x / 1.05x | speed: cap 1.02x / 1.05x | "
+             "uncapped | priced time without a limit, x the default's |", "|---|---|---|---|---|---|---|"]
+    base = {r["trace"]: r["uncapped"]["driver_seconds"] for r in records[0][1]["rows"] if r["policy"] == "gmlake"}
+    missed_by_all = None
+    for page, record in records:
+        met = {k: sum(g[k]["met"] for g in record["goals"]) for k in keys}
+        label = next(r["policy"] for r in record["rows"] if r["policy"] not in ("expandable", "gmlake-paper"))
+        ours = {r["trace"]: r["uncapped"]["driver_seconds"] for r in record["rows"] if r["policy"] == label}
+        ratios = sorted(ours[t] / base[t] for t in ours if base.get(t))
+        missed = {g["trace"] for g in record["goals"] if not (g["smallest_device"]["met"] and g["smallest_cap"]["met"])}
+        missed_by_all = missed if missed_by_all is None else missed_by_all & missed
+        lines.append(f"| {page} MiB{' (default)' if page == 20 else ''} | {met['smallest_device']} | "
+                     f"{met['smallest_cap']} | {met['device_1.02']} / {met['device_1.05']} | "
+                     f"{met['cap_1.02']} / {met['cap_1.05']} | {met['uncapped']} | "
+                     f"{ratios[len(ratios) // 2]:.1f} ({ratios[0]:.1f}-{ratios[-1]:.1f}) |")
+    finest = records[-1][1]
+    misses = [f"{g['trace']} (device {g['smallest_device']['ratio']:.4f} P, cap {g['smallest_cap']['ratio']:.4f} P "
+              f"with {records[-1][0]} MiB pages, against {g['smallest_device']['bound']:.4f})"
+              for g in finest["goals"] if g["trace"] in (missed_by_all or ())]
+    return (f"Traces meeting each goal, of {n}; the priced time is the median (and range) over the traces. "
+            f"The fit goal is missed at every page by {', '.join(misses) or 'none'}.\n\n" + "\n".join(lines) + "\n")
 
 
 def fine_pages_speed() -> str:
@@ -1375,7 +1382,7 @@ def oom_message() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
                                         "latency": latency, "replay": replayed, "edge": edge, "edge-fit": edge_fit, "edge-bracket": edge_bracket,
-                                        "fine-pages-speed": fine_pages_speed, "edge-fine-pages": edge_fine_pages, "tlsf": tlsf, "tune-fit": tune_fit,
+                                        "fine-pages-speed": fine_pages_speed, "edge-page-sizes": edge_page_sizes, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,
                                         "readme-results": lambda: readme_table() + "\n" + readme_findings(),
                                         "readme-limits": readme_limits, "compare-maxpieces": compare_maxpieces,

@@ -13,9 +13,9 @@ from bench import RESULTS, ROOT
 from gmlake.sim.trace import load
 
 RECORDED = json.loads((RESULTS / "edge-figures.json").read_text())
-# The same table with 2 MiB pages from the start judged (docs/benchmarks.md, "Fine pages from the start")
-FINE = json.loads((RESULTS / "edge-figures-page2m.json").read_text())
-FINE_POLICY = "gmlake[expandable_page_large=2MiB]"
+# The same table with finer pages from the start judged, by page in MiB (docs/benchmarks.md, "Fine pages from the
+# start")
+FINE = {page: json.loads((RESULTS / f"edge-figures-page{page}m.json").read_text()) for page in (2, 4, 10)}
 # Cheap to replay (seconds each), and between them a dynamic-shape CNN, an FSDP rank and the tiny GPT-2 whose
 # 1.02x limits the expandable model does not fit.
 CHECKED = {"tiny-gpt2": ROOT / "tests" / "data" / "tiny-gpt2-native.pickle.gz",
@@ -37,14 +37,24 @@ def test_every_replayed_figure_is_the_recorded_one(name):
     assert edge.goals(rows) == [g for g in RECORDED["goals"] if g["trace"] == name]
 
 
+@pytest.mark.parametrize("page", sorted(FINE))
 @pytest.mark.parametrize("name", sorted(CHECKED))
-def test_every_replayed_figure_with_fine_pages_is_the_recorded_one(name):
+def test_every_replayed_figure_with_fine_pages_is_the_recorded_one(name, page):
     trace = load(CHECKED[name])
     peak = edge.run(trace, "expandable")["peak_allocated"]
-    rows = [edge.measure(trace, policy, FINE["resolution"], peak)
-            for policy in (FINE_POLICY, "expandable", "gmlake-paper")]
-    assert json.loads(json.dumps(rows)) == [r for r in FINE["rows"] if r["trace"] == name]
-    assert edge.goals(rows, default=rows[0]["policy"]) == [g for g in FINE["goals"] if g["trace"] == name]
+    recorded = FINE[page]
+    rows = [edge.measure(trace, policy, recorded["resolution"], peak)
+            for policy in (f"gmlake[expandable_page_large={page}MiB]", "expandable", "gmlake-paper")]
+    assert json.loads(json.dumps(rows)) == [r for r in recorded["rows"] if r["trace"] == name]
+    assert edge.goals(rows, default=rows[0]["policy"]) == [g for g in recorded["goals"] if g["trace"] == name]
+
+
+def test_each_fine_page_record_covers_every_kept_trace():
+    names = {load(p).name for p in edge.default_traces()}
+    for page, recorded in FINE.items():
+        assert {r["trace"] for r in recorded["rows"]} == names, page
+        assert {r["policy"] for r in recorded["rows"]} == {f"gmlake(expandable_page_large={page}MiB)", "expandable",
+                                                           "gmlake-paper"}, page
 
 
 def test_the_recorded_table_covers_every_kept_trace():
