@@ -1328,8 +1328,8 @@ def edge_page_sizes() -> str:
                                                        for page, path in sorted(EDGE_PAGES.items(), reverse=True)]
     n = len(records[0][1]["goals"])
     keys = ("smallest_device", "smallest_cap", "device_1.02", "device_1.05", "cap_1.02", "cap_1.05", "uncapped")
-    lines = ["| page | fit: device | fit: cap | speed: device 1.02x / 1.05x | speed: cap 1.02x / 1.05x | "
-             "uncapped | priced time without a limit, x the default's |", "|---|---|---|---|---|---|---|"]
+    lines = [("| page | fit: device | fit: cap | speed: device 1.02x / 1.05x | speed: cap 1.02x / 1.05x | "
+              "uncapped | priced time without a limit, x the default's |"), "|---|---|---|---|---|---|---|"]
     base = {r["trace"]: r["uncapped"]["driver_seconds"] for r in records[0][1]["rows"] if r["policy"] == "gmlake"}
     missed_by_all = None
     for page, record in records:
