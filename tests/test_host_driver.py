@@ -60,6 +60,26 @@ def test_granularity_must_be_page_multiple():
         HostDriver(granularity=1000)
 
 
+@pytest.mark.parametrize("pause", [-0.1, 11.0, float("nan")])
+def test_unmap_pause_out_of_range_is_refused(pause):
+    with pytest.raises(ValueError, match="unmap_pause"):
+        HostDriver(unmap_pause=pause)
+
+
+def test_unmap_pause_holds_the_range_unmapped_that_long():
+    """The pause tests/test_safety.py widens its race window with: an empty_cache that unmaps one page takes at
+    least the pause."""
+    import time
+
+    alloc = Allocator(HostDriver(unmap_pause=0.05), PAPER)
+    alloc.free(alloc.malloc(2 * MiB))
+    start = time.perf_counter()
+    alloc.empty_cache()
+    assert time.perf_counter() - start >= 0.05
+    assert alloc.stats()["reserved_bytes"] == 0
+    alloc.close()
+
+
 def test_errors_are_described():
     drv = HostDriver()
     assert "errno" in drv.describe_error(1000 + 22)

@@ -18,11 +18,13 @@ import pytest
 
 HERE = Path(__file__).parent
 WRITER = HERE / "cpu_scripts" / "live_writer.py"
+PAUSE = 0.2     # seconds the host driver holds each unmapped range unmapped: the writer's pass takes milliseconds
 
 
-def run_writer(knobs: str, where: str, rounds: int = 3) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(WRITER), knobs, where, str(rounds)], capture_output=True, text=True,
-                          check=False, timeout=300, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+def run_writer(knobs: str, where: str, rounds: int = 3, unmap_pause: float = 0.0) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(WRITER), knobs, where, str(rounds), str(unmap_pause)],
+                          capture_output=True, text=True, check=False, timeout=300,
+                          env={**os.environ, "PYTHONFAULTHANDLER": "1"})
 
 
 def describe(proc: subprocess.CompletedProcess) -> str:
@@ -38,7 +40,7 @@ def test_a_writer_thread_never_faults_nor_loses_a_byte_while_another_allocates_a
     """Three rounds: ten 20 MiB pages, each a live 6 MiB block (written over and over by a second thread, every
     byte checked before each write) beside a freed 14 MiB gap; at the 200 MiB limit the main thread asks for
     100 MiB, fills the gaps and empties the cache. No fault, no lost write, invariants whole."""
-    proc = run_writer(knobs, where)
+    proc = run_writer(knobs, where, unmap_pause=PAUSE)     # as able to catch an unmap as the control below
     assert proc.returncode == 0, describe(proc)
     summary = next(line for line in proc.stdout.splitlines() if line.startswith("summary:"))
     assert "lost_writes=0" in summary and "rebacked_chunks=0" in summary, summary
@@ -49,8 +51,10 @@ def test_a_writer_thread_never_faults_nor_loses_a_byte_while_another_allocates_a
 def test_the_writer_catches_rebacking_live_memory():
     """With re-backing on, the 100 MiB request copies the live slots out, unmaps their pages and maps new handles
     while the writer writes: the writer faults on the unmapped range or its write is lost in the old page. Either
-    way the run fails; this is the hazard the default avoids, and the proof the test above can fail."""
-    proc = run_writer("reback_slot=2MiB", "cap", rounds=30)   # a race: enough rounds to meet it
+    way the run fails; this is the hazard the default avoids, and the proof the test above can fail. The race is
+    met every run, not by luck: the host driver holds each unmapped page unmapped for PAUSE, while the writer goes
+    over all ten blocks in a few milliseconds."""
+    proc = run_writer("reback_slot=2MiB", "cap", unmap_pause=PAUSE)
     assert proc.returncode != 0, describe(proc)
     assert proc.returncode == -signal.SIGSEGV or "lost_writes=0" not in proc.stdout, describe(proc)
 

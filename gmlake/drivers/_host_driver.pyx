@@ -25,6 +25,7 @@ cdef extern from "<sys/mman.h>" nogil:
 cdef extern from "<unistd.h>" nogil:
     int ftruncate(int fd, long length)
     int close(int fd)
+    int usleep(unsigned int usec)
 
 cdef extern from "<string.h>" nogil:
     char* strerror(int errnum)
@@ -56,21 +57,29 @@ cdef void _raise_fd_limit() noexcept nogil:
 
 
 cdef class HostDriver(ModelDriver):
-    """HostDriver(capacity=0, granularity=2097152)
+    """HostDriver(capacity=0, granularity=2097152, unmap_pause=0.0)
 --
 
     Real bytes on the CPU: chunks are memfd regions mapped with mmap(MAP_FIXED|MAP_SHARED).
 
+    `unmap_pause` (seconds) holds every unmapped range unmapped that long before unmap() returns: a test widens the
+    window in which another thread touching the range faults, so a race it must catch is met every run
+    (tests/test_safety.py), not once in many.
+
     Error codes other than DRIVER_OOM are ERRNO_BASE + errno.
     """
+    cdef unsigned int unmap_pause_us
 
-    def __init__(self, capacity: int = 0, granularity: int = 2 << 20):
+    def __init__(self, capacity: int = 0, granularity: int = 2 << 20, unmap_pause: float = 0.0):
         if granularity <= 0 or granularity & (granularity - 1) or granularity % 4096:
             raise ValueError(f"granularity must be a power of two multiple of the page size, got {granularity}")
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
+        if not 0.0 <= unmap_pause <= 10.0:
+            raise ValueError(f"unmap_pause must be between 0 and 10 seconds, got {unmap_pause}")
         self.granularity = granularity
         self.capacity = capacity
+        self.unmap_pause_us = <unsigned int>(unmap_pause * 1e6)
         _raise_fd_limit()
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
@@ -145,6 +154,8 @@ cdef class HostDriver(ModelDriver):
         cdef void* got = mmap(<void*>va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0)
         if got == MAP_FAILED:
             return _errno_code()
+        if self.unmap_pause_us:
+            usleep(self.unmap_pause_us)
         return DRIVER_OK
 
     cdef int set_access(self, uintptr_t va, size_t size) noexcept nogil:

@@ -2,7 +2,7 @@
 (docs/design.md, "Safety"). Run in a subprocess by tests/test_safety.py: memory unmapped under the writer kills this
 process (SIGSEGV), which a test in the same process could not report.
 
-    python live_writer.py KNOBS WHERE ROUNDS
+    python live_writer.py KNOBS WHERE ROUNDS [UNMAP_PAUSE]
 
 KNOBS: "default" (the default policy object, GMLakePolicy()) or "k=v,k=v" knobs of the gmlake policy; WHERE: "cap"
 (a 200 MiB cap) or "device" (a driver of 200 MiB capacity). Each round lays out ten 20 MiB pages, each holding a live
@@ -10,8 +10,10 @@ KNOBS: "default" (the default policy object, GMLakePolicy()) or "k=v,k=v" knobs 
 expected value and then writes the next value (ctypes.memset, which lets the GIL go, so the write runs while the
 allocator works), counting its writes per block. Meanwhile the main thread asks for 100 MiB, which fits only if the
 gaps go back, fills the gaps with 2 MiB blocks and frees them, and empties the cache. At the end of the round every
-byte of every block must equal its start value plus its count of writes. Prints one "summary:" line; exit status 0
-only if no write was lost and the allocator's invariants held.
+byte of every block must equal its start value plus its count of writes. UNMAP_PAUSE (seconds, default 0) holds each
+unmapped range unmapped that long (HostDriver's unmap_pause), many times the writer's pass over the blocks, so a
+writer that can reach an unmapped block does. Prints one "summary:" line; exit status 0 only if no write was lost and
+the allocator's invariants held.
 """
 from __future__ import annotations
 
@@ -113,9 +115,9 @@ def one_round(alloc: Allocator, r: int) -> tuple[int, list[str], str]:
     return sum(writer.counts), writer.lost, outcome
 
 
-def main(knobs: str, where: str, rounds: int) -> int:
+def main(knobs: str, where: str, rounds: int, unmap_pause: float = 0.0) -> int:
     policy = policy_of(knobs)
-    driver = HostDriver(capacity=LIMIT if where == "device" else 0)
+    driver = HostDriver(capacity=LIMIT if where == "device" else 0, unmap_pause=unmap_pause)
     alloc = Allocator(driver, policy, limit=LIMIT if where == "cap" else 0)
     writes, lost, outcomes = 0, [], []
     for r in range(rounds):
@@ -133,4 +135,4 @@ def main(knobs: str, where: str, rounds: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    sys.exit(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *map(float, sys.argv[4:5])))
