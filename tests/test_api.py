@@ -27,7 +27,7 @@ def test_all_holds_the_policies_and_no_benchmark_code():
 
 @pytest.mark.parametrize("cls, params", [
     (gmlake.SimDriver, ["capacity", "granularity"]),
-    (gmlake.HostDriver, ["capacity", "granularity"]),
+    (gmlake.HostDriver, ["capacity", "granularity", "unmap_pause"]),
     (gmlake.Allocator, ["driver", "policy", "limit"]),
 ])
 def test_extension_classes_have_signatures(cls, params):
