@@ -121,6 +121,7 @@ def test_several_begins_share_a_pool_and_the_last_release_returns_its_memory(dri
         alloc.end_allocate_to_pool(9)
     info = alloc.pools_info()[0]
     assert info["use_count"] == 3 and info["allocated_bytes"] == 0
+    assert alloc.pools_ids() == [9]
     pool_bytes = info["reserved_bytes"]
     assert driver.live_chunk_bytes == held + pool_bytes    # reused by graphs 2 and 3: no growth after the first
     assert alloc.release_pool(9) == 0 and alloc.release_pool(9) == 0
@@ -128,7 +129,7 @@ def test_several_begins_share_a_pool_and_the_last_release_returns_its_memory(dri
     syncs = _events_and_syncs(alloc)[0]
     assert alloc.release_pool(9) == pool_bytes         # the last user: back to the driver, after a synchronize
     assert _events_and_syncs(alloc)[0] == syncs + 1
-    assert driver.live_chunk_bytes == held and alloc.pools_info() == []
+    assert driver.live_chunk_bytes == held and alloc.pools_info() == [] and alloc.pools_ids() == []
     assert alloc.stats()["reserved_bytes"] == held
     with pytest.raises(ValueError, match="no use to release"):
         alloc.release_pool(9)

@@ -432,3 +432,20 @@ def test_under_a_cap_the_room_is_the_caps():
     short = OutOfMemoryError(requested=200 * MiB, reserved=560 * MiB, allocated=500 * MiB, cached=60 * MiB,
                              limit=600 * MiB, capacity=143156 * MiB)
     assert "expandable_page_large" not in short.torch_message(0, device_free=100 << 30, page=20 * MiB)
+
+
+@pytest.mark.parametrize("limit, capped_page, hint", [
+    (600 * MiB, 4 * MiB, "capped_page_large=2MiB"),        # the cap binds: its pages are in force, and its knob
+    (600 * MiB, 2 * MiB, None),                            # ... already the finest: nothing to suggest
+    (600 * MiB, None, "expandable_page_large=2MiB"),       # no capped page: the uncapped one is in force
+    (0, 2 * MiB, "expandable_page_large=2MiB"),            # no cap: the capped page is not in force
+])
+def test_the_hint_names_the_pages_in_force_and_their_knob(limit, capped_page, hint):
+    """A policy with capped_page_large maps those pages while a cap binds: the hint judges them, and names the knob
+    that would change them (expandable_page_large does not, under the cap)."""
+    error = OutOfMemoryError(requested=100 * MiB, reserved=560 * MiB, allocated=500 * MiB, cached=60 * MiB,
+                             limit=limit, capacity=143156 * MiB)
+    text = error.torch_message(0, device_free=100 << 20, page=20 * MiB, capped_page=capped_page)
+    assert ("GMLAKE_KNOBS=" in text) == (hint is not None), text
+    if hint:
+        assert f"GMLAKE_KNOBS={hint}" in text, text

@@ -561,9 +561,12 @@ cdef class Allocator:
         return _api_pools_info(self)
 
     def pools_ids(self) -> list:
-        """The ids of the private pools that exist (in use, or released but still holding memory)."""
-        cdef pair[uint64_t, PrivatePool*] pp
-        return [pp.first for pp in self.pools.by_id]
+        """The ids of the private pools that exist (in use, or released but still holding memory); copied under the
+        lock, as every reading call copies."""
+        cdef vector[uint64_t] ids
+        with nogil:
+            _copy_pool_ids(self, ids)
+        return list(ids)
 
     @staticmethod
     def _pool_id(pool_id) -> int:

@@ -119,6 +119,15 @@ cdef void _copy_pools(Allocator self, vector[PoolRow]& rows, vector[int64_t]& st
         rows.push_back(row)
 
 
+cdef void _copy_pool_ids(Allocator self, vector[uint64_t]& ids) noexcept nogil:
+    """pools_ids' answer: the id of every private pool that exists."""
+    cdef ScopedLock held
+    cdef pair[uint64_t, PrivatePool*] pp
+    held.acquire(self.mutex)
+    for pp in self.pools.by_id:
+        ids.push_back(pp.first)
+
+
 cdef void _copy_segments(Allocator self, vector[SegmentRow]& segs, vector[BlockRow]& rows) noexcept nogil:
     """segments_info's rows: each segment, and each of its blocks."""
     cdef ScopedLock held

@@ -37,14 +37,16 @@ class OutOfMemoryError(GmlakeError, MemoryError):
                 f"{_mib(self.allocated)} allocated, {_mib(self.cached)} cached and free")
 
     def torch_message(self, device: int, capturing: bool = False, *, device_free: int | None = None,
-                      stitches: int | None = None, page: int | None = None) -> str:
+                      stitches: int | None = None, page: int | None = None,
+                      capped_page: int | None = None) -> str:
         """The text of the torch.OutOfMemoryError that ends an allocation through the torch bridge: PyTorch's own
         opening (the words tools look for, the request, the device's capacity and free memory, the cap as "allowed"),
         then gmlake's report: the figures, the stitches made so far, the limit in force and what to try.
         `device_free`: the device's free memory now (None: not known). `page`: the large pages the policy's
-        expandable ranges map (None: it maps none); where they are coarser than the finest and the cached free bytes
-        with the room under the limit would hold the request, the message suggests the finest, as PyTorch's suggests
-        expandable segments."""
+        expandable ranges map (None: it maps none), and `capped_page` those they map while a cap binds (the policy's
+        capped_page_large; None: `page`); where the pages in force are coarser than the finest and the cached free
+        bytes with the room under the limit would hold the request, the message suggests the finest, through the
+        knob that sets those pages, as PyTorch's suggests expandable segments."""
         free = f" of which {format_size(device_free)} is free" if device_free is not None else ""
         capped = bool(self.limit) or self.zero_cap
         # a cap at or above the device's memory is none (the core's _cap_binds): the device is the limit then
@@ -68,10 +70,13 @@ class OutOfMemoryError(GmlakeError, MemoryError):
             tries += (f" ({_mib(self.cached)} is cached and free, in pieces of segments still in use that the policy "
                       f"could not join for this request)")
         room = (self.limit - self.reserved if self.reserved < self.limit else 0) if binds else (device_free or 0)
+        knob = "expandable_page_large"
+        if page and binds and capped_page:
+            page, knob = capped_page, "capped_page_large"
         if page and page > FINEST_PAGE and self.cached and self.cached + room >= self.requested and not self.zero_cap:
             # free bytes inside coarse pages that live blocks share are what finer pages reach (docs/benchmarks.md)
             tries += (f"; if it ran out at the edge, finer pages may fit it: "
-                      f"GMLAKE_KNOBS=expandable_page_large={FINEST_PAGE >> 20}MiB (docs/benchmarks.md, \"Fine pages "
+                      f"GMLAKE_KNOBS={knob}={FINEST_PAGE >> 20}MiB (docs/benchmarks.md, \"Fine pages "
                       f"from the start\")")
         return (f"CUDA out of memory. Tried to allocate {format_size(self.requested)}. GPU {device} has a total "
                 f"capacity of {format_size(self.capacity)}{free}. {allowed}gmlake: {self.requested} bytes asked; "

@@ -162,7 +162,8 @@ cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nog
                                        device_free=free_bytes if known_free else None,
                                        stitches=a.stats()["stitches"],
                                        page=policy.expandable_page_large
-                                       if policy.segment_rule == "expandable" else None) + note
+                                       if policy.segment_rule == "expandable" else None,
+                                       capped_page=policy.capped_page_large or None) + note
         else:
             text = f"gmlake: allocating {size} bytes on device {device} failed: {error}"
         encoded = text.encode()[:OOM_TEXT - 48].decode(errors="ignore").encode()    # whole characters only
