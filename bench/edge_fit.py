@@ -14,8 +14,8 @@ any allocator (cuMemAlloc), and trains the same shape schedule. A run ends as `f
 allocator's torch.OutOfMemoryError) or `library` (a step failed with another error: a CUDA library that found no
 memory). Runs interleave: in each round, per k and workload, the allocators go forward in even rounds and backward
 in odd ones. CUDA_MODULE_LOADING is left at CUDA's default (lazy): loading kernels during the run is what this
-measures. --calibration reuses an earlier call's calibrations and keeps its
-runs, running only those it lacks, so rounds can be spread over calls. Output: DIR/edge-fit.json and a line per run.
+measures. --calibration reuses an earlier call's calibrations (made with the same --steps, --seed and --size, or it
+is refused) and keeps its runs, running only those it lacks, so rounds can be spread over calls. Output: DIR/edge-fit.json and a line per run.
 """
 from __future__ import annotations
 
@@ -116,10 +116,31 @@ def parse_args(argv: list[str] | None, prog: str = "bench edge-fit") -> argparse
     args = parser.parse_args(argv)
     if args.rounds < 0 or args.steps < 1 or any(not 1 <= k <= 4 for k in args.k):
         parser.error("need --rounds >= 0, --steps >= 1 and every --k within [1, 4]")
-    if args.calibration and not Path(args.calibration).is_file():
-        parser.error(f"--calibration {args.calibration}: no such file")
+    if args.calibration:
+        args.earlier = _earlier(parser, args)
     args.out = str(Path(args.out).resolve())       # the runs start in the repository's root (harness.run_process)
     return args
+
+
+def _earlier(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """The --calibration file, refused in one line where it is not an edge-fit record or was calibrated on another
+    shape schedule: P is the peak over the calibrated steps, so runs of more steps (or another seed or size) can
+    need more than k x P, and every allocator would run out of memory for want of a calibration, not of memory."""
+    path = Path(args.calibration)
+    try:
+        earlier = json.loads(path.read_text())
+    except FileNotFoundError:
+        parser.error(f"--calibration {path}: no such file")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        parser.error(f"--calibration {path}: not an edge-fit.json ({type(exc).__name__}: {exc})")
+    if not isinstance(earlier, dict) or not isinstance(earlier.get("calibrations"), dict):
+        parser.error(f"--calibration {path}: not an edge-fit.json (no calibrations)")
+    for name in ("steps", "seed", "size"):
+        theirs, ours = earlier.get(name), getattr(args, name)
+        if theirs is not None and theirs != ours:
+            parser.error(f"--calibration {path} was calibrated with --{name} {theirs}, not {ours}: its P does not "
+                         f"hold for these runs; pass --{name} {theirs}, or calibrate again without --calibration")
+    return earlier
 
 
 def main(argv: list[str] | None = None, prog: str = "bench edge-fit") -> int:
@@ -133,10 +154,9 @@ def main(argv: list[str] | None = None, prog: str = "bench edge-fit") -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {"device_total": total, "torch": torch.__version__, "steps": args.steps, "seed": args.seed,
-              "calibrations": {}, "runs": []}
+              "size": args.size, "calibrations": {}, "runs": []}
     if args.calibration:
-        earlier = json.loads(Path(args.calibration).read_text())
-        result["calibrations"], result["runs"] = earlier["calibrations"], earlier.get("runs", [])
+        result["calibrations"], result["runs"] = args.earlier["calibrations"], args.earlier.get("runs", [])
     done = {(r["round"], r["k"], r["workload"], r["allocator"]) for r in result["runs"]}
     started = time.perf_counter()
 

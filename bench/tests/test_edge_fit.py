@@ -3,6 +3,9 @@
 ran out of memory in the allocator, or failed inside a CUDA library."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from bench import edge_fit, report_docs
@@ -42,6 +45,33 @@ def test_bad_input_is_one_line_and_exit_2(argv, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bench edge-fit")
+
+
+@pytest.mark.parametrize("record, complaint", [
+    ("not json", "not an edge-fit.json"),
+    ('{"runs": []}', "no calibrations"),
+    ('{"steps": 12, "seed": 0, "calibrations": {}}', "calibrated with --steps 12, not 40"),
+    ('{"steps": 40, "seed": 3, "calibrations": {}}', "calibrated with --seed 3, not 0"),
+])
+def test_a_calibration_from_another_schedule_is_refused(record, complaint, tmp_path, capsys):
+    """A calibration's P is the peak over its own steps: reused for runs of more steps, every allocator runs out of
+    memory where the job outgrows P (seen: 12-step calibrations, 40-step runs, all out of memory at step 16)."""
+    path = tmp_path / "edge-fit.json"
+    path.write_text(record)
+    with pytest.raises(SystemExit) as stop:
+        bench_main(["edge-fit", "--steps", "40", "--calibration", str(path), "--out", str(tmp_path)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and complaint in err[0], err
+
+
+def test_the_committed_record_is_a_calibration_its_own_runs_accept():
+    """The committed record says its schedule, and passes the check for that schedule."""
+    path = Path(report_docs.__file__).parent / "results" / "h200-2026-12-04" / "edge-fit.json"
+    record = json.loads(path.read_text())
+    args = edge_fit.parse_args(["--steps", str(record["steps"]), "--seed", str(record["seed"]), "--calibration",
+                                str(path), "--out", "x"], "bench edge-fit")
+    assert args.earlier["calibrations"]
 
 
 def test_the_gpu_edge_is_within_half_a_percent_of_p_of_replays():
