@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,13 @@ import pytest
 import gmlake
 
 MiB = 1 << 20
+
+# A run started in the background of a shell without job control (nohup, `cmd &` in a script) inherits SIGINT
+# ignored; Python then never raises KeyboardInterrupt, and neither do the programs the tests start. The tests of
+# Ctrl-C need it as a terminal delivers it, so the default handler comes back here (caught, not ignored, so child
+# processes start with the default too).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @functools.lru_cache(maxsize=1)
