@@ -1323,14 +1323,21 @@ def policy_errors() -> str:
 def edge_page_sizes() -> str:
     """The edge goals by the page the default policy maps (records of `python -m bench edge`, each with one page
     judged; 20 MiB is the default's own table): per page how many traces meet each goal, the priced driver time
-    without a limit against the default's, and the traces whose fit goal no page meets."""
+    without a limit against the default's and per GiB of peak reserved (the expandable model's beside it), and the
+    traces whose fit goal no page meets."""
     records = [(20, json.loads(EDGE.read_text()))] + [(page, json.loads(path.read_text()))
                                                        for page, path in sorted(EDGE_PAGES.items(), reverse=True)]
     n = len(records[0][1]["goals"])
     keys = ("smallest_device", "smallest_cap", "device_1.02", "device_1.05", "cap_1.02", "cap_1.05", "uncapped")
     lines = [("| page | fit: device | fit: cap | speed: device 1.02x / 1.05x | speed: cap 1.02x / 1.05x | "
-              "uncapped | priced time without a limit, x the default's |"), "|---|---|---|---|---|---|---|"]
+              "uncapped | priced time without a limit, x the default's | priced ms per GiB reserved |"),
+             "|---|---|---|---|---|---|---|---|"]
     base = {r["trace"]: r["uncapped"]["driver_seconds"] for r in records[0][1]["rows"] if r["policy"] == "gmlake"}
+
+    def per_gib(rows: list[dict]) -> str:
+        """Median (and range) over the traces of priced driver ms per GiB of peak reserved, without a limit."""
+        v = sorted(r["uncapped"]["driver_seconds"] * 1e3 / (r["uncapped"]["peak_reserved"] / (1 << 30)) for r in rows)
+        return f"{v[len(v) // 2]:.1f} ({v[0]:.1f}-{v[-1]:.1f})"
     missed_by_all = None
     for page, record in records:
         met = {k: sum(g[k]["met"] for g in record["goals"]) for k in keys}
@@ -1342,12 +1349,15 @@ def edge_page_sizes() -> str:
         lines.append(f"| {page} MiB{' (default)' if page == 20 else ''} | {met['smallest_device']} | "
                      f"{met['smallest_cap']} | {met['device_1.02']} / {met['device_1.05']} | "
                      f"{met['cap_1.02']} / {met['cap_1.05']} | {met['uncapped']} | "
-                     f"{ratios[len(ratios) // 2]:.1f} ({ratios[0]:.1f}-{ratios[-1]:.1f}) |")
+                     f"{ratios[len(ratios) // 2]:.1f} ({ratios[0]:.1f}-{ratios[-1]:.1f}) | "
+                     f"{per_gib([r for r in record['rows'] if r['policy'] == label])} |")
     finest = records[-1][1]
     misses = [f"{g['trace']} (device {g['smallest_device']['ratio']:.4f} P, cap {g['smallest_cap']['ratio']:.4f} P "
               f"with {records[-1][0]} MiB pages, against {g['smallest_device']['bound']:.4f})"
               for g in finest["goals"] if g["trace"] in (missed_by_all or ())]
-    return (f"Traces meeting each goal, of {n}; the priced time is the median (and range) over the traces. "
+    expandable = per_gib([r for r in records[0][1]["rows"] if r["policy"] == "expandable"])
+    return (f"Traces meeting each goal, of {n}; the priced time is the median (and range) over the traces; the "
+            f"expandable model's per GiB reserved: {expandable}. "
             f"The fit goal is missed at every page by {', '.join(misses) or 'none'}.\n\n" + "\n".join(lines) + "\n")
 
 
