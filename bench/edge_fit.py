@@ -15,7 +15,8 @@ allocator's torch.OutOfMemoryError) or `library` (a step failed with another err
 memory). Runs interleave: in each round, per k and workload, the allocators go forward in even rounds and backward
 in odd ones. CUDA_MODULE_LOADING is left at CUDA's default (lazy): loading kernels during the run is what this
 measures. --calibration reuses an earlier call's calibrations (made with the same --steps, --seed and --size, or it
-is refused) and keeps its runs, running only those it lacks, so rounds can be spread over calls. Output: DIR/edge-fit.json and a line per run.
+is refused) and keeps its runs, running only those it lacks, so rounds can be spread over calls. Output:
+DIR/edge-fit.json and a line per run.
 """
 from __future__ import annotations
 
