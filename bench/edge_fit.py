@@ -80,6 +80,8 @@ def run(workload: str, allocator: str, leave: int, args: argparse.Namespace, nam
               "max_memory_reserved": measured.get("max_memory_reserved"), "timed_s": measured.get("timed_s"),
               "outside_max": max(outside) if outside else None, "filler_bytes": measured.get("filler_bytes"),
               "free_after_filler": measured.get("free_after_filler"), "policy": measured.get("gmlake_policy")}
+    if measured.get("libraries"):
+        record["libraries"] = measured["libraries"]
     if record["outcome"] == "error":
         record["stderr"] = (proc.stderr or proc.stdout or "")[-1500:]
     return record

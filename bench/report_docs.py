@@ -53,7 +53,7 @@ FINE_SPEED = "h200-2026-12-04/speed-page2m.json"
 EDGE_PAGES = {page: RESULTS / f"edge-figures-page{page}m.json" for page in (2, 4, 10)}
 # The same programs probed on the H200 just under and just over replay's smallest device (held by
 # bench/tests/test_edge_fit.py).
-EDGE_BRACKET = "h200-2026-12-03b/edge-bracket.json"
+EDGE_BRACKET = "h200-2026-12-04/edge-bracket.json"
 MICRO = "micro-h200-2026-11-30-2003.json"
 AB = "h200-2026-12-01-ab/ab.json"
 LATENCY_GOAL = 1.1          # torch.empty + del under gmlake: at most this times native's time
@@ -221,7 +221,7 @@ def edge_bracket_rows() -> list[dict]:
         pairs[(w, a)]["probes"].append({"k": run["k"], "gpu": run["outcome"], "replay": got.failure_kind or "fit"})
     for pair in pairs.values():
         del pair["trace"]
-    return list(pairs.values())
+    return sorted(pairs.values(), key=lambda p: (p["workload"], p["allocator"]))
 
 
 def edge_bracket() -> str:
@@ -236,6 +236,52 @@ def edge_bracket() -> str:
                      f"{under['gpu']} at {under['k']} | {over['gpu']} at {over['k']} | "
                      f"{under['replay']}, {over['replay']} |")
     return "\n".join(lines) + f"\n\n{data['machine']}, {data['date']}; {data['method']}.\n"
+
+
+# Half-lives (asks) the libraries' measured reserve is judged at, beside the fixed floor (0) and no decay at all
+LIBRARIES_HALF_LIVES = (0, 8, 16, 32, 64, 1 << 40)
+
+
+def edge_libraries_rows() -> list[dict]:
+    """Per edge-fit workload: the libraries' reserve as the default policy measured it on the H200 (the first of its
+    runs under the default, from edge-fit.json) and as replay of the calibration trace measures it on a device of
+    the bytes that run had; and replay's smallest device (as k over P, the libraries' L aside) per half-life."""
+    from gmlake.sim.cap import smallest_device_memory
+    from gmlake.sim.replay import run_requests
+    from gmlake.sim.trace import load
+
+    data = _json(EDGE_FIT)
+    rows = []
+    for workload, path in data["traces"].items():
+        trace, cal = load(ROOT / path), data["calibrations"][workload]
+        gpu = next(r for r in data["runs"] if r["workload"] == workload and r.get("libraries") and not r.get("knobs"))
+        alloc, _ = run_requests(trace, "gmlake", device_memory=gpu["free_after_filler"], samples=1)
+        stats = alloc.stats()
+        keys = ("libraries_largest_rise_bytes", "device_asks", "libraries_reserve_bytes")
+        smallest = {h: (smallest_device_memory(trace, f"gmlake[libraries_half_life={h}]", 2e-4)[0] - cal["L"])
+                    / cal["P"] for h in LIBRARIES_HALF_LIVES}
+        rows.append({"workload": workload, "L": cal["L"], "k": gpu["k"], "gpu": {k: gpu["libraries"][k] for k in keys},
+                     "replay": {k: stats[k] for k in keys}, "smallest_k": smallest})
+    return rows
+
+
+def edge_libraries() -> str:
+    """The libraries' measured reserve: the H200's measure beside replay's, and what each half-life costs in fit."""
+    data = _json(EDGE_FIT)
+    rows = edge_libraries_rows()
+    head = " / ".join("fixed" if h == 0 else "none" if h == LIBRARIES_HALF_LIVES[-1] else str(h)
+                      for h in LIBRARIES_HALF_LIVES)
+    lines = [("| workload | L (MiB) | largest rise MiB: GPU / replay | asks: GPU / replay | reserve at the end MiB: "
+              f"GPU / replay | replay's smallest k by half-life: {head} |"), "|---|---|---|---|---|---|"]
+    for row in rows:
+        g, r = row["gpu"], row["replay"]
+        lines.append(f"| {row['workload']} | {row['L'] / MiB:.0f} | {g['libraries_largest_rise_bytes'] / MiB:.0f} / "
+                     f"{r['libraries_largest_rise_bytes'] / MiB:.0f} | {g['device_asks']} / {r['device_asks']} | "
+                     f"{g['libraries_reserve_bytes'] / MiB:.0f} / {r['libraries_reserve_bytes'] / MiB:.0f} | "
+                     + " / ".join(f"{row['smallest_k'][h]:.4f}" for h in LIBRARIES_HALF_LIVES) + " |")
+    return "\n".join(lines) + (f"\n\n{data['machine']}, 2026-12-04; GPU: the default's first run per workload in "
+                               f"python -m bench edge-fit (bench/edge_fit.py); replay: gmlake replay of the "
+                               f"calibration trace on that run's device.\n")
 
 
 def _edge_rows(rows: dict[str, dict[str, dict]]) -> tuple[dict[str, str], dict[str, str]]:
@@ -1392,6 +1438,7 @@ def oom_message() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
                                         "latency": latency, "replay": replayed, "edge": edge, "edge-fit": edge_fit, "edge-bracket": edge_bracket,
+                                        "edge-libraries": edge_libraries,
                                         "fine-pages-speed": fine_pages_speed, "edge-page-sizes": edge_page_sizes, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,
                                         "readme-results": lambda: readme_table() + "\n" + readme_findings(),

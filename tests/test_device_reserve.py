@@ -1,7 +1,8 @@
-"""The device reserve (Note [Leaving the libraries room], gmlake/core/_vmm.pxi): growth that would leave the device fewer
-than `device_reserve` free bytes goes through every pressure stage first and takes the reserve only when they made
-no room; never under a binding cap. On the models (capacity less live chunks) and through the CUDA driver's
-cuMemGetInfo (the stand-in libcuda)."""
+"""The device reserve (Note [Leaving the libraries room], gmlake/core/_vmm.pxi): growth that would leave the device less
+free than the reserve goes through every pressure stage first and takes the reserve only when they made no room;
+never under a binding cap. The reserve is the libraries' largest measured rise (halving after `libraries_half_life`
+quiet asks), never less than `device_reserve`. On the models (capacity less live chunks and what is held outside
+the allocator) and through the CUDA driver's cuMemGetInfo (the stand-in libcuda)."""
 from __future__ import annotations
 
 import pytest
@@ -14,9 +15,9 @@ from gmlake import Allocator, HostDriver, SimDriver
 MiB = 1 << 20
 
 
-def make(driver_name: str, reserve: int, capacity: int = 100 * MiB, limit: int = 0) -> Allocator:
+def make(driver_name: str, reserve: int, capacity: int = 100 * MiB, limit: int = 0, **knobs) -> Allocator:
     driver = HostDriver(capacity=capacity) if driver_name == "host" else SimDriver(capacity=capacity)
-    alloc = Allocator(driver, gmlake.policies.get("gmlake", device_reserve=reserve), limit=limit)
+    alloc = Allocator(driver, gmlake.policies.get("gmlake", device_reserve=reserve, **knobs), limit=limit)
     alloc.debug_checks = True
     return alloc
 
@@ -79,6 +80,58 @@ def test_an_unbounded_model_has_no_reserve_to_keep():
     cached_small_pool(alloc)
     alloc.malloc(60 * MiB)
     assert alloc.stats()["reserved_bytes"] == 80 * MiB and alloc.stats()["calls"]["synchronize"] == 0
+    assert alloc.stats()["libraries_largest_rise_bytes"] == 0 and alloc.stats()["libraries_reserve_bytes"] == 30 * MiB
+
+
+@pytest.mark.parametrize("driver_name", ["sim", "host"])
+def test_the_second_rise_finds_the_room_the_first_one_measured(driver_name):
+    """A 200 MiB device, 20 MiB of the small pool cached. A library takes 40 MiB; the next growth measures that rise
+    and keeps 40 MiB for the libraries. 90 MiB more (five 20 MiB pages) would leave 20 MiB free, so under the
+    measured reserve the cached small pool goes back first (40 MiB stay free) and the library's second 40 MiB
+    fits. Under the fixed 8 MiB floor alone (libraries_half_life=0) the request grows with the cache kept, and the
+    second rise finds 20 MiB: the library's own call fails there, outside any allocator."""
+    measured, fixed = (make(driver_name, 8 * MiB, capacity=200 * MiB, libraries_half_life=h) for h in (16, 0))
+    for alloc in (measured, fixed):
+        cached_small_pool(alloc)
+        assert alloc.driver.set_outside_bytes(40 * MiB)         # a cuBLAS handle and its workspace, say
+        alloc.malloc(20 * MiB)                                   # growth asks the device, and sees the rise
+        s = alloc.stats()
+        assert s["libraries_largest_rise_bytes"] == 40 * MiB and s["libraries_rises"] == 1, s
+        alloc.malloc(90 * MiB)
+    assert measured.stats()["libraries_reserve_bytes"] == 40 * MiB
+    assert fixed.stats()["libraries_reserve_bytes"] == 8 * MiB
+    assert measured.stats()["reserved_bytes"] == 120 * MiB       # the small pool given back ...
+    assert fixed.stats()["reserved_bytes"] == 140 * MiB          # ... or kept
+    assert measured.stats()["libraries_rises"] == 1              # giving memory back is no one's rise
+    assert measured.driver.set_outside_bytes(80 * MiB)           # the libraries' second 40 MiB
+    assert not fixed.driver.set_outside_bytes(80 * MiB)
+
+
+def test_the_measured_reserve_halves_after_quiet_asks_down_to_the_floor():
+    """After a 64 MiB rise the reserve is 64 MiB; every `libraries_half_life` asks of the device without a rise as
+    large halve it (32, 16), and device_reserve (8 MiB) is its floor. A larger rise sets it again at once."""
+    alloc = make("sim", 8 * MiB, capacity=8 << 30, libraries_half_life=4)
+
+    def asks() -> int:
+        return alloc.stats()["device_asks"]
+
+    def grow_until(n: int) -> None:                  # each large request a new page: growth asks the device
+        while asks() < n:
+            alloc.malloc(21 * MiB)
+
+    grow_until(1)
+    alloc.driver.set_outside_bytes(64 * MiB)
+    grow_until(asks() + 1)
+    risen = asks()
+    seen = []
+    for quiet in range(17):
+        grow_until(risen + quiet)
+        seen.append(alloc.stats()["libraries_reserve_bytes"] // MiB)
+    assert seen == [64, 64, 64, 64, 32, 32, 32, 32, 16, 16, 16, 16, 8, 8, 8, 8, 8], seen
+    alloc.driver.set_outside_bytes(64 * MiB + 100 * MiB)
+    grow_until(asks() + 1)
+    assert alloc.stats()["libraries_reserve_bytes"] == 100 * MiB
+    assert alloc.stats()["libraries_largest_rise_bytes"] == 100 * MiB
 
 
 def test_a_bad_reserve_is_one_line():

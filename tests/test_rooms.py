@@ -95,9 +95,17 @@ def test_whether_a_size_stitches_is_decided_in_one_place():
 
 
 def test_the_device_reserve_rule_lives_in_one_room():
-    """`device_reserve` and whether a request has it open (`reserve_open`) are read and written only by the reserve's
-    own functions in _vmm.pxi (Note [Leaving the libraries room]); growth and the pressure loop ask them."""
-    state = re.compile(r"\.k\.device_reserve\b|\.reserve_open\b")
+    """`device_reserve`, the libraries' measure (`libraries`, `libraries_half_life`) and whether a request has the
+    reserve open (`reserve_open`) are read and written only by the reserve's own functions in _vmm.pxi (Note
+    [Leaving the libraries room]), and the measure copied out for stats(); growth and the pressure loop ask them.
+    Growth asks the device what is free only through _ask_device, which measures as it asks."""
+    state = re.compile(r"\.k\.device_reserve\b|\.reserve_open\b|\.libraries\b|\.k\.libraries_half_life\b")
     readers = {f"{path.name}:{name}" for path in core_files() if path.suffix in (".pxi", ".pyx")
                for name, text in _functions(path).items() if state.search(text)}
-    assert readers == {"_vmm.pxi:_reserve_binds", "_vmm.pxi:_reserve_kept", "_vmm.pxi:_alloc_from_reserve"}, readers
+    assert readers == {"_vmm.pxi:_ask_device", "_vmm.pxi:_reserve_kept", "_vmm.pxi:_alloc_from_reserve",
+                       "_api_steps.pxi:_copy_stats"}, readers
+    asking = re.compile(r"\.driver\.device_free\(")
+    askers = {f"{path.name}:{name}" for path in core_files() if path.suffix in (".pxi", ".pyx")
+              for name, text in _functions(path).items() if asking.search(text)}
+    # the other asker records the free bytes in an out-of-memory's history entry, as PyTorch's snapshot does
+    assert askers == {"_vmm.pxi:_ask_device", "_requests.pxi:_count_oom"}, askers

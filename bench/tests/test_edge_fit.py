@@ -86,3 +86,22 @@ def test_the_gpu_edge_is_within_half_a_percent_of_p_of_replays():
         assert under["gpu"] in ("oom", "library") and over["gpu"] == "fit", pair
         assert pair["replay_k"] - 0.005 - 1e-4 <= under["k"] < over["k"] <= pair["replay_k"] + 0.005 + 1e-4, pair
         assert [under["replay"], over["replay"]] == [under["gpu"], over["gpu"]], pair
+
+
+def test_replay_measures_the_libraries_as_the_gpu_did_and_the_default_half_life_costs_no_fit():
+    """Note [Leaving the libraries room]: on each edge-fit workload replay of the calibration trace measures the
+    libraries' largest rise within 2 MiB of what the default measured on the H200. Replay's smallest device under
+    the default half-life is the least of every half-life judged (the fixed floor among them), and keeping the
+    largest rise for good (no decay) costs the RL program more than 1 % of P."""
+    from gmlake.policies import GMLakePolicy
+
+    default = GMLakePolicy().libraries_half_life
+    rows = report_docs.edge_libraries_rows()
+    assert {r["workload"] for r in rows} == {"rl", "sage", "t5", "bert"}
+    for row in rows:
+        gpu, replayed = row["gpu"], row["replay"]
+        assert abs(gpu["libraries_largest_rise_bytes"] - replayed["libraries_largest_rise_bytes"]) <= 2 << 20, row
+        smallest = row["smallest_k"]
+        assert smallest[default] <= min(smallest.values()) + 1e-4, row
+    rl = next(r for r in rows if r["workload"] == "rl")["smallest_k"]
+    assert rl[report_docs.LIBRARIES_HALF_LIVES[-1]] > rl[default] + 0.01, rl

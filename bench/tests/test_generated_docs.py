@@ -192,7 +192,7 @@ def test_the_readmes_method_and_knob_figures_are_the_codes():
     assert default.expandable_page_large == 20 * MiB and "20 MiB pages" in text
     assert default.min_saved_chunks == 3 and "saves at least three 20 MiB pages" in text
     assert paper.chunk_size == 2 * MiB and "2 MiB pages, stitch" in text
-    assert default.device_reserve == 8 * MiB and "last 8 MiB" in text
+    assert default.device_reserve == 8 * MiB and "at least 8 MiB" in text
     assert default.reback_slot == 0 and "Re-backing at the limit is off" in text
     assert FIDELITY == {"native": ("caching", 0.01), "expandable": ("expandable", 0.02)}
     assert "within 1 % for native's and 2 % for expandable segments" in text

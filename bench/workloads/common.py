@@ -35,7 +35,12 @@ def memory_peaks() -> dict:
     if allocator_name() == "gmlake":
         import gmlake.torch as gt
 
-        return {"max_memory_reserved": gt.max_memory_reserved(), "max_memory_allocated": gt.max_memory_allocated()}
+        stats = gt.allocator().stats()
+        # Note [Leaving the libraries room]: the reserve kept for the libraries at the end, and what it measured
+        libraries = {k: stats[k] for k in ("libraries_reserve_bytes", "libraries_largest_rise_bytes",
+                                           "libraries_rises", "device_asks") if k in stats}
+        return {"max_memory_reserved": gt.max_memory_reserved(), "max_memory_allocated": gt.max_memory_allocated(),
+                **({"libraries": libraries} if libraries else {})}
     return {"max_memory_reserved": torch.cuda.max_memory_reserved(),
             "max_memory_allocated": torch.cuda.max_memory_allocated()}
 

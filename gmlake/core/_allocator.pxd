@@ -244,6 +244,16 @@ cdef struct Failure:
     size_t allocated
     size_t limit
 
+# What the process's other users of the device (the CUDA libraries) took outside the allocator, as growth saw it
+# when it asked the device what is free (Note [Leaving the libraries room], _vmm.pxi). Written only by _ask_device.
+cdef struct LibrariesRoom:
+    size_t within_reach     # the device's free bytes plus the allocator's reserved, at the last ask (0: none yet)
+    size_t measured         # the reserve the libraries' rises call for now (device_reserve is its floor)
+    size_t largest_rise     # the largest rise ever seen
+    uint64_t asks           # times the device was asked
+    uint64_t rises          # asks that saw a rise
+    uint64_t quiet_asks     # asks since `measured` was last set or halved
+
 cdef struct Stats:
     size_t allocated
     size_t peak_allocated
@@ -305,6 +315,7 @@ cdef struct Knobs:
     size_t expandable_reserve     # 9/8 of the device's memory where 0
     size_t reback_slot            # 0: never re-back (Note [Taking slots back at the edge])
     size_t device_reserve         # 0: growth may take the device's last byte (Note [Leaving the libraries room])
+    size_t libraries_half_life    # 0: device_reserve alone, nothing measured
     # What the growth says of itself (Growth.fit_counts_unmapped)
     bint fit_counts_unmapped
     # Which seams the policy overrides in Python (read once, at construction): the core calls Python only there.
@@ -364,6 +375,7 @@ cdef class Allocator:
     cdef size_t limit_bytes
     cdef bint zero_cap                                   # a cap of 0 bytes (limit_bytes 0 means none): nothing fits
     cdef bint reserve_open                               # relief ran out: growth may take the device reserve
+    cdef LibrariesRoom libraries                         # what the libraries took outside it (_vmm.pxi)
     cdef bint at_edge                                    # relief is retrying a request (Note [Stitching at the edge])
     cdef bint edge_pages                                 # a stitch's shortfall maps edge_page pages now
     cdef size_t max_request
@@ -400,6 +412,7 @@ cdef class Allocator:
     cdef void _verify_invariants(self) noexcept with gil
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil
+    cdef size_t device_room_nogil(self, size_t free) noexcept nogil
 
     # internals, in the order _allocator.pyx defines them
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil

@@ -328,6 +328,12 @@ cdef class Allocator:
         it = self.live.find(ptr)
         return deref(it).second.size if it != self.live.end() else 0
 
+    cdef size_t device_room_nogil(self, size_t free) noexcept nogil:
+        """Of `free` bytes the device has, those growth may take now: less the reserve kept for the libraries
+        (Note [Leaving the libraries room]). Under the caller's lock."""
+        cdef size_t kept = _reserve_kept(self)
+        return free - kept if free > kept else 0
+
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil:
         """Note that `stream` uses the live allocation at ptr: its free will wait for that stream's work."""
         cdef ScopedLock held

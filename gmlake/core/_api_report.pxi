@@ -41,6 +41,11 @@ cdef dict _api_stats(Allocator self):
         "capture_queries": s.capture_queries,
         "rebacked_chunks": s.rebacked_chunks,
         "copied_bytes": s.copied_bytes,
+        # Note [Leaving the libraries room]: the reserve kept for the libraries now, and what it was measured from
+        "libraries_reserve_bytes": c.room_kept,
+        "libraries_largest_rise_bytes": c.measure.largest_rise,
+        "libraries_rises": c.measure.rises,
+        "device_asks": c.measure.asks,
         "calls": {name: s.calls[i] for i, name in enumerate(CALL_NAMES)},
         "handles": {name: s.handles[i] for i, name in enumerate(CALL_NAMES)},
     }

@@ -43,6 +43,8 @@ cdef struct StatsCopy:
     size_t pending
     size_t orphans
     size_t orphan_bytes
+    LibrariesRoom measure            # the libraries' (Note [Leaving the libraries room])
+    size_t room_kept
 
 cdef struct Spares:
     size_t blocks
@@ -177,6 +179,8 @@ cdef void _copy_stats(Allocator self, StatsCopy* c) noexcept nogil:
     c.cached = self.sblock_cache.cached()
     c.pending = self.streams.pending.size()
     c.orphans = self.orphans.count()
+    c.measure = self.libraries
+    c.room_kept = _reserve_kept(self)
     c.orphan_bytes = 0
     for i in range(self.orphans.chunks.size()):
         c.orphan_bytes += self.orphans.chunks[i].size

@@ -83,7 +83,7 @@ cdef size_t _room(Allocator self) noexcept nogil:
     cdef size_t free = 0
     if _cap_binds(self):
         return self.limit_bytes - self.st.reserved if self.st.reserved < self.limit_bytes else 0
-    if self.driver.device_free(&free) != DRIVER_OK:
+    if _ask_device(self, &free) != DRIVER_OK:
         return <size_t>-1
     return free - _reserve_kept(self) if free > _reserve_kept(self) else 0
 

@@ -87,33 +87,80 @@ cdef void _discard_range(Allocator self, Failure* why, uintptr_t va, size_t size
 
 
 cdef bint _reserve_binds(Allocator self, size_t size) noexcept nogil:
-    """Would `size` new bytes leave the device fewer than device_reserve free? Never where a cap binds (the cap is
-    the limit) or a capture runs (it cannot relieve pressure: it takes the reserve at once), nor where the driver
-    cannot say (growth goes on as without a reserve).
+    """Would `size` new bytes leave the device less free than the reserve it keeps now (_reserve_kept)? Never where
+    a cap binds (the cap is the limit) or a capture runs (it cannot relieve pressure: it takes the reserve at once),
+    nor where the driver cannot say (growth goes on as without a reserve).
 
     Note [Leaving the libraries room]: the device's memory is shared with the process's other users, and some
-    allocate late: cuDNN compiles and loads kernels for new shapes (cuLibraryLoadData), cuBLAS makes workspaces.
-    An allocator that takes the device's last free bytes before they have loaded what later shapes need makes them
-    fail outside any allocator, where no pressure stage can help (a cuDNN attention backward failing with
-    cuLibraryLoadData: out of memory, where expandable segments trained). With device_reserve, growth that would leave the device fewer free bytes fails softly:
-    the request goes through every pressure stage first (release, re-back) and takes the reserve only when they
-    made no room (Allocator._alloc_under_pressure), so a request the device has room for still gets it. The free
-    memory is asked of the driver (cuMemGetInfo) at growth only, never on a cache hit; a model driver answers its
-    capacity less its live chunks, so a replay with a device limit makes the same decisions. A larger reserve
-    leaves the libraries more, and makes every run near the device's edge go through the pressure stages sooner;
-    the default's size and what each size costs are measured in docs/benchmarks.md, "The device itself as the
-    limit"."""
+    allocate late: cuDNN compiles and loads kernels for new shapes (cuLibraryLoadData), cuBLAS makes a handle and
+    its workspace per thread, NCCL its buffers. An allocator that takes the device's last free bytes before they
+    have what they need makes them fail outside any allocator, where no pressure stage can help (a cuDNN attention
+    backward failing with cuLibraryLoadData: out of memory, where expandable segments trained).
+    - What is kept: growth that would leave the device less free than the reserve fails softly. The request goes
+      through every pressure stage first, which gives cached free memory back to the device, and takes the reserve
+      only when they made no room (Allocator._alloc_under_pressure), so a request the device has room for still
+      gets it, and the libraries find free what the allocator had cached.
+    - How it is measured: each time growth asks the device what is free (cuMemGetInfo, at growth and at the edge
+      only, never on a cache hit) the allocator adds its own reserved bytes: what is within its reach. A drop since
+      the last ask is memory someone else took meanwhile, the libraries' rise. The reserve is the largest such
+      rise (with libraries_half_life set), never less than device_reserve, a floor for kernels loaded one at a
+      time.
+    - When it is updated: every ask. A rise at least as large as the measured reserve sets it; after
+      libraries_half_life asks without one it halves. The large rises are one-time: a cuBLAS handle and workspace
+      per thread (the autograd engine's comes with the first backward), cuDNN's at its first call; later rises
+      are kernels for new shapes, far smaller. So the reserve is large while a run is setting up,
+      when more of the same may follow (another thread's handle), and falls back to the floor as the run settles,
+      when keeping a set-up's rise would cost a job at the edge that much of its fit. A rise by another process counts the
+      same, and decays the same.
+    - What it costs: a larger reserve sends growth near the device's edge through the pressure stages sooner
+      (driver time, and a layout that may pack worse). The half-life and the floor are measured in
+      docs/benchmarks.md, "The libraries' room, measured". A model driver answers its capacity less its live
+      chunks and less what the replayed trace holds outside the allocator, so replay measures and decides the
+      same."""
     cdef size_t free = 0
-    if _cap_binds(self) or _capturing(self) or self.driver.device_free(&free) != DRIVER_OK:
+    if _cap_binds(self) or _capturing(self) or _ask_device(self, &free) != DRIVER_OK:
         return False
-    return free < size + self.k.device_reserve
+    return free < size + _reserve_kept(self)
+
+
+cdef int _ask_device(Allocator self, size_t* free) noexcept nogil:
+    """The device's free bytes (the driver's answer, cuMemGetInfo on the GPU), and the libraries' rise since the
+    last ask, measured (Note [Leaving the libraries room]). Growth's only way to ask the device what is free."""
+    cdef int rc = self.driver.device_free(free)
+    cdef LibrariesRoom* lib = &self.libraries
+    cdef size_t within_reach, rise, i
+    if rc != DRIVER_OK or free[0] >= <size_t>-1 - self.st.reserved:
+        return rc                                   # no answer, or a model with no bound: nothing to measure
+    within_reach = free[0] + self.st.reserved
+    for i in range(self.orphans.chunks.size()):     # held by the allocator still, though no longer reserved
+        within_reach += self.orphans.chunks[i].size
+    lib.asks += 1
+    lib.quiet_asks += 1
+    if lib.within_reach and within_reach < lib.within_reach:
+        rise = lib.within_reach - within_reach
+        lib.rises += 1
+        if rise > lib.largest_rise:
+            lib.largest_rise = rise
+        if rise >= lib.measured:
+            lib.measured = rise
+            lib.quiet_asks = 0
+    if self.k.libraries_half_life and lib.quiet_asks >= self.k.libraries_half_life:
+        lib.measured //= 2
+        lib.quiet_asks = 0
+    lib.within_reach = within_reach
+    return rc
 
 
 cdef inline size_t _reserve_kept(Allocator self) noexcept nogil:
-    """The device reserve growth keeps now: device_reserve, or 0 while a request has it open (_alloc_from_reserve).
-    With _reserve_binds and _alloc_from_reserve, the only readers of device_reserve and reserve_open: the rule lives
-    here (Note [Leaving the libraries room])."""
-    return 0 if self.reserve_open else self.k.device_reserve
+    """The device reserve growth keeps now: the libraries' measured rise (with libraries_half_life set), at least
+    device_reserve; 0 while a request has it open (_alloc_from_reserve). With _reserve_binds, _ask_device and
+    _alloc_from_reserve, the only readers of device_reserve, reserve_open and the libraries' measure: the rule
+    lives here (Note [Leaving the libraries room])."""
+    if self.reserve_open:
+        return 0
+    if self.k.libraries_half_life and self.libraries.measured > self.k.device_reserve:
+        return self.libraries.measured
+    return self.k.device_reserve
 
 
 cdef Block* _alloc_from_reserve(Allocator self, Failure* why, int size_class, size_t size,

@@ -62,6 +62,11 @@ class Knobs:
         taken only after every pressure stage failed to make room, so the CUDA libraries' own later allocations
         (kernels loaded for a new shape, workspaces) still find memory (0: growth takes the device's last byte;
         the default policy keeps 8 MiB). Note [Leaving the libraries room].
+      libraries_half_life: the reserve also follows what the libraries took: each time growth asks the device what
+        is free it measures how much memory left the process's reach outside the allocator since it last asked,
+        keeps the largest such rise as the reserve (device_reserve is its floor), and halves that measured part
+        after this many asks without a rise as large (0: device_reserve alone; the default policy: 16). Note
+        [Leaving the libraries room].
       stitch: whether to stitch free blocks at all (under "chunks" and "expandable"; "pytorch" never stitches).
       min_stitch_size: requests below this size never stitch; they get new chunks instead.
       min_saved_chunks: a stitch that also needs new chunks must save at least this many of them (1: stitch only
@@ -127,6 +132,7 @@ class Knobs:
     expandable_reserve: int = knob(0, unit="bytes", minimum=0, growths=("expandable",))
     reback_slot: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     device_reserve: int = knob(0, unit="bytes", minimum=0)
+    libraries_half_life: int = knob(0, unit="count", minimum=0)
     max_cached_sblocks: int = knob(4096, unit="count", minimum=0, growths=STITCHING)
     sblock_search_depth: int = knob(0, unit="count", minimum=0, growths=STITCHING)
     sblock_first: bool = knob(True, growths=STITCHING)

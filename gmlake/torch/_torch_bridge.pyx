@@ -331,7 +331,7 @@ cdef size_t _largest_served(Allocator a) noexcept nogil:
         room = a.limit_bytes - a.st.reserved if a.st.reserved < a.limit_bytes else 0
     if not a.pools.capturing and a.driver.device_free(&free_bytes) == DRIVER_OK:
         if not binds:       # growth leaves the device reserve free where no cap binds
-            free_bytes = free_bytes - a.k.device_reserve if free_bytes > a.k.device_reserve else 0
+            free_bytes = a.device_room_nogil(free_bytes)
         room = free_bytes if not capped or free_bytes < room else room
     room = _whole_pages(a, room, binds)
     if room > largest:

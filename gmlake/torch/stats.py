@@ -11,7 +11,7 @@ from gmlake.torch.state import _device, _enabled, allocator
 # gmlake's own counters in memory_stats(), as gmlake.<name>
 GMLAKE_STAT_KEYS = ("stitches", "stitched_handles", "sblock_reuses", "sblock_evictions", "cached_sblocks",
                     "sblock_va_bytes", "segments_created", "chunks_released", "pending_frees", "stream_migrations",
-                    "stream_waits", "capture_queries")
+                    "stream_waits", "capture_queries", "libraries_reserve_bytes", "libraries_largest_rise_bytes")
 
 
 def memory_stats(device=None) -> dict:
@@ -95,6 +95,8 @@ def summary_of(alloc: Allocator, title: str) -> str:
         "  driver calls: " + ", ".join(f"{k} {v}" for k, v in s["calls"].items() if v),
         f"  time inside driver calls {alloc.driver.busy_seconds:.3f} s (measured; 0 on a model driver)",
         f"  out-of-memory errors {s['ooms']}",
+        (f"  kept free for the CUDA libraries {s['libraries_reserve_bytes'] / mib:.0f} MiB "
+         f"(largest rise measured {s['libraries_largest_rise_bytes'] / mib:.0f} MiB)"),
     ]
     return "\n".join(lines)
 
