@@ -246,6 +246,11 @@ def test_knob_settings_parse_to_typed_values_by_one_parser():
     assert policies_resolved("gmlake-paper[stitch=yes,chunk_size=4MiB]") == (True, 4 << 20)
     with pytest.raises(ValueError, match="knob stitch must be one of"):
         coerce_knobs(gmlake.policies.PaperPolicy, {"stitch": "maybe"})
+    # a count or a percentage takes no unit and no fraction: neither is a size
+    assert coerce_knobs(gmlake.policies.GMLakePolicy, {"libraries_half_life": " 1_6 "}) == {"libraries_half_life": 16}
+    for name, text in (("libraries_half_life", "1.5"), ("libraries_half_life", "4MiB"), ("restitch_room", "half")):
+        with pytest.raises(ValueError, match=rf"knob {name} must be a whole number \((count|percent)\)"):
+            coerce_knobs(gmlake.policies.GMLakePolicy, {name: text})
     with pytest.raises(ValueError, match="knob=value"):
         split_settings(["chunk_size"])
     assert parse_setting("a/b.py:C.x = 1", targeted=True) == ("a/b.py:C", "x", "1")

@@ -13,6 +13,8 @@ from dataclasses import fields
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
+from gmlake.policies.knobs import knob_specs
+
 if TYPE_CHECKING:
     from gmlake.policies import Policy
 
@@ -22,6 +24,8 @@ for _power, _letter in enumerate("kmgtpe", start=1):
     _UNITS[_letter] = _UNITS[_letter + "ib"] = 1 << (10 * _power)
     _UNITS[_letter + "b"] = 1000 ** _power
 _SIZE = re.compile(r"\s*([-+]?\d[\d_]*(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+_WHOLE = re.compile(r"\s*[-+]?\d[\d_]*\s*")
 
 TRUE_WORDS = ("true", "1", "yes", "on")
 FALSE_WORDS = ("false", "0", "no", "off")
@@ -113,6 +117,8 @@ def coerce_knobs(policy: type[Policy], settings: Mapping[str, object], who: str 
     are strict), values already typed are checked. Raises ValueError for an unknown knob or an ill-typed value;
     an unknown knob's message names the policy as `who` (default: the policy's name)."""
     types = knob_types(policy)
+    # from the declarations: a subclass's own default (GMLakePolicy's) drops its field's metadata
+    units = {name: spec["unit"] for name, spec in knob_specs().items()}
     out = {}
     for name, value in settings.items():
         if name not in types:
@@ -128,7 +134,11 @@ def coerce_knobs(policy: type[Policy], settings: Mapping[str, object], who: str 
             else:
                 raise ValueError(f"{what} must be true or false, got {value!r}")
         elif want is int:
-            if isinstance(value, str):
+            if isinstance(value, str) and units.get(name) in ("count", "percent"):
+                if not _WHOLE.fullmatch(value):           # a count takes no unit and no fraction
+                    raise ValueError(f"{what} must be a whole number ({units[name]}), got {value!r}")
+                value = int(value.replace("_", ""))
+            elif isinstance(value, str):
                 value = parse_size(value, what=what, minimum=-(1 << 63))
             elif not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{what} must be an integer, got {value!r}")
