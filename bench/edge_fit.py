@@ -2,7 +2,7 @@
 every step on a device that leaves k x P + L free?
 
     python -m bench edge-fit --workloads rl sage t5 bert --k 1.02 1.03 1.05 --allocators expandable gmlake \\
-        --rounds 2 --steps 16 --out DIR [--calibration DIR/edge-fit.json] [--deadline SECONDS]
+        --rounds 2 --steps 16 --out DIR [--calibration DIR/edge-fit.json [--fresh]] [--deadline SECONDS]
 
 Method (docs/benchmarks.md, "The device itself as the limit, libraries loading lazily"): per workload, one
 calibration run under PyTorch's native allocator with nothing taken from the device records the job's peak
@@ -114,15 +114,27 @@ def parse_args(argv: list[str] | None, prog: str = "bench edge-fit") -> argparse
     parser.add_argument("--size", choices=("small", "full"), default="full")
     parser.add_argument("--timeout", type=int, default=180, help="seconds a run may take")
     parser.add_argument("--deadline", type=float, help="start no run after this many seconds")
-    parser.add_argument("--calibration", help="an earlier edge-fit.json whose calibrations to reuse")
+    parser.add_argument("--calibration", help="an earlier edge-fit.json whose calibrations to reuse; the runs it "
+                        "holds are kept and not made again, so a later call continues it")
+    parser.add_argument("--fresh", action="store_true",
+                        help="with --calibration, keep none of its runs: every run is made again (after a change to "
+                             "an allocator, whose earlier runs no longer say what it does)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.rounds < 0 or args.steps < 1 or any(not 1 <= k <= 4 for k in args.k):
         parser.error("need --rounds >= 0, --steps >= 1 and every --k within [1, 4]")
+    if args.fresh and not args.calibration:
+        parser.error("--fresh needs --calibration (without it every run is made anyway)")
     if args.calibration:
         args.earlier = _earlier(parser, args)
     args.out = str(Path(args.out).resolve())       # the runs start in the repository's root (harness.run_process)
     return args
+
+
+def kept_runs(args: argparse.Namespace) -> list[dict]:
+    """The --calibration file's runs this call keeps (and so does not make again): all of them, or none with
+    --fresh."""
+    return [] if args.fresh else list(args.earlier.get("runs", []))
 
 
 def _earlier(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
@@ -159,7 +171,7 @@ def main(argv: list[str] | None = None, prog: str = "bench edge-fit") -> int:
     result = {"device_total": total, "torch": torch.__version__, "steps": args.steps, "seed": args.seed,
               "size": args.size, "calibrations": {}, "runs": []}
     if args.calibration:
-        result["calibrations"], result["runs"] = args.earlier["calibrations"], args.earlier.get("runs", [])
+        result["calibrations"], result["runs"] = args.earlier["calibrations"], kept_runs(args)
     done = {(r["round"], r["k"], r["workload"], r["allocator"]) for r in result["runs"]}
     started = time.perf_counter()
 

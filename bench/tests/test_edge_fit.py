@@ -38,7 +38,8 @@ def test_runs_interleave_and_outcomes_are_read_from_exit_and_summary():
 
 
 @pytest.mark.parametrize("argv", [["--workloads", "nosuch", "--out", "x"], ["--k", "9", "--out", "x"],
-                                  ["--calibration", "/no/such.json", "--out", "x"], ["--out"]])
+                                  ["--calibration", "/no/such.json", "--out", "x"], ["--out"],
+                                  ["--fresh", "--out", "x"]])
 def test_bad_input_is_one_line_and_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as stop:
         bench_main(["edge-fit", *argv])
@@ -63,6 +64,15 @@ def test_a_calibration_from_another_schedule_is_refused(record, complaint, tmp_p
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and complaint in err[0], err
+
+
+def test_a_calibration_keeps_its_runs_unless_fresh():
+    """--calibration continues the record (its runs are not made again); --fresh keeps only its calibrations."""
+    path = Path(report_docs.__file__).parent / "results" / "h200-2026-12-04" / "edge-fit.json"
+    held = len(json.loads(path.read_text())["runs"])
+    for extra, kept in (([], held), (["--fresh"], 0)):
+        args = edge_fit.parse_args(["--steps", "12", "--calibration", str(path), "--out", "x", *extra], "bench edge-fit")
+        assert args.earlier["calibrations"] and len(edge_fit.kept_runs(args)) == kept
 
 
 def test_the_committed_record_is_a_calibration_its_own_runs_accept():
