@@ -108,9 +108,9 @@ cdef bint _reserve_binds(Allocator self, size_t size) noexcept nogil:
     - When it is updated: every ask. A rise at least as large as the measured reserve sets it; after
       libraries_half_life asks without one it halves. The large rises are one-time: a cuBLAS handle and workspace
       per thread (the autograd engine's comes with the first backward), cuDNN's at its first call; later rises
-      are kernels for new shapes, far smaller. So the reserve is large while a run is setting up,
-      when more of the same may follow (another thread's handle), and falls back to the floor as the run settles,
-      when keeping a set-up's rise would cost a job at the edge that much of its fit. A rise by another process counts the
+      are kernels for new shapes, far smaller. So the reserve is large while a run is setting up, when more of
+      the same may follow (another thread's handle), and falls back to the floor as the run settles, when keeping
+      a set-up's rise would cost a job at the edge that much of its fit. A rise by another process counts the
       same, and decays the same.
     - What it costs: a larger reserve sends growth near the device's edge through the pressure stages sooner
       (driver time, and a layout that may pack worse). The half-life and the floor are measured in
