@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -107,6 +110,25 @@ def test_the_sampler_keeps_changes_two_samples_agree_on():
     assert sampler.samples == [[0, 500 * MiB], [5, 700 * MiB + 1]]
     with pytest.raises(ValueError):
         OutsideSampler(lambda: 0, interval=0)
+
+
+def test_the_sampler_thread_is_stopped_before_the_interpreter_finalizes():
+    """Note [The sampler stops before the interpreter does]: a daemon thread caught inside torch's mem_get_info at
+    finalization aborts the process. An atexit hook registered before gmlake's runs after it, and must find the
+    sampling thread ended and its samples still there."""
+    program = textwrap.dedent("""
+        import atexit, time
+        seen = {}
+        atexit.register(lambda: print("alive" if seen["s"]._thread.is_alive() else "stopped", len(seen["s"].samples)))
+        from gmlake.torch import outside
+        outside.OutsideSampler.sample = lambda self: (time.sleep(0.001), self.samples.append([0, 1]))
+        seen["s"] = outside.start(lambda: 0, interval=0.001)
+        time.sleep(0.05)
+    """)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    word, kept = done.stdout.split()
+    assert word == "stopped" and int(kept) > 0, done.stdout
 
 
 def test_the_replay_table_counts_a_library_failure_and_says_so(tmp_path, capsys):

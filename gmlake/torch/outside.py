@@ -12,9 +12,17 @@ and after the device's free memory (an allocator growing in between would count 
 two samples in a row agree to within TOLERANCE (one sample can still catch a segment between its mapping and its
 count). The bytes are the whole process's outside its allocator, another allocator's in the same process
 included; what a replay models is their growth from the first sample, taken once CUDA has started.
+
+Note [The sampler stops before the interpreter does]: the sampler is a daemon thread, and Python ends a daemon
+thread that wants the GIL back after finalization began by unwinding it (pthread_exit). Caught inside torch's
+mem_get_info, which gives the GIL up around the CUDA call, that unwinding crosses a noexcept destructor and the
+process aborts ("terminate called without an active exception") after the program had finished. So an atexit hook
+stops the thread while the interpreter still runs; atexit hooks run before finalization, and the samples stay
+readable for hooks that run after it (a capture's dump).
 """
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections.abc import Callable
@@ -98,6 +106,13 @@ def start(reserved: Callable[[], int], device: int = 0, interval: float = DEFAUL
 def samples() -> list[list[int]]:
     """The changes kept so far by this process's sampler ([] where none runs); sampling goes on."""
     return [list(s) for s in _active.samples] if _active is not None else []
+
+
+@atexit.register
+def _halt_at_exit() -> None:
+    """Stop the sampling thread, keeping its samples (Note [The sampler stops before the interpreter does])."""
+    if _active is not None:
+        _active.stop()
 
 
 def stop() -> list[list[int]]:
