@@ -56,6 +56,8 @@ cdef extern from "_structs.h" namespace "gmlake" nogil:
     cppclass ChunkRef:
         Segment* seg
         size_t index
+        size_t offset
+        size_t size
     cppclass SBlock:
         uint64_t serial
         uintptr_t va
@@ -313,7 +315,9 @@ cdef struct Knobs:
     size_t capped_page_large      # expandable_page_large where 0: Note [Finer pages under a cap]
     size_t edge_page              # 0: no stitching rule of its own at the edge (Note [Stitching at the edge])
     size_t expandable_reserve     # 9/8 of the device's memory where 0
+    size_t tail_page              # 0: whole pages at a block's tail (Note [Fine pages at a block's tail])
     size_t reback_slot            # 0: never re-back (Note [Taking slots back at the edge])
+    size_t slot                   # the unit of a page mapped in parts: reback_slot, else tail_page
     size_t device_reserve         # 0: growth may take the device's last byte (Note [Leaving the libraries room])
     size_t libraries_half_life    # 0: device_reserve alone, nothing measured
     # What the growth says of itself (Growth.fit_counts_unmapped)

@@ -71,11 +71,11 @@ def _check_invariants(Allocator self) -> None:
                 if _slotted(seg, i):
                     raise InvariantError(f"segment {seg.serial} chunk {i}: mapped whole and re-backed in slots")
             elif _slotted(seg, i):
-                if seg.slots[i].size() * self.k.reback_slot != seg.chunk_size or seg.chunk_size <= self.k.reback_slot:
+                if seg.slots[i].size() * self.k.slot != seg.chunk_size or seg.chunk_size <= self.k.slot:
                     raise InvariantError(f"segment {seg.serial} chunk {i}: {seg.slots[i].size()} slots")
                 mapped_slots = sum(1 for h in seg.slots[i] if h != 0)
                 c += mapped_slots != 0
-                reserved += mapped_slots * self.k.reback_slot
+                reserved += mapped_slots * self.k.slot
         if seg.slots.size() and (seg.owner != NULL or seg.size_class != SIZE_LARGE):
             raise InvariantError(f"segment {seg.serial}: re-backed chunks outside the default pool's large class")
         if c != seg.mapped_chunks or c == 0:
@@ -160,7 +160,7 @@ def _check_invariants(Allocator self) -> None:
         sblock_va += sb.va_size
         j = 0
         for i in range(sb.chunks.size()):
-            j += sb.chunks[i].seg.chunk_size
+            j += sb.chunks[i].size
         if j != sb.va_size:
             raise InvariantError(f"sBlock {sb.serial}: VA of {sb.va_size} bytes maps {j} bytes of chunks")
         j = 0

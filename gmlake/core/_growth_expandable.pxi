@@ -12,17 +12,25 @@ cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) n
     cdef size_t start = hole.addr - seg.va
     cdef size_t end = start
     cdef size_t at, unit, run, n, i
+    cdef size_t cut = <size_t>-1          # the chunk cut into slots for the tail here, if any
     cdef vector[uint64_t] handles
     while end < start + hole.size and end - start < size:
+        if _cuts_tail(self, seg, end, size - (end - start)):
+            cut = end // seg.chunk_size
+            seg.slots[cut].assign(seg.chunk_size // self.k.slot, 0)
         end += _unit_at(self, seg, end)
-    if self.limit_bytes and self.st.reserved + (end - start) > self.limit_bytes:
+    cdef bint over = self.limit_bytes and self.st.reserved + (end - start) > self.limit_bytes
+    if over:
         why.err = ERR_OOM
-        return NULL
-    if _refuse_unannounced_capture(self, why):
+    if over or _refuse_unannounced_capture(self, why):
+        if cut != <size_t>-1:
+            _whole_again(seg, cut)
         return NULL
     # Runs of units of one size, each created and mapped with one cuMemSetAccess; a failure gives back the runs
     # mapped before it. The hole's VA belongs to the segment: a failure unmaps only (the segment frees its
-    # reservation).
+    # reservation). Each run counts as reserved once mapped, before the next run's growth asks the device what is
+    # free: else the libraries' measure would read the bytes just mapped as taken by someone else (Note [Leaving
+    # the libraries room]).
     at = start
     while at < end:
         unit = _unit_at(self, seg, at)
@@ -32,14 +40,16 @@ cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) n
             run += unit
             n += 1
         if _map_new_chunks(self, why, seg.va + at, n, unit, handles, n * unit, False, False) != DRIVER_OK:
-            if at > start:
-                _unmap_units(self, why, seg, start, at, _units_in(self, seg, start, at))
+            if at > start and _unmap_units(self, why, seg, start, at, _units_in(self, seg, start, at)) == DRIVER_OK:
+                self.st.reserved -= at - start
+            if cut != <size_t>-1:
+                _whole_again(seg, cut)
             return NULL
         for i in range(n):
             _set_unit(self, seg, at + i * unit, handles[i])
+        self.st.reserved += run - at
         at = run
     self._record(TRACE_SEGMENT_MAP, hole.addr, end - start, hole.stream)
-    self.st.reserved += end - start
     peak_update(&self.st.peak_reserved, self.st.reserved)
     _erase_hole(self, hole)
     if hole.size > end - start:
@@ -49,6 +59,38 @@ cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) n
     cdef Block* b = _coalesce(self, hole)
     _insert_free(self, b)
     return b
+
+
+cdef inline bint _cuts_tail(Allocator self, Segment* seg, size_t at, size_t need) noexcept nogil:
+    """Whether growth maps the whole chunk at offset `at` of seg, of which it needs only `need` bytes, in slots
+    instead.
+
+    Note [Fine pages at a block's tail]: a handle maps only whole, so where a block ends inside a page the rest of the
+    page is a free run that shares the page with the block's live bytes; when the block stays and its neighbour
+    goes, those bytes are out of reach of growth, and at the edge of memory they are what the default lacked
+    (docs/benchmarks.md, "At the edge of memory"). Pages fine everywhere reach them, at ten times the handles on
+    every growth and every stitch. With `tail_page` set, growth maps the bulk of a large block in whole pages and
+    only the last page it partly covers in pages of `tail_page` bytes, as many as the block needs; the rest of that
+    page stays unmapped, and the next block grown there maps its slots one by one. A free run inside such a page
+    is given back slot by slot under pressure, as a re-backed chunk's is, and growth maps it again; a stitch maps
+    its slots, one handle each. Only the default pool's large class: a private pool's memory belongs to a CUDA
+    graph."""
+    cdef size_t C = seg.chunk_size
+    cdef size_t S = self.k.tail_page
+    return S != 0 and not self.edge_pages and seg.owner == NULL and seg.size_class == SIZE_LARGE and C > S and \
+        at % C == 0 and round_up(need, S) < C and not _slotted(seg, at // C)
+
+
+cdef inline size_t _grown_bytes(Allocator self, int size_class, size_t need, size_t page) noexcept nogil:
+    """The bytes growth maps for `need` bytes from a page boundary: whole pages, or, where the last page is cut
+    (Note [Fine pages at a block's tail]), whole pages and the slots the tail needs."""
+    cdef size_t S = self.k.tail_page
+    cdef size_t whole = need - need % page
+    if need == whole:
+        return need
+    if S != 0 and size_class == SIZE_LARGE and page > S and round_up(need - whole, S) < page:
+        return whole + round_up(need - whole, S)
+    return whole + page
 
 
 cdef inline size_t _page(Allocator self, int size_class) noexcept nogil:
@@ -143,7 +185,7 @@ cdef Block* _lowest_room(Allocator self, int size_class, size_t size, int64_t st
         b = c
         while room < size and b != NULL and (free_for(b, stream) or b.state == BLOCK_UNMAPPED):
             if b.state == BLOCK_UNMAPPED:
-                unmapped[0] += min_size(b.size, round_up(size - room, page))
+                unmapped[0] += min_size(b.size, _grown_bytes(self, size_class, size - room, page))
             room += b.size
             b = b.next
         if room >= size:
@@ -177,7 +219,7 @@ cdef size_t _growth_bytes(Allocator self, int size_class, size_t size, int64_t s
     cdef size_t unmapped
     if _lowest_room(self, size_class, size, stream, &unmapped) != NULL:
         return unmapped
-    return round_up(size, _page(self, size_class))
+    return _grown_bytes(self, size_class, size, _page(self, size_class))
 
 
 cdef bint _request_over_cap(Allocator self, Failure* why, int size_class, size_t size) noexcept nogil:
@@ -280,12 +322,13 @@ cdef class ExpandableGrowth(Growth):
             return False
         while hole.state != BLOCK_UNMAPPED:
             hole = hole.next
-        if hole.size < fresh or not _whole_chunks(hole.seg, hole.addr, hole.addr + fresh):
-            return False                # no error: grow the range instead (a stitch maps whole chunks only)
+        if hole.size < fresh:
+            return False                # no error: grow the range instead
         piece.addr = hole.addr
         piece.size = shortfall
         seg = hole.seg
-        if _map_pages(a, why, hole, fresh) == NULL:
+        # whole pages, and slots for the tail where tail_page cuts it (Note [Fine pages at a block's tail])
+        if _map_pages(a, why, hole, shortfall) == NULL:
             if seg.mapped_chunks == 0:
                 _drop_segment(a, why, seg)     # a segment with nothing mapped holds only VA: give it back
             return False

@@ -159,7 +159,7 @@ cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t 
     cdef ChunkRef ref
     cdef Block* b
     cdef Segment* seg
-    cdef size_t i, c, c_end, va_size = 0, mapped = 0, capacity = 0
+    cdef size_t i, c, c_end, va_size = 0, mapped = 0, capacity = 0, unit
     cdef uintptr_t va = 0, at
     cdef int rc
     if _refuse_unannounced_capture(self, why):
@@ -172,14 +172,18 @@ cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t 
     for i in range(pieces.size()):
         b = _containing(self, pieces[i].addr)
         seg = b.seg
-        c = (pieces[i].addr - seg.va) // seg.chunk_size
-        c_end = (pieces[i].addr + pieces[i].size - seg.va + seg.chunk_size - 1) // seg.chunk_size
+        # the units under the piece, whole chunks or slots (Note [Fine pages at a block's tail])
+        c = _unit_floor(self, seg, pieces[i].addr - seg.va)
+        c_end = pieces[i].addr + pieces[i].size - seg.va
         while c < c_end:
+            unit = _unit_at(self, seg, c)
             ref.seg = seg
-            ref.index = c
+            ref.index = c // seg.chunk_size
+            ref.offset = c
+            ref.size = unit
             chunks.push_back(ref)
-            va_size += seg.chunk_size
-            c += 1
+            va_size += unit
+            c += unit
         capacity += pieces[i].size
     rc = _call(self, why, CALL_RESERVE, self.driver.reserve(va_size, self.driver.granularity, &va), 0)
     if rc != DRIVER_OK:
@@ -188,11 +192,11 @@ cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t 
         return NULL
     at = va
     for i in range(chunks.size()):
-        seg = chunks[i].seg
-        rc = _call(self, why, CALL_MAP, self.driver.map(at, seg.chunk_size, seg.handles[chunks[i].index]), 1)
+        rc = _call(self, why, CALL_MAP, self.driver.map(
+            at, chunks[i].size, _unit_handle(self, chunks[i].seg, chunks[i].offset)), 1)
         if rc != DRIVER_OK:
             break
-        at += seg.chunk_size
+        at += chunks[i].size
         mapped += 1
     if rc == DRIVER_OK:
         rc = _call(self, why, CALL_SET_ACCESS, self.driver.set_access(va, va_size), chunks.size())
@@ -206,7 +210,7 @@ cdef Block* _stitch(Allocator self, Failure* why, vector[Piece]& pieces, size_t 
     sb.va = va
     sb.va_size = va_size
     seg = chunks[0].seg
-    sb.offset = (pieces[0].addr - seg.va) % seg.chunk_size
+    sb.offset = pieces[0].addr - seg.va - chunks[0].offset
     sb.stream = stream
     sb.capacity = capacity
     sb.pieces = pieces
@@ -239,11 +243,11 @@ cdef void _stitch_candidates(Allocator self, int64_t stream, vector[Block*]& out
 
 cdef size_t _cut_pieces(Allocator self, vector[Block*]& blocks, size_t size, vector[Piece]& pieces) noexcept nogil:
     """Cut pieces for a `size`-byte stitch from `blocks`, in order, until the request is covered. Only the first
-    piece may start inside a chunk; every piece but the last ends on a chunk boundary (chunks map whole). Returns
-    the bytes still missing."""
+    piece may start inside a unit (a chunk, or a slot of a chunk mapped in slots); every piece but the last ends on
+    a unit boundary (a handle maps only whole). Returns the bytes still missing."""
     cdef Piece piece
-    cdef size_t remaining = size, C, usable, i
-    cdef uintptr_t start, aligned_end
+    cdef size_t remaining = size, usable, i
+    cdef uintptr_t start, end, aligned_end
     cdef Block* b
     cdef Segment* seg
     for i in range(blocks.size()):
@@ -251,19 +255,17 @@ cdef size_t _cut_pieces(Allocator self, vector[Block*]& blocks, size_t size, vec
             break
         b = blocks[i]
         seg = b.seg
-        C = seg.chunk_size
-        start = b.addr if pieces.empty() else seg.va + round_up(b.addr - seg.va, C)
-        if b.addr + b.size <= start:
+        start = b.addr if pieces.empty() else seg.va + _unit_ceil(self, seg, b.addr - seg.va)
+        end = b.addr + b.size
+        if end <= start:
             continue
-        if b.addr + b.size - start >= remaining:
-            if not _whole_chunks(seg, start, start + remaining):
-                continue
+        if end - start >= remaining:
             piece.addr = start
             piece.size = remaining
             pieces.push_back(piece)
             return 0
-        aligned_end = seg.va + ((b.addr + b.size - seg.va) // C) * C
-        if aligned_end <= start or not _whole_chunks(seg, start, aligned_end):
+        aligned_end = seg.va + _unit_floor(self, seg, end - seg.va)
+        if aligned_end <= start:
             continue
         usable = aligned_end - start
         piece.addr = start

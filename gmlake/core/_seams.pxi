@@ -151,12 +151,11 @@ cdef void _ask_stitch(Allocator self, Failure* why, size_t size, int64_t stream,
             wrong = "a piece outside the free blocks offered"
         elif pieces[i].size == 0:
             wrong = "an empty piece"
-        elif not _whole_chunks(owner.seg, pieces[i].addr, pieces[i].addr + pieces[i].size):
-            wrong = "a piece in a chunk re-backed in slots"
-        elif i > 0 and (pieces[i].addr - owner.seg.va) % owner.seg.chunk_size:
+        elif i > 0 and _unit_floor(self, owner.seg, pieces[i].addr - owner.seg.va) != pieces[i].addr - owner.seg.va:
             wrong = "a piece after the first starting inside a chunk"
         elif (i + 1 < pieces.size() or remaining[0]) and \
-                (pieces[i].addr + pieces[i].size - owner.seg.va) % owner.seg.chunk_size:
+                _unit_floor(self, owner.seg, pieces[i].addr + pieces[i].size - owner.seg.va) != \
+                pieces[i].addr + pieces[i].size - owner.seg.va:
             wrong = "a piece before the last ending inside a chunk"
         if wrong != NULL:
             break

@@ -62,9 +62,11 @@ cdef inline uint64_t _new_serial(Allocator self) noexcept nogil:
     return serial
 
 
-# A segment's memory is mapped in units: a whole chunk (one handle), or, in a chunk re-backed at the edge (Note
-# [Taking slots back at the edge], _rebacking.pxi), a slot of reback_slot bytes (one handle each). Growth maps,
-# and release unmaps, whole units; the functions below are the only ones that read a unit's handle.
+# A segment's memory is mapped in units: a whole chunk (one handle), or, in a chunk mapped in parts, a slot of
+# `slot` bytes (one handle each): a chunk re-backed at the edge (Note [Taking slots back at the edge],
+# _rebacking.pxi), or the chunk a block's tail only partly covers when it was mapped (Note [Fine pages at a block's
+# tail], _growth_expandable.pxi). Growth maps, and release unmaps, whole units; the functions below are the only
+# ones that read a unit's handle. A chunk whose slots are all unmapped again is a whole chunk again.
 
 cdef inline bint _slotted(Segment* seg, size_t chunk) noexcept nogil:
     """Was chunk `chunk` of seg re-backed in slots?"""
@@ -73,14 +75,14 @@ cdef inline bint _slotted(Segment* seg, size_t chunk) noexcept nogil:
 
 cdef inline size_t _unit_at(Allocator self, Segment* seg, size_t offset) noexcept nogil:
     """The size of the unit at `offset` (a unit boundary) of seg."""
-    return self.k.reback_slot if _slotted(seg, offset // seg.chunk_size) else seg.chunk_size
+    return self.k.slot if _slotted(seg, offset // seg.chunk_size) else seg.chunk_size
 
 
 cdef inline size_t _unit_floor(Allocator self, Segment* seg, size_t offset) noexcept nogil:
     """The start of the unit that holds `offset`."""
     cdef size_t C = seg.chunk_size
     if _slotted(seg, offset // C):
-        return offset - offset % self.k.reback_slot
+        return offset - offset % self.k.slot
     return offset - offset % C
 
 
@@ -94,7 +96,7 @@ cdef inline uint64_t _unit_handle(Allocator self, Segment* seg, size_t offset) n
     """The handle mapped at the unit starting at `offset` (0: unmapped)."""
     cdef size_t C = seg.chunk_size
     if _slotted(seg, offset // C):
-        return seg.slots[offset // C][(offset % C) // self.k.reback_slot]
+        return seg.slots[offset // C][(offset % C) // self.k.slot]
     return seg.handles[offset // C]
 
 
@@ -108,7 +110,7 @@ cdef void _set_unit(Allocator self, Segment* seg, size_t offset, uint64_t handle
     if _slotted(seg, chunk):
         slots = &seg.slots[chunk]
         before = _any_slot_mapped(slots[0])
-        slots[0][(offset % C) // self.k.reback_slot] = handle
+        slots[0][(offset % C) // self.k.slot] = handle
         after = _any_slot_mapped(slots[0])
     else:
         before = seg.handles[chunk] != 0
@@ -128,19 +130,6 @@ cdef inline bint _any_slot_mapped(vector[uint64_t]& slots) noexcept nogil:
     return False
 
 
-cdef bint _whole_chunks(Segment* seg, uintptr_t lo, uintptr_t hi) noexcept nogil:
-    """Does [lo, hi) lie in chunks mapped whole (none re-backed in slots)? What a stitch maps must: it maps a
-    chunk's one handle."""
-    cdef size_t C = seg.chunk_size
-    cdef size_t i
-    if seg.slots.empty():
-        return True
-    for i in range((lo - seg.va) // C, (hi - seg.va + C - 1) // C):
-        if seg.slots.count(i):
-            return False
-    return True
-
-
 cdef int _unmap_units(Allocator self, Failure* why, Segment* seg, size_t lo, size_t hi, size_t units) noexcept nogil:
     """Unmap the `units` units of seg in [lo, hi) (offsets) in one call and give their handles back. Returns the
     unmap's code (on failure nothing changed)."""
@@ -154,7 +143,16 @@ cdef int _unmap_units(Allocator self, Failure* why, Segment* seg, size_t lo, siz
         _set_unit(self, seg, at, 0)
         self.st.chunks_released += 1
         at += size
+    if not seg.slots.empty():
+        for at in range(lo // seg.chunk_size, (hi - 1) // seg.chunk_size + 1):
+            _whole_again(seg, at)
     return DRIVER_OK
+
+
+cdef inline void _whole_again(Segment* seg, size_t chunk) noexcept nogil:
+    """A chunk mapped in slots, none of them mapped now, maps whole again."""
+    if _slotted(seg, chunk) and not _any_slot_mapped(seg.slots[chunk]):
+        seg.slots.erase(chunk)
 
 
 cdef size_t _units_in(Allocator self, Segment* seg, size_t lo, size_t hi) noexcept nogil:

@@ -86,9 +86,12 @@ struct Piece {
     size_t size;
 };
 
+// A unit an sBlock maps: a whole chunk, or one slot of a chunk mapped in slots.
 struct ChunkRef {
     Segment* seg;
-    size_t index;
+    size_t index;     // the chunk that holds it (its sblock_maps count)
+    size_t offset;    // where the unit starts in seg
+    size_t size;      // its bytes
 };
 
 // A stitched block: a VA range that maps the chunks of several primitive ranges back to back.

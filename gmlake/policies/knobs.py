@@ -53,6 +53,11 @@ class Knobs:
         of such pages, where whole pages of its range would not fit under the limit (0: the edge stitches by the
         same rules as elsewhere; the default policy: 2 MiB). Never moves or unmaps live memory. Note [Stitching at
         the edge] (gmlake/core/_growth_expandable.pxi).
+      tail_page: under "expandable", growth maps the last page a large block only partly covers in pages of this
+        many bytes, only as many as the block needs, so the rest of that page stays unmapped instead of being a free
+        run inside a page the block's live bytes hold (0: whole pages). A stitch maps such a page's slots, one
+        handle each. Note [Fine pages at a block's tail]
+        (gmlake/core/_growth_expandable.pxi).
       reback_slot: under "expandable", as the last pressure stage, re-back each partly used chunk in handles of
         this many bytes, one per slot that holds live bytes (copied through the host, pointers unchanged), giving
         its free slots back to the driver (0: never, every built-in policy). Hazard: while a chunk is re-backed its
@@ -130,6 +135,7 @@ class Knobs:
     capped_page_large: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     edge_page: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     expandable_reserve: int = knob(0, unit="bytes", minimum=0, growths=("expandable",))
+    tail_page: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     reback_slot: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     device_reserve: int = knob(0, unit="bytes", minimum=0)
     libraries_half_life: int = knob(0, unit="count", minimum=0)
@@ -151,6 +157,8 @@ class Knobs:
         knobs = {name: getattr(self, name) for name in knob_specs() if name != "segment_rule"}
         knobs["cross_stream_wait"] = self.cross_stream and self.cross_stream_wait
         knobs["capped_page_large"] = self.capped_page_large or self.expandable_page_large
+        # A page mapped in parts is cut in one unit, whether growth cut it (tail_page) or re-backing (reback_slot).
+        knobs["slot"] = self.reback_slot or self.tail_page
         # An expandable range reserves address space (not memory) for the whole device and an eighth more, so no
         # range runs out before memory does; a model with no bound reserves 1 TiB.
         knobs["expandable_reserve"] = self.expandable_reserve or (
@@ -190,11 +198,16 @@ class Knobs:
         if self.small_segment_size < self.small_size:
             raise ValueError(f"gmlake: policy {self.name}: small_segment_size must be at least small_size")
         pages = [p for p in (self.expandable_page_large, self.capped_page_large) if p]
-        if self.reback_slot and any(p % self.reback_slot for p in pages):
-            raise ValueError(f"gmlake: policy {self.name}: reback_slot {self.reback_slot} must divide the large "
-                             f"pages it re-backs (expandable_page_large {self.expandable_page_large}"
-                             + (f", capped_page_large {self.capped_page_large}" if self.capped_page_large else "")
-                             + ")")
+        for name in ("reback_slot", "tail_page"):
+            part = getattr(self, name)
+            if part and any(p % part for p in pages):
+                raise ValueError(f"gmlake: policy {self.name}: {name} {part} must divide the large pages it cuts "
+                                 f"(expandable_page_large {self.expandable_page_large}"
+                                 + (f", capped_page_large {self.capped_page_large}" if self.capped_page_large else "")
+                                 + ")")
+        if self.reback_slot and self.tail_page and self.reback_slot != self.tail_page:
+            raise ValueError(f"gmlake: policy {self.name}: reback_slot {self.reback_slot} and tail_page "
+                             f"{self.tail_page} cut pages in one unit, so they must be equal where both are set")
         unread = self.unread_knobs()
         if unread:
             name = unread[0]
