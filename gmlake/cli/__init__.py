@@ -283,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
+        print("gmlake: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except ImportError as exc:
         if exc.name not in SIM_EXTRA:

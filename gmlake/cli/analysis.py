@@ -189,12 +189,13 @@ def cmd_tune(args) -> int:
     settings = tune.search_space(trace)
     bar = Progress(TextColumn("tuning {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[last]}"), console=Console(stderr=True),
-                   disable=not sys.stderr.isatty(), transient=True)
+                   disable=not sys.stderr.isatty(), transient=True,
+                   auto_refresh=False)   # no thread of its own to copy into the forked workers
     with bar:
         task = bar.add_task(trace.name, total=len(settings), last="")
         result = tune.tune(trace, fit=args.fit, device_memory=args.device_memory, event_lag=args.event_lag,
                            within=args.within, jobs=args.jobs, settings=settings,
-                           on_done=lambda o: bar.update(task, advance=1, last=o.policy))
+                           on_done=lambda o: bar.update(task, advance=1, last=o.policy, refresh=True))
     _note_unsized([trace], args.device_memory)
     if plot:
         _write_atomically({plot: lambda tmp: tune.plot(result, tmp)})

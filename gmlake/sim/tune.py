@@ -37,11 +37,8 @@ With --fit the same holds of the memory reserved and the driver time under that 
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -53,6 +50,7 @@ from gmlake.sim.cap import bisect_fraction, drive
 from gmlake.sim.plots import BUILTIN_COLORS, pyplot
 from gmlake.sim.replay import driver_seconds, modelled_device_memory, run_requests, step_time_lost
 from gmlake.sim.trace import Trace
+from gmlake.sim.workers import default_jobs, map_in_processes
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -193,21 +191,12 @@ _worker: dict = {}
 
 
 def _start_worker(trace: Trace, device_memory: int, fit: int | None, event_lag: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle: it cancels what is left
     _worker.update(trace=trace, device_memory=device_memory, fit=fit, event_lag=event_lag)
 
 
 def _evaluate_in_worker(setting: Setting) -> Outcome:
     w = _worker
     return evaluate(w["trace"], setting, w["device_memory"], w["fit"], w["event_lag"])
-
-
-def default_jobs() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:      # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclass
@@ -264,15 +253,8 @@ def tune(trace: Trace, fit: int | None = None, device_memory: int | None = None,
             if on_done:
                 on_done(outcomes[-1])
     else:
-        pool = ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=(trace, device, fit, event_lag))
-        try:
-            pending = [pool.submit(_evaluate_in_worker, s) for s in chosen]
-            for future in as_completed(pending):
-                if on_done:
-                    on_done(future.result())
-            outcomes = [f.result() for f in pending]    # in the search's order, whatever order they finished in
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        outcomes = map_in_processes(_evaluate_in_worker, chosen, jobs, _start_worker, (trace, device, fit, event_lag),
+                                    on_done)
     mark_front(outcomes)
     trace_seconds = trace.meta.get("seconds")
     best, reason = recommend(outcomes, fit, within, trace_seconds)
