@@ -13,7 +13,7 @@ from dataclasses import fields
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from gmlake.policies.knobs import knob_specs
+from gmlake.policies.knobs import knob_units
 
 if TYPE_CHECKING:
     from gmlake.policies import Policy
@@ -113,12 +113,11 @@ def knob_types(policy: type[Policy]) -> dict[str, type]:
 
 
 def coerce_knobs(policy: type[Policy], settings: Mapping[str, object], who: str | None = None) -> dict:
-    """`settings` as typed knobs of `policy`: text is parsed by the knob's type (sizes may carry units; booleans
-    are strict), values already typed are checked. Raises ValueError for an unknown knob or an ill-typed value;
+    """`settings` as typed knobs of `policy`: text is parsed by the knob's type and unit (sizes may carry units,
+    counts and percentages take none; booleans are strict), values already typed are checked. Raises ValueError for an unknown knob or an ill-typed value;
     an unknown knob's message names the policy as `who` (default: the policy's name)."""
     types = knob_types(policy)
-    # from the declarations: a subclass's own default (GMLakePolicy's) drops its field's metadata
-    units = {name: spec["unit"] for name, spec in knob_specs().items()}
+    units = knob_units(policy)
     out = {}
     for name, value in settings.items():
         if name not in types:
@@ -138,7 +137,7 @@ def coerce_knobs(policy: type[Policy], settings: Mapping[str, object], who: str 
                 if not _WHOLE.fullmatch(value):           # a count takes no unit and no fraction
                     raise ValueError(f"{what} must be a whole number ({units[name]}), got {value!r}")
                 value = int(value.replace("_", ""))
-            elif isinstance(value, str):
+            elif isinstance(value, str):        # bytes (an int declared with no unit is a count: knob_units)
                 value = parse_size(value, what=what, minimum=-(1 << 63))
             elif not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{what} must be an integer, got {value!r}")
