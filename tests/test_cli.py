@@ -497,3 +497,56 @@ def test_explain_at_an_event_lag_explains_that_replay():
         assert row["request_index"] == result.peak_growth_event
     assert found[100]["peak_reserved"] > found[0]["peak_reserved"]
     assert found[100]["free_whole_chunks"] > found[0]["free_whole_chunks"]
+
+
+# ------------------------------------------------------------------------- GMLAKE_KNOBS in the replay commands
+
+
+@pytest.mark.parametrize("value, words", [
+    ("stitch=perhaps", ["knob stitch must be one of"]),
+    ("bogus=1", ["no knob 'bogus'"]),
+    ("min_saved_chunks=4MiB", ["knob min_saved_chunks must be a whole number (count)"]),
+    ("stitch", ["knob=value"]),
+    ("chunk_size=8MiB", ["chunk_size does nothing"]),
+])
+@pytest.mark.parametrize("command", [["replay", TINY, "--policy", "gmlake"], ["explain", TINY, "--policy", "gmlake"],
+                                     ["compare", TINY, "--policy", "gmlake", "--out", "{tmp}"],
+                                     ["tune", TINY, "--jobs", "1"]])
+def test_a_bad_gmlake_knobs_is_one_line_and_exit_2_never_the_defaults(monkeypatch, capsys, tmp_path, command, value,
+                                                                      words):
+    """GMLAKE_KNOBS, read by the one reader `GMLAKE=1` and `gmlake run` use (env_knobs), is refused by every
+    command that replays, before any replay: it used to be ignored, so a typo replayed the defaults."""
+    monkeypatch.setenv("GMLAKE_KNOBS", value)
+    assert main([a.format(tmp=tmp_path / "out") for a in command]) == EXIT_BAD_INPUT
+    err = one_error_line(capsys, f"GMLAKE_KNOBS={value}", *words)
+    assert err.count("GMLAKE_KNOBS") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_gmlake_knobs_reach_the_replay_below_set(monkeypatch, capsys):
+    monkeypatch.setenv("GMLAKE_KNOBS", "min_saved_chunks=0,sblock_first=true")
+    assert main(["replay", TINY, "--policy", "gmlake", "--set", "sblock_first=false", "--json"]) == EXIT_OK
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["knobs"]["min_saved_chunks"] == 0 and row["knobs"]["sblock_first"] is False
+    # A --set error of its own is the user's, not the variable's.
+    assert main(["replay", TINY, "--policy", "gmlake", "--set", "stitch=perhaps"]) == EXIT_BAD_INPUT
+    err = one_error_line(capsys, "knob stitch must be")
+    assert "GMLAKE_KNOBS" not in err
+
+
+def test_gmlake_knobs_reads_alike_for_torch_and_the_commands(monkeypatch):
+    """One reader (gmlake.policies.settings.env_knobs) for the torch bridge's options_from_env and the commands."""
+    from gmlake.cli.common import _env_knobs
+    from gmlake.policies.settings import env_knobs
+    from gmlake.torch import options_from_env
+
+    monkeypatch.setenv("GMLAKE_KNOBS", " min_saved_chunks=0 , ,stitch=no")
+    assert env_knobs() == _env_knobs(["gmlake"]) == {"min_saved_chunks": "0", "stitch": "no"}
+    assert options_from_env() == {"min_saved_chunks": 0, "stitch": False}
+    monkeypatch.setenv("GMLAKE_KNOBS", "stitch")
+    with pytest.raises(ValueError) as for_torch:
+        options_from_env()
+    with pytest.raises(ValueError) as for_commands:
+        _env_knobs(["gmlake"])
+    assert str(for_torch.value) == str(for_commands.value) == "GMLAKE_KNOBS=stitch: a knob setting is knob=value, " \
+        "got 'stitch'"

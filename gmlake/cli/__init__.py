@@ -68,7 +68,8 @@ _POLICY_HELP = _SPEC_HELP + ". Repeatable, also with one policy twice under diff
 _SET_HELP = ("change a knob of every chosen policy, e.g. stitch=false or chunk_size=8MiB (each policy must have it), or "
              "of one: POLICY.knob=value, POLICY as given to --policy or its position from 1 (gmlake.stitch=false, "
              "my.py:MaxPieces.max_pieces=2, 2.min_saved_chunks=0). Repeatable; a policy's [knobs] win over "
-             "POLICY.knob, which wins over knob (knobs: gmlake/policies/base.py)")
+             "POLICY.knob, which wins over knob, which wins over env GMLAKE_KNOBS=k=v,k=v (knobs: "
+             "gmlake/policies/base.py)")
 
 
 _DEVICE_HELP = "which device's trace, if the snapshot has several"

@@ -3,6 +3,7 @@ dependencies (numpy, matplotlib: the `sim` extra) are imported when a command ru
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from gmlake.cli.common import (
     _policy_choices,
     _write_atomically,
 )
+from gmlake.policies.settings import KNOBS_VARIABLE, env_knobs
 from gmlake.sim import MAX_DEVICE_MEMORY
 
 
@@ -185,6 +187,9 @@ def cmd_tune(args) -> int:
     if not args.within >= 1:        # also NaN
         raise UsageError(f"--within must be a factor of at least 1, got {args.within}")
     plot = _output_file(args.plot, "--plot") if args.plot else None
+    if _policy_choices([tune.DEFAULT_POLICY], []) and env_knobs():     # checked, as every command checks it
+        print(f"gmlake: note: tune searches the knobs itself; {KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]} is "
+              f"not applied to its replays", file=sys.stderr)
     (trace,) = _load([args.trace], args.device)
     settings = tune.search_space(trace)
     bar = Progress(TextColumn("tuning {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gmlake import policies
-from gmlake.policies.settings import parse_size
+from gmlake.policies.settings import KNOBS_VARIABLE, coerce_knobs, env_knobs, parse_size
 from gmlake.sim import MAX_DEVICE_MEMORY
 
 EXIT_OK = 0
@@ -101,9 +101,31 @@ def _count(text: str) -> int:
     return value
 
 
+def _env_knobs(specs: list[str]) -> dict[str, str]:
+    """GMLAKE_KNOBS, read as `GMLAKE=1` and `gmlake run` read it (env_knobs), each knob typed by every policy of
+    `specs`: a bad value is an error naming the variable, never a replay that quietly keeps the default."""
+    knobs = env_knobs()
+    for spec in specs if knobs else ():
+        cls = policies.policy_class(policies.split_spec(spec)[0])
+        try:
+            coerce_knobs(cls, knobs, who=spec)
+        except ValueError as exc:
+            raise ValueError(f"{KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]}: {error_line(exc)}") from None
+    return knobs
+
+
 def _policy_choices(specs: list[str] | None, settings: list[str] | None) -> list[policies.PolicyChoice]:
-    """The chosen policies (default: every built-in one), each with its --set knobs and inline knobs, validated."""
-    return policies.choose(specs or policies.names(), settings or [])
+    """The chosen policies (default: every built-in one), each with GMLAKE_KNOBS, then its --set knobs, then its
+    inline knobs, validated."""
+    specs = specs or policies.names()
+    knobs = _env_knobs(specs)
+    try:
+        return policies.choose(specs, settings or [], base_knobs=knobs)
+    except ValueError as exc:
+        if not knobs:
+            raise
+        policies.choose(specs, settings or [])    # fails alike without GMLAKE_KNOBS: not the variable's fault
+        raise ValueError(f"{KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]}: {error_line(exc)}") from None
 
 
 def _output_file(path: str, flag: str) -> Path:

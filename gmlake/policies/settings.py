@@ -6,6 +6,7 @@ line of error.
 from __future__ import annotations
 
 import math
+import os
 import re
 import typing
 from collections.abc import Iterable, Mapping
@@ -93,6 +94,20 @@ def split_settings(items: Iterable[str]) -> dict[str, str]:
         _, name, text = parse_setting(item)
         out[name] = text
     return out
+
+
+KNOBS_VARIABLE = "GMLAKE_KNOBS"
+
+
+def env_knobs(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The knobs GMLAKE_KNOBS sets (`knob=value,knob=value`) as {knob: text}, for coerce_knobs to type by the policy:
+    the one reader of the variable, for `GMLAKE=1`, `gmlake run` and the replay commands alike. A malformed item is
+    a ValueError that names the variable."""
+    raw = (os.environ if environ is None else environ).get(KNOBS_VARIABLE, "")
+    try:
+        return split_settings(item for item in raw.split(",") if item.strip())
+    except ValueError as exc:
+        raise ValueError(f"{KNOBS_VARIABLE}={raw}: {exc}") from None
 
 
 def format_knob(value: object, unit: str = "") -> str:
