@@ -139,6 +139,35 @@ def test_compare_into_a_file_fails_before_replaying(tmp_path, capsys):
     assert afile.read_text() == "keep"
 
 
+@pytest.mark.parametrize("args, words", [
+    (["compare", TINY, "--policy", "gmlake", "--out", "{tmp}/missing/out"], ["--out", "no such directory", "missing"]),
+    (["compare", TINY, "--policy", "gmlake", "--out", "{tmp}/afile/out"], ["--out", "is a file, not a folder"]),
+    (["compare", TINY, "--policy", "gmlake", "--out", "{tmp}/locked/out"], ["--out", "permission denied"]),
+    (["compare", TINY, "--policy", "gmlake", "--out", "{tmp}/locked"], ["--out", "permission denied"]),
+    (["tune", TINY, "--jobs", "1", "--plot", "{tmp}/missing/tune.png"], ["--plot", "no such directory"]),
+    (["tune", TINY, "--jobs", "1", "--plot", "{tmp}/locked/tune.png"], ["--plot", "permission denied"]),
+    (["convert", TINY, "-o", "{tmp}/locked/x.gmtrace"], ["--output", "permission denied"]),
+    (["capture", "-o", "{tmp}/locked/run.pickle.gz", "--", "python", "-c", "pass"], ["--output", "permission denied"]),
+])
+def test_an_output_path_that_cannot_be_written_fails_before_any_work(tmp_path, capsys, args, words):
+    """Every option that writes a file or folder is checked before any replay: one line, exit 2, no table printed
+    and nothing written (compare used to print its whole table, then fail)."""
+    (tmp_path / "afile").write_text("keep")
+    (tmp_path / "locked").mkdir(mode=0o500)
+    if os.access(tmp_path / "locked", os.W_OK) and "locked" in " ".join(args):
+        pytest.skip("running as root: no folder is locked")
+    try:
+        assert main([a.format(tmp=tmp_path) for a in args]) == EXIT_BAD_INPUT
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith("gmlake: error: "), out
+        for word in words:
+            assert word in out.err, (word, out.err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "locked"]
+        assert list((tmp_path / "locked").iterdir()) == []
+    finally:
+        (tmp_path / "locked").chmod(0o700)
+
+
 @pytest.mark.parametrize("target", ["adir.gmtrace", "missing/x.gmtrace", "x.pickle"])
 def test_convert_refuses_outputs_it_cannot_write_and_leaves_nothing(tmp_path, capsys, target):
     (tmp_path / "adir.gmtrace").mkdir()

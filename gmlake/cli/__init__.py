@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_count, metavar="N",
                    help="processes for --smallest-cap's searches (default: every core)")
     p.add_argument("--out", default="gmlake-compare", metavar="DIR",
-                   help="folder for compare.png and compare.jsonl, created if missing (default: gmlake-compare)")
+                   help="folder for compare.png and compare.jsonl, created if missing in a folder that exists "
+                        "(default: gmlake-compare)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("tune", help="find the policy and knobs that suit a trace: replay a search, print the front "

@@ -128,24 +128,33 @@ def _policy_choices(specs: list[str] | None, settings: list[str] | None) -> list
         raise ValueError(f"{KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]}: {error_line(exc)}") from None
 
 
+def _writable_folder(folder: Path, path: str, flag: str) -> None:
+    """`folder`, where `path` (given to `flag`) is to be written, exists as a folder this process may write in."""
+    if not folder.exists():
+        raise UsageError(f"{flag} {path}: no such directory {str(folder)!r}")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: {str(folder)!r} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot write in {str(folder)!r}: permission denied")
+
+
 def _output_file(path: str, flag: str) -> Path:
-    """An output file that can be created: its folder exists and it is not a folder itself."""
+    """An output file that can be created: its folder exists and may be written in, and it is not a folder itself.
+    Checked before any work, so a bad path costs nothing."""
     out = Path(path)
     if out.is_dir():
         raise UsageError(f"{flag} {path}: is a directory; give a file name")
-    if not out.parent.is_dir():
-        raise UsageError(f"{flag} {path}: no such directory {str(out.parent)!r}")
+    _writable_folder(out.parent, path, flag)
     return out
 
 
 def _output_dir(path: str, flag: str) -> Path:
-    """An output folder that exists or can be created (nothing on its way is a file)."""
+    """An output folder that exists, or that can be created in a folder that does (one level, as mkdir makes it: a
+    missing folder above it is more likely a typo than a wish), and may be written in. Checked before any work."""
     out = Path(path)
-    for folder in (out, *out.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise UsageError(f"{flag} {path}: {str(folder)!r} is a file, not a folder")
-            break
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {path}: {str(out)!r} is a file, not a folder")
+    _writable_folder(out if out.exists() else out.parent, path, flag)
     return out
 
 
