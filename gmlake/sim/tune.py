@@ -19,7 +19,7 @@ a search stays under a minute on two cores.
 - gmlake's stitch threshold (`min_saved_chunks` 1, default 3) at each page size, and 0: stitching more often saves
   memory at the price of driver calls; and never stitching (`stitch=false`).
 - gmlake's page under a cap (`capped_page_large` 4 MiB, finer than the default's 20 MiB from the moment a cap is
-  set; the default keeps its pages and re-backs partly used ones only where the limit binds).
+  set; the default keeps its pages and, at the limit, stitches in 2 MiB pages: `edge_page`; it re-backs nothing).
 - The paper's chunk size (`chunk_size` 8 and 20 MiB, default 2 MiB): coarser chunks cut its driver time 4-10x.
 - Where the trace has several streams: gmlake without the cross-stream wait, and without cross-stream reuse.
 Left out: the cached-sBlock bound (`max_cached_sblocks` 0 or 64 changed no bundled trace's memory under either
