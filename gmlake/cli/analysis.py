@@ -75,7 +75,7 @@ def cmd_replay(args) -> int:
     else:
         from gmlake.sim.compare import table
 
-        _console(120, args.wide).print(table(results, [trace], wide=args.wide))
+        _console(wide=args.wide).print(table(results, [trace], wide=args.wide))
     return EXIT_OUT_OF_MEMORY if any(r.failed for r in results) else EXIT_OK
 
 
@@ -137,7 +137,7 @@ def cmd_explain(args) -> int:
         return status
     console = _console()
     for b in found:                               # why, in words, before the account
-        console.print(Text(f"{b.policy}: {b.words}"), soft_wrap=True)
+        console.print(Text(f"{b.policy}: {b.words}"))
     caption = None
     if status:
         where = " under the memory cap" if args.cap else ""
@@ -209,7 +209,7 @@ def cmd_tune(args) -> int:
     else:
         console = _console(wide=args.wide)
         console.print(tune.table(result, every=args.all, wide=args.wide))
-        for line in tune.recommendation_lines(result):
+        for line in tune.recommendation_lines(result, None if args.wide else console.width):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         console.print(f"{len(result.outcomes)} settings in {result.seconds:.1f} s on {result.jobs} "
                       f"process{'es' if result.jobs > 1 else ''}"
@@ -249,7 +249,7 @@ def cmd_compare(args) -> int:
     records = [r.summary() for r in results]
     for record, row in zip(records, limits or ()):
         record.update({key: row.get(key) for key in LIMIT_KEYS})
-    console = _console(120, args.wide)
+    console = _console(wide=args.wide)
     if args.json:
         for record in records:
             print(json.dumps(record))

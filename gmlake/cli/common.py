@@ -158,7 +158,7 @@ def _output_dir(path: str, flag: str) -> Path:
     return out
 
 
-def _console(piped_width: int = 240, wide: bool = False):
+def _console(piped_width: int = 80, wide: bool = False):
     """The console tables print to: the terminal's width (or room for every column, `wide`); piped, `piped_width`
     unless COLUMNS is set."""
     from rich.console import Console

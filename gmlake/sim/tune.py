@@ -423,23 +423,66 @@ def table(result: TuneResult, every: bool = False, wide: bool = False):
     return t
 
 
-def recommendation_lines(result: TuneResult) -> list[str]:
-    """The recommendation in words, what replay predicts for it, then the two ways to use it."""
+def recommendation_lines(result: TuneResult, width: int | None = None) -> list[str]:
+    """The recommendation in words, what replay predicts for it, then the two ways to use it. With `width`, every
+    line fits it: words wrap, the shell line continues with a backslash and the Python call breaks between its
+    arguments, so both still paste as they are."""
     best = result.recommended
     if best is None:
-        return [f"no recommendation: {result.reason}"]
+        return _wrapped([f"no recommendation: {result.reason}"], width)
     if result.limit:
         predicted = (f"peak reserved {best.fit_peak_reserved / GiB:.3f} GiB under the limit "
                      f"({best.peak_reserved / GiB:.3f} GiB without), driver time {best.fit_driver_seconds:.3f} s")
     else:
         predicted = f"peak reserved {best.peak_reserved / GiB:.3f} GiB, driver time {best.driver_seconds:.3f} s"
-    lines = [f"recommended: {best.policy}, {result.reason}",
-             f"  predicted: {predicted}; completes under a cap of {(best.smallest_cap or 0) / GiB:.3f} GiB or more",
-             f"  {env_line(best, result.limit)} python train.py ...",
-             f"  import gmlake.torch; {enable_call(best, result.limit)}   # before any CUDA work"]
-    if result.limit:
-        lines.append(f"  (the limit keeps the allocator within {format_size(result.fit)}, as the replay did)")
-    return lines
+    words = [f"recommended: {best.policy}, {result.reason}",
+             f"  predicted: {predicted}; completes under a cap of {(best.smallest_cap or 0) / GiB:.3f} GiB or more"]
+    shell = f"  {env_line(best, result.limit)} python train.py ..."
+    python = f"  import gmlake.torch; {enable_call(best, result.limit)}   # before any CUDA work"
+    tail = ([f"  (the limit keeps the allocator within {format_size(result.fit)}, as the replay did)"]
+            if result.limit else [])
+    if width is None:
+        return [*words, shell, python, *tail]
+    return [*_wrapped(words, width), *_shell_lines(shell, width), *_python_lines(best, result.limit, width),
+            *_wrapped(tail, width)]
+
+
+def _wrapped(lines: list[str], width: int | None) -> list[str]:
+    if width is None:
+        return lines
+    import textwrap
+
+    out = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()))
+        out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=indent + "  ",
+                             break_long_words=False, break_on_hyphens=False) or [""]
+    return out
+
+
+def _shell_lines(line: str, width: int) -> list[str]:
+    """A shell command over lines of `width`, each but the last ending in a backslash."""
+    out, current = [], ""
+    for word in line.split():
+        candidate = f"{current} {word}" if current else f"  {word}"
+        if current and len(candidate) + 2 > width:
+            out.append(current + " \\")
+            current = f"    {word}"
+        else:
+            current = candidate
+    return [*out, current]
+
+
+def _python_lines(o: Outcome, limit: int, width: int) -> list[str]:
+    """The enable() call, on one line where it fits, else one argument a line."""
+    call = enable_call(o, limit)
+    one = f"  import gmlake.torch; {call}   # before any CUDA work"
+    if len(one) <= width:
+        return [one]
+    head, args = call.split("(", 1)
+    lines = ["  import gmlake.torch   # then, before any CUDA work:", f"  {head}("]
+    lines += [f"      {arg.strip()}," for arg in args.removesuffix(")").split(", ")]
+    return [*lines, "  )"]
 
 
 def plot(result: TuneResult, out: Path) -> Path:
