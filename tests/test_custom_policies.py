@@ -269,7 +269,8 @@ def test_a_plain_int_knob_is_a_count_and_a_size_knob_says_so(policy_file, capsys
     assert policies.resolve(f"{spec}[max_pieces=4096]").label == "SmallPieces(max_pieces=4096)"
     assert policies.resolve(f"{spec}[min_piece=1GiB]").label == "SmallPieces(min_piece=1GiB)"
     assert main(["policies", spec]) == EXIT_OK
-    rows = {line.split("│")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.count("│") > 2}
+    out = capsys.readouterr().out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 2}
     assert "64MiB" in rows["min_piece"] and "bytes" in rows["min_piece"], rows
     assert "count" in rows["max_pieces"] and "16" in rows["max_pieces"], rows
     for text in ("4MiB", "1k", "2.5", "lots"):

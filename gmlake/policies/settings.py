@@ -129,8 +129,9 @@ def knob_types(policy: type[Policy]) -> dict[str, type]:
 
 def coerce_knobs(policy: type[Policy], settings: Mapping[str, object], who: str | None = None) -> dict:
     """`settings` as typed knobs of `policy`: text is parsed by the knob's type and unit (sizes may carry units,
-    counts and percentages take none; booleans are strict), values already typed are checked. Raises ValueError for an unknown knob or an ill-typed value;
-    an unknown knob's message names the policy as `who` (default: the policy's name)."""
+    counts and percentages take none; booleans are strict), values already typed are checked. Raises ValueError for
+    an unknown knob or an ill-typed value; an unknown knob's message names the policy as `who` (default: the
+    policy's name)."""
     types = knob_types(policy)
     units = knob_units(policy)
     out = {}
