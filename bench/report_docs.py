@@ -3,7 +3,8 @@ manual's sample outputs and replayed figures (docs/policies.md) by running the c
 
     python -m bench report docs [--check] [--doc docs/policies.md ...]
 
-It also draws docs/training.png, the README's figure, from the training suite's results.
+It also draws docs/training.png, the README's figure, from the training suite's results, and docs/tune.png from the
+tune sample's run (docs/policies.md).
 Each generated table sits between `<!-- generated: NAME -->` and `<!-- end generated -->`; everything else in the
 document is prose and stays as it is. NAME picks the table and the results it is made of (RESULTS below), so the
 figures in the document are the files' and nothing else. --check rewrites nothing and exits 1 if the document is not
@@ -638,8 +639,11 @@ TLSF_TRACES = [("gpt2l-lora-ckpt-native", "gpt2l-lora-ckpt"), ("opt1.3b-lora-nat
                ("tests/data/results/train/stall-2026-11-30/cnn-native.gmtrace", "ResNet-50, multi-scale")]
 TLSF_POLICIES = ["gmlake", "expandable", "examples/research/tlsf.py:TLSFPlacement",
                  "examples/research/tlsf.py:TLSFPlacement[sl_bits=2]"]
-# The tune sample (docs/policies.md section 5): the trace and the fit it is run with.
+# The tune sample (docs/policies.md section 5): the trace and the fit it is run with, and its figure (`--plot`),
+# drawn from the same run as the sample so that the two never disagree.
 TUNE_TRACE, TUNE_FIT = "opt1.3b-lora-native", "18.4GiB"
+TUNE_PNG = ROOT / "docs" / "tune.png"
+_TUNE_RESULTS: list = []
 
 
 def _in_root(spec: str) -> str:
@@ -708,6 +712,7 @@ def _tune_run() -> tuple[str, object]:
         _, out, _ = _run_cli(["tune", TUNE_TRACE, "--fit", TUNE_FIT, "--jobs", "2"])
     finally:
         gtune.tune = original
+    _TUNE_RESULTS.append(captured["result"])
     return "\n".join(line.rstrip() for line in out.splitlines()[:-1]), captured["result"]
 
 
@@ -721,7 +726,8 @@ def tune_fit() -> str:
     plain, _ = gtune.recommend(result.outcomes, None, result.within, result.trace_seconds)
     fastest = min((o for o in result.outcomes if not o.failed), key=lambda o: o.driver_seconds)
     return (f"```\n$ gmlake tune {TUNE_TRACE} --fit {TUNE_FIT}\n```\n\n```\n{text}\n```\n\n"
-            f"Under the cap, the default keeps its pages and re-backs at the limit: "
+            f"Under the cap, the default keeps its 20 MiB pages and, at the limit, stitches in 2 MiB pages "
+            f"(`edge_page`; it re-backs nothing: `reback_slot=0`): "
             f"{default.fit_driver_seconds:.3f} s of driver time there, against {fine.fit_driver_seconds:.3f} s for "
             f"4 MiB pages from the moment the cap is set (`capped_page_large=4MiB`). Without `--fit` the same trace "
             f"gets `{plain.policy}`: {plain.peak_reserved / GiB:.3f} GiB at {plain.driver_seconds:.3f} s of driver "
@@ -1501,4 +1507,9 @@ def main(argv: list[str] | None = None, prog: str = "bench report docs") -> int:
     if args.doc is None or DOC in args.doc:
         plot(PNG)
         print(f"drew {PNG}")
+    if _TUNE_RESULTS:                    # the tune sample was run: its figure too
+        from gmlake.sim import tune as gtune
+
+        gtune.plot(_TUNE_RESULTS[-1], TUNE_PNG)
+        print(f"drew {TUNE_PNG}")
     return 0

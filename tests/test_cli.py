@@ -139,6 +139,35 @@ def test_compare_into_a_file_fails_before_replaying(tmp_path, capsys):
     assert afile.read_text() == "keep"
 
 
+@pytest.mark.parametrize("args, words", [
+    (["compare", TINY, "--policy", "gmlake", "--out", "{tmp}/missing/out"], ["--out", "no such directory", "missing"]),
+    (["compare", TINY, "--policy", "gmlake", "--out", "{tmp}/afile/out"], ["--out", "is a file, not a folder"]),
+    (["compare", TINY, "--policy", "gmlake", "--out", "{tmp}/locked/out"], ["--out", "permission denied"]),
+    (["compare", TINY, "--policy", "gmlake", "--out", "{tmp}/locked"], ["--out", "permission denied"]),
+    (["tune", TINY, "--jobs", "1", "--plot", "{tmp}/missing/tune.png"], ["--plot", "no such directory"]),
+    (["tune", TINY, "--jobs", "1", "--plot", "{tmp}/locked/tune.png"], ["--plot", "permission denied"]),
+    (["convert", TINY, "-o", "{tmp}/locked/x.gmtrace"], ["--output", "permission denied"]),
+    (["capture", "-o", "{tmp}/locked/run.pickle.gz", "--", "python", "-c", "pass"], ["--output", "permission denied"]),
+])
+def test_an_output_path_that_cannot_be_written_fails_before_any_work(tmp_path, capsys, args, words):
+    """Every option that writes a file or folder is checked before any replay: one line, exit 2, no table printed
+    and nothing written (compare used to print its whole table, then fail)."""
+    (tmp_path / "afile").write_text("keep")
+    (tmp_path / "locked").mkdir(mode=0o500)
+    if os.access(tmp_path / "locked", os.W_OK) and "locked" in " ".join(args):
+        pytest.skip("running as root: no folder is locked")
+    try:
+        assert main([a.format(tmp=tmp_path) for a in args]) == EXIT_BAD_INPUT
+        out = capsys.readouterr()
+        assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith("gmlake: error: "), out
+        for word in words:
+            assert word in out.err, (word, out.err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "locked"]
+        assert list((tmp_path / "locked").iterdir()) == []
+    finally:
+        (tmp_path / "locked").chmod(0o700)
+
+
 @pytest.mark.parametrize("target", ["adir.gmtrace", "missing/x.gmtrace", "x.pickle"])
 def test_convert_refuses_outputs_it_cannot_write_and_leaves_nothing(tmp_path, capsys, target):
     (tmp_path / "adir.gmtrace").mkdir()
@@ -497,3 +526,56 @@ def test_explain_at_an_event_lag_explains_that_replay():
         assert row["request_index"] == result.peak_growth_event
     assert found[100]["peak_reserved"] > found[0]["peak_reserved"]
     assert found[100]["free_whole_chunks"] > found[0]["free_whole_chunks"]
+
+
+# ------------------------------------------------------------------------- GMLAKE_KNOBS in the replay commands
+
+
+@pytest.mark.parametrize("value, words", [
+    ("stitch=perhaps", ["knob stitch must be one of"]),
+    ("bogus=1", ["no knob 'bogus'"]),
+    ("min_saved_chunks=4MiB", ["knob min_saved_chunks must be a whole number (count)"]),
+    ("stitch", ["knob=value"]),
+    ("chunk_size=8MiB", ["chunk_size does nothing"]),
+])
+@pytest.mark.parametrize("command", [["replay", TINY, "--policy", "gmlake"], ["explain", TINY, "--policy", "gmlake"],
+                                     ["compare", TINY, "--policy", "gmlake", "--out", "{tmp}"],
+                                     ["tune", TINY, "--jobs", "1"]])
+def test_a_bad_gmlake_knobs_is_one_line_and_exit_2_never_the_defaults(monkeypatch, capsys, tmp_path, command, value,
+                                                                      words):
+    """GMLAKE_KNOBS, read by the one reader `GMLAKE=1` and `gmlake run` use (env_knobs), is refused by every
+    command that replays, before any replay: it used to be ignored, so a typo replayed the defaults."""
+    monkeypatch.setenv("GMLAKE_KNOBS", value)
+    assert main([a.format(tmp=tmp_path / "out") for a in command]) == EXIT_BAD_INPUT
+    err = one_error_line(capsys, f"GMLAKE_KNOBS={value}", *words)
+    assert err.count("GMLAKE_KNOBS") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_gmlake_knobs_reach_the_replay_below_set(monkeypatch, capsys):
+    monkeypatch.setenv("GMLAKE_KNOBS", "min_saved_chunks=0,sblock_first=true")
+    assert main(["replay", TINY, "--policy", "gmlake", "--set", "sblock_first=false", "--json"]) == EXIT_OK
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["knobs"]["min_saved_chunks"] == 0 and row["knobs"]["sblock_first"] is False
+    # A --set error of its own is the user's, not the variable's.
+    assert main(["replay", TINY, "--policy", "gmlake", "--set", "stitch=perhaps"]) == EXIT_BAD_INPUT
+    err = one_error_line(capsys, "knob stitch must be")
+    assert "GMLAKE_KNOBS" not in err
+
+
+def test_gmlake_knobs_reads_alike_for_torch_and_the_commands(monkeypatch):
+    """One reader (gmlake.policies.settings.env_knobs) for the torch bridge's options_from_env and the commands."""
+    from gmlake.cli.common import _env_knobs
+    from gmlake.policies.settings import env_knobs
+    from gmlake.torch import options_from_env
+
+    monkeypatch.setenv("GMLAKE_KNOBS", " min_saved_chunks=0 , ,stitch=no")
+    assert env_knobs() == _env_knobs(["gmlake"]) == {"min_saved_chunks": "0", "stitch": "no"}
+    assert options_from_env() == {"min_saved_chunks": 0, "stitch": False}
+    monkeypatch.setenv("GMLAKE_KNOBS", "stitch")
+    with pytest.raises(ValueError) as for_torch:
+        options_from_env()
+    with pytest.raises(ValueError) as for_commands:
+        _env_knobs(["gmlake"])
+    assert str(for_torch.value) == str(for_commands.value) == "GMLAKE_KNOBS=stitch: a knob setting is knob=value, " \
+        "got 'stitch'"

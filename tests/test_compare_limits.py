@@ -50,9 +50,10 @@ def test_the_columns_appear_within_120_columns(tmp_path, capsys):
     assert all(col in wide for col in LIMIT_COLUMNS) and f"{rows[0]['smallest_cap'] / 2**30:.3f}" in wide
 
 
-def test_long_trace_names_stand_whole_within_120_columns(tmp_path, capsys, tiny):
-    """Piped (120 columns), each trace's name is a row of its own with its policies indented under it: a name of 38
+def test_long_trace_names_stand_whole_within_120_columns(tmp_path, capsys, tiny, monkeypatch):
+    """At 120 columns, each trace's name is a row of its own with its policies indented under it: a name of 38
     characters stands whole on one line, not folded, and no line is wider than 120."""
+    monkeypatch.setenv("COLUMNS", "120")        # as a terminal that wide sets it (piped, the width is 80)
     names = ["opt350m-full-ckpt-expandable", "opt1.3b-lora-ckpt-expandable-2026-12-a"]
     paths = [str(save_compact(Trace(tiny.events, {**tiny.meta, "name": name}), tmp_path / f"{i}.gmtrace"))
              for i, name in enumerate(names)]

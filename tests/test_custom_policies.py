@@ -21,7 +21,7 @@ POLICY_SOURCE = textwrap.dedent('''
     from dataclasses import dataclass
     from typing import ClassVar
 
-    from gmlake.policies import PaperPolicy
+    from gmlake.policies import PaperPolicy, knob
 
 
     @dataclass(frozen=True)
@@ -32,6 +32,13 @@ POLICY_SOURCE = textwrap.dedent('''
 
         def allow_stitch(self, size, stream, pieces, new_bytes):
             return len(pieces) <= self.max_pieces
+
+
+    @dataclass(frozen=True)
+    class SmallPieces(MaxPieces):
+        """Also no piece under `min_piece` bytes: a size knob, declared so."""
+
+        min_piece: int = knob(64 << 20, unit="bytes")
 
 
     @dataclass(frozen=True)
@@ -251,6 +258,26 @@ def test_labels_tell_knob_variants_apart():
         "gmlake(chunk_size=8MiB, stitch=false)"
     # A knob set to its default is not a change.
     assert policies.get("gmlake", min_saved_chunks=3).label() == "gmlake"
+
+
+def test_a_plain_int_knob_is_a_count_and_a_size_knob_says_so(policy_file, capsys):
+    """docs/policies.md: a plain `int` field is a count (no unit, listed as `count`, labelled as a number); a size
+    is declared with knob(..., unit="bytes") and takes units."""
+    spec = f"{policy_file}:SmallPieces"
+    policy = policies.resolve(f"{spec}[max_pieces=1_0,min_piece=1GiB]").policy
+    assert (policy.max_pieces, policy.min_piece) == (10, 1 << 30)
+    assert policies.resolve(f"{spec}[max_pieces=4096]").label == "SmallPieces(max_pieces=4096)"
+    assert policies.resolve(f"{spec}[min_piece=1GiB]").label == "SmallPieces(min_piece=1GiB)"
+    assert main(["policies", spec]) == EXIT_OK
+    out = capsys.readouterr().out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 2}
+    assert "64MiB" in rows["min_piece"] and "bytes" in rows["min_piece"], rows
+    assert "count" in rows["max_pieces"] and "16" in rows["max_pieces"], rows
+    for text in ("4MiB", "1k", "2.5", "lots"):
+        assert main(["replay", TINY, "--policy", f"{spec}[max_pieces={text}]"]) == EXIT_BAD_INPUT
+        one_error_line(capsys, "knob max_pieces must be a whole number (count)", repr(text))
+        assert main(["replay", TINY, "--policy", spec, "--set", f"max_pieces={text}"]) == EXIT_BAD_INPUT
+        one_error_line(capsys, "knob max_pieces must be a whole number (count)")
 
 
 def test_one_policy_twice_with_different_knobs(capsys):

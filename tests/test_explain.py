@@ -135,7 +135,8 @@ def test_negative_min_saved_chunks_is_refused():
         replay(tails_trace(), get("gmlake-paper", min_saved_chunks=-1))
 
 
-def test_cli_explain_table_json_and_knobs(tmp_path, capsys):
+def test_cli_explain_table_json_and_knobs(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")        # the labels whole; the widths are tests/test_table_widths.py's
     assert cli_main(["explain", TINY]) == 0
     out = capsys.readouterr().out
     assert "free in chunks shared with live blocks" in out and "expandable" in out

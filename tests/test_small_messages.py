@@ -41,4 +41,4 @@ def test_a_custom_size_knob_shows_with_its_unit_by_its_declaration(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"max_piece\s*│\s*64MiB\s*│\s*bytes", proc.stdout), proc.stdout
     # Declared a plain int: a count, whatever its value.
-    assert re.search(r"max_pieces\s*│\s*67108864\s*│\s*│", proc.stdout), proc.stdout
+    assert re.search(r"max_pieces\s*│\s*67108864\s*│\s*count\s*│", proc.stdout), proc.stdout

@@ -60,3 +60,19 @@ def test_wide_shows_every_column_uncropped(tmp_path):
         assert header in out, header
     tune = gmlake(["tune", TINY, "--wide", "--jobs", "2"], 80, tmp_path)
     assert "…" not in tune and "stitches" in tune and "device" in tune
+
+
+PIPED = {**COMMANDS, "explain": ["explain", TINY], "policies": ["policies"], "tune-big": ["tune", "opt1.3b-lora-native",
+                                                                                            "--fit", "18.4GiB"]}
+
+
+@pytest.mark.parametrize("name", list(PIPED))
+def test_piped_output_fits_80_columns(name, tmp_path):
+    """stdout not a terminal and no COLUMNS (a pipe, a file, CI): every line of the output fits 80 columns, the
+    words and the commands to paste too (it used to be 89-96 columns wide, and the recommendation one line)."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-m", "gmlake", *(a.format(tmp=tmp_path) for a in PIPED[name])], env=env,
+                          capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode in (0, 3), proc.stderr
+    too_wide = [line for line in proc.stdout.splitlines() if len(line) > 80]
+    assert proc.stdout and too_wide == [], "\n".join(too_wide)

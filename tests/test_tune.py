@@ -185,3 +185,43 @@ def test_growth_over_a_free_block_of_another_stream_tag_is_out_of_memory_not_a_c
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout) >= 1
+
+
+@pytest.mark.parametrize("whole_group", [False, True], ids=["to-gmlake", "to-the-process-group"])
+def test_ctrl_c_ends_tune_at_once_every_time(whole_group):
+    """Ctrl-C at any moment of a parallel tune (loading, starting the workers, replaying) ends it within a few
+    seconds: one line, exit 130, and no worker left behind. Sent to gmlake alone and, as a terminal sends it, to its
+    whole process group (the workers too)."""
+    import os
+    import signal
+    import time
+
+    interrupted = 0
+    for delay in (0.2, 0.35, 0.5, 0.7, 0.9, 1.2, 1.5, 1.9, 2.4, 3.0):
+        proc = subprocess.Popen([sys.executable, "-m", "gmlake", "tune", "opt350m-full-ckpt-native", "--jobs", "2"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(delay)
+        if proc.poll() is not None:     # done before the signal: nothing to interrupt
+            proc.communicate()
+            continue
+        sent = time.monotonic()
+        (os.killpg if whole_group else os.kill)(proc.pid, signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            pytest.fail(f"still running 5 s after Ctrl-C at {delay} s")
+        took = time.monotonic() - sent
+        assert proc.returncode == 130 and err == "gmlake: interrupted\n", (delay, proc.returncode, err)
+        assert took < 3, (delay, took)
+        deadline = time.monotonic() + 2
+        while True:                     # its process group is empty: every worker ended with it
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, f"workers left running after Ctrl-C at {delay} s"
+            time.sleep(0.05)
+        interrupted += 1
+    assert interrupted >= 8

@@ -68,7 +68,8 @@ _POLICY_HELP = _SPEC_HELP + ". Repeatable, also with one policy twice under diff
 _SET_HELP = ("change a knob of every chosen policy, e.g. stitch=false or chunk_size=8MiB (each policy must have it), or "
              "of one: POLICY.knob=value, POLICY as given to --policy or its position from 1 (gmlake.stitch=false, "
              "my.py:MaxPieces.max_pieces=2, 2.min_saved_chunks=0). Repeatable; a policy's [knobs] win over "
-             "POLICY.knob, which wins over knob (knobs: gmlake/policies/base.py)")
+             "POLICY.knob, which wins over knob, which wins over env GMLAKE_KNOBS=k=v,k=v (knobs: "
+             "gmlake/policies/base.py)")
 
 
 _DEVICE_HELP = "which device's trace, if the snapshot has several"
@@ -145,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_count, metavar="N",
                    help="processes for --smallest-cap's searches (default: every core)")
     p.add_argument("--out", default="gmlake-compare", metavar="DIR",
-                   help="folder for compare.png and compare.jsonl, created if missing (default: gmlake-compare)")
+                   help="folder for compare.png and compare.jsonl, created if missing in a folder that exists "
+                        "(default: gmlake-compare)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("tune", help="find the policy and knobs that suit a trace: replay a search, print the front "
@@ -283,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
+        print("gmlake: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except ImportError as exc:
         if exc.name not in SIM_EXTRA:

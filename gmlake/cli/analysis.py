@@ -3,6 +3,7 @@ dependencies (numpy, matplotlib: the `sim` extra) are imported when a command ru
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from gmlake.cli.common import (
     _policy_choices,
     _write_atomically,
 )
+from gmlake.policies.settings import KNOBS_VARIABLE, env_knobs
 from gmlake.sim import MAX_DEVICE_MEMORY
 
 
@@ -73,7 +75,7 @@ def cmd_replay(args) -> int:
     else:
         from gmlake.sim.compare import table
 
-        _console(120, args.wide).print(table(results, [trace], wide=args.wide))
+        _console(wide=args.wide).print(table(results, [trace], wide=args.wide))
     return EXIT_OUT_OF_MEMORY if any(r.failed for r in results) else EXIT_OK
 
 
@@ -135,7 +137,7 @@ def cmd_explain(args) -> int:
         return status
     console = _console()
     for b in found:                               # why, in words, before the account
-        console.print(Text(f"{b.policy}: {b.words}"), soft_wrap=True)
+        console.print(Text(f"{b.policy}: {b.words}"))
     caption = None
     if status:
         where = " under the memory cap" if args.cap else ""
@@ -185,16 +187,20 @@ def cmd_tune(args) -> int:
     if not args.within >= 1:        # also NaN
         raise UsageError(f"--within must be a factor of at least 1, got {args.within}")
     plot = _output_file(args.plot, "--plot") if args.plot else None
+    if _policy_choices([tune.DEFAULT_POLICY], []) and env_knobs():     # checked, as every command checks it
+        print(f"gmlake: note: tune searches the knobs itself; {KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]} is "
+              f"not applied to its replays", file=sys.stderr)
     (trace,) = _load([args.trace], args.device)
     settings = tune.search_space(trace)
     bar = Progress(TextColumn("tuning {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[last]}"), console=Console(stderr=True),
-                   disable=not sys.stderr.isatty(), transient=True)
+                   disable=not sys.stderr.isatty(), transient=True,
+                   auto_refresh=False)   # no thread of its own to copy into the forked workers
     with bar:
         task = bar.add_task(trace.name, total=len(settings), last="")
         result = tune.tune(trace, fit=args.fit, device_memory=args.device_memory, event_lag=args.event_lag,
                            within=args.within, jobs=args.jobs, settings=settings,
-                           on_done=lambda o: bar.update(task, advance=1, last=o.policy))
+                           on_done=lambda o: bar.update(task, advance=1, last=o.policy, refresh=True))
     _note_unsized([trace], args.device_memory)
     if plot:
         _write_atomically({plot: lambda tmp: tune.plot(result, tmp)})
@@ -203,7 +209,7 @@ def cmd_tune(args) -> int:
     else:
         console = _console(wide=args.wide)
         console.print(tune.table(result, every=args.all, wide=args.wide))
-        for line in tune.recommendation_lines(result):
+        for line in tune.recommendation_lines(result, None if args.wide else console.width):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         console.print(f"{len(result.outcomes)} settings in {result.seconds:.1f} s on {result.jobs} "
                       f"process{'es' if result.jobs > 1 else ''}"
@@ -243,7 +249,7 @@ def cmd_compare(args) -> int:
     records = [r.summary() for r in results]
     for record, row in zip(records, limits or ()):
         record.update({key: row.get(key) for key in LIMIT_KEYS})
-    console = _console(120, args.wide)
+    console = _console(wide=args.wide)
     if args.json:
         for record in records:
             print(json.dumps(record))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gmlake import policies
-from gmlake.policies.settings import parse_size
+from gmlake.policies.settings import KNOBS_VARIABLE, coerce_knobs, env_knobs, parse_size
 from gmlake.sim import MAX_DEVICE_MEMORY
 
 EXIT_OK = 0
@@ -101,33 +101,64 @@ def _count(text: str) -> int:
     return value
 
 
+def _env_knobs(specs: list[str]) -> dict[str, str]:
+    """GMLAKE_KNOBS, read as `GMLAKE=1` and `gmlake run` read it (env_knobs), each knob typed by every policy of
+    `specs`: a bad value is an error naming the variable, never a replay that quietly keeps the default."""
+    knobs = env_knobs()
+    for spec in specs if knobs else ():
+        cls = policies.policy_class(policies.split_spec(spec)[0])
+        try:
+            coerce_knobs(cls, knobs, who=spec)
+        except ValueError as exc:
+            raise ValueError(f"{KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]}: {error_line(exc)}") from None
+    return knobs
+
+
 def _policy_choices(specs: list[str] | None, settings: list[str] | None) -> list[policies.PolicyChoice]:
-    """The chosen policies (default: every built-in one), each with its --set knobs and inline knobs, validated."""
-    return policies.choose(specs or policies.names(), settings or [])
+    """The chosen policies (default: every built-in one), each with GMLAKE_KNOBS, then its --set knobs, then its
+    inline knobs, validated."""
+    specs = specs or policies.names()
+    knobs = _env_knobs(specs)
+    try:
+        return policies.choose(specs, settings or [], base_knobs=knobs)
+    except ValueError as exc:
+        if not knobs:
+            raise
+        policies.choose(specs, settings or [])    # fails alike without GMLAKE_KNOBS: not the variable's fault
+        raise ValueError(f"{KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]}: {error_line(exc)}") from None
+
+
+def _writable_folder(folder: Path, path: str, flag: str) -> None:
+    """`folder`, where `path` (given to `flag`) is to be written, exists as a folder this process may write in."""
+    if not folder.exists():
+        raise UsageError(f"{flag} {path}: no such directory {str(folder)!r}")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: {str(folder)!r} is a file, not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot write in {str(folder)!r}: permission denied")
 
 
 def _output_file(path: str, flag: str) -> Path:
-    """An output file that can be created: its folder exists and it is not a folder itself."""
+    """An output file that can be created: its folder exists and may be written in, and it is not a folder itself.
+    Checked before any work, so a bad path costs nothing."""
     out = Path(path)
     if out.is_dir():
         raise UsageError(f"{flag} {path}: is a directory; give a file name")
-    if not out.parent.is_dir():
-        raise UsageError(f"{flag} {path}: no such directory {str(out.parent)!r}")
+    _writable_folder(out.parent, path, flag)
     return out
 
 
 def _output_dir(path: str, flag: str) -> Path:
-    """An output folder that exists or can be created (nothing on its way is a file)."""
+    """An output folder that exists, or that can be created in a folder that does (one level, as mkdir makes it: a
+    missing folder above it is more likely a typo than a wish), and may be written in. Checked before any work."""
     out = Path(path)
-    for folder in (out, *out.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise UsageError(f"{flag} {path}: {str(folder)!r} is a file, not a folder")
-            break
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {path}: {str(out)!r} is a file, not a folder")
+    _writable_folder(out if out.exists() else out.parent, path, flag)
     return out
 
 
-def _console(piped_width: int = 240, wide: bool = False):
+def _console(piped_width: int = 80, wide: bool = False):
     """The console tables print to: the terminal's width (or room for every column, `wide`); piped, `piped_width`
     unless COLUMNS is set."""
     from rich.console import Console

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from gmlake.policies.base import AllocatorState, CachedSBlock, FreeBlock
 from gmlake.policies.gmlake import PaperPolicy
+from gmlake.policies.knobs import knob
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class KeepLargeBlocksWhole(PaperPolicy):
 
     name: ClassVar[str] = "keep-large-blocks-whole"
 
-    min_remainder: int = 4 << 20
+    min_remainder: int = knob(4 << 20, unit="bytes")
 
     def should_split(self, block_size: int, size: int, pool: str, default: bool) -> bool:
         return default and (pool == "small" or block_size - size >= self.min_remainder)
@@ -87,7 +88,7 @@ class NoSmallStitches(PaperPolicy):
 
     name: ClassVar[str] = "no-small-stitches"
 
-    threshold: int = 64 << 20
+    threshold: int = knob(64 << 20, unit="bytes")
     max_pieces: int = 16
 
     def allow_stitch(self, size: int, stream: int, pieces: list[int], new_bytes: int) -> bool:
@@ -101,7 +102,7 @@ class LargeSegments(PaperPolicy):
 
     name: ClassVar[str] = "large-segments"
 
-    min_segment: int = 64 << 20
+    min_segment: int = knob(64 << 20, unit="bytes")
 
     def segment_layout(self, size: int, stream: int, pool: str, default: tuple[int, int],
                        state: AllocatorState) -> tuple[int, int]:

@@ -32,6 +32,24 @@ def knob_specs() -> dict[str, dict]:
     return {f.name: dict(f.metadata) for f in fields(Knobs)}
 
 
+def knob_units(cls: type) -> dict[str, str]:
+    """The unit of each knob (dataclass field) of a policy class: a core knob's as `knob` declares it (a subclass
+    that changes its default drops the field's metadata), a class's own as its `knob(..., unit=...)` says; an int
+    declared with no unit is a count (a size says so: `knob(64 << 20, unit="bytes")`); "" for the rest (flags,
+    names)."""
+    import typing
+
+    specs = knob_specs()
+    hints = typing.get_type_hints(cls)
+    units = {}
+    for f in fields(cls):
+        unit = specs[f.name]["unit"] if f.name in specs else f.metadata.get("unit", "")
+        if not unit and hints.get(f.name) is int:
+            unit = "count"
+        units[f.name] = unit
+    return units
+
+
 @dataclass(frozen=True)
 class Knobs:
     """What a policy declares: the knobs the core reads, each declared once (`knob`), with their checks and the values
@@ -235,13 +253,13 @@ class Knobs:
         `gmlake policies` lists."""
         rule = next(f.default for f in fields(cls) if f.name == "segment_rule")
         specs = knob_specs()
+        units = knob_units(cls)
         rows = []
         for f in fields(cls):
             spec = specs.get(f.name)
             if spec is not None and rule not in spec["growths"] and not cls.brings_own_growth():
                 continue
-            # A class's own knob has the unit it declares with `knob(default, unit="bytes")`, else none.
-            rows.append((f.name, f.default, spec["unit"] if spec else f.metadata.get("unit", "")))
+            rows.append((f.name, f.default, units[f.name]))
         return rows
 
     def knob_values(self) -> dict[str, object]:
@@ -256,21 +274,23 @@ class Knobs:
         (`chunk_size=8MiB`). Two policies of one class with different knobs get different labels."""
         from dataclasses import MISSING, fields
 
-        def short(value: object) -> str:
+        units = knob_units(type(self))
+
+        def short(value: object, unit: str) -> str:
             if isinstance(value, bool):
                 return "true" if value else "false"
-            if isinstance(value, int) and value >= 1024:
-                for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if unit == "bytes" and isinstance(value, int) and value >= 1024:   # a count of 4096 is not 4KiB
+                for suffix, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
                     if value % scale == 0:
-                        return f"{value // scale}{unit}"
+                        return f"{value // scale}{suffix}"
             return str(value)
 
         cls = type(self)
         base = cls.__dict__.get("name") or cls.__name__    # an inherited `name` would hide the subclass
-        changed = [f"{f.name}={short(getattr(self, f.name))}" for f in fields(self)
+        changed = [f"{f.name}={short(getattr(self, f.name), units[f.name])}" for f in fields(self)
                    if f.default is MISSING or getattr(self, f.name) != f.default
                    or type(getattr(self, f.name)) is not type(f.default)]
         return f"{base}({', '.join(changed)})" if changed else base
 
 
-__all__ = ["SEGMENT_RULES", "SIZING", "STITCHING", "Knobs", "MiB", "knob", "knob_specs"]
+__all__ = ["SEGMENT_RULES", "SIZING", "STITCHING", "Knobs", "MiB", "knob", "knob_specs", "knob_units"]

@@ -6,6 +6,7 @@ line of error.
 from __future__ import annotations
 
 import math
+import os
 import re
 import typing
 from collections.abc import Iterable, Mapping
@@ -13,7 +14,7 @@ from dataclasses import fields
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from gmlake.policies.knobs import knob_specs
+from gmlake.policies.knobs import knob_units
 
 if TYPE_CHECKING:
     from gmlake.policies import Policy
@@ -95,6 +96,20 @@ def split_settings(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
+KNOBS_VARIABLE = "GMLAKE_KNOBS"
+
+
+def env_knobs(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The knobs GMLAKE_KNOBS sets (`knob=value,knob=value`) as {knob: text}, for coerce_knobs to type by the policy:
+    the one reader of the variable, for `GMLAKE=1`, `gmlake run` and the replay commands alike. A malformed item is
+    a ValueError that names the variable."""
+    raw = (os.environ if environ is None else environ).get(KNOBS_VARIABLE, "")
+    try:
+        return split_settings(item for item in raw.split(",") if item.strip())
+    except ValueError as exc:
+        raise ValueError(f"{KNOBS_VARIABLE}={raw}: {exc}") from None
+
+
 def format_knob(value: object, unit: str = "") -> str:
     """A knob's value as the command line takes it: sizes in a binary unit where whole (8MiB), flags true/false."""
     if isinstance(value, bool):
@@ -113,12 +128,12 @@ def knob_types(policy: type[Policy]) -> dict[str, type]:
 
 
 def coerce_knobs(policy: type[Policy], settings: Mapping[str, object], who: str | None = None) -> dict:
-    """`settings` as typed knobs of `policy`: text is parsed by the knob's type (sizes may carry units; booleans
-    are strict), values already typed are checked. Raises ValueError for an unknown knob or an ill-typed value;
-    an unknown knob's message names the policy as `who` (default: the policy's name)."""
+    """`settings` as typed knobs of `policy`: text is parsed by the knob's type and unit (sizes may carry units,
+    counts and percentages take none; booleans are strict), values already typed are checked. Raises ValueError for
+    an unknown knob or an ill-typed value; an unknown knob's message names the policy as `who` (default: the
+    policy's name)."""
     types = knob_types(policy)
-    # from the declarations: a subclass's own default (GMLakePolicy's) drops its field's metadata
-    units = {name: spec["unit"] for name, spec in knob_specs().items()}
+    units = knob_units(policy)
     out = {}
     for name, value in settings.items():
         if name not in types:
@@ -138,7 +153,7 @@ def coerce_knobs(policy: type[Policy], settings: Mapping[str, object], who: str 
                 if not _WHOLE.fullmatch(value):           # a count takes no unit and no fraction
                     raise ValueError(f"{what} must be a whole number ({units[name]}), got {value!r}")
                 value = int(value.replace("_", ""))
-            elif isinstance(value, str):
+            elif isinstance(value, str):        # bytes (an int declared with no unit is a count: knob_units)
                 value = parse_size(value, what=what, minimum=-(1 << 63))
             elif not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{what} must be an integer, got {value!r}")

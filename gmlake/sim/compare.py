@@ -37,9 +37,6 @@ _limit_worker: dict = {}
 
 
 def _start_limit_worker(traces: list[Trace], chosen: list[PolicyChoice], event_lag: int) -> None:
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle: it cancels what is left
     _limit_worker.update(traces=traces, chosen=chosen, event_lag=event_lag)
 
 
@@ -65,44 +62,30 @@ def smallest_limits(traces: list[Trace], policies: list[Policy | str | PolicyCho
     """gmlake.sim.cap.limits (the smallest device and the smallest cap, by replay) of every trace under every policy, in
     `run`'s order (trace by trace, the policies in turn), on `jobs` processes (default: every core, as `gmlake tune`),
     with a progress bar on stderr. A pair whose policy runs out of memory even uncapped is {"error": why}."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gmlake.sim.tune import default_jobs
+    from gmlake.sim.workers import default_jobs, map_in_processes
 
     chosen = [choice_of(p) for p in policies]
     pairs = [(t, c) for t in range(len(traces)) for c in range(len(chosen))]
     jobs = max(1, min(jobs or default_jobs(), len(pairs)))
     bar = Progress(TextColumn("smallest device and cap"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.description}"), console=Console(stderr=True), disable=not progress,
-                   transient=True)
+                   transient=True, auto_refresh=False)   # no thread of its own to copy into the forked workers
     if jobs == 1:
         out = []
         with bar:
             task = bar.add_task("", total=len(pairs))
             for pair in pairs:
                 out.append(_limits_of(traces, chosen, event_lag, pair))
-                bar.update(task, advance=1, description=f"{out[-1]['trace']} / {out[-1]['policy']}")
+                bar.update(task, advance=1, description=f"{out[-1]['trace']} / {out[-1]['policy']}", refresh=True)
         return out
-    # The workers are forked, and so get the traces and policies (a policy of a file included) without pickling;
-    # every one starts at the first submit, before the progress bar's thread does.
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_start_limit_worker,
-                               initargs=(traces, chosen, event_lag))
-    try:
-        pending = [pool.submit(_limits_in_worker, pair) for pair in pairs]
-        with bar:
-            task = bar.add_task("", total=len(pairs))
-            for future in as_completed(pending):
-                row = future.result()
-                bar.update(task, advance=1, description=f"{row['trace']} / {row['policy']}")
-        return [f.result() for f in pending]
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    with bar:
+        task = bar.add_task("", total=len(pairs))
+        return map_in_processes(
+            _limits_in_worker, pairs, jobs, _start_limit_worker, (traces, chosen, event_lag),
+            lambda row: bar.update(task, advance=1, description=f"{row['trace']} / {row['policy']}", refresh=True))
 
 
 # The columns of the smallest device and cap, shared by `gmlake replay --smallest-cap` and `gmlake compare

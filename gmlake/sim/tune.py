@@ -19,7 +19,7 @@ a search stays under a minute on two cores.
 - gmlake's stitch threshold (`min_saved_chunks` 1, default 3) at each page size, and 0: stitching more often saves
   memory at the price of driver calls; and never stitching (`stitch=false`).
 - gmlake's page under a cap (`capped_page_large` 4 MiB, finer than the default's 20 MiB from the moment a cap is
-  set; the default keeps its pages and re-backs partly used ones only where the limit binds).
+  set; the default keeps its pages and, at the limit, stitches in 2 MiB pages: `edge_page`; it re-backs nothing).
 - The paper's chunk size (`chunk_size` 8 and 20 MiB, default 2 MiB): coarser chunks cut its driver time 4-10x.
 - Where the trace has several streams: gmlake without the cross-stream wait, and without cross-stream reuse.
 Left out: the cached-sBlock bound (`max_cached_sblocks` 0 or 64 changed no bundled trace's memory under either
@@ -37,11 +37,8 @@ With --fit the same holds of the memory reserved and the driver time under that 
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -53,6 +50,7 @@ from gmlake.sim.cap import bisect_fraction, drive
 from gmlake.sim.plots import BUILTIN_COLORS, pyplot
 from gmlake.sim.replay import driver_seconds, modelled_device_memory, run_requests, step_time_lost
 from gmlake.sim.trace import Trace
+from gmlake.sim.workers import default_jobs, map_in_processes
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -193,21 +191,12 @@ _worker: dict = {}
 
 
 def _start_worker(trace: Trace, device_memory: int, fit: int | None, event_lag: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle: it cancels what is left
     _worker.update(trace=trace, device_memory=device_memory, fit=fit, event_lag=event_lag)
 
 
 def _evaluate_in_worker(setting: Setting) -> Outcome:
     w = _worker
     return evaluate(w["trace"], setting, w["device_memory"], w["fit"], w["event_lag"])
-
-
-def default_jobs() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:      # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclass
@@ -264,15 +253,8 @@ def tune(trace: Trace, fit: int | None = None, device_memory: int | None = None,
             if on_done:
                 on_done(outcomes[-1])
     else:
-        pool = ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=(trace, device, fit, event_lag))
-        try:
-            pending = [pool.submit(_evaluate_in_worker, s) for s in chosen]
-            for future in as_completed(pending):
-                if on_done:
-                    on_done(future.result())
-            outcomes = [f.result() for f in pending]    # in the search's order, whatever order they finished in
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        outcomes = map_in_processes(_evaluate_in_worker, chosen, jobs, _start_worker, (trace, device, fit, event_lag),
+                                    on_done)
     mark_front(outcomes)
     trace_seconds = trace.meta.get("seconds")
     best, reason = recommend(outcomes, fit, within, trace_seconds)
@@ -441,23 +423,66 @@ def table(result: TuneResult, every: bool = False, wide: bool = False):
     return t
 
 
-def recommendation_lines(result: TuneResult) -> list[str]:
-    """The recommendation in words, what replay predicts for it, then the two ways to use it."""
+def recommendation_lines(result: TuneResult, width: int | None = None) -> list[str]:
+    """The recommendation in words, what replay predicts for it, then the two ways to use it. With `width`, every
+    line fits it: words wrap, the shell line continues with a backslash and the Python call breaks between its
+    arguments, so both still paste as they are."""
     best = result.recommended
     if best is None:
-        return [f"no recommendation: {result.reason}"]
+        return _wrapped([f"no recommendation: {result.reason}"], width)
     if result.limit:
         predicted = (f"peak reserved {best.fit_peak_reserved / GiB:.3f} GiB under the limit "
                      f"({best.peak_reserved / GiB:.3f} GiB without), driver time {best.fit_driver_seconds:.3f} s")
     else:
         predicted = f"peak reserved {best.peak_reserved / GiB:.3f} GiB, driver time {best.driver_seconds:.3f} s"
-    lines = [f"recommended: {best.policy}, {result.reason}",
-             f"  predicted: {predicted}; completes under a cap of {(best.smallest_cap or 0) / GiB:.3f} GiB or more",
-             f"  {env_line(best, result.limit)} python train.py ...",
-             f"  import gmlake.torch; {enable_call(best, result.limit)}   # before any CUDA work"]
-    if result.limit:
-        lines.append(f"  (the limit keeps the allocator within {format_size(result.fit)}, as the replay did)")
-    return lines
+    words = [f"recommended: {best.policy}, {result.reason}",
+             f"  predicted: {predicted}; completes under a cap of {(best.smallest_cap or 0) / GiB:.3f} GiB or more"]
+    shell = f"  {env_line(best, result.limit)} python train.py ..."
+    python = f"  import gmlake.torch; {enable_call(best, result.limit)}   # before any CUDA work"
+    tail = ([f"  (the limit keeps the allocator within {format_size(result.fit)}, as the replay did)"]
+            if result.limit else [])
+    if width is None:
+        return [*words, shell, python, *tail]
+    return [*_wrapped(words, width), *_shell_lines(shell, width), *_python_lines(best, result.limit, width),
+            *_wrapped(tail, width)]
+
+
+def _wrapped(lines: list[str], width: int | None) -> list[str]:
+    if width is None:
+        return lines
+    import textwrap
+
+    out = []
+    for line in lines:
+        indent = " " * (len(line) - len(line.lstrip()))
+        out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=indent + "  ",
+                             break_long_words=False, break_on_hyphens=False) or [""]
+    return out
+
+
+def _shell_lines(line: str, width: int) -> list[str]:
+    """A shell command over lines of `width`, each but the last ending in a backslash."""
+    out, current = [], ""
+    for word in line.split():
+        candidate = f"{current} {word}" if current else f"  {word}"
+        if current and len(candidate) + 2 > width:
+            out.append(current + " \\")
+            current = f"    {word}"
+        else:
+            current = candidate
+    return [*out, current]
+
+
+def _python_lines(o: Outcome, limit: int, width: int) -> list[str]:
+    """The enable() call, on one line where it fits, else one argument a line."""
+    call = enable_call(o, limit)
+    one = f"  import gmlake.torch; {call}   # before any CUDA work"
+    if len(one) <= width:
+        return [one]
+    head, args = call.split("(", 1)
+    lines = ["  import gmlake.torch   # then, before any CUDA work:", f"  {head}("]
+    lines += [f"      {arg.strip()}," for arg in args.removesuffix(")").split(", ")]
+    return [*lines, "  )"]
 
 
 def plot(result: TuneResult, out: Path) -> Path:

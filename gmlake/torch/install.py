@@ -8,7 +8,7 @@ from typing import Any
 
 from gmlake import policies
 from gmlake.core._allocator import Allocator
-from gmlake.policies.settings import coerce_knobs, parse_bool, parse_size, split_settings
+from gmlake.policies.settings import coerce_knobs, env_knobs, parse_bool, parse_size
 from gmlake.torch import _torch_bridge
 from gmlake.torch.memory_api import install_memory_api
 from gmlake.torch.state import _enabled, _history_settings
@@ -55,9 +55,9 @@ def options_from_env(load_policy_code: bool = True) -> dict:
     if os.environ.get("GMLAKE_POLICY", "").strip():
         opts["policy"] = name
     given: list[tuple[str, dict[str, object]]] = []    # (variable, its knobs); later ones win
-    if os.environ.get("GMLAKE_KNOBS"):          # any knobs, "k=v,k=v"; the specific variables below win
-        given.append(("GMLAKE_KNOBS", named("GMLAKE_KNOBS", split_settings,
-                                            (k for k in os.environ["GMLAKE_KNOBS"].split(",") if k.strip()))))
+    knobs = named("GMLAKE_KNOBS", env_knobs)     # any knobs, "k=v,k=v"; the specific variables below win
+    if knobs:
+        given.append(("GMLAKE_KNOBS", knobs))
     for var, knob in (("GMLAKE_CHUNK_SIZE", "chunk_size"), ("GMLAKE_MAX_CACHED_SBLOCKS", "max_cached_sblocks"),
                       ("GMLAKE_MIN_STITCH_SIZE", "min_stitch_size")):
         value = named(var, _env_size, var)
