@@ -284,7 +284,7 @@ def table(record: dict) -> str:
 def parse_args(argv: list[str] | None = None, prog: str = "bench cap search") -> argparse.Namespace:
     """The command line, checked: any bad value is one line on stderr and exit 2."""
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(speed_suite.WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(speed_suite.DEFAULT_WORKLOADS))
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=["expandable", "gmlake"])
     parser.add_argument("--resolution", type=float, default=0.01, help="stop bisecting at hi / lo <= 1 + this")
     add_run_options(parser, steps=20)

@@ -52,6 +52,9 @@ EDGE_FIT = "h200-2026-12-04/edge-fit.json"
 FINE_SPEED = "h200-2026-12-04/speed-page2m.json"
 # `python -m bench edge` with finer pages judged, by page in MiB (held by bench/tests/test_edge.py)
 EDGE_PAGES = {page: RESULTS / f"edge-figures-page{page}m.json" for page in (2, 4, 10)}
+# 20 MiB pages with the page a block's tail partly covers in 2 MiB slots (`tail_page=2MiB`), the same method
+EDGE_TAIL = RESULTS / "edge-figures-tail2m.json"
+TAIL_SPEED = "h200-2026-12-05/speed-tail2m.json"
 # The same programs probed on the H200 just under and just over replay's smallest device (held by
 # bench/tests/test_edge_fit.py).
 EDGE_BRACKET = "h200-2026-12-04/edge-bracket.json"
@@ -1377,8 +1380,9 @@ def edge_page_sizes() -> str:
     judged; 20 MiB is the default's own table): per page how many traces meet each goal, the priced driver time
     without a limit against the default's and per GiB of peak reserved (the expandable model's beside it), and the
     traces whose fit goal no page meets."""
-    records = [(20, json.loads(EDGE.read_text()))] + [(page, json.loads(path.read_text()))
-                                                       for page, path in sorted(EDGE_PAGES.items(), reverse=True)]
+    records = [("20 MiB (default)", json.loads(EDGE.read_text()))] + \
+        [(f"{page} MiB", json.loads(path.read_text())) for page, path in sorted(EDGE_PAGES.items(), reverse=True)]
+    tails = ("20 MiB, the tail's page in 2 MiB slots (`tail_page=2MiB`)", json.loads(EDGE_TAIL.read_text()))
     n = len(records[0][1]["goals"])
     keys = ("smallest_device", "smallest_cap", "device_1.02", "device_1.05", "cap_1.02", "cap_1.05", "uncapped")
     lines = [("| page | fit: device | fit: cap | speed: device 1.02x / 1.05x | speed: cap 1.02x / 1.05x | "
@@ -1391,21 +1395,21 @@ def edge_page_sizes() -> str:
         v = sorted(r["uncapped"]["driver_seconds"] * 1e3 / (r["uncapped"]["peak_reserved"] / (1 << 30)) for r in rows)
         return f"{v[len(v) // 2]:.1f} ({v[0]:.1f}-{v[-1]:.1f})"
     missed_by_all = None
-    for page, record in records:
+    for page, record in records + [tails]:
         met = {k: sum(g[k]["met"] for g in record["goals"]) for k in keys}
         label = next(r["policy"] for r in record["rows"] if r["policy"] not in ("expandable", "gmlake-paper"))
         ours = {r["trace"]: r["uncapped"]["driver_seconds"] for r in record["rows"] if r["policy"] == label}
         ratios = sorted(ours[t] / base[t] for t in ours if base.get(t))
         missed = {g["trace"] for g in record["goals"] if not (g["smallest_device"]["met"] and g["smallest_cap"]["met"])}
         missed_by_all = missed if missed_by_all is None else missed_by_all & missed
-        lines.append(f"| {page} MiB{' (default)' if page == 20 else ''} | {met['smallest_device']} | "
+        lines.append(f"| {page} | {met['smallest_device']} | "
                      f"{met['smallest_cap']} | {met['device_1.02']} / {met['device_1.05']} | "
                      f"{met['cap_1.02']} / {met['cap_1.05']} | {met['uncapped']} | "
                      f"{ratios[len(ratios) // 2]:.1f} ({ratios[0]:.1f}-{ratios[-1]:.1f}) | "
                      f"{per_gib([r for r in record['rows'] if r['policy'] == label])} |")
     finest = records[-1][1]
     misses = [f"{g['trace']} (device {g['smallest_device']['ratio']:.4f} P, cap {g['smallest_cap']['ratio']:.4f} P "
-              f"with {records[-1][0]} MiB pages, against {g['smallest_device']['bound']:.4f})"
+              f"with {records[-1][0]} pages, against {g['smallest_device']['bound']:.4f})"
               for g in finest["goals"] if g["trace"] in (missed_by_all or ())]
     expandable = per_gib([r for r in records[0][1]["rows"] if r["policy"] == "expandable"])
     return (f"Traces meeting each goal, of {n}; the priced time is the median (and range) over the traces; the "
@@ -1413,10 +1417,11 @@ def edge_page_sizes() -> str:
             f"The fit goal is missed at every page by {', '.join(misses) or 'none'}.\n\n" + "\n".join(lines) + "\n")
 
 
-def fine_pages_speed() -> str:
-    """The speed runs of 2 MiB pages beside the default's and expandable segments' (bench speed, interleaved): each
-    run's timed seconds after warm-up, the spread, and the driver's calls and time after warm-up."""
-    data = _json(FINE_SPEED)
+def fine_pages_speed(record: str = FINE_SPEED) -> str:
+    """The speed runs of a candidate (2 MiB pages; 2 MiB tail slots) beside the default's and expandable segments'
+    (bench speed, interleaved): each run's timed seconds after warm-up, the spread, and the driver's calls and time
+    after warm-up."""
+    data = _json(record)
     env, settings = data["environment"], data["settings"]
     lines = [("| workload | allocator | timed s, each run | spread | driver calls after warm-up | "
               "driver ms after warm-up | peak reserved GiB |"), "|---|---|---|---|---|---|---|"]
@@ -1445,7 +1450,9 @@ def oom_message() -> str:
 TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
                                         "latency": latency, "replay": replayed, "edge": edge, "edge-fit": edge_fit, "edge-bracket": edge_bracket,
                                         "edge-libraries": edge_libraries,
-                                        "fine-pages-speed": fine_pages_speed, "edge-page-sizes": edge_page_sizes, "tlsf": tlsf, "tune-fit": tune_fit,
+                                        "fine-pages-speed": fine_pages_speed,
+                                        "tail-pages-speed": lambda: fine_pages_speed(TAIL_SPEED),
+                                        "edge-page-sizes": edge_page_sizes, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,
                                         "readme-results": lambda: readme_table() + "\n" + readme_findings(),
                                         "readme-limits": readme_limits, "compare-maxpieces": compare_maxpieces,

@@ -32,7 +32,8 @@ from bench.harness import (
 )
 
 WORKLOAD_MODULE = "bench.workloads.dynamic"
-WORKLOADS = ("vit", "bert", "t5", "cnn")
+WORKLOADS = ("vit", "bert", "t5", "cnn", "rl", "sage")      # rl and sage: the edge programs
+DEFAULT_WORKLOADS = ("vit", "bert", "t5", "cnn")
 DEFAULT_ALLOCATORS = ("native", "expandable", "gmlake", "gmlake-paper")
 
 
@@ -149,7 +150,7 @@ def native_spread(rows: list[dict], name, of: str = "") -> list[str]:
 
 def main(argv: list[str] | None = None, prog: str = "bench speed") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(DEFAULT_WORKLOADS))
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(DEFAULT_ALLOCATORS))
     parser.add_argument("--rounds", type=int, default=2, help="each round runs every allocator once per workload")
     add_run_options(parser, steps=60, size=None)

