@@ -424,6 +424,18 @@ def test_the_message_suggests_finer_pages_only_where_they_could_fit_the_request(
     assert ('"Fine pages from the start"' in text) == hint
 
 
+@pytest.mark.parametrize("tail_page, suggested", [(0, True), (2 * MiB, False), (None, False)])
+def test_the_hint_offers_tail_pages_first_where_the_policy_does_not_cut_them(tail_page, suggested):
+    """Slots at blocks' tails cost fewer driver calls than fine pages everywhere: the hint names them first where the
+    policy maps whole tail pages (0), not where it already cuts them or has no such knob (None)."""
+    error = OutOfMemoryError(requested=700 * MiB, reserved=8508 * MiB, allocated=8208 * MiB, cached=300 * MiB,
+                             limit=0, capacity=143156 * MiB)
+    text = error.torch_message(0, device_free=400 * MiB, stitches=1, page=20 * MiB, tail_page=tail_page)
+    assert ("GMLAKE_KNOBS=tail_page=2MiB" in text) == suggested, text
+    assert "GMLAKE_KNOBS=expandable_page_large=2MiB" in text
+    assert text.index("tail_page") < text.index("expandable_page_large") if suggested else True
+
+
 def test_under_a_cap_the_room_is_the_caps():
     """Under a binding cap the room is the cap less reserved, not the device's free memory."""
     error = OutOfMemoryError(requested=100 * MiB, reserved=560 * MiB, allocated=500 * MiB, cached=60 * MiB,

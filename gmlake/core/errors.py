@@ -38,7 +38,7 @@ class OutOfMemoryError(GmlakeError, MemoryError):
 
     def torch_message(self, device: int, capturing: bool = False, *, device_free: int | None = None,
                       stitches: int | None = None, page: int | None = None,
-                      capped_page: int | None = None) -> str:
+                      capped_page: int | None = None, tail_page: int | None = None) -> str:
         """The text of the torch.OutOfMemoryError that ends an allocation through the torch bridge: PyTorch's own
         opening (the words tools look for, the request, the device's capacity and free memory, the cap as "allowed"),
         then gmlake's report: the figures, the stitches made so far, the limit in force and what to try.
@@ -46,7 +46,9 @@ class OutOfMemoryError(GmlakeError, MemoryError):
         expandable ranges map (None: it maps none), and `capped_page` those they map while a cap binds (the policy's
         capped_page_large; None: `page`); where the pages in force are coarser than the finest and the cached free
         bytes with the room under the limit would hold the request, the message suggests the finest, through the
-        knob that sets those pages, as PyTorch's suggests expandable segments."""
+        knob that sets those pages, as PyTorch's suggests expandable segments; first, where `tail_page` is 0 (the
+        policy could cut its blocks' tail pages and does not), the finest tail pages, which cost fewer driver calls
+        (docs/benchmarks.md, "Fine pages at a block's tail")."""
         free = f" of which {format_size(device_free)} is free" if device_free is not None else ""
         capped = bool(self.limit) or self.zero_cap
         # a cap at or above the device's memory is none (the core's _cap_binds): the device is the limit then
@@ -75,7 +77,9 @@ class OutOfMemoryError(GmlakeError, MemoryError):
             page, knob = capped_page, "capped_page_large"
         if page and page > FINEST_PAGE and self.cached and self.cached + room >= self.requested and not self.zero_cap:
             # free bytes inside coarse pages that live blocks share are what finer pages reach (docs/benchmarks.md)
-            tries += (f"; if it ran out at the edge, finer pages may fit it: "
+            tails = (f"GMLAKE_KNOBS=tail_page={FINEST_PAGE >> 20}MiB (docs/benchmarks.md, \"Fine pages at a "
+                     f"block's tail\"), or finer still " if tail_page == 0 and knob == "expandable_page_large" else "")
+            tries += (f"; if it ran out at the edge, finer pages may fit it: {tails}"
                       f"GMLAKE_KNOBS={knob}={FINEST_PAGE >> 20}MiB (docs/benchmarks.md, \"Fine pages "
                       f"from the start\")")
         return (f"CUDA out of memory. Tried to allocate {format_size(self.requested)}. GPU {device} has a total "

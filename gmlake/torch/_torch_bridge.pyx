@@ -163,7 +163,9 @@ cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nog
                                        stitches=a.stats()["stitches"],
                                        page=policy.expandable_page_large
                                        if policy.segment_rule == "expandable" else None,
-                                       capped_page=policy.capped_page_large or None) + note
+                                       capped_page=policy.capped_page_large or None,
+                                       tail_page=policy.tail_page
+                                       if policy.segment_rule == "expandable" else None) + note
         else:
             text = f"gmlake: allocating {size} bytes on device {device} failed: {error}"
         encoded = text.encode()[:OOM_TEXT - 48].decode(errors="ignore").encode()    # whole characters only
