@@ -271,6 +271,7 @@ def _internal_error(exc: BaseException) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the gmlake command; returns the exit status (see the module docstring)."""
+    as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser()
@@ -285,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
+        if as_program:      # on the way out: a second Ctrl-C (or one still pending) must not end it in a traceback
+            import signal
+
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("gmlake: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except ImportError as exc:
