@@ -5,7 +5,9 @@ and then ignore it, so that none is born with Python's handler (a Ctrl-C from th
 process group, would have it print a traceback and break the pool); the parent's threads that the pool starts
 inherit the block too, so the signal always reaches the thread that handles it. When the parent is interrupted (or
 any result raises), it ends the workers itself rather than waiting for the replays they are running: waiting made
-Ctrl-C take as long as the slowest replay in flight.
+Ctrl-C take as long as the slowest replay in flight. It then waits for the pool's manager thread to end: left
+running, that thread closes its wake-up pipe while the interpreter's exit hook writes to it, and Python prints an
+ignored OSError after the one line.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ def _start(initializer: Callable[..., object], initargs: tuple) -> None:
 def _end(pool: ProcessPoolExecutor) -> None:
     """Cancel what has not started and end the workers now."""
     processes = list((getattr(pool, "_processes", None) or {}).values())   # shutdown forgets them
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         process.terminate()
@@ -49,6 +52,11 @@ def _end(pool: ProcessPoolExecutor) -> None:
         if process.is_alive():
             process.kill()
             process.join()
+    if manager is not None:     # it sees the workers gone and ends (Note [Ctrl-C and the worker processes])
+        manager.join(_TERMINATE_SECONDS)
+        if manager.is_alive():  # never seen; rather than race it at exit, the exit hook forgets it
+            from concurrent.futures import process as futures_process
+            getattr(futures_process, "_threads_wakeups", {}).pop(manager, None)
 
 
 def map_in_processes(func: Callable[[T], R], items: Iterable[T], jobs: int, initializer: Callable[..., object],
@@ -73,8 +81,9 @@ def map_in_processes(func: Callable[[T], R], items: Iterable[T], jobs: int, init
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)     # a Ctrl-C held back arrives now
     try:
         for future in as_completed(pending):
+            result = future.result()        # one that raises ends the rest now, not after the items before it
             if on_done is not None:
-                on_done(future.result())
+                on_done(result)
         results = [future.result() for future in pending]
     except BaseException:
         _end(pool)
