@@ -55,6 +55,7 @@ EDGE_PAGES = {page: RESULTS / f"edge-figures-page{page}m.json" for page in (2, 4
 # 20 MiB pages with the page a block's tail partly covers in 2 MiB slots (`tail_page=2MiB`), the same method
 EDGE_TAIL = RESULTS / "edge-figures-tail2m.json"
 TAIL_SPEED = "h200-2026-12-05/speed-tail2m.json"
+TAIL_EDGE_FIT = "h100-2026-12-05/edge-fit-tail2m.json"
 # The same programs probed on the H200 just under and just over replay's smallest device (held by
 # bench/tests/test_edge_fit.py).
 EDGE_BRACKET = "h200-2026-12-04/edge-bracket.json"
@@ -166,31 +167,40 @@ def _run_policy(run: dict) -> str:
     return run["allocator"] + (f"[{','.join(f'{k}={v}' for k, v in knobs.items())}]" if knobs else "")
 
 
-def edge_fit_rows() -> list[dict]:
+def _replay_policy(policy: str) -> str:
+    """The replay policy of a GPU run's: a bench candidate (gmlake-tail2m) is the --policy it starts gmlake with."""
+    from bench.harness import CANDIDATES
+
+    flags = CANDIDATES.get(policy, [])
+    return flags[flags.index("--policy") + 1] if "--policy" in flags else policy
+
+
+def edge_fit_rows(path: str = EDGE_FIT) -> list[dict]:
     """Per run of the edge-fit results: its workload, k, allocator, policy label, round, what the H200 did and what
     replay of the workload's calibration trace (its libraries' memory included) says on a device of the bytes the
     run had after its filler."""
     from gmlake.sim.replay import replay
     from gmlake.sim.trace import load
 
-    data = _json(EDGE_FIT)
-    traces = {w: load(ROOT / path) for w, path in data["traces"].items()}
+    data = _json(path)
+    traces = {w: load(ROOT / trace) for w, trace in data["traces"].items()}
     rows = []
     for run in data["runs"]:
         policy = _run_policy(run)
-        got = replay(traces[run["workload"]], policy, device_memory=run["free_after_filler"], samples=1)
+        got = replay(traces[run["workload"]], _replay_policy(policy), device_memory=run["free_after_filler"],
+                     samples=1)
         rows.append({"workload": run["workload"], "k": run["k"], "policy": policy, "round": run["round"],
                      "gpu": run["outcome"], "gpu_text": _gpu_outcome(run),
                      "replay": got.failure_kind or "fit"})
     return rows
 
 
-def edge_fit() -> str:
-    """The edge-fit table: per workload, k and policy, each round's outcome on the H200 beside replay's."""
-    data = _json(EDGE_FIT)
+def edge_fit(path: str = EDGE_FIT) -> str:
+    """The edge-fit table: per workload, k and policy, each round's outcome on the GPU beside replay's."""
+    data = _json(path)
     cal = data["calibrations"]
     cells: dict[tuple, dict] = {}
-    for row in edge_fit_rows():
+    for row in edge_fit_rows(path):
         cell = cells.setdefault((row["workload"], row["k"], row["policy"]), {"replay": row["replay"]})
         cell[row["round"]] = row["gpu_text"]
     lines = ["| workload | P (GiB) | L (MiB) | k | allocator | round 0 | round 1 | replay says |",
@@ -1452,6 +1462,7 @@ TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic
                                         "edge-libraries": edge_libraries,
                                         "fine-pages-speed": fine_pages_speed,
                                         "tail-pages-speed": lambda: fine_pages_speed(TAIL_SPEED),
+                                        "tail-pages-edge-fit": lambda: edge_fit(TAIL_EDGE_FIT),
                                         "edge-page-sizes": edge_page_sizes, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,
                                         "readme-results": lambda: readme_table() + "\n" + readme_findings(),

@@ -20,6 +20,14 @@ def test_replay_says_what_every_gpu_run_did():
     assert not wrong, wrong
 
 
+def test_replay_says_what_the_tail_pages_did_on_the_h100_and_they_train_wherever_expandable_does():
+    rows = report_docs.edge_fit_rows(report_docs.TAIL_EDGE_FIT)
+    assert len(rows) == 8 and {r["gpu"] for r in rows} == {"fit", "oom", "library"}
+    assert [r for r in rows if r["replay"] != r["gpu"]] == []
+    expandable = {r["workload"]: r["gpu"] for r in rows if r["policy"] == "expandable"}
+    assert all(r["gpu"] == "fit" for r in rows if r["policy"] == "gmlake-tail2m" and expandable[r["workload"]] == "fit")
+
+
 def test_the_default_trains_wherever_expandable_segments_does_in_the_results():
     rows = report_docs.edge_fit_rows()
     expandable = {(r["workload"], r["k"], r["round"]): r["gpu"] for r in rows if r["policy"] == "expandable"}
