@@ -56,7 +56,7 @@ EDGE_PAGES = {page: RESULTS / f"edge-figures-page{page}m.json" for page in (2, 4
 EDGE_TAIL = RESULTS / "edge-figures-tail2m.json"
 TAIL_SPEED = "h200-2026-12-05/speed-tail2m.json"
 TAIL_EDGE_FIT = "h100-2026-12-05/edge-fit-tail2m.json"
-UNLIMITED_SPEED = "h100-2026-12-05/speed-unlimited.json"
+UNLIMITED_SPEED = ("h100-2026-12-05/speed-unlimited.json", "h100-2026-12-05/speed-unlimited-2.json")
 # The same programs probed on the H200 just under and just over replay's smallest device (held by
 # bench/tests/test_edge_fit.py).
 EDGE_BRACKET = "h200-2026-12-04/edge-bracket.json"
@@ -1464,7 +1464,7 @@ TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic
                                         "fine-pages-speed": fine_pages_speed,
                                         "tail-pages-speed": lambda: fine_pages_speed(TAIL_SPEED),
                                         "tail-pages-edge-fit": lambda: edge_fit(TAIL_EDGE_FIT),
-                                        "unlimited-speed": lambda: fine_pages_speed(UNLIMITED_SPEED),
+                                        "unlimited-speed": lambda: "\n".join(fine_pages_speed(r) for r in UNLIMITED_SPEED),
                                         "edge-page-sizes": edge_page_sizes, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,
                                         "readme-results": lambda: readme_table() + "\n" + readme_findings(),
