@@ -54,6 +54,10 @@ FINE_SPEED = "h200-2026-12-04/speed-page2m.json"
 EDGE_PAGES = {page: RESULTS / f"edge-figures-page{page}m.json" for page in (2, 4, 10)}
 # 20 MiB pages with the page a block's tail partly covers in 2 MiB slots (`tail_page=2MiB`), the same method
 EDGE_TAIL = RESULTS / "edge-figures-tail2m.json"
+# The tail pages with pages cut at reuse while memory is laid out (Note [Fine pages at reuse]): on the edge traces,
+# and on traces no setting was chosen on, with the default and the tail pages alone beside
+EDGE_CUT = RESULTS / "edge-figures-cut25.json"
+EDGE_CUT_HELDOUT = RESULTS / "edge-figures-cut25-heldout.json"
 TAIL_SPEED = "h200-2026-12-05/speed-tail2m.json"
 TAIL_EDGE_FIT = "h100-2026-12-05/edge-fit-tail2m.json"
 UNLIMITED_SPEED = ("h100-2026-12-05/speed-unlimited.json", "h100-2026-12-05/speed-unlimited-2.json")
@@ -1393,7 +1397,8 @@ def edge_page_sizes() -> str:
     traces whose fit goal no page meets."""
     records = [("20 MiB (default)", json.loads(EDGE.read_text()))] + \
         [(f"{page} MiB", json.loads(path.read_text())) for page, path in sorted(EDGE_PAGES.items(), reverse=True)]
-    tails = ("20 MiB, the tail's page in 2 MiB slots (`tail_page=2MiB`)", json.loads(EDGE_TAIL.read_text()))
+    tails = [("20 MiB, the tail's page in 2 MiB slots (`tail_page=2MiB`)", json.loads(EDGE_TAIL.read_text())),
+             ("the same, pages cut at reuse too (`cut_at_reuse=25`)", json.loads(EDGE_CUT.read_text()))]
     n = len(records[0][1]["goals"])
     keys = ("smallest_device", "smallest_cap", "device_1.02", "device_1.05", "cap_1.02", "cap_1.05", "uncapped")
     lines = [("| page | fit: device | fit: cap | speed: device 1.02x / 1.05x | speed: cap 1.02x / 1.05x | "
@@ -1406,7 +1411,7 @@ def edge_page_sizes() -> str:
         v = sorted(r["uncapped"]["driver_seconds"] * 1e3 / (r["uncapped"]["peak_reserved"] / (1 << 30)) for r in rows)
         return f"{v[len(v) // 2]:.1f} ({v[0]:.1f}-{v[-1]:.1f})"
     missed_by_all = None
-    for page, record in records + [tails]:
+    for page, record in records + tails:
         met = {k: sum(g[k]["met"] for g in record["goals"]) for k in keys}
         label = next(r["policy"] for r in record["rows"] if r["policy"] not in ("expandable", "gmlake-paper"))
         ours = {r["trace"]: r["uncapped"]["driver_seconds"] for r in record["rows"] if r["policy"] == label}
@@ -1426,6 +1431,46 @@ def edge_page_sizes() -> str:
     return (f"Traces meeting each goal, of {n}; the priced time is the median (and range) over the traces; the "
             f"expandable model's per GiB reserved: {expandable}. "
             f"The fit goal is missed at every page by {', '.join(misses) or 'none'}.\n\n" + "\n".join(lines) + "\n")
+
+
+def reuse_cuts() -> str:
+    """Pages cut at reuse beside the tail pages alone, per edge trace (records of `python -m bench edge`): the
+    smallest device and cap as multiples of P against the fit goal's bound, and without a limit the peak reserved
+    (the paper's design's beside), the pages cut and the synchronizes; then the fit goal judged on traces no setting
+    was chosen on, for the candidate, the default and the tail pages alone."""
+    from bench.edge import goals
+
+    def by_trace(record: dict, label: str) -> dict[str, dict]:
+        return {r["trace"]: r for r in record["rows"] if r["policy"] == label}
+    cut_record, tail_record = json.loads(EDGE_CUT.read_text()), json.loads(EDGE_TAIL.read_text())
+    cut, tail = by_trace(cut_record, CUT_LABEL), by_trace(tail_record, "gmlake(tail_page=2MiB)")
+    paper = by_trace(cut_record, "gmlake-paper")
+    judged = {g["trace"]: g for g in cut_record["goals"]}
+    lines = [("| trace | fit bound | tail pages: device / cap | cut at reuse: device / cap | reserved GiB without a "
+              "limit: tail / cut / paper | pages cut (synchronizes) without a limit |"), "|---|---|---|---|---|---|"]
+    for name in sorted(cut):
+        c, t, g = cut[name], tail[name], judged[name]
+        peak = c["peak_allocated"]
+        met = "" if g["smallest_device"]["met"] and g["smallest_cap"]["met"] else " (missed)"
+        lines.append(f"| {name} | {g['smallest_device']['bound']:.4f} | {t['smallest_device'] / peak:.4f} / "
+                     f"{t['smallest_cap'] / peak:.4f} | {c['smallest_device'] / peak:.4f} / "
+                     f"{c['smallest_cap'] / peak:.4f}{met} | {t['uncapped']['peak_reserved'] / GiB:.3f} / "
+                     f"{c['uncapped']['peak_reserved'] / GiB:.3f} / {paper[name]['uncapped']['peak_reserved'] / GiB:.3f} | "
+                     f"{c['uncapped']['tails_cut_at_reuse']} ({c['uncapped']['synchronizes']}) |")
+    met = sum(g["smallest_device"]["met"] and g["smallest_cap"]["met"] for g in cut_record["goals"])
+    held = json.loads(EDGE_CUT_HELDOUT.read_text())
+    names = sorted({r["trace"] for r in held["rows"]})
+    counts = []
+    for label, what in ((CUT_LABEL, "cut at reuse"), ("gmlake", "the default"),
+                        ("gmlake(tail_page=2MiB)", "tail pages alone")):
+        rows = [r for r in held["rows"] if r["policy"] in (label, "expandable", "gmlake-paper")]
+        fit = [g["trace"] for g in goals(rows, default=label) if g["smallest_device"]["met"] and g["smallest_cap"]["met"]]
+        counts.append(f"{what} {len(fit)}")
+    return ("\n".join(lines) + f"\n\nThe fit goal is met on {met} of {len(cut)} traces. On {len(names)} traces no "
+            f"setting was chosen on ({', '.join(names)}), the fit goal is met by {', '.join(counts)}.\n")
+
+
+CUT_LABEL = "gmlake(tail_page=2MiB, cut_at_reuse=25)"
 
 
 def fine_pages_speed(record: str = FINE_SPEED) -> str:
@@ -1464,6 +1509,7 @@ TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic
                                         "fine-pages-speed": fine_pages_speed,
                                         "tail-pages-speed": lambda: fine_pages_speed(TAIL_SPEED),
                                         "tail-pages-edge-fit": lambda: edge_fit(TAIL_EDGE_FIT),
+                                        "reuse-cuts": reuse_cuts,
                                         "unlimited-speed": lambda: "\n".join(fine_pages_speed(r) for r in UNLIMITED_SPEED),
                                         "edge-page-sizes": edge_page_sizes, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,

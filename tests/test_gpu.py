@@ -226,3 +226,31 @@ def test_the_driver_measures_the_time_inside_its_calls(cuda):
     alloc.close()
     spent = cuda.busy_seconds - before
     assert 0 < spent < 1.0, spent
+
+
+def test_a_cut_at_reuse_waits_for_work_queued_on_the_page_and_keeps_live_bytes(cuda):
+    """Note [Fine pages at reuse] on the CUDA driver: kernels still queued on a freed block when reuse cuts the
+    page it would end in; the cut synchronizes before it unmaps, so they finish on mapped memory, and the live block
+    beside it, the reused block and the rest of the run each read back what was written to them."""
+    torch = _torch()
+    alloc = Allocator(cuda, gmlake.policies.get("gmlake", tail_page=2 * MiB, cut_at_reuse=100))
+    a = alloc.malloc(40 * MiB)
+    keep = alloc.malloc(20 * MiB)
+    view(keep, 20 * MiB).fill_(7)
+    queued = view(a, 40 * MiB)
+    for _ in range(200):
+        queued.add_(1)                 # work queued on the block's bytes, still running when it is freed
+    del queued
+    alloc.free(a)
+    b = alloc.malloc(25 * MiB)
+    assert b == a and alloc.stats()["tails_cut_at_reuse"] == 1
+    view(b, 25 * MiB).fill_(0xAB)
+    c = alloc.malloc(15 * MiB)
+    assert c == b + 25 * MiB
+    view(c, 15 * MiB).fill_(0xCD)
+    torch.cuda.synchronize()
+    assert bool((view(keep, 20 * MiB) == 7).all()), "a live block's bytes changed"
+    assert bool((view(b, 25 * MiB) == 0xAB).all()) and bool((view(c, 15 * MiB) == 0xCD).all())
+    for p in (b, c, keep):
+        alloc.free(p)
+    alloc.close()

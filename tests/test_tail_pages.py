@@ -93,3 +93,52 @@ def test_growth_in_runs_of_two_unit_sizes_is_not_read_as_the_libraries_taking_me
     s = alloc.stats()
     assert s["device_asks"] >= 5 and s["libraries_rises"] == 0, s
     assert s["libraries_reserve_bytes"] == 8 * MiB
+
+
+def test_reuse_cuts_the_free_page_a_block_would_end_in_and_keeps_the_run_whole():
+    """Note [Fine pages at reuse]: a 25 MiB block taken from a free run of two whole pages would end inside the
+    second; with cut_at_reuse that page, free as a whole, is mapped again in slots (after a synchronize), all of
+    them, so the rest of the run stays one free run; a live block's bytes never change."""
+    alloc = make("host", tail_page=2 * MiB, cut_at_reuse=100)
+    a = alloc.malloc(40 * MiB)
+    keep = alloc.malloc(20 * MiB)
+    ctypes.memset(keep, 7, 20 * MiB)
+    alloc.free(a)
+    b = alloc.malloc(25 * MiB)
+    s = alloc.stats()
+    assert b == a and s["tails_cut_at_reuse"] == 1 and s["calls"]["synchronize"] == 1
+    assert s["reserved_bytes"] == 60 * MiB and alloc.driver.live_chunks == 1 + 10 + 1    # page, slots, keep's page
+    ctypes.memset(b, 0xAB, 25 * MiB)
+    c = alloc.malloc(15 * MiB)                       # the rest of the cut page's run, with no growth
+    assert c == b + 25 * MiB and alloc.stats()["reserved_bytes"] == 60 * MiB
+    ctypes.memset(c, 0xCD, 15 * MiB)
+    assert ctypes.string_at(keep, 20 * MiB) == b"\x07" * (20 * MiB), "a live block's bytes changed"
+    assert ctypes.string_at(b, 25 * MiB) == b"\xab" * (25 * MiB)
+    for p in (b, c, keep):
+        alloc.free(p)
+    alloc.close()
+    assert alloc.driver.live_chunks == 0
+
+
+@pytest.mark.parametrize("driver_name", ["sim", "host"])
+def test_reuse_cuts_nothing_once_memory_stopped_growing(driver_name):
+    """The same reuse after many requests served from memory already reserved: the run no longer lays out its
+    memory (cut_at_reuse percent of the requests before reserved last grew), so no cut and no synchronize."""
+    alloc = make(driver_name, tail_page=2 * MiB, cut_at_reuse=25)
+    a = alloc.malloc(40 * MiB)
+    keep = alloc.malloc(20 * MiB)
+    alloc.free(a)
+    for _ in range(8):
+        alloc.free(alloc.malloc(40 * MiB))
+    b = alloc.malloc(25 * MiB)
+    s = alloc.stats()
+    assert b == a and s["tails_cut_at_reuse"] == 0 and s["calls"]["synchronize"] == 0
+    assert alloc.driver.live_chunks == 3
+    for p in (b, keep):
+        alloc.free(p)
+    alloc.close()
+
+
+def test_cut_at_reuse_needs_tail_page():
+    with pytest.raises(ValueError, match="cut_at_reuse cuts pages into tail_page slots"):
+        gmlake.policies.get("gmlake", cut_at_reuse=25).validate(2 * MiB)

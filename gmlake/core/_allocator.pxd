@@ -282,6 +282,7 @@ cdef struct Stats:
     uint64_t capture_queries          # cuStreamIsCapturing asked (Note [Unannounced capture]); not in `calls`
     uint64_t rebacked_chunks          # chunks re-backed in slots (Note [Taking slots back at the edge])
     uint64_t copied_bytes             # bytes the re-backing copied out and in again (each counted once)
+    uint64_t tails_cut_at_reuse       # free pages cut into slots as a reused block took them (Note [Fine pages at reuse])
     uint64_t calls[<int>NUM_CALLS]
     uint64_t handles[<int>NUM_CALLS]
 
@@ -316,6 +317,7 @@ cdef struct Knobs:
     size_t edge_page              # 0: no stitching rule of its own at the edge (Note [Stitching at the edge])
     size_t expandable_reserve     # 9/8 of the device's memory where 0
     size_t tail_page              # 0: whole pages at a block's tail (Note [Fine pages at a block's tail])
+    size_t cut_at_reuse           # percent; 0: reuse never cuts a page (Note [Fine pages at reuse])
     size_t reback_slot            # 0: never re-back (Note [Taking slots back at the edge])
     size_t slot                   # the unit of a page mapped in parts: reback_slot, else tail_page
     size_t device_reserve         # 0: growth may take the device's last byte (Note [Leaving the libraries room])
@@ -382,6 +384,8 @@ cdef class Allocator:
     cdef LibrariesRoom libraries                         # what the libraries took outside it (_vmm.pxi)
     cdef bint at_edge                                    # relief is retrying a request (Note [Stitching at the edge])
     cdef bint edge_pages                                 # a stitch's shortfall maps edge_page pages now
+    cdef size_t most_reserved                            # the most ever reserved (reset_peak_stats keeps it)
+    cdef uint64_t most_reserved_at                       # st.allocs when it was reached (Note [Fine pages at reuse])
     cdef size_t max_request
     cdef Stats st
     cdef object hook_errors                              # threading.local: the exception a hook raised, per thread

@@ -41,6 +41,7 @@ cdef dict _api_stats(Allocator self):
         "capture_queries": s.capture_queries,
         "rebacked_chunks": s.rebacked_chunks,
         "copied_bytes": s.copied_bytes,
+        "tails_cut_at_reuse": s.tails_cut_at_reuse,
         # Note [Leaving the libraries room]: the reserve kept for the libraries now, and what it was measured from
         "libraries_reserve_bytes": c.room_kept,
         "libraries_largest_rise_bytes": c.measure.largest_rise,

@@ -51,6 +51,7 @@ cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) n
         at = run
     self._record(TRACE_SEGMENT_MAP, hole.addr, end - start, hole.stream)
     peak_update(&self.st.peak_reserved, self.st.reserved)
+    _note_most_reserved(self)
     _erase_hole(self, hole)
     if hole.size > end - start:
         _insert_hole(self, _split(self, hole, end - start))
@@ -79,6 +80,79 @@ cdef inline bint _cuts_tail(Allocator self, Segment* seg, size_t at, size_t need
     cdef size_t S = self.k.tail_page
     return S != 0 and not self.edge_pages and seg.owner == NULL and seg.size_class == SIZE_LARGE and C > S and \
         at % C == 0 and round_up(need, S) < C and not _slotted(seg, at // C)
+
+
+cdef inline void _note_most_reserved(Allocator self) noexcept nogil:
+    """Growth just mapped memory: remember when reserved memory last reached a new high (Note [Fine pages at
+    reuse])."""
+    if self.st.reserved > self.most_reserved:
+        self.most_reserved = self.st.reserved
+        self.most_reserved_at = self.st.allocs
+
+
+cdef inline bint _laying_out(Allocator self) noexcept nogil:
+    """Whether the run still lays out its memory: the requests since reserved memory last reached a new high are
+    at most `cut_at_reuse` percent of those before (Note [Fine pages at reuse])."""
+    return self.st.allocs - self.most_reserved_at <= self.most_reserved_at * self.k.cut_at_reuse // 100
+
+
+cdef Block* _cut_tail_at_reuse(Allocator self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
+    """Before `stream` takes `size` bytes from the head of free, indexed b: where the block would end inside a whole
+    page that lies wholly in b, remap that page in slots (Note [Fine pages at reuse]). Returns the free, indexed
+    block to take the bytes from (b, or its head merged with the slots), or NULL with why.err set where a driver
+    call failed.
+
+    Note [Fine pages at reuse]: growth cuts only the tails it maps (Note [Fine pages at a block's tail]); a block
+    placed by reuse in a free run of whole pages ends inside one, and when it stays and its neighbours go, the rest
+    of that page is out of reach at the edge: what tail pages alone still lack there (docs/benchmarks.md, "Fine
+    pages at reuse"). With `cut_at_reuse` set, such a page, free as a whole, is unmapped and mapped again in
+    `tail_page` slots, all of them, so the free run stays one run (only the slots the block needs would leave a
+    hole that splits it, and a large request then grows past it). Its bytes are free, but work queued before their
+    block was freed may still use them, so the device is synchronized first unless the block is of no stream; live
+    memory is never unmapped or moved. A cut costs a synchronize and ten times a page's handles, so it is made only
+    while the run lays out its memory: while the requests since reserved memory last reached a new high are at most
+    `cut_at_reuse` percent of those before. The layout made then is the one later steps reuse; a run whose memory
+    stopped growing cuts nothing, and one that grows again cuts for a while. Not while a graph is captured, and
+    only in the default pool's large class."""
+    cdef Segment* seg = b.seg
+    cdef size_t C = seg.chunk_size
+    cdef size_t S = self.k.tail_page
+    cdef size_t base = b.addr - seg.va
+    cdef size_t end = base + size
+    cdef size_t lo = end - end % C
+    cdef uintptr_t addr = b.addr
+    cdef Block* hole
+    cdef Block* m
+    if end % C == 0 or seg.owner != NULL or seg.size_class != SIZE_LARGE or C <= S:
+        return b
+    if lo < base or lo + C > base + b.size or _slotted(seg, lo // C) or seg.handles[lo // C] == 0 or \
+            seg.sblock_maps[lo // C] != 0 or round_up(end - lo, S) >= C:
+        return b
+    if lo == base and b.prev != NULL and b.prev.state == BLOCK_UNMAPPED:
+        return b        # the page's hole would merge with the one before it, and mapping would start there
+    if not _laying_out(self) or _capturing(self) or _unannounced_capture(self, why):
+        return b
+    if b.stream != ANY_STREAM and _sync(self, why) != DRIVER_OK:
+        return NULL
+    if _unmap_units(self, why, seg, lo, lo + C, 1) != DRIVER_OK:
+        return NULL
+    self.st.reserved -= C
+    self._record(TRACE_SEGMENT_UNMAP, seg.va + lo, C, seg.stream)
+    hole = _carve_hole(self, b, seg.va + lo, seg.va + lo + C)
+    seg.slots[lo // C].assign(C // S, 0)
+    m = _map_pages(self, why, hole, C)
+    if m == NULL:
+        _whole_again(seg, lo // C)
+        return NULL
+    self.st.tails_cut_at_reuse += 1
+    # The slots are the range's stream's, b's head and tail b's: the request's stream takes both. Safe though b
+    # may be of another stream (cross_stream): the slots are new, and the head was of no stream or synchronized.
+    _claim_for(self, m, stream)
+    m = _claim_for(self, _containing(self, addr), stream)
+    if m.addr != addr or m.size < size:
+        why.err = ERR_OOM       # never seen: the head and the slots did not merge
+        return NULL
+    return m
 
 
 cdef inline size_t _grown_bytes(Allocator self, int size_class, size_t need, size_t page) noexcept nogil:

@@ -31,6 +31,10 @@ cdef inline Block* _malloc_large(Allocator self, Failure* why, size_t size, int6
     # may fit it tighter (sblock_first) or the policy places.
     cdef Block* b = _best_free(self, SIZE_LARGE, size, stream)
     if b != NULL and not self.k.hook_place and not (self.k.sblock_first and self.sblock_cache.cached()):
+        if unlikely(self.k.cut_at_reuse != 0):
+            b = _cut_tail_at_reuse(self, why, b, size, stream)     # Note [Fine pages at reuse]
+            if b == NULL:
+                return NULL
         _erase_free(self, b)
         return _take(self, why, b, size, stream)
     return self._alloc_large_miss(why, b, size, stream)
@@ -58,6 +62,10 @@ cdef inline Block* _malloc_large_miss(Allocator self, Failure* why, Block* b, si
         self.st.sblock_reuses += 1
         return _claim(self, sb, size, stream)
     if b != NULL:
+        if unlikely(self.k.cut_at_reuse != 0) and not self.k.hook_place:
+            b = _cut_tail_at_reuse(self, why, b, size, stream)
+            if b == NULL:
+                return NULL
         _erase_free(self, b)
         return _take(self, why, b, size, stream)
     # Steps 3-4: stitch free pBlocks, adding new memory for the shortfall only, or grow.

@@ -51,6 +51,7 @@ cdef Segment* _new_segment(Allocator self, Failure* why, int size_class, size_t 
     self._record(TRACE_SEGMENT_ALLOC, va, size, stream)
     self.st.reserved += size
     peak_update(&self.st.peak_reserved, self.st.reserved)
+    _note_most_reserved(self)
     return seg
 
 

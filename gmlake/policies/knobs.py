@@ -76,6 +76,11 @@ class Knobs:
         run inside a page the block's live bytes hold (0: whole pages). A stitch maps such a page's slots, one
         handle each. Note [Fine pages at a block's tail]
         (gmlake/core/_growth_expandable.pxi).
+      cut_at_reuse: with `tail_page`, a block a free run serves that would end inside a whole page lying in that run
+        has the page remapped in `tail_page` slots first (it synchronizes the device, and maps ten times the
+        handles), but only while the run lays out its memory: while the requests since reserved memory last reached
+        a new high are at most this many percent of those before (0: never; no built-in policy sets it). Never
+        unmaps or moves live memory. Note [Fine pages at reuse] (gmlake/core/_growth_expandable.pxi).
       reback_slot: under "expandable", as the last pressure stage, re-back each partly used chunk in handles of
         this many bytes, one per slot that holds live bytes (copied through the host, pointers unchanged), giving
         its free slots back to the driver (0: never, every built-in policy). Hazard: while a chunk is re-backed its
@@ -154,6 +159,7 @@ class Knobs:
     edge_page: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     expandable_reserve: int = knob(0, unit="bytes", minimum=0, growths=("expandable",))
     tail_page: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
+    cut_at_reuse: int = knob(0, unit="percent", minimum=0, growths=("expandable",))
     reback_slot: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     device_reserve: int = knob(0, unit="bytes", minimum=0)
     libraries_half_life: int = knob(0, unit="count", minimum=0)
@@ -223,6 +229,9 @@ class Knobs:
                                  f"(expandable_page_large {self.expandable_page_large}"
                                  + (f", capped_page_large {self.capped_page_large}" if self.capped_page_large else "")
                                  + ")")
+        if self.cut_at_reuse and not self.tail_page:
+            raise ValueError(f"gmlake: policy {self.name}: cut_at_reuse cuts pages into tail_page slots, so it needs "
+                             f"tail_page set too (e.g. tail_page=2MiB)")
         if self.reback_slot and self.tail_page and self.reback_slot != self.tail_page:
             raise ValueError(f"gmlake: policy {self.name}: reback_slot {self.reback_slot} and tail_page "
                              f"{self.tail_page} cut pages in one unit, so they must be equal where both are set")

@@ -187,6 +187,9 @@ class ReplayResult:
             "sblock_reuses": self.stats["sblock_reuses"],
             "sblock_evictions": self.stats["sblock_evictions"],
             "rebacked_chunks": self.stats["rebacked_chunks"],
+            "tails_cut_at_reuse": self.stats["tails_cut_at_reuse"],
+            # not in driver_seconds: a synchronize costs what the GPU's queue held, which no price table knows
+            "synchronizes": self.stats["calls"]["synchronize"],
             "driver_calls": sum(self.stats["calls"].values()),
             "driver_seconds": round(self.driver_seconds, 6),
             "step_time_lost_seconds": round(self.step_time_lost, 6),
