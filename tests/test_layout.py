@@ -203,3 +203,18 @@ def test_the_products_tests_never_import_bench():
     pattern = re.compile(r"^\s*(?:from bench\b|import bench\b)|importorskip\(\s*[\"']bench\b", re.MULTILINE)
     found = [p.name for p in Path(__file__).resolve().parent.rglob("*.py") if pattern.search(p.read_text())]
     assert not found, found
+
+
+_NOTE = re.compile(r"Note \[([^\]]+)\]:")
+DESIGN = PACKAGE.parent / "docs" / "design.md"
+
+
+@pytest.mark.skipif(not ROOMS or not DESIGN.exists(), reason="reads the sources and docs/design.md, which a wheel lacks")
+def test_every_note_is_in_the_design_index():
+    """A Note is found from docs/design.md's "Index of the Notes": each one the package defines has its row."""
+    index = DESIGN.read_text().split("## Index of the Notes", 1)[1]
+    defined = {m.group(1): path for path in sorted(PACKAGE.rglob("*")) if path.suffix in (".py", ".pyx", ".pxi", ".h")
+               for m in _NOTE.finditer(path.read_text())}
+    missing = sorted(f"{name} ({path.relative_to(PACKAGE)})" for name, path in defined.items()
+                     if f"| {name} |" not in index)
+    assert defined and not missing, f"Notes without a row in docs/design.md's index: {missing}"
