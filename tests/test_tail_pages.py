@@ -78,9 +78,10 @@ def test_a_stitch_maps_free_slots_and_writes_land_in_them():
 
 
 def test_tail_page_must_divide_the_pages_and_agree_with_reback_slot():
-    with pytest.raises(ValueError, match="tail_page .* must divide"):
+    """The messages write sizes as the knobs are written (6MiB), not as byte counts."""
+    with pytest.raises(ValueError, match=r"tail_page 6MiB must divide .*expandable_page_large 20MiB\)"):
         gmlake.policies.get("gmlake", tail_page=6 * MiB).validate(2 * MiB)
-    with pytest.raises(ValueError, match="must be equal"):
+    with pytest.raises(ValueError, match="reback_slot 4MiB and tail_page 2MiB .* must be equal"):
         gmlake.policies.get("gmlake", tail_page=2 * MiB, reback_slot=4 * MiB).validate(2 * MiB)
 
 

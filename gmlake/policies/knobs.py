@@ -16,6 +16,14 @@ SIZING = {"chunks": ("chunk_size", "small_segment_size"),
                          "edge_page")}
 
 
+def _size(n: int) -> str:
+    """A byte count as a knob is written: 3MiB or 4KiB where it is whole, else bytes."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
+        if n and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n} bytes"
+
+
 def knob(default: Any, *, unit: str = "", minimum: int | None = None, granular: bool = False,
          growths: tuple[str, ...] = SEGMENT_RULES) -> Any:
     """A policy knob, declared once: its default, its unit ("bytes", "count" or "" for a flag or a name), the least
@@ -198,8 +206,8 @@ class Knobs:
         for name, spec in knob_specs().items():
             if spec["granular"] and getattr(self, name) % granularity:
                 raise ValueError(
-                    f"gmlake: policy {self.name}: {name} {getattr(self, name)} is not a multiple of the driver's "
-                    f"granularity {granularity}")
+                    f"gmlake: policy {self.name}: {name} {_size(getattr(self, name))} is not a multiple of the "
+                    f"driver's granularity {_size(granularity)}")
 
     def check_knobs(self) -> None:
         """The checks that need no driver: each knob's type and range as declared (`knob`), the rules that tie
@@ -225,16 +233,16 @@ class Knobs:
         for name in ("reback_slot", "tail_page"):
             part = getattr(self, name)
             if part and any(p % part for p in pages):
-                raise ValueError(f"gmlake: policy {self.name}: {name} {part} must divide the large pages it cuts "
-                                 f"(expandable_page_large {self.expandable_page_large}"
-                                 + (f", capped_page_large {self.capped_page_large}" if self.capped_page_large else "")
-                                 + ")")
+                raise ValueError(f"gmlake: policy {self.name}: {name} {_size(part)} must divide the large pages it "
+                                 f"cuts (expandable_page_large {_size(self.expandable_page_large)}"
+                                 + (f", capped_page_large {_size(self.capped_page_large)}"
+                                    if self.capped_page_large else "") + ")")
         if self.cut_at_reuse and not self.tail_page:
             raise ValueError(f"gmlake: policy {self.name}: cut_at_reuse cuts pages into tail_page slots, so it needs "
                              f"tail_page set too (e.g. tail_page=2MiB)")
         if self.reback_slot and self.tail_page and self.reback_slot != self.tail_page:
-            raise ValueError(f"gmlake: policy {self.name}: reback_slot {self.reback_slot} and tail_page "
-                             f"{self.tail_page} cut pages in one unit, so they must be equal where both are set")
+            raise ValueError(f"gmlake: policy {self.name}: reback_slot {_size(self.reback_slot)} and tail_page "
+                             f"{_size(self.tail_page)} cut pages in one unit, so they must be equal where both are set")
         unread = self.unread_knobs()
         if unread:
             name = unread[0]
