@@ -60,6 +60,7 @@ EDGE_CUT = RESULTS / "edge-figures-cut25.json"
 EDGE_CUT_HELDOUT = RESULTS / "edge-figures-cut25-heldout.json"
 TAIL_SPEED = "h200-2026-12-05/speed-tail2m.json"
 TAIL_EDGE_FIT = "h100-2026-12-05/edge-fit-tail2m.json"
+CUT_SPEED = "h100-2026-12-06/speed-cut25.json"
 UNLIMITED_SPEED = ("h100-2026-12-05/speed-unlimited.json", "h100-2026-12-05/speed-unlimited-2.json")
 # The same programs probed on the H200 just under and just over replay's smallest device (held by
 # bench/tests/test_edge_fit.py).
@@ -1510,6 +1511,7 @@ TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic
                                         "tail-pages-speed": lambda: fine_pages_speed(TAIL_SPEED),
                                         "tail-pages-edge-fit": lambda: edge_fit(TAIL_EDGE_FIT),
                                         "reuse-cuts": reuse_cuts,
+                                        "reuse-cuts-speed": lambda: fine_pages_speed(CUT_SPEED),
                                         "unlimited-speed": lambda: "\n".join(fine_pages_speed(r) for r in UNLIMITED_SPEED),
                                         "edge-page-sizes": edge_page_sizes, "tlsf": tlsf, "tune-fit": tune_fit,
                                         "tune-search": tune_search, "readme-utilization": readme_utilization,
