@@ -31,13 +31,19 @@ cdef inline Block* _malloc_large(Allocator self, Failure* why, size_t size, int6
     # may fit it tighter (sblock_first) or the policy places.
     cdef Block* b = _best_free(self, SIZE_LARGE, size, stream)
     if b != NULL and not self.k.hook_place and not (self.k.sblock_first and self.sblock_cache.cached()):
-        if unlikely(self.k.cut_at_reuse != 0):
-            b = _cut_tail_at_reuse(self, why, b, size, stream)     # Note [Fine pages at reuse]
-            if b == NULL:
-                return NULL
-        _erase_free(self, b)
-        return _take(self, why, b, size, stream)
+        return _take_reused(self, why, b, size, stream)
     return self._alloc_large_miss(why, b, size, stream)
+
+
+cdef inline Block* _take_reused(Allocator self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
+    """Serve a large request from free block b, first cutting the page it would end in where `cut_at_reuse` asks
+    (Note [Fine pages at reuse]; not where the policy places)."""
+    if unlikely(self.k.cut_at_reuse != 0) and not self.k.hook_place:
+        b = _cut_tail_at_reuse(self, why, b, size, stream)
+        if b == NULL:
+            return NULL
+    _erase_free(self, b)
+    return _take(self, why, b, size, stream)
 
 
 cdef inline Block* _malloc_large_miss(Allocator self, Failure* why, Block* b, size_t size,
@@ -62,12 +68,7 @@ cdef inline Block* _malloc_large_miss(Allocator self, Failure* why, Block* b, si
         self.st.sblock_reuses += 1
         return _claim(self, sb, size, stream)
     if b != NULL:
-        if unlikely(self.k.cut_at_reuse != 0) and not self.k.hook_place:
-            b = _cut_tail_at_reuse(self, why, b, size, stream)
-            if b == NULL:
-                return NULL
-        _erase_free(self, b)
-        return _take(self, why, b, size, stream)
+        return _take_reused(self, why, b, size, stream)
     # Steps 3-4: stitch free pBlocks, adding new memory for the shortfall only, or grow.
     return _stitch_or_grow(self, why, size, stream)
 

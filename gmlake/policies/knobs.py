@@ -16,12 +16,15 @@ SIZING = {"chunks": ("chunk_size", "small_segment_size"),
                          "edge_page")}
 
 
-def _size(n: int) -> str:
-    """A byte count as a knob is written: 3MiB or 4KiB where it is whole, else bytes."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):
-        if n and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return f"{n} bytes"
+def format_knob(value: object, unit: str = "") -> str:
+    """A knob's value as the command line takes it: sizes in a binary unit where whole (8MiB), flags true/false."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if unit == "bytes" and isinstance(value, int) and value:
+        for name, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if value % scale == 0:
+                return f"{value // scale}{name}"
+    return str(value)
 
 
 def knob(default: Any, *, unit: str = "", minimum: int | None = None, granular: bool = False,
@@ -206,8 +209,8 @@ class Knobs:
         for name, spec in knob_specs().items():
             if spec["granular"] and getattr(self, name) % granularity:
                 raise ValueError(
-                    f"gmlake: policy {self.name}: {name} {_size(getattr(self, name))} is not a multiple of the "
-                    f"driver's granularity {_size(granularity)}")
+                    f"gmlake: policy {self.name}: {name} {format_knob(getattr(self, name), 'bytes')} is not a "
+                    f"multiple of the driver's granularity {format_knob(granularity, 'bytes')}")
 
     def check_knobs(self) -> None:
         """The checks that need no driver: each knob's type and range as declared (`knob`), the rules that tie
@@ -233,16 +236,18 @@ class Knobs:
         for name in ("reback_slot", "tail_page"):
             part = getattr(self, name)
             if part and any(p % part for p in pages):
-                raise ValueError(f"gmlake: policy {self.name}: {name} {_size(part)} must divide the large pages it "
-                                 f"cuts (expandable_page_large {_size(self.expandable_page_large)}"
-                                 + (f", capped_page_large {_size(self.capped_page_large)}"
-                                    if self.capped_page_large else "") + ")")
+                sizes = ", ".join(f"{page_name} {format_knob(getattr(self, page_name), 'bytes')}"
+                                  for page_name in ("expandable_page_large", "capped_page_large")
+                                  if getattr(self, page_name))
+                raise ValueError(f"gmlake: policy {self.name}: {name} {format_knob(part, 'bytes')} must divide the "
+                                 f"large pages it cuts ({sizes})")
         if self.cut_at_reuse and not self.tail_page:
             raise ValueError(f"gmlake: policy {self.name}: cut_at_reuse cuts pages into tail_page slots, so it needs "
                              f"tail_page set too (e.g. tail_page=2MiB)")
         if self.reback_slot and self.tail_page and self.reback_slot != self.tail_page:
-            raise ValueError(f"gmlake: policy {self.name}: reback_slot {_size(self.reback_slot)} and tail_page "
-                             f"{_size(self.tail_page)} cut pages in one unit, so they must be equal where both are set")
+            raise ValueError(f"gmlake: policy {self.name}: reback_slot {format_knob(self.reback_slot, 'bytes')} and "
+                             f"tail_page {format_knob(self.tail_page, 'bytes')} cut pages in one unit, so they must be "
+                             "equal where both are set")
         unread = self.unread_knobs()
         if unread:
             name = unread[0]

@@ -14,7 +14,7 @@ from dataclasses import fields
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from gmlake.policies.knobs import knob_units
+from gmlake.policies.knobs import format_knob, knob_units  # noqa: F401 (format_knob: the CLI's)
 
 if TYPE_CHECKING:
     from gmlake.policies import Policy
@@ -108,17 +108,6 @@ def env_knobs(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         return split_settings(item for item in raw.split(",") if item.strip())
     except ValueError as exc:
         raise ValueError(f"{KNOBS_VARIABLE}={raw}: {exc}") from None
-
-
-def format_knob(value: object, unit: str = "") -> str:
-    """A knob's value as the command line takes it: sizes in a binary unit where whole (8MiB), flags true/false."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if unit == "bytes" and isinstance(value, int) and value:
-        for name, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-            if value % scale == 0:
-                return f"{value // scale}{name}"
-    return str(value)
 
 
 def knob_types(policy: type[Policy]) -> dict[str, type]:
