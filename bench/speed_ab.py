@@ -71,6 +71,12 @@ def parse_spec(spec: str) -> tuple[str, Path | None]:
     return name, path
 
 
+def short_name(spec: str) -> str:
+    """`spec` for a table: a tree by its last path component (the record's "builds" has the whole path)."""
+    name, _, tree = spec.partition("@")
+    return f"{name}@{Path(tree).expanduser().resolve().name}" if tree else name
+
+
 def tree_path_dir(tree: Path, links: Path) -> Path:
     """A directory holding only `gmlake`, a link to TREE's: first on PYTHONPATH it gives a run TREE's gmlake while
     bench and its workloads still come from this checkout."""
@@ -173,6 +179,13 @@ def compare(runs: list[dict], workloads: list[str], specs: list[str], tolerance:
             events = [mine[k]["event_sum_ms"] for k in sorted(mine) if "event_sum_ms" in mine[k]]
             if events:
                 row.update(event_sum_ms=events, event_spread_pct=spread_pct(events))
+            reserved = [mine[k]["max_memory_reserved"] for k in mine if "max_memory_reserved" in mine[k]]
+            if reserved:
+                row["peak_reserved_gib"] = statistics.median(reserved) / (1 << 30)
+            calls = [mine[k]["gmlake_after_warmup"]["driver_calls"] / mine[k]["warm_steps"] for k in mine
+                     if (mine[k].get("gmlake_after_warmup") or {}).get("driver_calls") is not None]
+            if calls:           # gmlake's driver calls per timed step, median over the rounds
+                row["driver_calls_per_warm_step"] = statistics.median(calls)
             if spec != specs[0]:
                 paired = sorted(set(mine) & set(base))
                 ratios = [mine[k]["warm_sum_s"] / base[k]["warm_sum_s"] for k in paired]
@@ -180,6 +193,10 @@ def compare(runs: list[dict], workloads: list[str], specs: list[str], tolerance:
                 base_spread = spread_pct([base[k]["warm_sum_s"] for k in paired])
                 parts = [spread_pct(ratios), row["spread_pct"], base_spread]
                 spread = None if None in parts else max(parts)
+                event_ratios = [mine[k]["event_sum_ms"] / base[k]["event_sum_ms"] for k in paired
+                                if "event_sum_ms" in mine[k] and "event_sum_ms" in base[k]]
+                if event_ratios:    # the same ratio from CUDA events: the device's view of each step
+                    row.update(event_ratios=event_ratios, event_ratio=statistics.median(event_ratios))
                 row.update(ratios=ratios, ratio=statistics.median(ratios) if ratios else None,
                            ratio_spread_pct=spread_pct(ratios), median_ratio=statistics.median(medians)
                            if medians else None, spread_for_verdict_pct=spread,
@@ -190,18 +207,20 @@ def compare(runs: list[dict], workloads: list[str], specs: list[str], tolerance:
 
 def format_table(rows: list[dict], baseline: str, tolerance: float) -> str:
     """The table printed last."""
-    title = (f"warm step time: sum of the timed steps per run; ratio = the rounds' median of (sum / {baseline}'s sum "
+    title = (f"warm step time: sum of the timed steps per run; ratio = the rounds' median of (sum / "
+             f"{short_name(baseline)}'s sum "
              f"in the same round); spread = (max - min) / median over the rounds; verdict at {tolerance:g}%")
     columns = ["workload", "allocator", "rounds", "warm sum s, each round", "spread", "vs baseline", "ratio spread",
-               "median step ratio", "verdict"]
+               "median step ratio", "events ratio", "resv GiB", "drv calls/step", "verdict"]
     cells = []
     for row in rows:
         sums = " ".join(f"{s:.3f}" for s in row["warm_sum_s"]) or "-"
         note = f" ({row['failed']} failed)" if row["failed"] else ""
-        cells.append([row["workload"], row["allocator"], str(row["rounds"]), sums, cell(row["spread_pct"], ".2f", "%"),
+        cells.append([row["workload"], short_name(row["allocator"]), str(row["rounds"]), sums, cell(row["spread_pct"], ".2f", "%"),
                       cell(row.get("ratio"), ".4f", "x") if "verdict" in row else "baseline",
                       cell(row.get("ratio_spread_pct"), ".2f", "%"), cell(row.get("median_ratio"), ".4f", "x"),
-                      row.get("verdict", "") + note])
+                      cell(row.get("event_ratio"), ".4f", "x"), cell(row.get("peak_reserved_gib"), ".2f"),
+                      cell(row.get("driver_calls_per_warm_step"), ".1f"), row.get("verdict", "") + note])
     return render_table(title, columns, cells, left=("workload", "allocator", "warm sum s, each round", "verdict"),
                         borders=False)
 
@@ -216,7 +235,7 @@ def markdown_table(record: dict) -> str:
                  and row.get("ratio_spread_pct") is not None else "baseline" if "verdict" not in row else "-")
         sums = " / ".join(f"{s:.2f}" for s in row["warm_sum_s"]) or "-"
         spread = "-" if row["spread_pct"] is None else f"{row['spread_pct']:.1f} %"
-        lines.append(f"| {row['workload']} | {row['allocator']} | {sums} | {spread} | {ratio} | "
+        lines.append(f"| {row['workload']} | {short_name(row['allocator'])} | {sums} | {spread} | {ratio} | "
                      f"{row.get('verdict', '')} |")
     env = record["environment"]
     lines += ["", f"{env['gpu']} (driver {env['nvidia_driver']}), torch {env['torch']}, Python {env['python']}, "
@@ -265,7 +284,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(f"allocator {spec!r} needs CUDA; on --device cpu only native and native@TREE run")
 
 
-def main(argv: list[str] | None = None, prog: str = "bench speed-ab") -> None:
+def main(argv: list[str] | None = None, prog: str = "bench speed-ab") -> int:
+    """Exit status 0 when every run finished, 1 when some failed (the table says which), 2 for bad input."""
     parser = make_parser(prog, __doc__)
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(DEFAULT_WORKLOADS))
     parser.add_argument("--allocators", nargs="+", default=list(DEFAULT_ALLOCATORS), metavar="NAME[@TREE]",
@@ -292,7 +312,7 @@ def main(argv: list[str] | None = None, prog: str = "bench speed-ab") -> None:
                 parser.error(why)
         if args.device == "cuda" and not cuda_available():
             parser.error("--device cuda, but no CUDA device is available here (--device cpu for a smoke test)")
-        run_all(args, scratch)
+        return run_all(args, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -306,8 +326,8 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def run_all(args: argparse.Namespace, scratch: Path) -> None:
-    """Every run in order, the record rewritten after each, the table last."""
+def run_all(args: argparse.Namespace, scratch: Path) -> int:
+    """Every run in order, the record rewritten after each, the table last; 1 where a run failed, else 0."""
     specs = list(args.allocators)
     order = run_order(args.workloads, specs, args.rounds)
     builds = {spec: {"tree": str(tree or ROOT), "gmlake_source_sha256": source_digest(tree or ROOT)}
@@ -331,3 +351,7 @@ def run_all(args: argparse.Namespace, scratch: Path) -> None:
                  rows=lambda runs: compare(runs, args.workloads, specs, args.tolerance),
                  shown=("warm_sum_s", "warm_median_s", "event_sum_ms", "wall_s"))
     print(format_table(results.record["rows"], specs[0], args.tolerance))
+    failed = sum("error" in r for r in results.record["runs"])
+    if failed:
+        print(f"{failed} of {len(results.record['runs'])} runs failed: their errors are in {results.path}")
+    return 1 if failed else 0

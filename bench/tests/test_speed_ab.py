@@ -35,7 +35,7 @@ def test_verdict_says_cannot_decide_rather_than_pass(ratios, spread, expected):
 
 def run(spec: str, round_: int, warm_sum: float, workload: str = "t5") -> dict:
     return {"workload": workload, "allocator": spec, "round": round_, "warm_sum_s": warm_sum,
-            "warm_median_s": warm_sum / 10}
+            "warm_median_s": warm_sum / 10, "warm_steps": 10}
 
 
 def test_compare_pairs_rounds_and_takes_the_widest_spread():
@@ -43,12 +43,15 @@ def test_compare_pairs_rounds_and_takes_the_widest_spread():
     the baseline's and the ratio's, so a drift that the pairing cancels still has to be small."""
     runs = [run("expandable", 0, 10.0), run("gmlake", 0, 10.1), run("gmlake", 1, 10.5), run("expandable", 1, 10.4),
             {"workload": "t5", "allocator": "gmlake-paper", "round": 0, "error": "killed"}]
+    for r, calls in zip(runs[1:3], (20, 30)):
+        r.update(gmlake_after_warmup={"driver_calls": calls}, max_memory_reserved=3 << 30)
     rows = speed_ab.compare(runs, ["t5"], ["expandable", "gmlake", "gmlake-paper"], 2.0)
     base, mine, failed = rows
     assert "verdict" not in base and base["spread_pct"] == pytest.approx(100 * 0.4 / 10.2)
     assert mine["ratios"] == pytest.approx([1.01, 10.5 / 10.4])
     assert mine["spread_for_verdict_pct"] == pytest.approx(100 * 0.4 / 10.2)
     assert mine["verdict"] == "cannot decide: spread 3.9% > 2%"
+    assert mine["driver_calls_per_warm_step"] == 2.5 and mine["peak_reserved_gib"] == 3.0
     assert failed["rounds"] == 0 and failed["failed"] == 1 and failed["verdict"] == "cannot decide: one round"
     steady = speed_ab.compare([run("a", 0, 10.0), run("b", 0, 10.1), run("b", 1, 10.11), run("a", 1, 10.02)],
                               ["t5"], ["a", "b"], 2.0)
@@ -87,7 +90,7 @@ def test_two_builds_run_interleaved_each_with_its_own_gmlake(tmp_path, monkeypat
     row = record["rows"][1]
     assert row["ratios"] == pytest.approx([1.1, 1.1]) and row["verdict"] == "slower by more than 2%"
     assert "expected about" in printed.splitlines()[0]
-    assert printed.rstrip().splitlines()[-1].split()[:2] == ["cnn", f"native@{tree}"]
+    assert printed.rstrip().splitlines()[-1].split()[:2] == ["cnn", "native@old"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -138,5 +141,25 @@ def test_markdown_table_names_machine_and_command():
               "environment": {"gpu": "NVIDIA H100", "nvidia_driver": "580", "torch": "2.11", "python": "3.12",
                               "date": "2026-12-06T20:00:00+00:00", "command": "python -m bench speed-ab"}}
     text = speed_ab.markdown_table(record)
-    assert "| t5 | b | 10.10 / 10.11 | 0.1 % | 1.009 (0.2 %) | within 2% |" in text
+    assert "| t5 | b | 10.10 / 10.11 | 0.1 % | 1.009 (0.1 %) | within 2% |" in text
     assert "NVIDIA H100 (driver 580)" in text and "2026-12-06" in text
+
+
+def test_a_pool_of_shapes_warms_every_shape_before_the_timed_steps():
+    """Note [Warm steps from a pool of shapes]: the first steps are the pool's distinct shapes, every later step is
+    one of them and differs from the step before; without a pool the schedule is drawn afresh, as before."""
+    import random
+
+    from bench.workloads.shapes import draw_schedule
+
+    def draw(rng: random.Random) -> dict:
+        return {"batch": rng.randrange(1, 5), "length": rng.randrange(8, 72, 8)}
+
+    schedule = draw_schedule(draw, 40, seed=3, pool=6)
+    pool = schedule[:6]
+    assert len({tuple(s.values()) for s in pool}) == 6 and all(s in pool for s in schedule[6:])
+    assert all(a != b for a, b in zip(schedule, schedule[1:]))
+    assert draw_schedule(draw, 40, seed=3, pool=6) == schedule != draw_schedule(draw, 40, seed=4, pool=6)
+    rng = random.Random(3)
+    assert draw_schedule(draw, 10, seed=3) == [draw(rng) for _ in range(10)]
+    assert draw_schedule(lambda rng: {"only": 1}, 3, seed=0, pool=4) == [{"only": 1}] * 3   # a space of one shape

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from bench.cli import OneLineParser
+from bench.workloads.shapes import draw_schedule
 from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction, out_of_memory: tests read them here
     OOM_EXIT,
     MachineProbe,
@@ -261,24 +262,9 @@ BUILDERS: dict[str, Callable[[dict, torch.device], Workload]] = {
 # ---- the run -------------------------------------------------------------------------------------------------
 
 def shape_schedule(workload: Workload, steps: int, seed: int, pool: int = 0) -> list[dict]:
-    """Every step's shape, drawn up front from `seed` alone: the same sequence under every allocator. `pool` > 0:
-    Note [Warm steps from a pool of shapes]: `pool` distinct shapes drawn first and run in that order, then the rest
-    drawn from them, never the same shape twice in a row."""
-    rng = random.Random(seed)
-    if pool <= 0:
-        return [workload.draw_shape(rng) for _ in range(steps)]
-    shapes: list[dict] = []
-    for _ in range(100 * pool):             # the shape space may hold fewer than `pool` shapes
-        shape = workload.draw_shape(rng)
-        if shape not in shapes:
-            shapes.append(shape)
-        if len(shapes) == pool:
-            break
-    schedule = list(shapes[:steps])
-    while len(schedule) < steps:
-        choices = [s for s in shapes if s != schedule[-1]] or shapes
-        schedule.append(rng.choice(choices))
-    return schedule
+    """Every step's shape, drawn up front from `seed` alone: the same sequence under every allocator; with `pool` > 0
+    from that many distinct shapes (Note [Warm steps from a pool of shapes], bench/workloads/shapes.py)."""
+    return draw_schedule(workload.draw_shape, steps, seed, pool)
 
 
 def schedule_digest(schedule: list[dict]) -> str:
