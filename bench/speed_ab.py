@@ -3,31 +3,20 @@
     python -m bench speed-ab [--workloads t5 bert sage] [--allocators expandable gmlake gmlake-paper ...]
         [--rounds 2] [--pool 6] [--warmup 8] [--timed 24] [--tolerance 2] [--device cuda|cpu] [--out DIR]
 
-An allocator is a name of bench's (native, expandable, gmlake, gmlake-paper, gmlake-cut25, ...) or a gmlake policy,
-optionally followed by @TREE: a directory holding another build of gmlake (its gmlake/ built in place), run with
-that gmlake first on the path and this checkout's workloads. The first allocator is the baseline of every ratio.
+An allocator is a bench allocator's name or a gmlake policy, optionally with @TREE: another build of gmlake (a
+checkout built in place), run with that gmlake and this checkout's workloads. The first allocator is the baseline.
+docs/benchmarks.md ("Speed to 2 %") gives the measures and the verdict; per-step numbers go to DIR/speed-ab.json.
 
-Note [Warm steps from a pool of shapes]: in the earlier speed runs a step whose shape the process had not yet seen
-took 3-7x a step of a shape seen before (cuDNN's plans, the libraries' first calls for a shape: host work whose
-length follows the host's load), and with shapes drawn afresh every step nearly every timed step was such a first,
-so runs of one allocator spread 8-35 %, while steps of a repeated shape matched across runs to the millisecond. Here
-each run draws a pool of distinct shapes, runs each of them once in the warm-up, then times steps drawn from the pool
-(never one shape twice in a row): every timed step is warm, the sizes still change every step. Python's collector
-runs between steps, not inside one; each step ends in a synchronize and carries CUDA events too; each run is a fresh
-process; the allocators run A B C, then C B A, round after round.
-
-Measures (per run, over the timed steps): the sum and the median of the step times. Per allocator: each round's
-sum, and their spread, (max - min) / median. Per allocator against the baseline: each round's ratio of sums (the
-pair ran in the same round), their median and spread. The verdict, for a tolerance of T %, calls the spread the
-largest of the allocator's, the baseline's and the ratio's: above T, "cannot decide"; else from every round's ratio,
-"within T" (all in 1 +- T), "not slower by T" (all below 1 + T, some below 1 - T), "slower by more than T" or
-"faster by more than T" (all beyond one side), and "cannot decide" where the rounds straddle 1 + T. One round
-decides nothing. The full per-step numbers go to DIR/speed-ab.json; a table is printed last.
+Note [Warm steps from a pool of shapes]: in the earlier speed runs a step of a shape new to the process took 3-7x a
+step of a shape seen before (cuDNN's plans and the libraries' other first calls for a shape: host work that follows
+the host's load), and with shapes drawn afresh nearly every timed step was such a first, so runs of one allocator
+spread 8-35 %, while steps of a repeated shape matched across runs to the millisecond. So each run draws a pool of
+distinct shapes, runs each once in the warm-up, then times steps drawn from the pool, never one shape twice in a row:
+every timed step is warm, and sizes still change every step. Python's collector runs between steps, not in one.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -36,8 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import RESULTS, ROOT, child_env
-from bench.cli import cell, parser as make_parser, render_table
+from bench import RESULTS, ROOT
+from bench.cli import cell, render_table
+from bench.cli import parser as make_parser
 from bench.harness import ALLOCATORS, Results, environment, launch, measured_run, run_in_order, run_order, source_digest
 
 WORKLOADS = ("vit", "bert", "t5", "cnn", "rl", "sage")
@@ -48,10 +38,10 @@ DEFAULT_ALLOCATORS = ("expandable", "gmlake", "gmlake-paper")
 # own wall times as they finish.
 EXPECTED_RUN_S = {"vit": 15.0, "bert": 14.0, "t5": 18.0, "cnn": 15.0, "rl": 40.0, "sage": 11.0}
 EXPECTED_CPU_RUN_S = 6.0
-WORKLOAD_MODULE = "bench.workloads.dynamic"
+WORKLOAD_MODULE = "bench.workloads.dynamic"     # the tests put a stand-in here
 # what a tree's build must hold itself (check_build)
 BUILT_MODULES = ("gmlake", "gmlake.core._allocator", "gmlake.core._driver", "gmlake.drivers._cuda_driver",
-                 "gmlake.torch._torch_bridge")     # the tests put a stand-in here
+                 "gmlake.torch._torch_bridge")
 
 
 # ---- allocators and builds ------------------------------------------------------------------------------------
@@ -77,30 +67,24 @@ def short_name(spec: str) -> str:
     return f"{name}@{Path(tree).expanduser().resolve().name}" if tree else name
 
 
-def tree_path_dir(tree: Path, links: Path) -> Path:
-    """A directory holding only `gmlake`, a link to TREE's: first on PYTHONPATH it gives a run TREE's gmlake while
-    bench and its workloads still come from this checkout."""
-    target = links / source_digest(tree)
-    target.mkdir(parents=True, exist_ok=True)
-    link = target / "gmlake"
-    if not link.exists():
-        link.symlink_to(tree / "gmlake", target_is_directory=True)
-    return target
-
-
 def spec_command(spec: str, script: list[str], links: Path) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment that run `script` (python arguments) under the allocator `spec`."""
+    """The command line and environment that run `script` (python arguments) under the allocator `spec`. A tree's
+    gmlake comes from a directory under `links` that holds only a link to it, first on PYTHONPATH, so that bench and
+    its workloads still come from this checkout; -P keeps the working directory (this checkout) off the path."""
     name, tree = parse_spec(spec)
-    # -P: no working directory (this checkout, where the runs start) ahead of PYTHONPATH, which would give its gmlake
     cmd, env = launch(name, [sys.executable] + (["-P"] if tree else []), script)
     if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(tree_path_dir(tree, links)), env["PYTHONPATH"]])
+        target = links / source_digest(tree)
+        target.mkdir(parents=True, exist_ok=True)
+        if not (target / "gmlake").exists():
+            (target / "gmlake").symlink_to(tree / "gmlake", target_is_directory=True)
+        env["PYTHONPATH"] = os.pathsep.join([str(target), env["PYTHONPATH"]])
     return cmd, env
 
 
 def check_build(spec: str, links: Path) -> str | None:
     """Why `spec`'s gmlake cannot run (its tree's gmlake not the one imported, or its core not built), else None."""
-    name, tree = parse_spec(spec)
+    tree = parse_spec(spec)[1]
     if tree is None:
         return None
     _, env = spec_command(spec, [], links)
@@ -238,8 +222,8 @@ def markdown_table(record: dict) -> str:
         lines.append(f"| {row['workload']} | {short_name(row['allocator'])} | {sums} | {spread} | {ratio} | "
                      f"{row.get('verdict', '')} |")
     env = record["environment"]
-    lines += ["", f"{env['gpu']} (driver {env['nvidia_driver']}), torch {env['torch']}, Python {env['python']}, "
-                  f"{env['date'][:10]}; `{env['command']}`."]
+    lines += ["", (f"{env['gpu']} (driver {env['nvidia_driver']}), torch {env['torch']}, Python {env['python']}, "
+                   f"{env['date'][:10]}; `{env['command']}`.")]
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from itertools import pairwise
 
 import pytest
 
@@ -158,7 +159,7 @@ def test_a_pool_of_shapes_warms_every_shape_before_the_timed_steps():
     schedule = draw_schedule(draw, 40, seed=3, pool=6)
     pool = schedule[:6]
     assert len({tuple(s.values()) for s in pool}) == 6 and all(s in pool for s in schedule[6:])
-    assert all(a != b for a, b in zip(schedule, schedule[1:]))
+    assert all(a != b for a, b in pairwise(schedule))
     assert draw_schedule(draw, 40, seed=3, pool=6) == schedule != draw_schedule(draw, 40, seed=4, pool=6)
     rng = random.Random(3)
     assert draw_schedule(draw, 10, seed=3) == [draw(rng) for _ in range(10)]

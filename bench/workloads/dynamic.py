@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from bench.cli import OneLineParser
-from bench.workloads.shapes import draw_schedule
 from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction, out_of_memory: tests read them here
     OOM_EXIT,
     MachineProbe,
@@ -48,6 +47,7 @@ from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction, o
     start_snapshot,
     write_summary,
 )
+from bench.workloads.shapes import draw_schedule
 
 # Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive, in steps of
 # `batch_step` and `shape_step`; `shape` is the image side or the padded sequence length). The full sizes are chosen
