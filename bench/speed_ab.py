@@ -33,11 +33,18 @@ from bench.harness import ALLOCATORS, Results, environment, launch, measured_run
 WORKLOADS = ("vit", "bert", "t5", "cnn", "rl", "sage")
 DEFAULT_WORKLOADS = ("t5", "bert", "sage")
 DEFAULT_ALLOCATORS = ("expandable", "gmlake", "gmlake-paper")
-# Seconds one run takes on an H100 with the defaults (process start, model, 8 warm-up and 24 timed steps), from the
-# suites' earlier runs less their profiled extra steps: the first estimate of a call's length, replaced by the runs'
-# own wall times as they finish.
-EXPECTED_RUN_S = {"vit": 15.0, "bert": 14.0, "t5": 18.0, "cnn": 15.0, "rl": 40.0, "sage": 11.0}
-EXPECTED_CPU_RUN_S = 6.0
+# A run's length on an H100, read off the speed suites' runs there: (seconds to start the process and build the
+# model, a step of a shape new to the run, a warm step). The first estimate of a call's length; the deadline then
+# goes by the runs' own wall times.
+RUN_COST = {"vit": (12, 0.2, 0.07), "bert": (12, 0.25, 0.12), "t5": (12, 0.45, 0.28), "cnn": (10, 0.2, 0.05),
+            "rl": (12, 1.4, 1.4), "sage": (10, 0.05, 0.04)}
+CPU_RUN_COST = (4, 0.05, 0.02)
+
+
+def expected_run_s(workload: str, args: argparse.Namespace) -> float:
+    """How long one run of `workload` will likely take (RUN_COST)."""
+    start, first, warm = CPU_RUN_COST if args.device == "cpu" else RUN_COST[workload]
+    return start + first * args.pool + warm * (args.warmup - args.pool + args.timed)
 WORKLOAD_MODULE = "bench.workloads.dynamic"     # the tests put a stand-in here
 # what a tree's build must hold itself (check_build)
 BUILT_MODULES = ("gmlake", "gmlake.core._allocator", "gmlake.core._driver", "gmlake.drivers._cuda_driver",
@@ -319,15 +326,14 @@ def run_all(args: argparse.Namespace, scratch: Path) -> int:
     results = Results(Path(args.out), "speed-ab.json", {
         "environment": environment(), "settings": vars(args), "builds": builds,
         "order": [f"{w}:{a}:r{r}" for r, w, a in order], "runs": [], "rows": []}, args.deadline)
-    guess = EXPECTED_CPU_RUN_S if args.device == "cpu" else None
-    expected = sum(guess or EXPECTED_RUN_S[w] for _, w, _ in order)
+    expected = sum(expected_run_s(w, args) for _, w, _ in order)
     print(f"{len(order)} runs ({len(args.workloads)} workloads x {len(specs)} allocators x {args.rounds} rounds): "
           f"{args.warmup} warm-up steps over a pool of {args.pool} shapes, {args.timed} timed; device {args.device}, "
           f"size {args.size}; expected about {expected:.0f} s (deadline {args.deadline or 'none'})", flush=True)
 
     def expected_run(item: tuple) -> float:
         done = [r["wall_s"] for r in results.record["runs"] if r["workload"] == item[1] and "error" not in r]
-        return max(done) if done else (guess or EXPECTED_RUN_S[item[1]])
+        return max(done) if done else expected_run_s(item[1], args)
 
     run_in_order(order, results, timeout=args.timeout,
                  run=lambda index, item, timeout_s: run_one(index, *item, args, scratch, timeout_s),

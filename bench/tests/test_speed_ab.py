@@ -164,3 +164,14 @@ def test_a_pool_of_shapes_warms_every_shape_before_the_timed_steps():
     rng = random.Random(3)
     assert draw_schedule(draw, 10, seed=3) == [draw(rng) for _ in range(10)]
     assert draw_schedule(lambda rng: {"only": 1}, 3, seed=0, pool=4) == [{"only": 1}] * 3   # a space of one shape
+
+
+@pytest.mark.gpu
+def test_the_real_workloads_time_warm_steps_on_the_gpu(tmp_path):
+    """dynamic.py's pool, CUDA events and quiet collector under two allocators: every run finishes and decides."""
+    code = speed_ab.main(["--workloads", "cnn", "--size", "small", "--allocators", "expandable", "gmlake",
+                          "--rounds", "2", "--pool", "3", "--warmup", "3", "--timed", "6", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "speed-ab.json").read_text())
+    assert code == 0 and len(record["runs"]) == 4
+    assert all(r["warm_steps"] == 6 and r["shape_pool"] == 3 and "event_sum_ms" in r for r in record["runs"])
+    assert record["rows"][1]["verdict"] and record["rows"][1]["driver_calls_per_warm_step"] is not None
