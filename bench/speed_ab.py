@@ -128,6 +128,10 @@ def warm_figures(per_step: list[dict], warmup: int) -> dict:
     events = [r["event_ms"] for r in timed if "event_ms" in r]
     if timed and len(events) == len(timed):
         out.update(event_sum_ms=sum(events), event_median_ms=statistics.median(events))
+    for probe in ("gpu_spin_ms", "launch_ms", "cpu_ms"):    # Note [Machine regimes]: which part of the machine moved
+        values = [r[probe] for r in timed if probe in r]
+        if values:
+            out[f"median_{probe}"] = statistics.median(values)
     return out
 
 

@@ -19,6 +19,8 @@ def test_spread_and_warm_figures_leave_the_warm_up_out():
     assert figures["warm_steps"] == 3 and figures["warm_sum_s"] == pytest.approx(0.6)
     assert figures["warm_median_s"] == pytest.approx(0.2) and figures["event_median_ms"] == pytest.approx(200.0)
     assert "event_sum_ms" not in speed_ab.warm_figures([{"step_s": 1.0}, {"step_s": 1.0}], 1)
+    probed = speed_ab.warm_figures([{"step_s": 1.0, "cpu_ms": 9.0}] + [{"step_s": 1.0, "cpu_ms": c} for c in (3, 5, 4)], 1)
+    assert probed["median_cpu_ms"] == 4 and "median_gpu_spin_ms" not in probed
 
 
 @pytest.mark.parametrize("ratios, spread, expected", [

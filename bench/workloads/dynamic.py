@@ -307,6 +307,9 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
         sync()
         return loss
 
+    if quiet_gc:                    # the model's objects out of every later collection: those stay short
+        gc.collect()
+        gc.freeze()
     for index, shape in enumerate(schedule):
         if index == warmup:
             at_warmup = gmlake_stats()
