@@ -56,12 +56,11 @@ BUILT_MODULES = ("gmlake", "gmlake.core._allocator", "gmlake.core._driver", "gml
 def parse_spec(spec: str) -> tuple[str, Path | None]:
     """`NAME` or `NAME@TREE` -> (NAME, TREE resolved or None); ValueError saying why for a bad one."""
     name, at, tree = spec.partition("@")
-    if not name:
-        raise ValueError(f"allocator {spec!r} has no name before '@'")
+    if not name or (at and not tree):
+        raise ValueError(f"allocator {spec!r} has no name before '@'" if not name else f"allocator {spec!r} names no "
+                         "tree after '@'")
     if not at:
         return name, None
-    if not tree:
-        raise ValueError(f"allocator {spec!r} names no tree after '@'")
     path = Path(tree).expanduser().resolve()
     if not (path / "gmlake" / "__init__.py").is_file():
         raise ValueError(f"allocator {spec!r}: {path} holds no gmlake/__init__.py (a checkout of gmlake, built in place)")
@@ -114,9 +113,7 @@ def check_build(spec: str, links: Path) -> str | None:
 
 def spread_pct(values: list[float]) -> float | None:
     """(max - min) / median, in %; None for fewer than two values."""
-    if len(values) < 2:
-        return None
-    return 100.0 * (max(values) - min(values)) / statistics.median(values)
+    return 100.0 * (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else None
 
 
 def warm_figures(per_step: list[dict], warmup: int) -> dict:
@@ -160,15 +157,14 @@ def compare(runs: list[dict], workloads: list[str], specs: list[str], tolerance:
     each round's ratio, their median and spread, and the verdict."""
     rows = []
     for workload in workloads:
-        by_spec = {spec: {r["round"]: r for r in runs if r["workload"] == workload and r["allocator"] == spec
-                          and "error" not in r} for spec in specs}
-        failed = {spec: sum(1 for r in runs if r["workload"] == workload and r["allocator"] == spec and "error" in r)
-                  for spec in specs}
+        here = [r for r in runs if r["workload"] == workload]
+        by_spec = {spec: {r["round"]: r for r in here if r["allocator"] == spec and "error" not in r} for spec in specs}
         base = by_spec[specs[0]]
         for spec in specs:
             mine = by_spec[spec]
             sums = [mine[k]["warm_sum_s"] for k in sorted(mine)]
-            row = {"workload": workload, "allocator": spec, "rounds": len(sums), "failed": failed[spec],
+            failed = sum(r["allocator"] == spec and "error" in r for r in here)
+            row = {"workload": workload, "allocator": spec, "rounds": len(sums), "failed": failed,
                    "warm_sum_s": sums, "spread_pct": spread_pct(sums),
                    "warm_median_s": statistics.median(mine[k]["warm_median_s"] for k in mine) if mine else None}
             events = [mine[k]["event_sum_ms"] for k in sorted(mine) if "event_sum_ms" in mine[k]]
