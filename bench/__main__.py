@@ -11,6 +11,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "train": ("bench.train_suite", "the training suite: LLM fine-tuning workloads under native, expandable, gmlake"),
     "speed": ("bench.speed_suite", "the dynamic-shape speed suite: four workloads, allocators interleaved"),
+    "speed-ab": ("bench.speed_ab", "warm step time of allocators or two gmlake builds, with a verdict at 2 %"),
     "cap": {
         "search": ("bench.cap_search", "the smallest memory cap at which each workload completes, per allocator"),
         "time": ("bench.cap_time", "step time at a cap against uncapped, in A B B A rounds"),

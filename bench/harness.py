@@ -223,14 +223,15 @@ def finished_runs(runs: list[dict], field: str, value, allocators: list[str],
             rows.append({field: value, "allocator": allocator, "runs": 0, "failed": failed})
 
 
-def source_digest() -> str:
-    """A digest of the gmlake package's sources: names the code measured even where no git history travels."""
+def source_digest(root: Path = ROOT) -> str:
+    """A digest of the gmlake package's sources under `root` (default: this checkout): names the code measured even
+    where no git history travels."""
     import hashlib
 
     digest = hashlib.sha256()
-    for path in sorted((ROOT / "gmlake").rglob("*")):
+    for path in sorted((root / "gmlake").rglob("*")):
         if path.suffix in (".py", ".pyx", ".pxd", ".h") and path.is_file():
-            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -185,7 +185,7 @@ def test_the_size_check_reads_every_room():
 # (bench/report_docs.py renders the result records), stays under this many lines, so that it cannot grow back into
 # a second product unseen. Read as text: the product's tests never import bench.
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-BENCH_MAX_LINES = 4300
+BENCH_MAX_LINES = 4600     # 4300 until bench speed-ab (about 390 lines) came
 
 
 @pytest.mark.skipif(not BENCH.is_dir(), reason="reads bench/, which only a checkout carries")

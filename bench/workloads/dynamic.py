@@ -12,6 +12,7 @@ holds the method. --memory-fraction caps the process from the first byte; a step
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import random
@@ -46,6 +47,7 @@ from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction, o
     start_snapshot,
     write_summary,
 )
+from bench.workloads.shapes import draw_schedule
 
 # Per workload and size: the model's dimensions and the ranges the shapes are drawn from (inclusive, in steps of
 # `batch_step` and `shape_step`; `shape` is the image side or the padded sequence length). The full sizes are chosen
@@ -259,10 +261,10 @@ BUILDERS: dict[str, Callable[[dict, torch.device], Workload]] = {
 
 # ---- the run -------------------------------------------------------------------------------------------------
 
-def shape_schedule(workload: Workload, steps: int, seed: int) -> list[dict]:
-    """Every step's shape, drawn up front from `seed` alone: the same sequence under every allocator."""
-    rng = random.Random(seed)
-    return [workload.draw_shape(rng) for _ in range(steps)]
+def shape_schedule(workload: Workload, steps: int, seed: int, pool: int = 0) -> list[dict]:
+    """Every step's shape, drawn up front from `seed` alone: the same sequence under every allocator; with `pool` > 0
+    from that many distinct shapes (Note [Warm steps from a pool of shapes], bench/workloads/shapes.py)."""
+    return draw_schedule(workload.draw_shape, steps, seed, pool)
 
 
 def schedule_digest(schedule: list[dict]) -> str:
@@ -277,12 +279,14 @@ def gmlake_step_counters() -> tuple[int, int] | None:
 
 
 def train(workload: Workload, schedule: list[dict], device: torch.device, warmup: int,
-          records: list[dict] | None = None) -> tuple[list[dict], dict, Callable[[dict], None]]:
+          records: list[dict] | None = None, quiet_gc: bool = False) -> tuple[list[dict], dict, Callable[[dict], None]]:
     """Run one training step per scheduled shape. Returns the per-step records, gmlake's counters at the end of
     warm-up (None under torch's allocator) and a function that runs one more step of a given shape (for gpu_time).
     Records go into `records` when given, so that a caller whose step raised (out of memory under a cap) knows how
-    many steps completed."""
+    many steps completed. On CUDA each record also holds `event_ms`, CUDA events around the step. `quiet_gc`:
+    Python's collector runs between steps, never inside one (Note [Warm steps from a pool of shapes])."""
     cuda = device.type == "cuda"
+    events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     model = workload.model
     model.train()
@@ -292,25 +296,39 @@ def train(workload: Workload, schedule: list[dict], device: torch.device, warmup
     counters = gmlake_step_counters()
     probe = MachineProbe(cuda)
 
-    def step(inputs) -> torch.Tensor:
+    def step(inputs, end: torch.cuda.Event | None = None) -> torch.Tensor:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = workload.loss(model, inputs)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if end is not None:
+            end.record()
         sync()
         return loss
 
+    if quiet_gc:                    # the model's objects out of every later collection: those stay short
+        gc.collect()
+        gc.freeze()
     for index, shape in enumerate(schedule):
         if index == warmup:
             at_warmup = gmlake_stats()
         inputs = workload.make_inputs(shape, device)
+        if quiet_gc:
+            gc.collect()
+            gc.disable()
         sync()
         started = time.perf_counter()
-        loss = step(inputs)
+        if events:
+            events[0].record()
+        loss = step(inputs, events[1] if events else None)       # ends in a synchronize on CUDA
         step_s = time.perf_counter() - started
+        if quiet_gc:
+            gc.enable()
         del inputs
         record = {**shape, "step_s": step_s, "tokens": workload.tokens(shape), "loss": loss.item()}
+        if events:
+            record["event_ms"] = events[0].elapsed_time(events[1])
         now = gmlake_step_counters()
         if now is not None:
             record.update(stitches=now[0] - counters[0], driver_calls=now[1] - counters[1])
@@ -343,6 +361,7 @@ def header(args: argparse.Namespace, cfg: dict, warmup: int) -> dict:
         "workload": args.workload, "size": args.size, "config": cfg, "seed": args.seed, "device": args.device,
         "allocator": allocator_name() if args.device == "cuda" else "cpu", "gmlake_policy": gmlake_policy_name(),
         "torch": torch.__version__, "steps": args.steps, "warmup_steps": warmup,
+        "shape_pool": args.shape_pool, "quiet_gc": args.quiet_gc,
     }
 
 
@@ -355,10 +374,16 @@ def main() -> None:
     parser.add_argument("--gpu-time-steps", type=int, default=4, metavar="N",
                         help="after the run, time the kernels of N more steps (the last N shapes) with the profiler "
                              "(Note [GPU time]; at most --steps; 0: none)")
+    parser.add_argument("--shape-pool", type=int, default=0, metavar="K",
+                        help="draw K distinct shapes, run each once in the warm-up, then time steps drawn from them "
+                             "(Note [Warm steps from a pool of shapes]; 0: every step drawn afresh)")
+    parser.add_argument("--quiet-gc", action="store_true", help="run Python's collector between steps, not in one")
     args = parser.parse_args()
     warmup = args.steps // 4 if args.warmup is None else args.warmup
     if args.steps < 1 or not 0 <= warmup < args.steps:
         parser.error("need --steps >= 1 and 0 <= --warmup < --steps")
+    if not 0 <= args.shape_pool <= warmup:
+        parser.error("need 0 <= --shape-pool <= --warmup (the warm-up runs every shape of the pool)")
     if args.gpu_time_steps < 0:
         parser.error("need --gpu-time-steps >= 0")
     if args.snapshot and args.device != "cuda":
@@ -378,8 +403,8 @@ def main() -> None:
         start_snapshot()
     try:
         workload = BUILDERS[args.workload](cfg, device)
-        schedule = shape_schedule(workload, args.steps, args.seed)
-        records, at_warmup, one_step = train(workload, schedule, device, warmup, records)
+        schedule = shape_schedule(workload, args.steps, args.seed, args.shape_pool)
+        records, at_warmup, one_step = train(workload, schedule, device, warmup, records, args.quiet_gc)
     except Exception as exc:  # noqa: BLE001 - exit_failed re-raises all but a capped run's failures
         exit_failed("dynamic.py", header(args, cfg, warmup), records, fraction, exc, args.json)
     if args.snapshot:
