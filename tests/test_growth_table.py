@@ -144,7 +144,7 @@ FROM_THE_CORE = re.compile(r"^(?:hook_\w+|fit_counts_unmapped)$")   # what the c
 def struct_fields() -> dict[str, str]:
     text = (PACKAGE / "core" / "_allocator.pxd").read_text()
     body = text[text.index("cdef struct Knobs:"):].split("\n\n", 1)[0]
-    return {m.group(2): m.group(1) for m in re.finditer(r"^\s+(\w+)\s+(\w+)\s*(?:#.*)?$", body, re.M)}
+    return {m.group(2): m.group(1) for m in re.finditer(r"^\s+(\w+)\s+(\w+)\s*(?:#.*)?$", body, re.MULTILINE)}
 
 
 def test_the_c_struct_holds_each_declared_knob_by_name_and_type():

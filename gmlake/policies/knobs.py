@@ -180,12 +180,6 @@ class Knobs:
         gmlake/policies/growths.py), which the Allocator makes unless `cython_growth()` supplies one."""
         return GROWTHS[self.segment_rule].cls
 
-    def growth(self) -> object:
-        """A Growth as the Allocator makes one for this policy (its `cython_growth()`, else its `growth_class()`),
-        for asking what the growth says of itself (Growth.page, Growth.oom_pages) without an allocator."""
-        growth = self.cython_growth()
-        return self.growth_class()() if growth is None else growth
-
     @classmethod
     def brings_own_growth(cls) -> bool:
         """Whether the policy lays out new memory itself (Policy.cython_growth): then it may read any knob."""
