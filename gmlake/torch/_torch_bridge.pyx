@@ -263,8 +263,8 @@ cdef public void gmlake_record_stream(void* ptr, void* stream) noexcept nogil:
 #   - or what growth may still take without relieving pressure: under a cap, the cap less the memory reserved;
 #     otherwise the device's free memory less the policy's device reserve (Note [Leaving the libraries room]:
 #     cuDNN loads its kernels outside the allocator, into what the reserve keeps free), never more than the
-#     device's free memory, and rounded down to whole pages of the growth (chunk_size, round_large), so a
-#     request of that size needs no page past it. While a graph is captured the device is not asked (the core
+#     device's free memory, and rounded down to what the growth maps (Growth.whole_pages: whole chunks, pages or
+#     round_large steps), so a request of that size needs no page past it. While a graph is captured the device is not asked (the core
 #     never asks it then): only the cap's room counts;
 #   - and 0 under a cap of 0 bytes (set_per_process_memory_fraction(0)), which refuses every request.
 # An answer too high costs an out-of-memory per algorithm tried (observers called, num_ooms counted), one too
