@@ -28,7 +28,9 @@ def knob(default: Any, *, unit: str = "", minimum: int | None = None, granular: 
     value it takes (1: positive, 0: >= 0), whether it must be a multiple of the driver's granularity, and the
     growths (segment_rule values) whose allocators read it. Validation, the knob listing (`gmlake policies`) and
     the refusal of a knob the chosen growth does not read all come from this declaration; the core copies each knob
-    by name into its C struct (Knobs, gmlake/core/_allocator.pxd)."""
+    by name into its C struct (Knobs, gmlake/core/_allocator.pxd), which tests/test_growth_table.py holds to these
+    declarations, names and types. Which growths stitch and what sizes each come from the table of growths
+    (gmlake/policies/growths.py)."""
     return field(default=default, metadata={"unit": unit, "minimum": minimum, "granular": granular,
                                             "growths": growths})
 
