@@ -69,7 +69,7 @@ _SET_HELP = ("change a knob of every chosen policy, e.g. stitch=false or chunk_s
              "of one: POLICY.knob=value, POLICY as given to --policy or its position from 1 (gmlake.stitch=false, "
              "my.py:MaxPieces.max_pieces=2, 2.min_saved_chunks=0). Repeatable; a policy's [knobs] win over "
              "POLICY.knob, which wins over knob, which wins over env GMLAKE_KNOBS=k=v,k=v (knobs: "
-             "gmlake/policies/base.py)")
+             "gmlake/policies/knobs.py)")
 
 
 _DEVICE_HELP = "which device's trace, if the snapshot has several"

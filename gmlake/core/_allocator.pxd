@@ -289,7 +289,8 @@ cdef struct Stats:
 # The policy's knobs, copied into C so the hot path reads no Python. How memory grows is not a knob here: the
 # policy's growth (a Growth, below) decides it, chosen once when the allocator is made.
 cdef struct Knobs:
-    # Policy's knobs, by their names there (gmlake/policies/base.py declares each, once)
+    # Policy's knobs, by their names there (gmlake/policies/knobs.py declares each, once; tests/test_knobs_declared.py
+    # holds these fields to those declarations, names and types)
     size_t round_to
     size_t small_size
     size_t small_segment_size
@@ -467,6 +468,10 @@ cdef class Growth:
     cdef Segment* new_segment(self, Allocator a, Failure* why, int size_class, size_t size, size_t segment_size,
                               size_t handle_size, int64_t stream) noexcept nogil
     cdef Block* take(self, Allocator a, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil
+    # The largest request whose new memory fits in `room` bytes as this growth lays it out, where a cap below the
+    # device's memory binds or not (Note [The largest block served now]). Python-visible too, for reports and hints:
+    # page(policy, binds), the large page a request maps, and oom_pages(policy), what the out-of-memory hint names.
+    cdef size_t whole_pages(self, Allocator a, size_t room, bint binds) noexcept nogil
 
 
 cdef class ChunkGrowth(Growth):
@@ -476,6 +481,7 @@ cdef class ChunkGrowth(Growth):
                         Segment** undo) noexcept nogil
     cdef void private_layout(self, Allocator a, int size_class, size_t size, size_t* segment_size,
                              size_t* handle_size) noexcept nogil
+    cdef size_t whole_pages(self, Allocator a, size_t room, bint binds) noexcept nogil
 
 
 cdef class PyTorchGrowth(Growth):
@@ -488,6 +494,7 @@ cdef class ExpandableGrowth(Growth):
     cdef bint stitch_saves(self, Allocator a, size_t size, size_t shortfall, int64_t stream) noexcept nogil
     cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
                         Segment** undo) noexcept nogil
+    cdef size_t whole_pages(self, Allocator a, size_t room, bint binds) noexcept nogil
 
 
 cdef class Seams:

@@ -4,7 +4,9 @@
 #   _growth_pytorch.pxi     PyTorchGrowth: PyTorch's native sizes, one chunk per segment, no stitch
 #   _growth_expandable.pxi  ExpandableGrowth: one range per stream and size class, grown by chunks mapped in place
 # Stitch-or-grow (_sblocks.pxi) and the pressure loop (_requests.pxi) are written once, over this interface; no room
-# asks which strategy is in use. Included into _allocator.pyx; every function takes the Allocator whose lock its
+# asks which strategy is in use, and what a report or hint needs to know of it (the page a request maps, what fits
+# under a bound) it asks the growth (whole_pages, page, oom_pages). The core knows no growth by name: the table of
+# growths (gmlake/policies/growths.py) names each built-in class. Included into _allocator.pyx; every function takes the Allocator whose lock its
 # caller holds and, where it can fail, the call's Failure (Note [A call's failure]).
 
 
@@ -69,12 +71,33 @@ cdef class Growth:
     cdef Block* take(self, Allocator a, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
         return _take(a, why, b, size, stream)
 
+    cdef size_t whole_pages(self, Allocator a, size_t room, bint binds) noexcept nogil:
+        # PyTorch's sizing: `room` in round_large steps, none where a request that small would take a whole
+        # large_segment_size segment instead.
+        if a.k.round_large:
+            room -= room % a.k.round_large
+        if room < a.k.min_large_alloc and room < a.k.large_segment_size:
+            room = 0
+        return room
+
+    def page(self, policy, bint binds=False):
+        """The large page a request's new memory maps in under this growth with `policy`'s knobs, where a cap below
+        the device's memory binds or not: 0 where new memory is a segment sized to the request (no page)."""
+        return 0
+
+    def oom_pages(self, policy):
+        """What the out-of-memory hint may suggest refining (gmlake.core.errors.OutOfMemory.torch_message): the large
+        pages of ranges this growth maps in place, those it maps while a cap binds, and its tail pages; None each
+        where it maps no such range."""
+        return None, None, None
+
 
 cdef Growth _growth_of(policy):
-    """The growth a policy chose: its cython_growth(), else the built-in its segment_rule names."""
+    """The growth a policy chose: its cython_growth(), else the class of the built-in its segment_rule names (the
+    table of growths, gmlake/policies/growths.py, through Policy.growth_class)."""
     growth = policy.cython_growth()
     if growth is None:
-        return {"chunks": ChunkGrowth, "pytorch": PyTorchGrowth, "expandable": ExpandableGrowth}[policy.segment_rule]()
+        return policy.growth_class()()
     if not isinstance(growth, Growth):
         raise TypeError(f"gmlake: policy {policy.name}: cython_growth() must return a gmlake.core._allocator.Growth or "
                         f"None, got {type(growth).__name__}")

@@ -42,3 +42,9 @@ cdef class ChunkGrowth(Growth):
         else:
             handle_size[0] = a.k.chunk_size             # the paper's design: the request in whole chunks
             segment_size[0] = round_up(size, a.k.chunk_size)
+
+    cdef size_t whole_pages(self, Allocator a, size_t room, bint binds) noexcept nogil:
+        return room - room % a.k.chunk_size if a.k.chunk_size else room
+
+    def page(self, policy, bint binds=False):
+        return policy.chunk_size

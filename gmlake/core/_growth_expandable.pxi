@@ -370,6 +370,17 @@ cdef class ExpandableGrowth(Growth):
     cdef Block* grow(self, Allocator a, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
         return _alloc_expandable(a, why, size_class, size, stream)
 
+    cdef size_t whole_pages(self, Allocator a, size_t room, bint binds) noexcept nogil:
+        # the knobs' capped_page_large is expandable_page_large where the policy left it 0 (Knobs.core_knobs)
+        cdef size_t page = a.k.capped_page_large if binds and a.k.capped_page_large else a.k.expandable_page_large
+        return room - room % page if page else room
+
+    def page(self, policy, bint binds=False):
+        return policy.capped_page_large if binds and policy.capped_page_large else policy.expandable_page_large
+
+    def oom_pages(self, policy):
+        return policy.expandable_page_large, policy.capped_page_large or None, policy.tail_page
+
     cdef bint refuses(self, Allocator a, Failure* why, int size_class, size_t size) noexcept nogil:
         return _request_over_cap(a, why, size_class, size)
 

@@ -110,6 +110,12 @@ class Policy(Knobs):
         made."""
         return None
 
+    def growth(self) -> object:
+        """A Growth as the Allocator makes one for this policy (its `cython_growth()`, else its `growth_class()`),
+        for asking what the growth says of itself (Growth.page, Growth.oom_pages) without an allocator."""
+        growth = self.cython_growth()
+        return self.growth_class()() if growth is None else growth
+
     @classmethod
     def brings_own_growth(cls) -> bool:
         """Whether this class overrides cython_growth: then it may read any knob (Knobs.check_knobs)."""

@@ -6,14 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from gmlake.policies.growths import GROWTHS, SEGMENT_RULES, SIZING, STITCHING
+
 MiB = 1 << 20
-SEGMENT_RULES = ("chunks", "pytorch", "expandable")
-STITCHING = ("chunks", "expandable")       # the growths that stitch (PyTorch's never does)
-# What sizes new memory under each growth: what a user who set a size knob another growth reads meant.
-SIZING = {"chunks": ("chunk_size", "small_segment_size"),
-          "pytorch": ("large_segment_size", "min_large_alloc", "round_large", "small_segment_size"),
-          "expandable": ("expandable_page_large", "capped_page_large", "expandable_page_small", "expandable_reserve",
-                         "edge_page")}
 
 
 def format_knob(value: object, unit: str = "") -> str:
@@ -33,7 +28,9 @@ def knob(default: Any, *, unit: str = "", minimum: int | None = None, granular: 
     value it takes (1: positive, 0: >= 0), whether it must be a multiple of the driver's granularity, and the
     growths (segment_rule values) whose allocators read it. Validation, the knob listing (`gmlake policies`) and
     the refusal of a knob the chosen growth does not read all come from this declaration; the core copies each knob
-    by name into its C struct (Knobs, gmlake/core/_allocator.pxd)."""
+    by name into its C struct (Knobs, gmlake/core/_allocator.pxd), which tests/test_growth_table.py holds to these
+    declarations, names and types. Which growths stitch and what sizes each come from the table of growths
+    (gmlake/policies/growths.py)."""
     return field(default=default, metadata={"unit": unit, "minimum": minimum, "granular": granular,
                                             "growths": growths})
 
@@ -180,6 +177,11 @@ class Knobs:
     restitch_limit: int = knob(0, unit="count", minimum=0, growths=STITCHING)
     restitch_room: int = knob(0, unit="percent", minimum=0, growths=STITCHING)
 
+    def growth_class(self) -> type:
+        """The core's Growth class of the built-in growth `segment_rule` names (the table of growths,
+        gmlake/policies/growths.py), which the Allocator makes unless `cython_growth()` supplies one."""
+        return GROWTHS[self.segment_rule].cls
+
     @classmethod
     def brings_own_growth(cls) -> bool:
         """Whether the policy lays out new memory itself (Policy.cython_growth): then it may read any knob."""
@@ -252,8 +254,7 @@ class Knobs:
         if unread:
             name = unread[0]
             growth = self.segment_rule
-            if name in ("stitch", "min_stitch_size", "min_saved_chunks", "max_cached_sblocks", "sblock_search_depth",
-                        "sblock_first", "restitch_limit", "restitch_room"):
+            if knob_specs()[name]["growths"] == STITCHING:       # a stitching knob (the table of growths says which)
                 meant = f"a policy whose segment_rule is {' or '.join(STITCHING)} stitches"
             else:
                 meant = f"what sizes new memory there: {', '.join(SIZING[growth])}"
@@ -298,21 +299,12 @@ class Knobs:
 
         units = knob_units(type(self))
 
-        def short(value: object, unit: str) -> str:
-            if isinstance(value, bool):
-                return "true" if value else "false"
-            if unit == "bytes" and isinstance(value, int) and value >= 1024:   # a count of 4096 is not 4KiB
-                for suffix, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-                    if value % scale == 0:
-                        return f"{value // scale}{suffix}"
-            return str(value)
-
         cls = type(self)
         base = cls.__dict__.get("name") or cls.__name__    # an inherited `name` would hide the subclass
-        changed = [f"{f.name}={short(getattr(self, f.name), units[f.name])}" for f in fields(self)
+        changed = [f"{f.name}={format_knob(getattr(self, f.name), units[f.name])}" for f in fields(self)
                    if f.default is MISSING or getattr(self, f.name) != f.default
                    or type(getattr(self, f.name)) is not type(f.default)]
         return f"{base}({', '.join(changed)})" if changed else base
 
 
-__all__ = ["SEGMENT_RULES", "SIZING", "STITCHING", "Knobs", "MiB", "knob", "knob_specs", "knob_units"]
+__all__ = ["GROWTHS", "SEGMENT_RULES", "SIZING", "STITCHING", "Knobs", "MiB", "knob", "knob_specs", "knob_units"]

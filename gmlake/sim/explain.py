@@ -247,16 +247,13 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
     request = trace.requests()[moment]
     before, _ = run_requests(trace, policy, device_memory, upto=moment, samples=1, cap=cap, event_lag=event_lag)
     free_before, pieces, largest = _free_for_stream(before.segments_info(), int(request["stream"]))
-    page = policy.chunk_size if policy.segment_rule == "chunks" else \
-        policy.expandable_page_large if policy.segment_rule == "expandable" else 0
-    if page and policy.segment_rule == "expandable" and policy.capped_page_large and cap and \
-            cap < modelled_device_memory(trace, device_memory):
-        page = policy.capped_page_large
+    # the page a request maps, as the growth says it (a cap below the modelled device's memory binds)
+    page = alloc.growth.page(policy, bool(cap) and cap < modelled_device_memory(trace, device_memory))
     elsewhere = {}
     for name, what in ELSEWHERE:
         other = get(name)
         if other.label() != choice.label:
-            page_there = other.chunk_size if other.segment_rule == "chunks" else other.expandable_page_large
+            page_there = other.growth().page(other)
             elsewhere[name] = (what, _growth_at(trace, other, moment, device_memory, cap, event_lag), page_there)
     return PeakBreakdown(
         trace=trace.name, policy=choice.label, request_index=moment, request_size=int(request["size"]),

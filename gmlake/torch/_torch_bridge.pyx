@@ -157,15 +157,11 @@ cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nog
         if oom:
             note = _observe_oom(device, size, why.limit if why.limit else a.driver.capacity,
                                 free_bytes if known_free else 0)
-            policy = a.policy
+            page, capped_page, tail_page = a.growth.oom_pages(a.policy)      # what the growth says of its pages
             text = error.torch_message(device, a.capturing != 0 or why.err == ERR_CAPTURE,
                                        device_free=free_bytes if known_free else None,
-                                       stitches=a.stats()["stitches"],
-                                       page=policy.expandable_page_large
-                                       if policy.segment_rule == "expandable" else None,
-                                       capped_page=policy.capped_page_large or None,
-                                       tail_page=policy.tail_page
-                                       if policy.segment_rule == "expandable" else None) + note
+                                       stitches=a.stats()["stitches"], page=page, capped_page=capped_page,
+                                       tail_page=tail_page) + note
         else:
             text = f"gmlake: allocating {size} bytes on device {device} failed: {error}"
         encoded = text.encode()[:OOM_TEXT - 48].decode(errors="ignore").encode()    # whole characters only
@@ -267,8 +263,8 @@ cdef public void gmlake_record_stream(void* ptr, void* stream) noexcept nogil:
 #   - or what growth may still take without relieving pressure: under a cap, the cap less the memory reserved;
 #     otherwise the device's free memory less the policy's device reserve (Note [Leaving the libraries room]:
 #     cuDNN loads its kernels outside the allocator, into what the reserve keeps free), never more than the
-#     device's free memory, and rounded down to whole pages of the growth (chunk_size, round_large), so a
-#     request of that size needs no page past it. While a graph is captured the device is not asked (the core
+#     device's free memory, and rounded down to what the growth maps (Growth.whole_pages: whole chunks, pages or
+#     round_large steps), so a request of that size needs no page past it. While a graph is captured the device is not asked (the core
 #     never asks it then): only the cap's room counts;
 #   - and 0 under a cap of 0 bytes (set_per_process_memory_fraction(0)), which refuses every request.
 # An answer too high costs an out-of-memory per algorithm tried (observers called, num_ooms counted), one too
@@ -295,25 +291,6 @@ cdef size_t _largest_free_block(FreeIndex* index) noexcept nogil:
     return largest
 
 
-cdef size_t _whole_pages(Allocator a, size_t room, bint binds) noexcept nogil:
-    """The largest request whose new memory fits in `room` bytes as `a`'s growth lays it out (Policy.segment_rule):
-    `room` in whole pages of an expandable range (capped_page_large where a cap binds and it is set), in whole
-    chunks (chunks), or in round_large steps, where a request under min_large_alloc would take a whole
-    large_segment_size segment instead (PyTorch's sizing, the growth that does not stitch)."""
-    cdef size_t page
-    if a.k.fit_counts_unmapped:
-        page = a.k.capped_page_large if binds and a.k.capped_page_large else a.k.expandable_page_large
-    elif a.growth.stitches:
-        page = a.k.chunk_size
-    else:
-        page = a.k.round_large
-    if page:
-        room -= room % page
-    if not a.growth.stitches and room < a.k.min_large_alloc and room < a.k.large_segment_size:
-        room = 0
-    return room
-
-
 cdef size_t _largest_served(Allocator a) noexcept nogil:
     """Note [The largest block served now], for `a`."""
     cdef ScopedLock held
@@ -335,7 +312,7 @@ cdef size_t _largest_served(Allocator a) noexcept nogil:
         if not binds:       # growth leaves the device reserve free where no cap binds
             free_bytes = a.device_room_nogil(free_bytes)
         room = free_bytes if not capped or free_bytes < room else room
-    room = _whole_pages(a, room, binds)
+    room = a.growth.whole_pages(a, room, binds)
     if room > largest:
         largest = room
     if capped and largest > a.limit_bytes:      # a request over the cap is refused even where a free block fits
