@@ -415,23 +415,13 @@ cdef class Allocator:
     cdef void cap_nogil(self, size_t limit) noexcept nogil
     cdef object failure(self, size_t size, Failure* why, int64_t request=*)
     cdef void _report(self, Failure* why, Failure* out) noexcept nogil
-    cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil
     cdef void _debug_check(self) noexcept nogil
-    cdef void _verify_invariants(self) noexcept with gil
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil
     cdef size_t device_room_nogil(self, size_t free) noexcept nogil
 
     # internals, in the order _allocator.pyx defines them
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_large_miss(self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _try_alloc(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _relieve_and_retry(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
-    cdef void _retire(self, Block* b) noexcept nogil
 
 
 cdef class Growth:

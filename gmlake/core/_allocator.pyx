@@ -201,27 +201,6 @@ cdef class Allocator:
 
     # ------------------------------------------------------------------ malloc: a request's steps (_requests.pxi)
 
-    cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_small(self, why, size, stream)
-
-    cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_large(self, why, size, stream)
-
-    cdef Block* _alloc_large_miss(self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_large_miss(self, why, b, size, stream)
-
-    cdef Block* _try_alloc(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_try(self, why, size_class, size, stream)
-
-    cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_request(self, why, size, stream)
-
-    cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_under_pressure(self, why, size_class, size, stream)
-
-    cdef Block* _relieve_and_retry(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_relieve_and_retry(self, why, size_class, size, stream)
-
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* out) noexcept nogil:
         """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `out` is given, says why there."""
         cdef ScopedLock held
@@ -274,7 +253,7 @@ cdef class Allocator:
         cdef Failure why                    # a driver error while freeing leaves an orphan to retry, not a failure
         no_failure(&why)
         held.acquire(self.mutex)
-        cdef int rc = self._free_locked(&why, ptr)
+        cdef int rc = _free_live(self, &why, ptr)
         self._debug_check()
         return rc
 
@@ -282,10 +261,7 @@ cdef class Allocator:
         """Every invariant, checked after the operation with debug_checks on (Note [Invariant checks inside the
         allocator], _debug.pxi)."""
         if self.checking:
-            self._verify_invariants()
-
-    cdef void _verify_invariants(self) noexcept with gil:
-        _verify_after_operation(self)
+            _verify_after_operation(self)
 
     def _raise_invariant_error(self) -> None:
         exc = self.invariant_error
@@ -314,12 +290,6 @@ cdef class Allocator:
         on the hot path]): at most 64 of each, freed with the allocator; and how many events it keeps to record
         again (Note [Reusing events]): at most 1,024, destroyed by empty_cache."""
         return _api_spares(self)
-
-    cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil:
-        return _free_live(self, why, ptr)
-
-    cdef void _retire(self, Block* b) noexcept nogil:
-        _free_retire(self, b)
 
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
         """Bytes held by the live allocation at ptr; 0 if ptr is not one."""

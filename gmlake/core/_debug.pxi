@@ -263,16 +263,16 @@ def _check_private_pools(Allocator self) -> None:
             raise InvariantError(f"private pool {self.pools.active[i].id} is listed active but is not")
 
 
-cdef void _verify_after_operation(Allocator self) noexcept:
+cdef void _verify_after_operation(Allocator self) noexcept with gil:
     """Note [Invariant checks inside the allocator]: with debug_checks on (always in a GMLAKE_DEBUG build), every
     operation ends by verifying every invariant, as mimalloc's debug mode does, so a bug is caught at the
     operation that made it, whichever path (Python, replay, torch) called. A debug build aborts with the broken
     invariant's name: an allocator that has corrupted its own state must not hand out more memory. Switched on
     from Python, the error is raised by the next Python call instead, for tests.
 
-    The Python work lives here, called by Allocator._verify_invariants, a `with gil` method: a nogil function that
-    holds Python objects takes the GIL on every call (to release them), which doubled the cost of a cache hit; the
-    nogil Allocator._debug_check holds none."""
+    The Python work lives here, a `with gil` function that the nogil Allocator._debug_check calls: a nogil
+    function that holds Python objects takes the GIL on every call (to release them), which doubled the cost of a
+    cache hit; the nogil Allocator._debug_check holds none."""
     if self.invariant_error is not None:
         return
     self.checks_run += 1

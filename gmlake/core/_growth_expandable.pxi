@@ -208,7 +208,7 @@ cdef inline size_t _edge_shortfall(Allocator self, size_t shortfall) noexcept no
     """At the edge, the new bytes a stitch's shortfall maps: whole pages of its range where they fit under the limit,
     else edge pages.
 
-    Note [Stitching at the edge]: a request that relief is retrying (Allocator._alloc_under_pressure) is at the edge
+    Note [Stitching at the edge]: a request that relief is retrying (_malloc_under_pressure) is at the edge
     of memory: growth has failed, and what can still serve it is what the allocator holds free. Two rules keep
     stitches rare elsewhere, for speed, where growing is the other way to serve a request: `min_saved_chunks` (a
     stitch must save that many pages) and `restitch_limit` (a size that keeps stitching again grows instead). At the

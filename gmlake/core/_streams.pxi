@@ -255,7 +255,7 @@ cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
             entry.events.erase(entry.events.begin() + j)       # in order: the entry's events are per stream
             entry.streams.erase(entry.streams.begin() + j)
         if entry.events.empty():
-            self._retire(entry.block)
+            _free_retire(self, entry.block)
         else:
             if kept != i:
                 self.streams.pending[kept] = move(self.streams.pending[i])      # the event vectors move: no copy per pass
@@ -315,6 +315,6 @@ cdef void _await_uses(Allocator self, Failure* why, Block* b, vector[int64_t]& s
             # No event: the only safe course is to wait for the device.
             _sync(self, why)
     if pend.events.empty():             # waited for the device instead: nothing left to wait for
-        self._retire(b)
+        _free_retire(self, b)
         return
     self.streams.pending.push_back(pend)

@@ -98,7 +98,7 @@ cdef bint _reserve_binds(Allocator self, size_t size) noexcept nogil:
     backward failing with cuLibraryLoadData: out of memory, where expandable segments trained).
     - What is kept: growth that would leave the device less free than the reserve fails softly. The request goes
       through every pressure stage first, which gives cached free memory back to the device, and takes the reserve
-      only when they made no room (Allocator._alloc_under_pressure), so a request the device has room for still
+      only when they made no room (_malloc_under_pressure), so a request the device has room for still
       gets it, and the libraries find free what the allocator had cached.
     - How it is measured: each time growth asks the device what is free (cuMemGetInfo, at growth and at the edge
       only, never on a cache hit) the allocator adds its own reserved bytes: what is within its reach. A drop since
@@ -169,7 +169,7 @@ cdef Block* _alloc_from_reserve(Allocator self, Failure* why, int size_class, si
     The reserve closes again as the call returns, so it is open for this one request only."""
     cdef Block* b
     self.reserve_open = True
-    b = self._try_alloc(why, size_class, size, stream)
+    b = _malloc_try(self, why, size_class, size, stream)
     self.reserve_open = False
     return b
 
