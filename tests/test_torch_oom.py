@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gmlake import Allocator, SimDriver
-from gmlake.core.errors import OutOfMemoryError, format_size
+from gmlake.core.errors import OutOfMemoryError, format_torch_size
 
 HERE = Path(__file__).parent
 MiB = 1 << 20
@@ -115,8 +115,8 @@ def test_a_request_over_the_cap_is_counted_and_recorded_as_an_out_of_memory():
     assert all(e["device_free"] == 64 * MiB and "addr" not in e for e in ooms), ooms
 
 
-def test_format_size_writes_sizes_as_pytorch_does():
-    assert [format_size(n) for n in (0, 1024, 1025, MiB, MiB + 1, 1 << 30, (1 << 30) + 1, 3 << 30)] == [
+def test_format_torch_size_writes_sizes_as_pytorch_does():
+    assert [format_torch_size(n) for n in (0, 1024, 1025, MiB, MiB + 1, 1 << 30, (1 << 30) + 1, 3 << 30)] == [
         "0 bytes", "1024 bytes", "1.00 KiB", "1024.00 KiB", "1.00 MiB", "1024.00 MiB", "1.00 GiB", "3.00 GiB"]
 
 

@@ -49,11 +49,11 @@ class OutOfMemoryError(GmlakeError, MemoryError):
         knob that sets those pages, as PyTorch's suggests expandable segments; first, where `tail_page` is 0 (the
         policy could cut its blocks' tail pages and does not), the finest tail pages, which cost fewer driver calls
         (docs/benchmarks.md, "Fine pages at a block's tail")."""
-        free = f" of which {format_size(device_free)} is free" if device_free is not None else ""
+        free = f" of which {format_torch_size(device_free)} is free" if device_free is not None else ""
         capped = bool(self.limit) or self.zero_cap
         # a cap at or above the device's memory is none (the core's _cap_binds): the device is the limit then
         binds = bool(self.limit) and (not self.capacity or self.limit < self.capacity)
-        allowed = f"{format_size(self.limit)} allowed; " if capped else ""
+        allowed = f"{format_torch_size(self.limit)} allowed; " if capped else ""
         if self.zero_cap:
             limit = "a cap of 0 bytes (set_per_process_memory_fraction(0): no allocation fits)"
         elif binds:
@@ -82,8 +82,8 @@ class OutOfMemoryError(GmlakeError, MemoryError):
             tries += (f"; if it ran out at the edge, finer pages may fit it: {tails}"
                       f"GMLAKE_KNOBS={knob}={FINEST_PAGE >> 20}MiB (docs/benchmarks.md, \"Fine pages "
                       f"from the start\")")
-        return (f"CUDA out of memory. Tried to allocate {format_size(self.requested)}. GPU {device} has a total "
-                f"capacity of {format_size(self.capacity)}{free}. {allowed}gmlake: {self.requested} bytes asked; "
+        return (f"CUDA out of memory. Tried to allocate {format_torch_size(self.requested)}. GPU {device} has a total "
+                f"capacity of {format_torch_size(self.capacity)}{free}. {allowed}gmlake: {self.requested} bytes asked; "
                 f"{_mib(self.reserved)} reserved, {_mib(self.allocated)} allocated, {_mib(self.cached)} cached and "
                 f"free{made}; limit in force: "
                 f"{limit}. The allocator is still usable: {tries}."
@@ -94,8 +94,9 @@ class OutOfMemoryError(GmlakeError, MemoryError):
 FINEST_PAGE = 2 << 20      # the CUDA driver's allocation granularity on the GPUs measured: the finest page
 
 
-def format_size(n: int) -> str:
-    """A byte count as PyTorch's out-of-memory message writes it (bytes, KiB, MiB or GiB, two decimals)."""
+def format_torch_size(n: int) -> str:
+    """A byte count as PyTorch's out-of-memory message writes it (bytes, KiB, MiB or GiB, two decimals), for the
+    message below only: everywhere else sizes are written by gmlake.policies.settings.format_size."""
     if n <= 1024:
         return f"{n} bytes"
     for unit, scale in (("KiB", 1 << 10), ("MiB", 1 << 20)):
