@@ -1,6 +1,9 @@
 # Debug checks of the allocator core: every invariant and statistic verified against the structures (Allocator.check,
 # and after every operation with debug_checks on, as mimalloc's debug builds check inside the allocator). Included by
 # _allocator.pyx; module-level functions, as every room of the core.
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _check_invariants, _verify_after_operation
 
 
 def _check_invariants(Allocator self) -> None:

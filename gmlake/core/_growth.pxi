@@ -6,6 +6,9 @@
 # Stitch-or-grow (_sblocks.pxi) and the pressure loop (_requests.pxi) are written once, over this interface; no room
 # asks which strategy is in use. Included into _allocator.pyx; every function takes the Allocator whose lock its
 # caller holds and, where it can fail, the call's Failure (Note [A call's failure]).
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _laid_out_segment, _pytorch_alloc_size, _growth_of
 
 
 cdef Segment* _laid_out_segment(Allocator self, Failure* why, int size_class, size_t size, size_t segment_size,

@@ -2,6 +2,9 @@
 # per stream and size class, reserved once, grown by mapping chunks ("pages", in PyTorch's and the knobs' words) at
 # the lowest address with room; best fit counts the unmapped room after a free block. A stitch's shortfall is new
 # chunks mapped at the lowest hole with room. Included into _allocator.pyx (see _growth.pxi).
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _note_most_reserved, _cut_tail_at_reuse, _cap_binds, _room, ExpandableGrowth
 
 
 cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) noexcept nogil:

@@ -3,6 +3,9 @@
 # (Note [A call's failure]). Writes only what the segments room owns (a segment's handles and slots) and asks the
 # blocks room to carve the holes (_carve_hole).
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _reback_chunks
+#
 # Note [Taking slots back at the edge]: a handle maps only whole, so the free bytes inside a chunk that also holds a
 # live block are out of reach of growth and stitching alike: at the edge of memory, on a device or under a cap
 # barely larger than the peak, they are what keeps a request from fitting where 2 MiB chunks would fit

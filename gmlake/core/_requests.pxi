@@ -1,6 +1,9 @@
 # The allocator core: a request's path, steps 1-6 of _allocator.pyx's docstring, and a free's. Included into
 # _allocator.pyx.
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _malloc_try, _serve, _free_live, _free_retire
+#
 # malloc_nogil and malloc_in_pool_nogil take the lock and choose the request's target; _serve does the rest: it
 # rounds the size, runs the steps below (_malloc_*) and counts the result. The steps ask the rooms (free index,
 # sBlocks, growth, streams, pools, seams) and decide nothing of their own besides their order. free_nogil takes the

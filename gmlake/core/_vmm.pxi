@@ -3,6 +3,10 @@
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _call, _unannounced_capture, _refuse_unannounced_capture, _sync, _release_handle, _discard_range, _ask_device,
+#   _reserve_kept, _alloc_from_reserve, _map_new_chunks, _destroy_event, _retry_orphans
+#
 # Owns Allocator.orphans (OrphanRoom, _structs.h), written only here (_release_handle, _discard_range,
 # _destroy_event, _retry_orphans), and the call counters of the statistics (_call).
 
