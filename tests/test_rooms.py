@@ -117,7 +117,7 @@ def _code(text: str) -> str:
 
 
 def _included() -> list[str]:
-    return re.findall(r'^include "(\w+\.pxi)"', (CORE / "_allocator.pyx").read_text(), re.M)
+    return re.findall(r'^include "(\w+\.pxi)"', (CORE / "_allocator.pyx").read_text(), re.MULTILINE)
 
 
 def _listed_api(text: str) -> list[str]:
@@ -134,7 +134,7 @@ def _listed_api(text: str) -> list[str]:
 
 def _called_elsewhere(name: str) -> list[str]:
     """The functions and classes that file `name` defines at module level and that another core file's code names."""
-    defined = re.findall(r"^(?:cdef|cpdef|def)\b[^\n(]*?(\w+)\(", (CORE / name).read_text(), re.M)
+    defined = re.findall(r"^(?:cdef|cpdef|def)\b[^\n(]*?(\w+)\(", (CORE / name).read_text(), re.MULTILINE)
     others = [_code(p.read_text()) for p in core_files() if p.name != name]
     return [d for d in defined if any(re.search(rf"\b{d}\b", text) for text in others)]
 
