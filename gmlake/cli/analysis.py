@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from gmlake import policies
@@ -117,8 +118,6 @@ def _smallest_caps(trace, chosen: list, as_json: bool, event_lag: int = 0, wide:
 
 def cmd_explain(args) -> int:
     """`gmlake explain`: where each policy's reserved bytes are at its peak; a table, or JSON lines."""
-    from dataclasses import asdict
-
     from rich.table import Table
     from rich.text import Text
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 from collections.abc import Callable
@@ -87,8 +88,6 @@ def _run_policy(args) -> tuple[policies.PolicyChoice, int]:
 def cmd_run(args) -> int | Callable[[], int]:
     """`gmlake run`: check every setting, install gmlake as PyTorch's CUDA allocator, and return the program to run
     (main runs it outside gmlake's error handling: its errors are its own)."""
-    import runpy
-
     from gmlake import torch as gtorch
 
     program = _program(args, "gmlake run script.py args...  (or: gmlake run -m module args...)")

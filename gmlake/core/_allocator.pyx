@@ -59,8 +59,9 @@ from cython.operator cimport dereference as deref, preincrement as inc, predecre
 from gmlake.core._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
 
 from gmlake.core.errors import (OutOfMemoryError, DriverError, InvalidPointerError, PolicyError, GraphCaptureError,
-                           CaptureOutOfMemoryError)
+                           CaptureOutOfMemoryError, InvariantError)
 from typing import Iterable
+import threading
 from gmlake.core.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock, FreeBlocks
 
 from gmlake.core._clock cimport timespec, clock_gettime, CLOCK_REALTIME
@@ -138,7 +139,6 @@ cdef class Allocator:
         knobs["fit_counts_unmapped"] = self.growth.fit_counts_unmapped
         self.seams = _seams_of(policy, knobs)
         self.k = knobs
-        import threading
         self.hook_errors = threading.local()
         # The largest request worth trying: the device's memory, or 4 TiB (the largest device a replay models, as
         # trace.MAX_DEVICE_MEMORY) where the driver models no bound, so no request loops over millions of chunks.

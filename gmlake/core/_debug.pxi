@@ -9,7 +9,6 @@
 def _check_invariants(Allocator self) -> None:
     """Verify every internal invariant and statistic against the structures; raises InvariantError (an
     AssertionError that `python -O` does not strip) naming the first one broken. For tests."""
-    from gmlake.core.errors import InvariantError
     cdef pair[uint64_t, Segment*] sp
     cdef pair[uint64_t, SBlock*] bp
     cdef pair[FreeKey, Block*] fp
@@ -212,7 +211,6 @@ def _check_invariants(Allocator self) -> None:
 
 def _check_private_pools(Allocator self) -> None:
     """_check_invariants' part for private pools: Note [Private pools] as invariants."""
-    from gmlake.core.errors import InvariantError
     cdef pair[uint64_t, PrivatePool*] pp
     cdef pair[uint64_t, Segment*] sp
     cdef pair[FreeKey, Block*] fp

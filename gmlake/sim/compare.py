@@ -15,6 +15,7 @@ def run(traces: list[Trace], policies: list[Policy | str | PolicyChoice], progre
         device_memory: int | None = None, event_lag: int = 0, cap: int = 0) -> list[ReplayResult]:
     """Every trace under every policy (specs, Policy objects or PolicyChoices), with a progress bar on the
     terminal. `event_lag` and `cap` (bytes, 0: none): see gmlake.sim.replay.replay."""
+    # rich loads only when output is drawn, so importing this module stays light
     from rich.progress import Progress
     from rich.text import Text
 
@@ -62,6 +63,7 @@ def smallest_limits(traces: list[Trace], policies: list[Policy | str | PolicyCho
     """gmlake.sim.cap.limits (the smallest device and the smallest cap, by replay) of every trace under every policy, in
     `run`'s order (trace by trace, the policies in turn), on `jobs` processes (default: every core, as `gmlake tune`),
     with a progress bar on stderr. A pair whose policy runs out of memory even uncapped is {"error": why}."""
+    # rich loads only when output is drawn, so importing this module stays light
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -170,6 +172,7 @@ def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False, 
     utilization, stitches, priced driver time); `wide`: every column, fragmentation and the stall model included.
     `limits` (`smallest_limits`, one row per result, in order): the smallest device and cap over the peak allocated
     beside them (`wide`: in GiB too)."""
+    # rich loads only when output is drawn, so importing this module stays light
     from rich.table import Table
     from rich.text import Text
 

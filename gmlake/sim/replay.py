@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -343,6 +344,7 @@ PROGRESS_AFTER = 3.0    # seconds a replay runs before it shows a progress bar
 
 
 def _progress_console():
+    # rich loads only when output is drawn, so importing this module stays light
     from rich.console import Console
 
     return Console(stderr=True)
@@ -352,8 +354,6 @@ def _with_progress(run, events: int, label: str) -> dict:
     """run(watch) (replay_events with its `progress` array) in a worker thread, this thread showing a rich progress
     bar on stderr once it has run PROGRESS_AFTER seconds, where stderr is a terminal. Ctrl-C here stops the worker's
     loop, then interrupts."""
-    import threading
-
     watch = np.zeros(2, dtype=np.int64)
     done: dict = {}
 
@@ -369,6 +369,7 @@ def _with_progress(run, events: int, label: str) -> dict:
         worker.join(PROGRESS_AFTER)
         console = _progress_console() if worker.is_alive() else None
         if console is not None and console.is_terminal:
+            # rich loads only when output is drawn, so importing this module stays light
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             with Progress(TextColumn("replaying {task.description}"), BarColumn(), MofNCompleteColumn(),

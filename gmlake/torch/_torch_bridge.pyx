@@ -30,6 +30,9 @@ cdef enum:
 # Borrowed pointers; `_owners` keeps the Allocator objects alive.
 cdef void* _allocators[MAX_DEVICES]
 import threading
+import sys
+import traceback
+import warnings
 
 _owners: dict = {}
 _factory = None
@@ -135,9 +138,6 @@ cdef str _observe_oom(int device, size_t size, size_t allowed, size_t free_bytes
         try:
             observer(device, size, allowed, free_bytes)
         except BaseException as exc:   # noqa: BLE001 - reported below, and the out-of-memory error still raised
-            import sys
-            import traceback
-
             print(f"gmlake: an out-of-memory observer ({observer!r}) raised:", file=sys.stderr)
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
             failed.append(f"{type(exc).__name__}: {exc}")
@@ -525,7 +525,6 @@ cdef bint _pool_call(int device, PoolMethod which, uint64_t pool, ErrorText* err
 
 
 cdef void _warn_pool_error(ErrorText* error) noexcept with gil:
-    import warnings
     warnings.warn((<bytes>error.text).decode(errors="replace"), RuntimeWarning, stacklevel=2)
 
 
