@@ -22,6 +22,9 @@ from gmlake.cli.common import (
 from gmlake.policies.settings import KNOBS_VARIABLE, env_knobs
 from gmlake.sim import MAX_DEVICE_MEMORY
 
+# The commands below import gmlake.sim's modules (numpy, matplotlib: the optional sim extra) and rich's widgets inside
+# their functions: `gmlake run` and `gmlake capture` need neither, and only a command that replays needs the extra.
+
 
 def _load(specs: list[str], device: int | None):
     """Traces by path or by bundled name, each under a name of its own: results, tables and plots are keyed by a

@@ -14,7 +14,7 @@ from gmlake.core._allocator import Allocator
 from gmlake.drivers._sim_driver import SimDriver
 from gmlake.policies import Policy, PolicyChoice, choice_of
 from gmlake.sim._replay import replay_events
-from gmlake.sim.trace import MAX_DEVICE_MEMORY, Trace, bundled_traces, trace_path  # noqa: F401 - re-exported
+from gmlake.sim.trace import MAX_DEVICE_MEMORY, Trace, bundled_traces, load, trace_path  # noqa: F401 - re-exported
 
 GRANULARITY = 2 << 20
 
@@ -410,7 +410,6 @@ FIDELITY = {"native": ("caching", 0.01), "expandable": ("expandable", 0.02)}
 def fidelity(paths: list[Path] | None = None) -> list[dict]:
     """Replay each trace through the policy that models the allocator it was captured under, against the
     max_memory_reserved the captured run really reached. One row per trace."""
-    from gmlake.sim.trace import load
 
     rows = []
     for path in paths if paths is not None else bundled_traces():
