@@ -378,8 +378,7 @@ cdef class Allocator:
     cdef readonly Growth growth                          # how new memory is laid out (chosen once, from the policy)
     cdef Knobs k
     cdef std_mutex mutex
-    cdef size_t limit_bytes
-    cdef bint zero_cap                                   # a cap of 0 bytes (limit_bytes 0 means none): nothing fits
+    cdef size_t limit_bytes                              # the cap on memory held; NO_LIMIT: none, 0: nothing fits
     cdef bint reserve_open                               # relief ran out: growth may take the device reserve
     cdef LibrariesRoom libraries                         # what the libraries took outside it (_vmm.pxi)
     cdef bint at_edge                                    # relief is retrying a request (Note [Stitching at the edge])
@@ -412,7 +411,6 @@ cdef class Allocator:
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
     cdef int empty_cache_nogil(self, Failure* why) noexcept nogil
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil
-    cdef void cap_nogil(self, size_t limit) noexcept nogil
     cdef object failure(self, size_t size, Failure* why, int64_t request=*)
     cdef void _report(self, Failure* why, Failure* out) noexcept nogil
     cdef void _debug_check(self) noexcept nogil
@@ -507,6 +505,12 @@ cdef class Seams:
 # What a Seams or Growth subclass in another module may use to read the allocator's free blocks: keys and lookups,
 # inlined into its own module from here, so that it copies nothing of the core's internals and keeps working when
 # they move. Call them only from a seam (the allocator's lock is held there); never change what they return.
+
+# Note [No limit]: a limit is a number of bytes, and 0 is a limit like any other (nothing fits under it, as under
+# PyTorch's set_per_process_memory_fraction(0)); no limit at all is NO_LIMIT (the largest size_t) in the core, None
+# in Python. So every comparison with a limit reads the same, and none asks whether a limit is set first.
+cdef extern from "_structs.h" namespace "gmlake" nogil:
+    const size_t NO_LIMIT
 
 cdef enum:
     ANY_STREAM = -1             # the stream of a free block whose stream's work is done: usable by any stream

@@ -107,7 +107,7 @@ def set_default_policy(factory) -> None:
 
 
 cdef class Allocator:
-    """Allocator(driver, policy=None, *, limit=0)
+    """Allocator(driver, policy=None, *, limit=None)
 --
 
     A stitching allocator for one device.
@@ -115,10 +115,10 @@ cdef class Allocator:
     Args:
         driver: where physical memory and address space come from (SimDriver, HostDriver, CudaDriver).
         policy: the placement policy (a gmlake.policies.Policy); defaults to `gmlake.policies.GMLakePolicy()`.
-        limit: a hard cap on physical memory held, in bytes (0: none besides the device's own).
+        limit: a hard cap on physical memory held, in bytes (None: none besides the device's own).
     """
 
-    def __init__(self, Driver driver not None, policy=None, *, limit: int = 0):
+    def __init__(self, Driver driver not None, policy=None, *, limit: int | None = None):
         if policy is None:
             if _default_policy is None:
                 raise TypeError("Allocator(driver, policy): no policy given, and gmlake.policies (which supplies the "
@@ -332,27 +332,20 @@ cdef class Allocator:
         return why.err
 
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil:
-        """Cap the physical memory held (0: none), under the lock: torch's memory-fraction hook calls it."""
+        """Cap the physical memory held at `limit` bytes, under the lock: NO_LIMIT for none, and 0 refuses every
+        request, as PyTorch's allocator does under set_per_process_memory_fraction(0) (Note [No limit])."""
         cdef ScopedLock held
         held.acquire(self.mutex)
         self.limit_bytes = limit
-        self.zero_cap = False
-
-    cdef void cap_nogil(self, size_t limit) noexcept nogil:
-        """Cap the physical memory held at `limit` bytes, 0 included: a cap of 0 refuses every request, as PyTorch's
-        allocator does under set_per_process_memory_fraction(0) (set_limit's 0 means no cap instead)."""
-        cdef ScopedLock held
-        held.acquire(self.mutex)
-        self.limit_bytes = limit
-        self.zero_cap = limit == 0
 
     # ------------------------------------------------------------------ Python API
 
-    def set_limit(self, limit: int) -> None:
-        """Cap the physical memory this allocator may hold, in bytes (0: no cap)."""
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise ValueError(f"gmlake: limit must be an int >= 0, got {limit!r}")
-        cdef size_t n = limit
+    def set_limit(self, limit: int | None) -> None:
+        """Cap the physical memory this allocator may hold, in bytes (None: no cap; 0: nothing fits)."""
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
+                                  or limit >= NO_LIMIT):
+            raise ValueError(f"gmlake: limit must be None or an int >= 0, got {limit!r}")
+        cdef size_t n = NO_LIMIT if limit is None else limit
         with nogil:
             self.set_limit_nogil(n)
 
@@ -362,9 +355,9 @@ cdef class Allocator:
         return self.pools.capturing
 
     @property
-    def limit(self) -> int:
-        """The cap on physical memory held, in bytes (0: none)."""
-        return self.limit_bytes
+    def limit(self) -> int | None:
+        """The cap on physical memory held, in bytes (None: none)."""
+        return None if self.limit_bytes == NO_LIMIT else self.limit_bytes
 
     def malloc(self, size: int, stream: int = 0, *, pool: int | None = None) -> int:
         """Allocate `size` bytes for use on `stream`; returns the address. `pool` (an active private pool's id, or

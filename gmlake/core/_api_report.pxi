@@ -117,7 +117,7 @@ cdef object _api_failure(Allocator self, size_t size, Failure* why, int64_t requ
     if why.err == ERR_CAPTURE:
         return CaptureOutOfMemoryError(
             requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
-            limit=why.limit, capacity=self.driver.capacity)
+            limit=None if why.limit == NO_LIMIT else why.limit, capacity=self.driver.capacity)
     return OutOfMemoryError(
         requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
-        limit=why.limit, capacity=self.driver.capacity, zero_cap=why.limit == 0 and self.zero_cap)
+        limit=None if why.limit == NO_LIMIT else why.limit, capacity=self.driver.capacity)

@@ -32,7 +32,7 @@ cdef inline void no_failure(Failure* why) noexcept nogil:
     why.call = 0
     why.reserved = 0
     why.allocated = 0
-    why.limit = 0
+    why.limit = NO_LIMIT
 
 
 cdef inline size_t min_size(size_t a, size_t b) noexcept nogil:

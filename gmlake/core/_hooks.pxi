@@ -185,7 +185,8 @@ cdef object _with_state(Allocator self, Failure* why, int64_t stream, object hoo
     walk.stream = stream
     blocks = FreeBlocks(walk)
     cdef uint64_t pool = why.request.target.id if why.request != NULL and why.request.target != NULL else 0
-    state = _new_tuple(AllocatorState, (self.st.reserved, self.st.allocated, self.st.active, self.limit_bytes,
+    state = _new_tuple(AllocatorState, (self.st.reserved, self.st.allocated, self.st.active,
+                                        None if self.limit_bytes == NO_LIMIT else self.limit_bytes,
                                         self.driver.capacity, self.sblock_cache.cached(), stream, blocks, pool))
     try:
         return hook(*args, state)

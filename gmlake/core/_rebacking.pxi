@@ -121,7 +121,7 @@ cdef size_t _reback_chunk(Allocator self, Failure* why, Segment* seg, size_t chu
     if _copy_runs(self, why, lo, live, staging, True) != DRIVER_OK:
         return 0
     # 2. the new handles, before the chunk goes where the limit leaves room for both
-    early = not (self.limit_bytes and self.st.reserved + copied > self.limit_bytes)
+    early = not (self.st.reserved + copied > self.limit_bytes)
     if early and _create_slots(self, why, live_count, fresh) != DRIVER_OK:
         if why.err != ERR_NONE:
             return 0

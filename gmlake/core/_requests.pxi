@@ -182,8 +182,7 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
     why.err = ERR_NONE
     # A request no device (or cap) could hold fails at once and changes nothing but the out-of-memory count and
     # history: no loop over billions of chunks, no vector that large, no memory released for nothing.
-    if size > self.max_request or unlikely(self.zero_cap) or (
-            self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
+    if size > self.max_request or round_up(size, self.k.round_to) > self.limit_bytes:
         why.err = ERR_OOM
         _count_oom(self, size, stream)
         self._report(why, out)

@@ -20,7 +20,7 @@ cdef Segment* _new_segment(Allocator self, Failure* why, int size_class, size_t 
     cdef uintptr_t va = 0
     cdef int rc
     cdef vector[uint64_t] handles
-    if mapped and self.limit_bytes and self.st.reserved + size > self.limit_bytes:
+    if mapped and self.st.reserved + size > self.limit_bytes:
         why.err = ERR_OOM
         return NULL
     if _refuse_unannounced_capture(self, why):

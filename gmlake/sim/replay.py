@@ -318,7 +318,7 @@ def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", d
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
         raise ValueError(f"cap must be a whole number of bytes >= 0, got {cap!r}")
     alloc = Allocator(SimDriver(capacity=modelled_device_memory(trace, device_memory), granularity=GRANULARITY),
-                      policy, limit=cap)
+                      policy, limit=cap if cap else None)     # the replay's cap 0: none
     req = trace.requests()[:upto]
     # Dense allocation ids (0..k-1), so the replay's id table is as long as the trace, whatever ids it carries.
     _, dense_ids = np.unique(req["id"], return_inverse=True)

@@ -131,7 +131,7 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
         # the CUDA driver needs libcuda: loaded only when a device is enabled
         from gmlake.drivers import cuda_driver
 
-        made = Allocator(cuda_driver(device), chosen, limit=limit)
+        made = Allocator(cuda_driver(device), chosen, limit=limit if limit else None)     # GMLAKE_LIMIT 0: none
         if _history_settings.get("enabled"):
             made.record_history(True, _history_settings["max_entries"])
         return made
