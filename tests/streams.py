@@ -51,7 +51,7 @@ class StreamHarness:
     """An allocator over `driver` (made hazard-tracking here) with a shadow of the bytes each live allocation, and so
     each stream, may touch. Every operation ends with `verify()`: the driver's hazards, then `Allocator.check()`."""
 
-    def __init__(self, driver: gmlake.Driver, policy: gmlake.Policy | str = "gmlake-paper", *, limit: int = 0,
+    def __init__(self, driver: gmlake.Driver, policy: gmlake.Policy | str = "gmlake-paper", *, limit: int | None = None,
                  **knobs) -> None:
         driver.track_hazards()
         if isinstance(policy, str):

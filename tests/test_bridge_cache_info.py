@@ -51,7 +51,7 @@ for d, name in enumerate(POLICIES):
     a.set_limit(reserved + 131 * MiB)      # room past the free block, rounded down to whole pages
     got["cap_with_room"] = info(d)
     # free blocks of three streams, the largest on each stream in turn: each stream's run is walked
-    a.set_limit(0)
+    a.set_limit(None)
     a.free(small)
     a.empty_cache()
     got["streams"] = []
@@ -61,7 +61,7 @@ for d, name in enumerate(POLICIES):
             a.free(p)
         a.set_limit(a.stats()["reserved_bytes"])
         got["streams"].append(info(d))
-        a.set_limit(0)
+        a.set_limit(None)
         a.empty_cache()
     bridge.gmlake_memory_fraction(0.0, d)  # a cap of 0 bytes: nothing is served
     got["zero_cap"] = info(d)
@@ -125,7 +125,7 @@ for step in range(300):
         except Exception:
             pass
     if rng.random() < 0.2:
-        a.set_limit(rng.choice([0, a.stats()["reserved_bytes"] + rng.randrange(0, 64 * MiB), 300 * MiB]))
+        a.set_limit(rng.choice([None, a.stats()["reserved_bytes"] + rng.randrange(0, 64 * MiB), 300 * MiB]))
     n = info(0)
     if not n:
         continue
@@ -139,7 +139,7 @@ for step in range(300):
     after = a.stats()
     # a cap set under what is reserved already is kept by not growing at all
     if after["ooms"] != before["ooms"] or (
-            a.limit and after["reserved_bytes"] > max(a.limit, before["reserved_bytes"])):
+            a.limit is not None and after["reserved_bytes"] > max(a.limit, before["reserved_bytes"])):
         failures.append([step, n, a.limit, after["reserved_bytes"], "grew past the cap or counted an out-of-memory"])
     a.free(p)
 print(json.dumps({"asked": len(asked), "largest": max(asked), "failures": failures[:5]}))

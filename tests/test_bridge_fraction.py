@@ -65,7 +65,7 @@ def test_memory_fraction_through_the_bridge(harness):  # noqa: F811
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["uncapped"] == "ok"
     # 0: a cap of 0 bytes, every allocation refused with out-of-memory, the message saying so
-    assert got["set_0"] == 0
+    assert got["set_0"] == 0 and got["limit_at_0"] == 0
     for key in ("at_0", "at_0_again"):
         assert got[key].startswith("CUDA out of memory. Tried to allocate"), got[key]
         assert "a cap of 0 bytes (set_per_process_memory_fraction(0): no allocation fits)" in got[key], got[key]

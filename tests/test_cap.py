@@ -61,7 +61,7 @@ def test_expandable_segments_count_the_whole_request_against_a_cap():
         gmlake.Allocator(gmlake.SimDriver(capacity=1 << 30), ExpandablePolicy(), limit=100 * MiB).malloc(101 * MiB)
 
 
-@pytest.mark.parametrize("limit, page", [(0, 20 * MiB), (512 * MiB, 4 * MiB), (1 << 30, 20 * MiB), (2 << 30, 20 * MiB)])
+@pytest.mark.parametrize("limit, page", [(None, 20 * MiB), (512 * MiB, 4 * MiB), (1 << 30, 20 * MiB), (2 << 30, 20 * MiB)])
 def test_a_range_made_under_a_cap_maps_finer_pages(limit, page):
     """Note [Finer pages under a cap]: capped_page_large=4MiB maps 4 MiB pages in a large-pool range made while a
     cap below the device's memory is set, 20 MiB otherwise (a cap at or above the device's memory is none)."""
@@ -87,7 +87,7 @@ def test_a_cap_set_after_the_first_range_still_gets_finer_pages():
     alloc.free(first)
     alloc.malloc(8 * MiB)                                   # a free block of the old range still serves requests
     assert alloc.stats()["reserved_bytes"] == 60 * MiB
-    alloc.set_limit(0)
+    alloc.set_limit(None)
     alloc.malloc(60 * MiB)                                  # uncapped: the 20 MiB range grows again
     assert sorted(s["chunk_size"] for s in alloc.segments_info() if s["pool"] == "large") == [4 * MiB, 20 * MiB]
     alloc.check()
@@ -191,3 +191,26 @@ def test_a_cap_that_never_binds_costs_the_default_nothing(gpt2l):
     assert capped.ooms == uncapped.ooms == 0
     assert capped.peak_reserved == uncapped.peak_reserved
     assert capped.stats["calls"] == uncapped.stats["calls"]
+
+
+@pytest.mark.parametrize("policy", ["gmlake", "caching", "expandable"])
+def test_zero_is_a_limit_like_any_other_and_none_is_no_limit(policy):
+    """Note [No limit]: a limit of 0 bytes refuses every request, as PyTorch's allocator does under
+    set_per_process_memory_fraction(0), the same at construction and from set_limit; None is no limit."""
+    def made() -> gmlake.Allocator:
+        return gmlake.Allocator(gmlake.SimDriver(capacity=1 << 30), gmlake.policies.get(policy))
+
+    assert made().limit is None
+    set_to_zero = made()
+    set_to_zero.set_limit(0)
+    made_with_zero = gmlake.Allocator(gmlake.SimDriver(capacity=1 << 30), gmlake.policies.get(policy), limit=0)
+    for alloc in (made_with_zero, set_to_zero):
+        assert alloc.limit == 0
+        with pytest.raises(gmlake.OutOfMemoryError) as info:
+            alloc.malloc(512)
+        assert info.value.limit == 0 and "cap 0.00 MiB" in str(info.value)
+        alloc.set_limit(None)
+        assert alloc.limit is None
+        alloc.free(alloc.malloc(512))
+        with pytest.raises(ValueError):
+            alloc.set_limit(-1)

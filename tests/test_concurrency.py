@@ -38,7 +38,7 @@ from gmlake import Allocator, DriverError, HostDriver, OutOfMemoryError
 KiB, MiB = 1 << 10, 1 << 20
 STREAMS = 3
 MAX_LIVE = 32                   # blocks a thread holds at most (about 60 MiB)
-CAPS = (0, 48 * MiB, 64 * MiB, 96 * MiB, 160 * MiB)
+CAPS = (None, 48 * MiB, 64 * MiB, 96 * MiB, 160 * MiB)
 # Faults a burst may meet: each kind of driver call the allocator makes on a request, a free or empty_cache.
 FAULTS = ("create_chunk", "map", "set_access", "unmap", "release_chunk", "reserve", "free_va", "synchronize",
           "event_record")
@@ -91,7 +91,7 @@ class Model:
         self.live: dict[int, Block] = {}
         # Blocks freed after use on another stream: the allocator keeps them until that stream's work completes.
         self.maybe_pending: dict[int, Block] = {}
-        self.limit = 0
+        self.limit = None
         self.next_id = 0
         self.ops: dict[str, int] = {}
 
@@ -301,8 +301,8 @@ def run(policy: gmlake.Policy, seed: int, *, threads: int = 4, steps: int = 40, 
             del model.live[b.ptr]
             alloc.free(b.ptr)
     driver.complete_all()
-    alloc.set_limit(0)
-    model.limit = 0
+    alloc.set_limit(None)
+    model.limit = None
     alloc.empty_cache()
     check_against_model(alloc, driver, model)
     s = alloc.stats()

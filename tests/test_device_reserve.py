@@ -15,7 +15,7 @@ from gmlake import Allocator, HostDriver, SimDriver
 MiB = 1 << 20
 
 
-def make(driver_name: str, reserve: int, capacity: int = 100 * MiB, limit: int = 0, **knobs) -> Allocator:
+def make(driver_name: str, reserve: int, capacity: int = 100 * MiB, limit: int | None = None, **knobs) -> Allocator:
     driver = HostDriver(capacity=capacity) if driver_name == "host" else SimDriver(capacity=capacity)
     alloc = Allocator(driver, gmlake.policies.get("gmlake", device_reserve=reserve, **knobs), limit=limit)
     alloc.debug_checks = True

@@ -13,7 +13,7 @@ from gmlake import Allocator, HostDriver, OutOfMemoryError, SimDriver
 MiB = 1 << 20
 
 
-def make(driver_name: str = "sim", limit: int = 0, capacity: int = 0, **knobs) -> Allocator:
+def make(driver_name: str = "sim", limit: int | None = None, capacity: int = 0, **knobs) -> Allocator:
     driver = HostDriver(capacity=capacity) if driver_name == "host" else SimDriver(capacity=capacity)
     alloc = Allocator(driver, gmlake.policies.get("gmlake", **knobs), limit=limit)
     alloc.debug_checks = True
@@ -86,7 +86,7 @@ def test_off_the_edge_nothing_changes():
     or without edge_page, under a cap or none: the same calls and bytes."""
     runs = []
     for knobs in ({}, {"edge_page": 0}):
-        for limit in (0, 400 * MiB):
+        for limit in (None, 400 * MiB):
             alloc = make(limit=limit, **knobs)
             two_free_pages(alloc)
             assert alloc.malloc(50 * MiB)

@@ -79,7 +79,7 @@ class Workload:
         self.checked(self.alloc.empty_cache)
         self.alloc.set_limit(self.alloc.stats()["reserved_bytes"] + 4 * MiB)
         y = m(30 * MiB)                     # memory pressure: synchronize, release, retry (or OOM)
-        self.alloc.set_limit(0)
+        self.alloc.set_limit(None)
         for p in (b, s1, g, e, d, x, y):
             f(p)
         self.checked(self.alloc.empty_cache)

@@ -33,7 +33,7 @@ def check_bytes(live: list[int], live_mib: int = 6) -> None:
         assert ctypes.string_at(p, live_mib * MiB) == bytes([i + 1]) * (live_mib * MiB), f"block {i} lost its bytes"
 
 
-def make(driver_name: str, capacity: int = 0, limit: int = 0, **knobs) -> Allocator:
+def make(driver_name: str, capacity: int = 0, limit: int | None = None, **knobs) -> Allocator:
     """The default policy with re-backing turned on (reback_slot=2MiB; it is off by default) unless `knobs` say."""
     knobs.setdefault("reback_slot", 2 * MiB)
     driver = HostDriver(capacity=capacity) if driver_name == "host" else SimDriver(capacity=capacity)
@@ -48,7 +48,7 @@ def test_the_gaps_go_back_and_the_live_bytes_stay(driver_name, where):
     """Under a cap the new slots are made before the page goes (room under the cap); on a full device after (the
     driver has no room for both). Either way the request fits, the live bytes are where they were, reserved drops
     by the gaps, and one copy out and one in per page."""
-    alloc = make(driver_name, capacity=200 * MiB if where == "device" else 0, limit=200 * MiB if where == "cap" else 0)
+    alloc = make(driver_name, capacity=200 * MiB if where == "device" else 0, limit=200 * MiB if where == "cap" else None)
     live = gapped_pages(alloc)
     big = alloc.malloc(100 * MiB)
     s = alloc.stats()

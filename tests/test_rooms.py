@@ -109,3 +109,57 @@ def test_the_device_reserve_rule_lives_in_one_room():
               for name, text in _functions(path).items() if asking.search(text)}
     # the other asker records the free bytes in an out-of-memory's history entry, as PyTorch's snapshot does
     assert askers == {"_vmm.pxi:_ask_device", "_requests.pxi:_count_oom"}, askers
+
+
+def _code(text: str) -> str:
+    """A core file's code without its comments and docstrings, so a name only mentioned is not a call."""
+    return re.sub(r"#[^\n]*", "", re.sub(r'"""[\s\S]*?"""', "", text))
+
+
+def _included() -> list[str]:
+    return re.findall(r'^include "(\w+\.pxi)"', (CORE / "_allocator.pyx").read_text(), re.MULTILINE)
+
+
+def _listed_api(text: str) -> list[str]:
+    """The names a file's opening comment lists under "# API (...)", in order."""
+    lines = text.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("# API ("))
+    names = []
+    for line in lines[start + 1:]:
+        if not line.startswith("#   "):
+            break
+        names += [n.strip() for n in line[4:].split(",") if n.strip() and n.strip() != "none"]
+    return names
+
+
+def _called_elsewhere(name: str) -> list[str]:
+    """The functions and classes that file `name` defines at module level and that another core file's code names."""
+    defined = re.findall(r"^(?:cdef|cpdef|def)\b[^\n(]*?(\w+)\(", (CORE / name).read_text(), re.MULTILINE)
+    others = [_code(p.read_text()) for p in core_files() if p.name != name]
+    return [d for d in defined if any(re.search(rf"\b{d}\b", text) for text in others)]
+
+
+@pytest.mark.parametrize("name", _included() if (CORE / "_allocator.pyx").is_file() else [])
+def test_each_room_file_opens_with_its_api(name):
+    """Each file of the core's one compilation unit lists, in its opening comment, the functions the rest of the
+    core calls, in the order it defines them, and only those (docs/design.md, "The rooms")."""
+    assert _listed_api((CORE / name).read_text()) == _called_elsewhere(name), name
+
+
+def test_the_api_lists_are_checked():
+    assert _listed_api("# room\n#\n# API (what the rest calls):\n#   _a, _b\n#   _c\n\ncdef") == ["_a", "_b", "_c"]
+    assert "_best_free" in _called_elsewhere("_blocks.pxi")
+    assert "_malloc_small" not in _called_elsewhere("_requests.pxi")     # called only inside its own file
+
+
+def test_the_design_room_table_names_only_listed_api():
+    """Every function the room table of docs/design.md names as a room's API is in that room's files' API lists."""
+    design = (CORE.parent.parent / "docs" / "design.md").read_text()
+    rows = [line for line in design.split("\n") if line.startswith("| ") and "API:" in line and ".pxi`" in line]
+    assert len(rows) >= 6
+    for row in rows:
+        files = re.findall(r"`(_\w+\.pxi)`", row.split("|")[2])
+        listed = {n for f in files for n in _listed_api((CORE / f).read_text())}
+        api_part = row.split("API:", 1)[1].split("|")[0]
+        named = {n for n in re.findall(r"`(_\w+)`", api_part) if not n.endswith("*") and not n.endswith(".pxi")}
+        assert named <= listed, (files, sorted(named - listed))

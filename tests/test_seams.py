@@ -67,7 +67,7 @@ class Counting(gmlake.policies.PaperPolicy):
 
     def relieve_pressure(self, size, stream, pool, attempt, default, state):
         self.calls["relieve_pressure"] += 1
-        assert state.limit == 0 or state.reserved <= state.limit
+        assert state.limit is None or state.reserved <= state.limit
         return default
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gmlake import Allocator, SimDriver
-from gmlake.core.errors import OutOfMemoryError, format_size
+from gmlake.core.errors import OutOfMemoryError, format_torch_size
 
 HERE = Path(__file__).parent
 MiB = 1 << 20
@@ -115,8 +115,8 @@ def test_a_request_over_the_cap_is_counted_and_recorded_as_an_out_of_memory():
     assert all(e["device_free"] == 64 * MiB and "addr" not in e for e in ooms), ooms
 
 
-def test_format_size_writes_sizes_as_pytorch_does():
-    assert [format_size(n) for n in (0, 1024, 1025, MiB, MiB + 1, 1 << 30, (1 << 30) + 1, 3 << 30)] == [
+def test_format_torch_size_writes_sizes_as_pytorch_does():
+    assert [format_torch_size(n) for n in (0, 1024, 1025, MiB, MiB + 1, 1 << 30, (1 << 30) + 1, 3 << 30)] == [
         "0 bytes", "1024 bytes", "1.00 KiB", "1024.00 KiB", "1.00 MiB", "1024.00 MiB", "1.00 GiB", "3.00 GiB"]
 
 
@@ -418,7 +418,7 @@ def test_the_message_suggests_finer_pages_only_where_they_could_fit_the_request(
     """Like PyTorch's hint at expandable segments: coarse pages, with the request no larger than what is cached free
     and what the device still has, name the knob and where it is measured."""
     error = OutOfMemoryError(requested=700 * MiB, reserved=8508 * MiB, allocated=8508 * MiB - cached, cached=cached,
-                             limit=0, capacity=143156 * MiB)
+                             limit=None, capacity=143156 * MiB)
     text = error.torch_message(0, device_free=free, stitches=1, page=page)
     assert ("GMLAKE_KNOBS=expandable_page_large=2MiB" in text) == hint
     assert ('"Fine pages from the start"' in text) == hint
@@ -429,7 +429,7 @@ def test_the_hint_offers_tail_pages_first_where_the_policy_does_not_cut_them(tai
     """Slots at blocks' tails cost fewer driver calls than fine pages everywhere: the hint names them first where the
     policy maps whole tail pages (0), not where it already cuts them or has no such knob (None)."""
     error = OutOfMemoryError(requested=700 * MiB, reserved=8508 * MiB, allocated=8208 * MiB, cached=300 * MiB,
-                             limit=0, capacity=143156 * MiB)
+                             limit=None, capacity=143156 * MiB)
     text = error.torch_message(0, device_free=400 * MiB, stitches=1, page=20 * MiB, tail_page=tail_page)
     assert ("GMLAKE_KNOBS=tail_page=2MiB" in text) == suggested, text
     assert "GMLAKE_KNOBS=expandable_page_large=2MiB" in text
@@ -450,7 +450,7 @@ def test_under_a_cap_the_room_is_the_caps():
     (600 * MiB, 4 * MiB, "capped_page_large=2MiB"),        # the cap binds: its pages are in force, and its knob
     (600 * MiB, 2 * MiB, None),                            # ... already the finest: nothing to suggest
     (600 * MiB, None, "expandable_page_large=2MiB"),       # no capped page: the uncapped one is in force
-    (0, 2 * MiB, "expandable_page_large=2MiB"),            # no cap: the capped page is not in force
+    (None, 2 * MiB, "expandable_page_large=2MiB"),         # no cap: the capped page is not in force
 ])
 def test_the_hint_names_the_pages_in_force_and_their_knob(limit, capped_page, hint):
     """A policy with capped_page_large maps those pages while a cap binds: the hint judges them, and names the knob

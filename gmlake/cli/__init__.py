@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 import traceback
 
@@ -287,8 +288,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         if as_program:      # on the way out: a second Ctrl-C (or one still pending) must not end it in a traceback
-            import signal
-
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("gmlake: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

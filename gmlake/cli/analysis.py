@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from gmlake import policies
@@ -20,6 +21,9 @@ from gmlake.cli.common import (
 )
 from gmlake.policies.settings import KNOBS_VARIABLE, env_knobs
 from gmlake.sim import MAX_DEVICE_MEMORY
+
+# The commands below import gmlake.sim's modules (numpy, matplotlib: the optional sim extra) and rich's widgets inside
+# their functions: `gmlake run` and `gmlake capture` need neither, and only a command that replays needs the extra.
 
 
 def _load(specs: list[str], device: int | None):
@@ -117,8 +121,6 @@ def _smallest_caps(trace, chosen: list, as_json: bool, event_lag: int = 0, wide:
 
 def cmd_explain(args) -> int:
     """`gmlake explain`: where each policy's reserved bytes are at its peak; a table, or JSON lines."""
-    from dataclasses import asdict
-
     from rich.table import Table
     from rich.text import Text
 

@@ -161,6 +161,7 @@ def _output_dir(path: str, flag: str) -> Path:
 def _console(piped_width: int = 80, wide: bool = False):
     """The console tables print to: the terminal's width (or room for every column, `wide`); piped, `piped_width`
     unless COLUMNS is set."""
+    # rich loads only when output is drawn, so importing this module stays light
     from rich.console import Console
 
     if wide:
@@ -187,6 +188,7 @@ def _write_atomically(files: dict[Path, Callable[[Path], object]]) -> None:
 def _torch_cuda_problem(what: str) -> str | None:
     """Why this interpreter's PyTorch cannot serve `gmlake {what}`, or None. `capture` records a run, so it also
     needs a usable device; `run` does not (the program decides what it does without one)."""
+    # torch is optional (import gmlake stays light without it): loaded on first use
     from gmlake.torch.capture import torch_cuda_problem
 
     problem = torch_cuda_problem(device=what == "capture")

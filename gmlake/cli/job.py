@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 from collections.abc import Callable
@@ -68,6 +69,7 @@ def _run_policy(args) -> tuple[policies.PolicyChoice, int]:
     """The policy and per-device limit `gmlake run` installs: the GMLAKE_* environment, overridden by the flags
     (--policy, --chunk-size, --limit, --max-cached-sblocks, --no-stitch), then --set; checked for any driver, so an
     unknown policy or an unknown or ill-typed knob fails before the program runs."""
+    # torch is optional: gmlake.torch (and torch) load only for a command that runs it
     from gmlake import torch as gtorch
 
     opts = gtorch.options_from_env()
@@ -87,8 +89,7 @@ def _run_policy(args) -> tuple[policies.PolicyChoice, int]:
 def cmd_run(args) -> int | Callable[[], int]:
     """`gmlake run`: check every setting, install gmlake as PyTorch's CUDA allocator, and return the program to run
     (main runs it outside gmlake's error handling: its errors are its own)."""
-    import runpy
-
+    # torch is optional: gmlake.torch (and torch) load only for a command that runs it
     from gmlake import torch as gtorch
 
     program = _program(args, "gmlake run script.py args...  (or: gmlake run -m module args...)")

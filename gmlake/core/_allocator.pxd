@@ -379,8 +379,7 @@ cdef class Allocator:
     cdef readonly Growth growth                          # how new memory is laid out (chosen once, from the policy)
     cdef Knobs k
     cdef std_mutex mutex
-    cdef size_t limit_bytes
-    cdef bint zero_cap                                   # a cap of 0 bytes (limit_bytes 0 means none): nothing fits
+    cdef size_t limit_bytes                              # the cap on memory held; NO_LIMIT: none, 0: nothing fits
     cdef bint reserve_open                               # relief ran out: growth may take the device reserve
     cdef LibrariesRoom libraries                         # what the libraries took outside it (_vmm.pxi)
     cdef bint at_edge                                    # relief is retrying a request (Note [Stitching at the edge])
@@ -413,26 +412,15 @@ cdef class Allocator:
     cdef int free_nogil(self, uintptr_t ptr) noexcept nogil
     cdef int empty_cache_nogil(self, Failure* why) noexcept nogil
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil
-    cdef void cap_nogil(self, size_t limit) noexcept nogil
     cdef object failure(self, size_t size, Failure* why, int64_t request=*)
     cdef void _report(self, Failure* why, Failure* out) noexcept nogil
-    cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil
     cdef void _debug_check(self) noexcept nogil
-    cdef void _verify_invariants(self) noexcept with gil
     cdef int record_stream_nogil(self, uintptr_t ptr, int64_t stream) noexcept nogil
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil
     cdef size_t device_room_nogil(self, size_t free) noexcept nogil
 
     # internals, in the order _allocator.pyx defines them
     cdef void _record(self, int action, uintptr_t addr, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_large_miss(self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _try_alloc(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
-    cdef Block* _relieve_and_retry(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil
-    cdef void _retire(self, Block* b) noexcept nogil
 
 
 cdef class Growth:
@@ -524,6 +512,12 @@ cdef class Seams:
 # What a Seams or Growth subclass in another module may use to read the allocator's free blocks: keys and lookups,
 # inlined into its own module from here, so that it copies nothing of the core's internals and keeps working when
 # they move. Call them only from a seam (the allocator's lock is held there); never change what they return.
+
+# Note [No limit]: a limit is a number of bytes, and 0 is a limit like any other (nothing fits under it, as under
+# PyTorch's set_per_process_memory_fraction(0)); no limit at all is NO_LIMIT (the largest size_t) in the core, None
+# in Python. So every comparison with a limit reads the same, and none asks whether a limit is set first.
+cdef extern from "_structs.h" namespace "gmlake" nogil:
+    const size_t NO_LIMIT
 
 cdef enum:
     ANY_STREAM = -1             # the stream of a free block whose stream's work is done: usable by any stream

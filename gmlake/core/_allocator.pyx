@@ -59,8 +59,9 @@ from cython.operator cimport dereference as deref, preincrement as inc, predecre
 from gmlake.core._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
 
 from gmlake.core.errors import (OutOfMemoryError, DriverError, InvalidPointerError, PolicyError, GraphCaptureError,
-                           CaptureOutOfMemoryError)
+                           CaptureOutOfMemoryError, InvariantError)
 from typing import Iterable
+import threading
 from gmlake.core.view import PRESSURE_ACTIONS, AllocatorState, CachedSBlock, FreeBlock, FreeBlocks
 
 from gmlake.core._clock cimport timespec, clock_gettime, CLOCK_REALTIME
@@ -106,7 +107,7 @@ def set_default_policy(factory) -> None:
 
 
 cdef class Allocator:
-    """Allocator(driver, policy=None, *, limit=0)
+    """Allocator(driver, policy=None, *, limit=None)
 --
 
     A stitching allocator for one device.
@@ -114,10 +115,10 @@ cdef class Allocator:
     Args:
         driver: where physical memory and address space come from (SimDriver, HostDriver, CudaDriver).
         policy: the placement policy (a gmlake.policies.Policy); defaults to `gmlake.policies.GMLakePolicy()`.
-        limit: a hard cap on physical memory held, in bytes (0: none besides the device's own).
+        limit: a hard cap on physical memory held, in bytes (None: none besides the device's own).
     """
 
-    def __init__(self, Driver driver not None, policy=None, *, limit: int = 0):
+    def __init__(self, Driver driver not None, policy=None, *, limit: int | None = None):
         if policy is None:
             if _default_policy is None:
                 raise TypeError("Allocator(driver, policy): no policy given, and gmlake.policies (which supplies the "
@@ -138,7 +139,6 @@ cdef class Allocator:
         knobs["fit_counts_unmapped"] = self.growth.fit_counts_unmapped
         self.seams = _seams_of(policy, knobs)
         self.k = knobs
-        import threading
         self.hook_errors = threading.local()
         # The largest request worth trying: the device's memory, or 4 TiB (the largest device a replay models, as
         # trace.MAX_DEVICE_MEMORY) where the driver models no bound, so no request loops over millions of chunks.
@@ -201,27 +201,6 @@ cdef class Allocator:
 
     # ------------------------------------------------------------------ malloc: a request's steps (_requests.pxi)
 
-    cdef Block* _alloc_small(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_small(self, why, size, stream)
-
-    cdef Block* _alloc_large(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_large(self, why, size, stream)
-
-    cdef Block* _alloc_large_miss(self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_large_miss(self, why, b, size, stream)
-
-    cdef Block* _try_alloc(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_try(self, why, size_class, size, stream)
-
-    cdef Block* _alloc(self, Failure* why, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_request(self, why, size, stream)
-
-    cdef Block* _alloc_under_pressure(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_under_pressure(self, why, size_class, size, stream)
-
-    cdef Block* _relieve_and_retry(self, Failure* why, int size_class, size_t size, int64_t stream) noexcept nogil:
-        return _malloc_relieve_and_retry(self, why, size_class, size, stream)
-
     cdef uintptr_t malloc_nogil(self, size_t size, int64_t stream, Failure* out) noexcept nogil:
         """Allocate `size` bytes for `stream`. Returns 0 on failure and, if `out` is given, says why there."""
         cdef ScopedLock held
@@ -274,7 +253,7 @@ cdef class Allocator:
         cdef Failure why                    # a driver error while freeing leaves an orphan to retry, not a failure
         no_failure(&why)
         held.acquire(self.mutex)
-        cdef int rc = self._free_locked(&why, ptr)
+        cdef int rc = _free_live(self, &why, ptr)
         self._debug_check()
         return rc
 
@@ -282,10 +261,7 @@ cdef class Allocator:
         """Every invariant, checked after the operation with debug_checks on (Note [Invariant checks inside the
         allocator], _debug.pxi)."""
         if self.checking:
-            self._verify_invariants()
-
-    cdef void _verify_invariants(self) noexcept with gil:
-        _verify_after_operation(self)
+            _verify_after_operation(self)
 
     def _raise_invariant_error(self) -> None:
         exc = self.invariant_error
@@ -314,12 +290,6 @@ cdef class Allocator:
         on the hot path]): at most 64 of each, freed with the allocator; and how many events it keeps to record
         again (Note [Reusing events]): at most 1,024, destroyed by empty_cache."""
         return _api_spares(self)
-
-    cdef int _free_locked(self, Failure* why, uintptr_t ptr) noexcept nogil:
-        return _free_live(self, why, ptr)
-
-    cdef void _retire(self, Block* b) noexcept nogil:
-        _free_retire(self, b)
 
     cdef size_t block_size_nogil(self, uintptr_t ptr) noexcept nogil:
         """Bytes held by the live allocation at ptr; 0 if ptr is not one."""
@@ -362,27 +332,20 @@ cdef class Allocator:
         return why.err
 
     cdef void set_limit_nogil(self, size_t limit) noexcept nogil:
-        """Cap the physical memory held (0: none), under the lock: torch's memory-fraction hook calls it."""
+        """Cap the physical memory held at `limit` bytes, under the lock: NO_LIMIT for none, and 0 refuses every
+        request, as PyTorch's allocator does under set_per_process_memory_fraction(0) (Note [No limit])."""
         cdef ScopedLock held
         held.acquire(self.mutex)
         self.limit_bytes = limit
-        self.zero_cap = False
-
-    cdef void cap_nogil(self, size_t limit) noexcept nogil:
-        """Cap the physical memory held at `limit` bytes, 0 included: a cap of 0 refuses every request, as PyTorch's
-        allocator does under set_per_process_memory_fraction(0) (set_limit's 0 means no cap instead)."""
-        cdef ScopedLock held
-        held.acquire(self.mutex)
-        self.limit_bytes = limit
-        self.zero_cap = limit == 0
 
     # ------------------------------------------------------------------ Python API
 
-    def set_limit(self, limit: int) -> None:
-        """Cap the physical memory this allocator may hold, in bytes (0: no cap)."""
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise ValueError(f"gmlake: limit must be an int >= 0, got {limit!r}")
-        cdef size_t n = limit
+    def set_limit(self, limit: int | None) -> None:
+        """Cap the physical memory this allocator may hold, in bytes (None: no cap; 0: nothing fits)."""
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
+                                  or limit >= NO_LIMIT):
+            raise ValueError(f"gmlake: limit must be None or an int >= 0, got {limit!r}")
+        cdef size_t n = NO_LIMIT if limit is None else limit
         with nogil:
             self.set_limit_nogil(n)
 
@@ -392,9 +355,9 @@ cdef class Allocator:
         return self.pools.capturing
 
     @property
-    def limit(self) -> int:
-        """The cap on physical memory held, in bytes (0: none)."""
-        return self.limit_bytes
+    def limit(self) -> int | None:
+        """The cap on physical memory held, in bytes (None: none)."""
+        return None if self.limit_bytes == NO_LIMIT else self.limit_bytes
 
     def malloc(self, size: int, stream: int = 0, *, pool: int | None = None) -> int:
         """Allocate `size` bytes for use on `stream`; returns the address. `pool` (an active private pool's id, or

@@ -2,6 +2,9 @@
 # Included into _allocator.pyx. Each Allocator method (its signature and docstring) calls its _api_* function here,
 # which checks the arguments, runs the method's locked step (_api_steps.pxi) without the GIL and raises for the
 # status it returns.
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _api_begin_pool, _api_retain_pool, _api_end_pool, _api_release_pool, _api_pools_info
 
 
 cdef object _api_begin_pool(Allocator self, object pool_id, object streams, object capturing):

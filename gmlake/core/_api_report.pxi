@@ -2,6 +2,9 @@
 # spares, and the exception for a call that failed. Included into _allocator.pyx. Each Allocator method (its
 # signature and docstring) calls its _api_* function here, which copies what it reports under the lock through
 # _api_steps.pxi and builds Python objects after the lock is let go.
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _api_stats, _api_history, _api_segments_info, _api_spares, _api_failure
 
 
 cdef dict _api_stats(Allocator self):
@@ -114,7 +117,7 @@ cdef object _api_failure(Allocator self, size_t size, Failure* why, int64_t requ
     if why.err == ERR_CAPTURE:
         return CaptureOutOfMemoryError(
             requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
-            limit=why.limit, capacity=self.driver.capacity)
+            limit=None if why.limit == NO_LIMIT else why.limit, capacity=self.driver.capacity)
     return OutOfMemoryError(
         requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
-        limit=why.limit, capacity=self.driver.capacity, zero_cap=why.limit == 0 and self.zero_cap)
+        limit=None if why.limit == NO_LIMIT else why.limit, capacity=self.driver.capacity)

@@ -2,6 +2,10 @@
 # block surgery: split, merge, take.
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds.
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _insert_free, _erase_free, _holes, _insert_hole, _erase_hole, _peek_fit, _best_free, _carve_hole, _split,
+#   _absorb_next, _coalesce, _take, _containing, _release_block, _free_clock, _first_block, _forget_blocks
+#
 # Owns Allocator.frees (FreeRoom, _structs.h): the default pool's free index, the holes, every pBlock by address,
 # the free clock and the spares the hot path reuses. Only the functions here write it; other rooms call them (a
 # private pool's free index is the pools room's, but its blocks enter and leave it here, through _index_of).

@@ -1,5 +1,8 @@
 # The allocator core: small functions over the vocabulary (_structs.h) that every room uses: rounding, peaks, a
 # call's failure cleared, the keys that order free blocks and sBlocks. Included into _allocator.pyx, first.
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   round_up, peak_update, no_failure, min_size, key_of, expandable_size, free_for, sblock_key
 
 
 cdef inline size_t round_up(size_t n, size_t m) noexcept nogil:
@@ -29,7 +32,7 @@ cdef inline void no_failure(Failure* why) noexcept nogil:
     why.call = 0
     why.reserved = 0
     why.allocated = 0
-    why.limit = 0
+    why.limit = NO_LIMIT
 
 
 cdef inline size_t min_size(size_t a, size_t b) noexcept nogil:

@@ -1,12 +1,14 @@
 # Debug checks of the allocator core: every invariant and statistic verified against the structures (Allocator.check,
 # and after every operation with debug_checks on, as mimalloc's debug builds check inside the allocator). Included by
 # _allocator.pyx; module-level functions, as every room of the core.
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _check_invariants, _verify_after_operation
 
 
 def _check_invariants(Allocator self) -> None:
     """Verify every internal invariant and statistic against the structures; raises InvariantError (an
     AssertionError that `python -O` does not strip) naming the first one broken. For tests."""
-    from gmlake.core.errors import InvariantError
     cdef pair[uint64_t, Segment*] sp
     cdef pair[uint64_t, SBlock*] bp
     cdef pair[FreeKey, Block*] fp
@@ -209,7 +211,6 @@ def _check_invariants(Allocator self) -> None:
 
 def _check_private_pools(Allocator self) -> None:
     """_check_invariants' part for private pools: Note [Private pools] as invariants."""
-    from gmlake.core.errors import InvariantError
     cdef pair[uint64_t, PrivatePool*] pp
     cdef pair[uint64_t, Segment*] sp
     cdef pair[FreeKey, Block*] fp
@@ -263,16 +264,16 @@ def _check_private_pools(Allocator self) -> None:
             raise InvariantError(f"private pool {self.pools.active[i].id} is listed active but is not")
 
 
-cdef void _verify_after_operation(Allocator self) noexcept:
+cdef void _verify_after_operation(Allocator self) noexcept with gil:
     """Note [Invariant checks inside the allocator]: with debug_checks on (always in a GMLAKE_DEBUG build), every
     operation ends by verifying every invariant, as mimalloc's debug mode does, so a bug is caught at the
     operation that made it, whichever path (Python, replay, torch) called. A debug build aborts with the broken
     invariant's name: an allocator that has corrupted its own state must not hand out more memory. Switched on
     from Python, the error is raised by the next Python call instead, for tests.
 
-    The Python work lives here, called by Allocator._verify_invariants, a `with gil` method: a nogil function that
-    holds Python objects takes the GIL on every call (to release them), which doubled the cost of a cache hit; the
-    nogil Allocator._debug_check holds none."""
+    The Python work lives here, a `with gil` function that the nogil Allocator._debug_check calls: a nogil
+    function that holds Python objects takes the GIL on every call (to release them), which doubled the cost of a
+    cache hit; the nogil Allocator._debug_check holds none."""
     if self.invariant_error is not None:
         return
     self.checks_run += 1

@@ -8,6 +8,9 @@
 # under a bound) it asks the growth (whole_pages, page, oom_pages). The core knows no growth by name: the table of
 # growths (gmlake/policies/growths.py) names each built-in class. Included into _allocator.pyx; every function takes the Allocator whose lock its
 # caller holds and, where it can fail, the call's Failure (Note [A call's failure]).
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _laid_out_segment, _pytorch_alloc_size, _growth_of
 
 
 cdef Segment* _laid_out_segment(Allocator self, Failure* why, int size_class, size_t size, size_t segment_size,

@@ -1,6 +1,9 @@
 # The allocator core, growth strategy "chunks" (ChunkGrowth): the paper's design. New memory is a segment of whole
 # chunks of `chunk_size` bytes; a stitch's shortfall is such a segment too, stitched after the free pieces; the
 # small size class grows by segments of `small_segment_size`. Included into _allocator.pyx (see _growth.pxi).
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   ChunkGrowth
 
 
 cdef class ChunkGrowth(Growth):

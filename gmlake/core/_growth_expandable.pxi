@@ -2,6 +2,9 @@
 # per stream and size class, reserved once, grown by mapping chunks ("pages", in PyTorch's and the knobs' words) at
 # the lowest address with room; best fit counts the unmapped room after a free block. A stitch's shortfall is new
 # chunks mapped at the lowest hole with room. Included into _allocator.pyx (see _growth.pxi).
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _note_most_reserved, _cut_tail_at_reuse, _cap_binds, _room, ExpandableGrowth
 
 
 cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) noexcept nogil:
@@ -19,7 +22,7 @@ cdef Block* _map_pages(Allocator self, Failure* why, Block* hole, size_t size) n
             cut = end // seg.chunk_size
             seg.slots[cut].assign(seg.chunk_size // self.k.slot, 0)
         end += _unit_at(self, seg, end)
-    cdef bint over = self.limit_bytes and self.st.reserved + (end - start) > self.limit_bytes
+    cdef bint over = self.st.reserved + (end - start) > self.limit_bytes
     if over:
         why.err = ERR_OOM
     if over or _refuse_unannounced_capture(self, why):
@@ -190,7 +193,7 @@ cdef inline size_t _page(Allocator self, int size_class) noexcept nogil:
 
 cdef inline bint _cap_binds(Allocator self) noexcept nogil:
     """Whether a cap below the device's memory is set (a cap at or above it is none)."""
-    return self.limit_bytes != 0 and (self.driver.capacity == 0 or self.limit_bytes < self.driver.capacity)
+    return self.limit_bytes != NO_LIMIT and (self.driver.capacity == 0 or self.limit_bytes < self.driver.capacity)
 
 
 cdef size_t _room(Allocator self) noexcept nogil:
@@ -208,7 +211,7 @@ cdef inline size_t _edge_shortfall(Allocator self, size_t shortfall) noexcept no
     """At the edge, the new bytes a stitch's shortfall maps: whole pages of its range where they fit under the limit,
     else edge pages.
 
-    Note [Stitching at the edge]: a request that relief is retrying (Allocator._alloc_under_pressure) is at the edge
+    Note [Stitching at the edge]: a request that relief is retrying (_malloc_under_pressure) is at the edge
     of memory: growth has failed, and what can still serve it is what the allocator holds free. Two rules keep
     stitches rare elsewhere, for speed, where growing is the other way to serve a request: `min_saved_chunks` (a
     stitch must save that many pages) and `restitch_limit` (a size that keeps stitching again grows instead). At the
@@ -308,7 +311,7 @@ cdef bint _request_over_cap(Allocator self, Failure* why, int size_class, size_t
     earlier ones. Counting only the pages mapped, the range keeps its free tail until the cap binds, by then in
     pieces that no growth can join. On the GPU (`python -m bench cap search`) expandable segments fit under lower
     caps than the exact count replays, and inside the GPU's brackets with this check (tests/test_training_traces.py)."""
-    if not (self.k.cap_counts_request and self.limit_bytes) or \
+    if not (self.k.cap_counts_request and self.limit_bytes != NO_LIMIT) or \
             self.st.reserved + _pytorch_alloc_size(self, size_class, size) <= self.limit_bytes:
         return False
     why.err = ERR_OOM

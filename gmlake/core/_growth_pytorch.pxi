@@ -1,6 +1,9 @@
 # The allocator core, growth strategy "pytorch" (PyTorchGrowth): PyTorch's native allocator. A new segment is one
 # chunk, sized as its get_allocation_size sizes it (_pytorch_alloc_size); nothing is stitched. Included into
 # _allocator.pyx (see _growth.pxi).
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   PyTorchGrowth
 
 
 cdef class PyTorchGrowth(Growth):

@@ -4,6 +4,9 @@
 # type (Note [Strict answers]) and turns it back into the core's terms. A hook's exception or an answer of the wrong
 # type is noted in the call's Failure (_note_hook_failure, _seams.pxi) and the built-in answer is used meanwhile;
 # whether the answer is in range is checked where the core reads it (_ask_*, _seams.pxi), as for a Cython seam.
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _hook_split, _hook_allow_stitch, _hook_evict, _hook_place, _hook_stitch, _hook_layout, _hook_pressure
 from cpython.ref cimport Py_REFCNT
 from cpython.pyport cimport PY_SSIZE_T_MAX
 
@@ -182,7 +185,8 @@ cdef object _with_state(Allocator self, Failure* why, int64_t stream, object hoo
     walk.stream = stream
     blocks = FreeBlocks(walk)
     cdef uint64_t pool = why.request.target.id if why.request != NULL and why.request.target != NULL else 0
-    state = _new_tuple(AllocatorState, (self.st.reserved, self.st.allocated, self.st.active, self.limit_bytes,
+    state = _new_tuple(AllocatorState, (self.st.reserved, self.st.allocated, self.st.active,
+                                        None if self.limit_bytes == NO_LIMIT else self.limit_bytes,
                                         self.driver.capacity, self.sblock_cache.cached(), stream, blocks, pool))
     try:
         return hook(*args, state)

@@ -3,6 +3,10 @@
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _index_of, _capturing, _any_pool_active, _active_pool, _pool_lost_segment, _pool_for, _alloc_in_pool, _defer_uses,
+#   _begin_pool, _retain_pool, _end_pool, _releasable, _merge_whole, _release_private_pool
+#
 # Note [Private pools]: a graph replays the addresses it was captured with, so the memory it used must stay its own
 # for the graph's life. While a pool is active for a stream, that stream's requests are served from the pool's own
 # free index and segments, and a pool block's free returns it to that index (each segment points at its pool's

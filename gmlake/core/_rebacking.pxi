@@ -3,6 +3,9 @@
 # (Note [A call's failure]). Writes only what the segments room owns (a segment's handles and slots) and asks the
 # blocks room to carve the holes (_carve_hole).
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _reback_chunks
+#
 # Note [Taking slots back at the edge]: a handle maps only whole, so the free bytes inside a chunk that also holds a
 # live block are out of reach of growth and stitching alike: at the edge of memory, on a device or under a cap
 # barely larger than the peak, they are what keeps a request from fitting where 2 MiB chunks would fit
@@ -118,7 +121,7 @@ cdef size_t _reback_chunk(Allocator self, Failure* why, Segment* seg, size_t chu
     if _copy_runs(self, why, lo, live, staging, True) != DRIVER_OK:
         return 0
     # 2. the new handles, before the chunk goes where the limit leaves room for both
-    early = not (self.limit_bytes and self.st.reserved + copied > self.limit_bytes)
+    early = not (self.st.reserved + copied > self.limit_bytes)
     if early and _create_slots(self, why, live_count, fresh) != DRIVER_OK:
         if why.err != ERR_NONE:
             return 0

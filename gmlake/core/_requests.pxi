@@ -1,11 +1,14 @@
 # The allocator core: a request's path, steps 1-6 of _allocator.pyx's docstring, and a free's. Included into
 # _allocator.pyx.
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _malloc_try, _serve, _free_live, _free_retire
+#
 # malloc_nogil and malloc_in_pool_nogil take the lock and choose the request's target; _serve does the rest: it
-# rounds the size, runs the steps below (the Allocator's _alloc* methods delegate here) and counts the result. The
-# steps ask the rooms (free index, sBlocks, growth, streams, pools, seams) and decide nothing of their own besides
-# their order. free_nogil takes the lock and calls _free_live (the Allocator's _free_locked), which counts the free
-# and returns the memory now (_free_retire, the Allocator's _retire) or once other streams' uses completed.
+# rounds the size, runs the steps below (_malloc_*) and counts the result. The steps ask the rooms (free index,
+# sBlocks, growth, streams, pools, seams) and decide nothing of their own besides their order. free_nogil takes the
+# lock and calls _free_live, which counts the free and returns the memory now (_free_retire) or once other streams'
+# uses completed.
 
 cdef inline Block* _malloc_small(Allocator self, Failure* why, size_t size, int64_t stream) noexcept nogil:
     cdef Block* b = _best_free(self, SIZE_SMALL, size, stream)
@@ -32,7 +35,7 @@ cdef inline Block* _malloc_large(Allocator self, Failure* why, size_t size, int6
     cdef Block* b = _best_free(self, SIZE_LARGE, size, stream)
     if b != NULL and not self.k.hook_place and not (self.k.sblock_first and self.sblock_cache.cached()):
         return _take_reused(self, why, b, size, stream)
-    return self._alloc_large_miss(why, b, size, stream)
+    return _malloc_large_miss(self, why, b, size, stream)
 
 
 cdef inline Block* _take_reused(Allocator self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
@@ -79,13 +82,13 @@ cdef inline Block* _malloc_try(Allocator self, Failure* why, int size_class, siz
     if unlikely(why.request.target != NULL):
         return _alloc_in_pool(self, why, size_class, size, stream)
     if size_class == SIZE_SMALL:
-        return self._alloc_small(why, size, stream)
-    return self._alloc_large(why, size, stream)
+        return _malloc_small(self, why, size, stream)
+    return _malloc_large(self, why, size, stream)
 
 
 cdef inline Block* _malloc_request(Allocator self, Failure* why, size_t size, int64_t stream) noexcept nogil:
     cdef int size_class = SIZE_SMALL if size <= self.k.small_size else SIZE_LARGE
-    cdef Block* b = self._try_alloc(why, size_class, size, stream)
+    cdef Block* b = _malloc_try(self, why, size_class, size, stream)
     if b != NULL or why.err != ERR_OOM:
         return b
     if _capturing(self):
@@ -94,7 +97,7 @@ cdef inline Block* _malloc_request(Allocator self, Failure* why, size_t size, in
         return NULL
     if _refuse_unannounced_capture(self, why):
         return NULL
-    return self._alloc_under_pressure(why, size_class, size, stream)
+    return _malloc_under_pressure(self, why, size_class, size, stream)
 
 
 cdef inline Block* _malloc_under_pressure(Allocator self, Failure* why, int size_class, size_t size,
@@ -106,7 +109,7 @@ cdef inline Block* _malloc_under_pressure(Allocator self, Failure* why, int size
     (Note [Stitching at the edge], _growth_expandable.pxi)."""
     cdef Block* b
     self.at_edge = self.k.edge_page != 0
-    b = self._relieve_and_retry(why, size_class, size, stream)
+    b = _malloc_relieve_and_retry(self, why, size_class, size, stream)
     self.at_edge = False
     return b
 
@@ -126,7 +129,7 @@ cdef inline Block* _malloc_relieve_and_retry(Allocator self, Failure* why, int s
         _relieve(self, why, size_class, size, action)
         if why.err != ERR_NONE:
             return NULL
-        b = self._try_alloc(why, size_class, size, stream)
+        b = _malloc_try(self, why, size_class, size, stream)
         if b != NULL or why.err != ERR_OOM:
             return b
     if _reserve_kept(self):
@@ -159,14 +162,14 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
       malloc_nogil       a Request on the stack, the lock (ScopedLock.acquire), the private pool if any is active
                          (one size() check)
       _serve             pending frees polled only if any wait; the size rounded; the statistics below
-      _alloc             the size class; _try_alloc: a private pool's request goes to _alloc_in_pool
-      _alloc_large       _best_free: _peek_fit of the stream's own blocks and of those of no stream (one
+      _malloc_request    the size class; _malloc_try: a private pool's request goes to _alloc_in_pool
+      _malloc_large      _best_free: _peek_fit of the stream's own blocks and of those of no stream (one
                          lower_bound each), the smaller wins; _erase_free (a spare node kept), _take: _should_split,
                          _split (a spare Block) and _insert_free of the tail
-      free_nogil         _free_locked: the live map; _retire, _release_block: _coalesce with free neighbours,
+      free_nogil         _free_live: the live map; _free_retire, _release_block: _coalesce with free neighbours,
                          _insert_free
     Anything else (no block fits, a cached sBlock may fit tighter, a hook places) leaves the path at
-    _alloc_large_miss. `python -m bench micro --cache-hits` times it, callgrind counts it."""
+    _malloc_large_miss. `python -m bench micro --cache-hits` times it, callgrind counts it."""
     cdef size_t rounded
     cdef Block* b = NULL
     cdef int64_t stream = request.stream
@@ -179,14 +182,13 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
     why.err = ERR_NONE
     # A request no device (or cap) could hold fails at once and changes nothing but the out-of-memory count and
     # history: no loop over billions of chunks, no vector that large, no memory released for nothing.
-    if size > self.max_request or unlikely(self.zero_cap) or (
-            self.limit_bytes and round_up(size, self.k.round_to) > self.limit_bytes):
+    if size > self.max_request or round_up(size, self.k.round_to) > self.limit_bytes:
         why.err = ERR_OOM
         _count_oom(self, size, stream)
         self._report(why, out)
         return 0
     rounded = round_up(size, self.k.round_to)
-    b = self._alloc(why, rounded, stream)
+    b = _malloc_request(self, why, rounded, stream)
     if b == NULL:
         if why.hook_failed:
             why.err = ERR_POLICY
@@ -210,7 +212,7 @@ cdef inline uintptr_t _serve(Allocator self, Request* request, size_t size, Fail
     peak_update(&self.st.peak_active, self.st.active)
     if why.hook_failed:
         # A hook raised: the allocation completed with the built-in answer; undo it and fail the request.
-        self._free_locked(why, b.addr)
+        _free_live(self, why, b.addr)
         why.err = ERR_POLICY
         self._report(why, out)
         self._debug_check()
@@ -231,7 +233,7 @@ cdef inline int _free_live(Allocator self, Failure* why, uintptr_t ptr) noexcept
     self.st.allocated -= b.size
     self.st.requested -= b.requested
     if not _free_after_uses(self, why, b, ptr):
-        self._retire(b)
+        _free_retire(self, b)
     return ERR_NONE
 
 

@@ -3,6 +3,9 @@
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _sblock_fits, _claim, _release_stitched, _best_cached, _evict_lru, _sblock_all_free, _cut_pieces, _stitch_or_grow
+#
 # Owns Allocator.sblock_cache (SBlockCache, _structs.h), changed only by its own methods, called only from here
 # (_claim, _release_stitched, _stitch, _evict); other rooms read it.
 

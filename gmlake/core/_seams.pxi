@@ -5,6 +5,10 @@
 # range fails only that request, with the hook and the value named, and the built-in answer is used meanwhile.
 # A Python hook's answer is checked for its type first (Note [Strict answers], _hooks.pxi).
 # A hook's exception or bad answer is noted in the call's Failure (_note_hook_failure) and fails only that request.
+#
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _note_hook_failure, _bad_answer, _policy_error, _seams_of, _ask_place, _ask_stitch, _ask_layout, _ask_evict,
+#   _ask_pressure
 
 
 cdef void _note_hook_failure(Allocator self, Failure* why, object exc, str hook, bint bad_answer=False):

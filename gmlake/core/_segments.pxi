@@ -3,6 +3,10 @@
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _new_segment, _new_serial, _slotted, _unit_at, _unit_floor, _unit_ceil, _unit_handle, _set_unit, _unmap_units,
+#   _whole_again, _units_in, _release_chunks, _drop_segment, _release_free, _relieve
+#
 # Owns Allocator.segments (SegmentRoom, _structs.h): every segment by serial, and the serials segments and sBlocks
 # take (_new_serial). A segment's blocks are the blocks room's (_first_block, _forget_blocks); a private pool's
 # count of its segments is the pools room's (_pool_gained_segment, _pool_lost_segment).
@@ -16,7 +20,7 @@ cdef Segment* _new_segment(Allocator self, Failure* why, int size_class, size_t 
     cdef uintptr_t va = 0
     cdef int rc
     cdef vector[uint64_t] handles
-    if mapped and self.limit_bytes and self.st.reserved + size > self.limit_bytes:
+    if mapped and self.st.reserved + size > self.limit_bytes:
         why.err = ERR_OOM
         return NULL
     if _refuse_unannounced_capture(self, why):

@@ -3,6 +3,10 @@
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _destroy_spare_events, _may_reclaim, _reclaim_streams, _wait_for_other_stream, _process_pending, _note_stream_use,
+#   _has_pending, _free_after_uses, _await_uses
+#
 # Owns Allocator.streams (StreamRoom, _structs.h), as RMM's stream_ordered_memory_resource owns stream ordering:
 # the fences, the streams each live pointer was used on (record_stream), the frees pending on their events and the
 # spare events. Only the functions here write it; the entry points call _note_stream_use, _free_after_uses,
@@ -255,7 +259,7 @@ cdef void _process_pending(Allocator self, Failure* why) noexcept nogil:
             entry.events.erase(entry.events.begin() + j)       # in order: the entry's events are per stream
             entry.streams.erase(entry.streams.begin() + j)
         if entry.events.empty():
-            self._retire(entry.block)
+            _free_retire(self, entry.block)
         else:
             if kept != i:
                 self.streams.pending[kept] = move(self.streams.pending[i])      # the event vectors move: no copy per pass
@@ -315,6 +319,6 @@ cdef void _await_uses(Allocator self, Failure* why, Block* b, vector[int64_t]& s
             # No event: the only safe course is to wait for the device.
             _sync(self, why)
     if pend.events.empty():             # waited for the device instead: nothing left to wait for
-        self._retire(b)
+        _free_retire(self, b)
         return
     self.streams.pending.push_back(pend)

@@ -22,6 +22,9 @@
 
 namespace gmlake {
 
+// No limit on the memory held (Note [No limit], _allocator.pxd): 0 is a limit like any other.
+constexpr size_t NO_LIMIT = SIZE_MAX;
+
 struct Segment;
 struct SBlock;
 struct PrivatePool;

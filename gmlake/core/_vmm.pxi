@@ -3,6 +3,10 @@
 # Included into _allocator.pyx; every function takes the Allocator whose lock its caller holds and, where it can
 # fail, the call's Failure (Note [A call's failure]).
 #
+# API (what the rest of the core calls; every other function here is this file's own):
+#   _call, _unannounced_capture, _refuse_unannounced_capture, _sync, _release_handle, _discard_range, _ask_device,
+#   _reserve_kept, _alloc_from_reserve, _map_new_chunks, _destroy_event, _retry_orphans
+#
 # Owns Allocator.orphans (OrphanRoom, _structs.h), written only here (_release_handle, _discard_range,
 # _destroy_event, _retry_orphans), and the call counters of the statistics (_call).
 
@@ -98,7 +102,7 @@ cdef bint _reserve_binds(Allocator self, size_t size) noexcept nogil:
     backward failing with cuLibraryLoadData: out of memory, where expandable segments trained).
     - What is kept: growth that would leave the device less free than the reserve fails softly. The request goes
       through every pressure stage first, which gives cached free memory back to the device, and takes the reserve
-      only when they made no room (Allocator._alloc_under_pressure), so a request the device has room for still
+      only when they made no room (_malloc_under_pressure), so a request the device has room for still
       gets it, and the libraries find free what the allocator had cached.
     - How it is measured: each time growth asks the device what is free (cuMemGetInfo, at growth and at the edge
       only, never on a cache hit) the allocator adds its own reserved bytes: what is within its reach. A drop since
@@ -169,7 +173,7 @@ cdef Block* _alloc_from_reserve(Allocator self, Failure* why, int size_class, si
     The reserve closes again as the call returns, so it is open for this one request only."""
     cdef Block* b
     self.reserve_open = True
-    b = self._try_alloc(why, size_class, size, stream)
+    b = _malloc_try(self, why, size_class, size, stream)
     self.reserve_open = False
     return b
 

@@ -16,17 +16,16 @@ class OutOfMemoryError(GmlakeError, MemoryError):
     Attributes hold the numbers at the time of failure, in bytes.
     """
 
-    def __init__(self, *, requested: int, reserved: int, allocated: int, cached: int, limit: int = 0,
-                 capacity: int = 0, zero_cap: bool = False) -> None:
+    def __init__(self, *, requested: int, reserved: int, allocated: int, cached: int, limit: int | None = None,
+                 capacity: int = 0) -> None:
         self.requested = requested
         self.reserved = reserved
         self.allocated = allocated
         self.cached = cached
         self.limit = limit
         self.capacity = capacity
-        self.zero_cap = zero_cap        # a cap of 0 bytes (set_per_process_memory_fraction(0)), not "no cap"
         cap = []
-        if limit or zero_cap:
+        if limit is not None:           # None: no cap; 0 is a cap under which nothing fits (Note [No limit])
             cap.append(f"cap {_mib(limit)}")
         if capacity:
             cap.append(f"device capacity {_mib(capacity)}")
@@ -49,17 +48,18 @@ class OutOfMemoryError(GmlakeError, MemoryError):
         knob that sets those pages, as PyTorch's suggests expandable segments; first, where `tail_page` is 0 (the
         policy could cut its blocks' tail pages and does not), the finest tail pages, which cost fewer driver calls
         (docs/benchmarks.md, "Fine pages at a block's tail")."""
-        free = f" of which {format_size(device_free)} is free" if device_free is not None else ""
-        capped = bool(self.limit) or self.zero_cap
+        free = f" of which {format_torch_size(device_free)} is free" if device_free is not None else ""
+        capped = self.limit is not None
+        zero_cap = self.limit == 0
         # a cap at or above the device's memory is none (the core's _cap_binds): the device is the limit then
-        binds = bool(self.limit) and (not self.capacity or self.limit < self.capacity)
-        allowed = f"{format_size(self.limit)} allowed; " if capped else ""
-        if self.zero_cap:
+        binds = capped and not zero_cap and (not self.capacity or self.limit < self.capacity)
+        allowed = f"{format_torch_size(self.limit)} allowed; " if capped else ""
+        if zero_cap:
             limit = "a cap of 0 bytes (set_per_process_memory_fraction(0): no allocation fits)"
         elif binds:
             limit = (f"the cap of {_mib(self.limit)} (set_per_process_memory_fraction or GMLAKE_LIMIT) binds before "
                      f"the device's {_mib(self.capacity)}")
-        elif self.limit:
+        elif capped:
             limit = (f"the device's own {_mib(self.capacity)} (the cap of {_mib(self.limit)} is not below it, so it "
                      f"does not bind)")
         else:
@@ -68,22 +68,22 @@ class OutOfMemoryError(GmlakeError, MemoryError):
         tries = "free tensors or use a smaller batch and retry"
         if binds:
             tries += ", or raise the cap"
-        if self.cached >= self.requested and not self.zero_cap:
+        if self.cached >= self.requested and not zero_cap:
             tries += (f" ({_mib(self.cached)} is cached and free, in pieces of segments still in use that the policy "
                       f"could not join for this request)")
         room = (self.limit - self.reserved if self.reserved < self.limit else 0) if binds else (device_free or 0)
         knob = "expandable_page_large"
         if page and binds and capped_page:
             page, knob = capped_page, "capped_page_large"
-        if page and page > FINEST_PAGE and self.cached and self.cached + room >= self.requested and not self.zero_cap:
+        if page and page > FINEST_PAGE and self.cached and self.cached + room >= self.requested and not zero_cap:
             # free bytes inside coarse pages that live blocks share are what finer pages reach (docs/benchmarks.md)
             tails = (f"GMLAKE_KNOBS=tail_page={FINEST_PAGE >> 20}MiB (docs/benchmarks.md, \"Fine pages at a "
                      f"block's tail\"), or finer still " if tail_page == 0 and knob == "expandable_page_large" else "")
             tries += (f"; if it ran out at the edge, finer pages may fit it: {tails}"
                       f"GMLAKE_KNOBS={knob}={FINEST_PAGE >> 20}MiB (docs/benchmarks.md, \"Fine pages "
                       f"from the start\")")
-        return (f"CUDA out of memory. Tried to allocate {format_size(self.requested)}. GPU {device} has a total "
-                f"capacity of {format_size(self.capacity)}{free}. {allowed}gmlake: {self.requested} bytes asked; "
+        return (f"CUDA out of memory. Tried to allocate {format_torch_size(self.requested)}. GPU {device} has a total "
+                f"capacity of {format_torch_size(self.capacity)}{free}. {allowed}gmlake: {self.requested} bytes asked; "
                 f"{_mib(self.reserved)} reserved, {_mib(self.allocated)} allocated, {_mib(self.cached)} cached and "
                 f"free{made}; limit in force: "
                 f"{limit}. The allocator is still usable: {tries}."
@@ -94,8 +94,9 @@ class OutOfMemoryError(GmlakeError, MemoryError):
 FINEST_PAGE = 2 << 20      # the CUDA driver's allocation granularity on the GPUs measured: the finest page
 
 
-def format_size(n: int) -> str:
-    """A byte count as PyTorch's out-of-memory message writes it (bytes, KiB, MiB or GiB, two decimals)."""
+def format_torch_size(n: int) -> str:
+    """A byte count as PyTorch's out-of-memory message writes it (bytes, KiB, MiB or GiB, two decimals), for the
+    message below only: everywhere else sizes are written by gmlake.policies.settings.format_size."""
     if n <= 1024:
         return f"{n} bytes"
     for unit, scale in (("KiB", 1 << 10), ("MiB", 1 << 20)):

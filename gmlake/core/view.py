@@ -100,7 +100,7 @@ class AllocatorState(NamedTuple):
     """The allocator at the moment a hook is asked. Bytes throughout.
 
     reserved: physical memory held; allocated: bytes held by live allocations; active: allocated plus frees still
-    waiting for other streams; limit: the cap set by set_limit (0: none); capacity: the device's memory (0: the
+    waiting for other streams; limit: the cap set by set_limit (None: none); capacity: the device's memory (0: the
     driver models no bound); cached_sblocks: stitched blocks kept mapped; stream: the stream of the request being
     decided; free_blocks: the free blocks that stream may use (its own and those of no stream), both pools, in the
     core's best-fit order (the default pool's), a FreeBlocks sequence walked on first read inside the hook;
@@ -112,7 +112,7 @@ class AllocatorState(NamedTuple):
     reserved: int
     allocated: int
     active: int
-    limit: int
+    limit: int | None
     capacity: int
     cached_sblocks: int
     stream: int
@@ -122,5 +122,5 @@ class AllocatorState(NamedTuple):
     @property
     def headroom(self) -> int:
         """Bytes the allocator may still reserve before the cap or the device's memory (None of either: -1)."""
-        bound = self.limit or self.capacity
-        return bound - self.reserved if bound else -1
+        bound = self.limit if self.limit is not None else self.capacity or None
+        return bound - self.reserved if bound is not None else -1

@@ -15,6 +15,7 @@ from gmlake.drivers._sim_driver import SimDriver
 
 def cuda_driver(device: int = 0) -> Driver:
     """The CUDA VMM driver for `device`. Raises CudaDriverError where no CUDA driver or device exists."""
+    # the CUDA driver needs libcuda: loaded only when a CUDA driver is asked for
     from gmlake.drivers._cuda_driver import CudaDriver
 
     return CudaDriver(device)

@@ -38,6 +38,7 @@ class WorstFitInCython(PaperPolicy):
     name: ClassVar[str] = "worst-fit-cython"
 
     def cython_seams(self) -> object:
+        # compiled research seams: loaded only for the policy that brings them
         from gmlake.policies._seams_example import WorstFitSeams
         return WorstFitSeams()
 
@@ -50,6 +51,7 @@ class StitchOnlyFreeMemory(PaperPolicy):
     name: ClassVar[str] = "stitch-only-free-memory"
 
     def cython_growth(self) -> object:
+        # compiled research seams: loaded only for the policy that brings them
         from gmlake.policies._seams_example import StitchOnlyFreeMemory as Growth
         return Growth()
 

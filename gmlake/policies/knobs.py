@@ -3,7 +3,8 @@ their checks; and the values the core derives from them (`Knobs.core_knobs`, the
 The hooks a researcher overrides are in base.py."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import typing
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from gmlake.policies.growths import GROWTHS, SEGMENT_RULES, SIZING, STITCHING
@@ -45,8 +46,6 @@ def knob_units(cls: type) -> dict[str, str]:
     that changes its default drops the field's metadata), a class's own as its `knob(..., unit=...)` says; an int
     declared with no unit is a count (a size says so: `knob(64 << 20, unit="bytes")`); "" for the rest (flags,
     names)."""
-    import typing
-
     specs = knob_specs()
     hints = typing.get_type_hints(cls)
     units = {}
@@ -287,16 +286,12 @@ class Knobs:
 
     def knob_values(self) -> dict[str, object]:
         """Every knob of this policy (its dataclass fields) with its value: the full setting a result records."""
-        from dataclasses import fields
-
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def label(self) -> str:
         """A short name for tables and plots: the class's own `name` (else its class name) and, in parentheses,
         the knobs that differ from the class's defaults, e.g. `MaxPieces(max_pieces=2)`, sizes with a binary unit
         (`chunk_size=8MiB`). Two policies of one class with different knobs get different labels."""
-        from dataclasses import MISSING, fields
-
         units = knob_units(type(self))
 
         cls = type(self)

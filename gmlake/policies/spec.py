@@ -12,13 +12,14 @@ import re
 import sys
 import traceback
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from gmlake.policies.base import Policy
 from gmlake.policies.caching import CachingPolicy
 from gmlake.policies.expandable import ExpandablePolicy
 from gmlake.policies.gmlake import GMLakePolicy, PaperPolicy
+from gmlake.policies.settings import coerce_knobs, parse_setting, split_settings
 
 _BUILTIN: dict[str, type[Policy]] = {
     cls.name: cls for cls in (GMLakePolicy, PaperPolicy, CachingPolicy, ExpandablePolicy)
@@ -71,8 +72,6 @@ class PolicyChoice:
 
 def split_spec(spec: str) -> tuple[str, dict[str, str]]:
     """A spec's base (name, module:Class or file.py:Class) and its inline knobs as {knob: text}."""
-    from gmlake.policies.settings import split_settings
-
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"a policy spec is a name, module:Class or path/to/file.py:Class, got {spec!r}")
     match = _INLINE.fullmatch(spec.strip())
@@ -201,8 +200,6 @@ def policy_class(base: str) -> type[Policy]:
 
 def _annotated_not_fields(cls: type) -> set[str]:
     """Names a Policy subclass annotates that are no dataclass field: a class written without @dataclass."""
-    from dataclasses import fields
-
     known = {f.name for f in fields(cls)}
     return {name for klass in cls.__mro__ if "__dataclass_fields__" not in klass.__dict__
             for name, hint in vars(klass).get("__annotations__", {}).items()
@@ -216,8 +213,6 @@ def resolve(spec: str, knobs: Mapping[str, object] | None = None,
     Allocator validates it for its driver). Knob values may be text
     (parsed by the knob's type: sizes take units) or typed. Every failure is a ValueError of one line that names
     the spec."""
-    from gmlake.policies.settings import coerce_knobs
-
     base, inline = split_spec(spec)
     cls = policy_class(base)
     settings = {**(knobs or {}), **inline}
@@ -250,8 +245,6 @@ def split_targeted(settings: Iterable[str]) -> tuple[dict[str, str], dict[str, d
     """`--set` items as (knobs for every policy, {target: knobs for that policy only}). `knob=value` applies to
     every chosen policy; `TARGET.knob=value` only to the policy TARGET names: its spec as given (without inline
     knobs) or its position among the chosen policies, from 1 (gmlake.policies.settings.parse_setting)."""
-    from gmlake.policies.settings import parse_setting
-
     everywhere: dict[str, str] = {}
     targeted: dict[str, dict[str, str]] = {}
     for item in settings:

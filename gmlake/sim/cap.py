@@ -108,6 +108,7 @@ def limits(trace, policy, resolution: float = 0.002, event_lag: int = 0) -> dict
     allocated (`*_x_peak`; the device's less the most the libraries held beyond their share at the capture's
     start, `libraries_peak`, as a device-limit run on the GPU leaves k x peak + that share); that peak, the uncapped peak reserved, and the replays the two searches took. Raises
     ValueError where the policy runs out of memory on the trace's device even uncapped."""
+    # replay needs numpy (the sim extra); the search itself does not, and bench/cap_search.py uses it alone
     from gmlake.sim.replay import replay
 
     uncapped = replay(trace, policy, samples=0, event_lag=event_lag)
@@ -130,6 +131,7 @@ def limits(trace, policy, resolution: float = 0.002, event_lag: int = 0) -> dict
 
 def _smallest_limit(trace, policy, limit: str, resolution: float, event_lag: int) -> tuple[int, int, list[int]]:
     """smallest_cap (`limit` "cap") or smallest_device_memory (`limit` "device_memory"), written once."""
+    # replay needs numpy (the sim extra); the search itself does not, and bench/cap_search.py uses it alone
     from gmlake.sim.replay import modelled_device_memory, replay, run_requests
 
     uncapped = replay(trace, policy, samples=0, event_lag=event_lag)

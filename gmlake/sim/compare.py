@@ -4,10 +4,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 from gmlake.policies import Policy, PolicyChoice, choice_of
+from gmlake.sim.cap import limits
 from gmlake.sim.plots import policy_colors, pyplot
 from gmlake.sim.replay import ReplayResult, driver_costs, replay
 from gmlake.sim.trace import Trace
+from gmlake.sim.workers import default_jobs, map_in_processes
 
 GiB = float(1 << 30)
 
@@ -15,6 +19,7 @@ def run(traces: list[Trace], policies: list[Policy | str | PolicyChoice], progre
         device_memory: int | None = None, event_lag: int = 0, cap: int = 0) -> list[ReplayResult]:
     """Every trace under every policy (specs, Policy objects or PolicyChoices), with a progress bar on the
     terminal. `event_lag` and `cap` (bytes, 0: none): see gmlake.sim.replay.replay."""
+    # rich loads only when output is drawn, so importing this module stays light
     from rich.progress import Progress
     from rich.text import Text
 
@@ -43,7 +48,6 @@ def _start_limit_worker(traces: list[Trace], chosen: list[PolicyChoice], event_l
 def _limits_of(traces: list[Trace], chosen: list[PolicyChoice], event_lag: int, pair: tuple[int, int]) -> dict:
     """gmlake.sim.cap.limits of one (trace, policy) pair by index, or {"error": why} where the policy runs out of
     memory even uncapped (its replay in the table says so already)."""
-    from gmlake.sim.cap import limits
 
     trace, choice = traces[pair[0]], chosen[pair[1]]
     try:
@@ -62,10 +66,10 @@ def smallest_limits(traces: list[Trace], policies: list[Policy | str | PolicyCho
     """gmlake.sim.cap.limits (the smallest device and the smallest cap, by replay) of every trace under every policy, in
     `run`'s order (trace by trace, the policies in turn), on `jobs` processes (default: every core, as `gmlake tune`),
     with a progress bar on stderr. A pair whose policy runs out of memory even uncapped is {"error": why}."""
+    # rich loads only when output is drawn, so importing this module stays light
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from gmlake.sim.workers import default_jobs, map_in_processes
 
     chosen = [choice_of(p) for p in policies]
     pairs = [(t, c) for t in range(len(traces)) for c in range(len(chosen))]
@@ -170,6 +174,7 @@ def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False, 
     utilization, stitches, priced driver time); `wide`: every column, fragmentation and the stall model included.
     `limits` (`smallest_limits`, one row per result, in order): the smallest device and cap over the peak allocated
     beside them (`wide`: in GiB too)."""
+    # rich loads only when output is drawn, so importing this module stays light
     from rich.table import Table
     from rich.text import Text
 
@@ -261,7 +266,6 @@ def plot(results: list[ReplayResult], traces: list[Trace], out: Path, format: st
         curve = trace.real_reserved_curve()
         if curve is not None and requests_at is not None:
             # The real curve is indexed by all events; the replay's by request events. Map through the mask.
-            import numpy as np
 
             req_index = np.flatnonzero(trace.events["action"] <= 1)
             ax.plot(np.arange(len(req_index)), curve[req_index] / GiB, color="black", linewidth=0.8,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -13,7 +14,7 @@ from gmlake.core._allocator import Allocator
 from gmlake.drivers._sim_driver import SimDriver
 from gmlake.policies import Policy, PolicyChoice, choice_of
 from gmlake.sim._replay import replay_events
-from gmlake.sim.trace import MAX_DEVICE_MEMORY, Trace, bundled_traces, trace_path  # noqa: F401 - re-exported
+from gmlake.sim.trace import MAX_DEVICE_MEMORY, Trace, bundled_traces, load, trace_path  # noqa: F401 - re-exported
 
 GRANULARITY = 2 << 20
 
@@ -317,7 +318,7 @@ def run_requests(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", d
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
         raise ValueError(f"cap must be a whole number of bytes >= 0, got {cap!r}")
     alloc = Allocator(SimDriver(capacity=modelled_device_memory(trace, device_memory), granularity=GRANULARITY),
-                      policy, limit=cap)
+                      policy, limit=cap if cap else None)     # the replay's cap 0: none
     req = trace.requests()[:upto]
     # Dense allocation ids (0..k-1), so the replay's id table is as long as the trace, whatever ids it carries.
     _, dense_ids = np.unique(req["id"], return_inverse=True)
@@ -343,6 +344,7 @@ PROGRESS_AFTER = 3.0    # seconds a replay runs before it shows a progress bar
 
 
 def _progress_console():
+    # rich loads only when output is drawn, so importing this module stays light
     from rich.console import Console
 
     return Console(stderr=True)
@@ -352,8 +354,6 @@ def _with_progress(run, events: int, label: str) -> dict:
     """run(watch) (replay_events with its `progress` array) in a worker thread, this thread showing a rich progress
     bar on stderr once it has run PROGRESS_AFTER seconds, where stderr is a terminal. Ctrl-C here stops the worker's
     loop, then interrupts."""
-    import threading
-
     watch = np.zeros(2, dtype=np.int64)
     done: dict = {}
 
@@ -369,6 +369,7 @@ def _with_progress(run, events: int, label: str) -> dict:
         worker.join(PROGRESS_AFTER)
         console = _progress_console() if worker.is_alive() else None
         if console is not None and console.is_terminal:
+            # rich loads only when output is drawn, so importing this module stays light
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             with Progress(TextColumn("replaying {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -409,7 +410,6 @@ FIDELITY = {"native": ("caching", 0.01), "expandable": ("expandable", 0.02)}
 def fidelity(paths: list[Path] | None = None) -> list[dict]:
     """Replay each trace through the policy that models the allocator it was captured under, against the
     max_memory_reserved the captured run really reached. One row per trace."""
-    from gmlake.sim.trace import load
 
     rows = []
     for path in paths if paths is not None else bundled_traces():

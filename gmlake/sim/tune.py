@@ -37,6 +37,7 @@ With --fit the same holds of the memory reserved and the driver time under that 
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -378,6 +379,7 @@ def enable_call(o: Outcome, limit: int = 0) -> str:
 def table(result: TuneResult, every: bool = False, wide: bool = False):
     """The front (or `every` setting) as a rich Table, GiB and seconds. By default the columns that fit 80 columns
     (headers on two lines, long settings folded); `wide` adds the smallest device and the stitches."""
+    # rich loads only when output is drawn, so importing this module stays light
     from rich.table import Table
     from rich.text import Text
 
@@ -450,8 +452,6 @@ def recommendation_lines(result: TuneResult, width: int | None = None) -> list[s
 def _wrapped(lines: list[str], width: int | None) -> list[str]:
     if width is None:
         return lines
-    import textwrap
-
     out = []
     for line in lines:
         indent = " " * (len(line) - len(line.lstrip()))

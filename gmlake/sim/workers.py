@@ -16,6 +16,7 @@ import os
 import signal
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import process as futures_process
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -55,7 +56,6 @@ def _end(pool: ProcessPoolExecutor) -> None:
     if manager is not None:     # it sees the workers gone and ends (Note [Ctrl-C and the worker processes])
         manager.join(_TERMINATE_SECONDS)
         if manager.is_alive():  # never seen; rather than race it at exit, the exit hook forgets it
-            from concurrent.futures import process as futures_process
             getattr(futures_process, "_threads_wakeups", {}).pop(manager, None)
 
 

@@ -73,6 +73,7 @@ def enable_from_environment() -> None:
     try:
         if not requested():
             return
+        # cycle: runs while torch is being imported, and gmlake.torch imports torch
         from gmlake import torch as gtorch
 
         gtorch.enable_from_env()
@@ -95,6 +96,7 @@ _KNOB_VARIABLES = ("GMLAKE_POLICY", "GMLAKE_KNOBS", "GMLAKE_CHUNK_SIZE", "GMLAKE
 def check_environment() -> None:
     """Parse every GMLAKE_* setting as gmlake.torch.enable_from_env will, without importing torch or a policy's own
     module or file; raise ValueError naming the variable."""
+    # cycle: runs while torch is being imported, and gmlake.torch imports torch
     from gmlake import policies
     from gmlake import torch as gtorch
 

@@ -12,7 +12,7 @@ from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 from cython.operator cimport dereference as deref, predecrement as dec
 from gmlake.core._allocator cimport (Allocator, Failure, ERR_OOM, ERR_CAPTURE, ERR_NONE, ScopedLock, std_mutex,
-                                     FreeIndex, SIZE_SMALL, SIZE_LARGE, free_index, free_key)
+                                     FreeIndex, SIZE_SMALL, SIZE_LARGE, NO_LIMIT, free_index, free_key)
 from gmlake.core._driver cimport DRIVER_OK
 
 cdef extern from "_bridge.h" namespace "gmlake" nogil:
@@ -30,6 +30,9 @@ cdef enum:
 # Borrowed pointers; `_owners` keeps the Allocator objects alive.
 cdef void* _allocators[MAX_DEVICES]
 import threading
+import sys
+import traceback
+import warnings
 
 _owners: dict = {}
 _factory = None
@@ -135,9 +138,6 @@ cdef str _observe_oom(int device, size_t size, size_t allowed, size_t free_bytes
         try:
             observer(device, size, allowed, free_bytes)
         except BaseException as exc:   # noqa: BLE001 - reported below, and the out-of-memory error still raised
-            import sys
-            import traceback
-
             print(f"gmlake: an out-of-memory observer ({observer!r}) raised:", file=sys.stderr)
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
             failed.append(f"{type(exc).__name__}: {exc}")
@@ -155,7 +155,7 @@ cdef void _fail(Allocator a, size_t size, int device, Failure* why) noexcept nog
     with gil:
         error = a.failure(size, why)
         if oom:
-            note = _observe_oom(device, size, why.limit if why.limit else a.driver.capacity,
+            note = _observe_oom(device, size, why.limit if why.limit != NO_LIMIT else a.driver.capacity,
                                 free_bytes if known_free else 0)
             page, capped_page, tail_page = a.growth.oom_pages(a.policy)      # what the growth says of its pages
             text = error.torch_message(device, a.capturing != 0 or why.err == ERR_CAPTURE,
@@ -225,9 +225,8 @@ cdef public void gmlake_memory_fraction(double fraction, int device) noexcept no
     capacity = (<Allocator>handle).driver.capacity
     limit = <size_t>(fraction * capacity)
     if limit == 0 and capacity == 0 and fraction != 0.0:
-        (<Allocator>handle).set_limit_nogil(0)  # a driver that models no device size: no cap but fraction 0
-    else:
-        (<Allocator>handle).cap_nogil(limit)
+        limit = NO_LIMIT        # a driver that models no device size: no cap but fraction 0
+    (<Allocator>handle).set_limit_nogil(limit)
 
 
 cdef public void* gmlake_base_alloc(void* ptr, size_t* size) noexcept nogil:
@@ -297,13 +296,11 @@ cdef size_t _largest_served(Allocator a) noexcept nogil:
     cdef size_t largest, room, free_bytes = 0
     cdef bint capped, binds
     held.acquire(a.mutex)
-    if a.zero_cap:
-        return 0
     largest = _largest_free_block(free_index(a, SIZE_LARGE))
     room = _largest_free_block(free_index(a, SIZE_SMALL))
     if room > largest:
         largest = room
-    capped = a.limit_bytes != 0
+    capped = a.limit_bytes != NO_LIMIT
     binds = capped and (a.driver.capacity == 0 or a.limit_bytes < a.driver.capacity)
     room = 0
     if capped:
@@ -502,7 +499,6 @@ cdef bint _pool_call(int device, PoolMethod which, uint64_t pool, ErrorText* err
 
 
 cdef void _warn_pool_error(ErrorText* error) noexcept with gil:
-    import warnings
     warnings.warn((<bytes>error.text).decode(errors="replace"), RuntimeWarning, stacklevel=2)
 
 

@@ -11,7 +11,10 @@ import os
 import pickle
 import runpy
 import sys
+import warnings
 from pathlib import Path
+
+from gmlake.torch import outside
 
 DEFAULT_MAX_ENTRIES = 20_000_000
 
@@ -21,14 +24,13 @@ def torch_cuda_problem(device: bool = False) -> str | None:
     without CUDA (a CPU-only torch has no CUDA allocator to record or replace); with `device` (capture records a
     run, which needs one), also a CUDA build that finds no usable device (no NVIDIA driver, no GPU visible)."""
     try:
+        # torch is optional: loaded on first use, so import gmlake stays light without it
         import torch
     except ImportError:
         return f"PyTorch is not installed in this Python ({sys.executable})"
     if getattr(torch.version, "cuda", None) is None or not hasattr(torch._C, "_cuda_customAllocator"):
         return f"this PyTorch ({torch.__version__}) has no CUDA (a CPU-only build); install a CUDA build of PyTorch"
     if device:
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")         # torch warns that it found no driver; the line below says it
             usable = torch.cuda.is_available() and torch.cuda.device_count() > 0
@@ -41,9 +43,8 @@ def torch_cuda_problem(device: bool = False) -> str | None:
 def start(max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
     """Start recording every allocator event (no stack traces: they make snapshots large and runs slow), and
     sampling the memory the process holds outside its allocator (Note [Sampling the libraries' memory])."""
+    # torch is optional: loaded on first use, so import gmlake stays light without it
     import torch
-
-    from gmlake.torch import outside
 
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=max_entries)
     outside.start(torch.cuda.memory_reserved, torch.cuda.current_device() if torch.cuda.is_initialized() else 0)
@@ -51,9 +52,8 @@ def start(max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
 
 def dump(path: str | Path, name: str | None = None, **extra) -> Path:
     """Write the snapshot, with the run's real peaks, as a gzipped pickle (atomically: a temp file, renamed)."""
+    # torch is optional: loaded on first use, so import gmlake stays light without it
     import torch
-
-    from gmlake.torch import outside
 
     path = Path(path)
     torch.cuda.synchronize()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 from typing import Any
 
 from gmlake import policies
 from gmlake.core._allocator import Allocator
 from gmlake.policies.settings import coerce_knobs, env_knobs, parse_bool, parse_size
 from gmlake.torch import _torch_bridge
+from gmlake.torch.capture import torch_cuda_problem
 from gmlake.torch.memory_api import install_memory_api
 from gmlake.torch.state import _enabled, _history_settings
 
@@ -99,6 +101,7 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
       `[knob=value]`), a Policy object or a PolicyChoice; knobs override its fields (e.g. chunk_size=8 << 20).
     limit: a cap on each device's physical memory, in bytes (0: the device's own size).
     """
+    # torch is optional: loaded on first use, so import gmlake stays light without it
     import torch
 
     if _enabled:
@@ -119,16 +122,16 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
         raise TypeError(f"gmlake: policy must be a name or a gmlake.policies.Policy, got {type(policy).__name__}")
     chosen = choice.policy
     chosen.check_knobs()        # a knob its growth does not read fails here, not at the first allocation
-    from gmlake.torch.capture import torch_cuda_problem
 
     problem = torch_cuda_problem()      # a CPU-only build has no CUDA allocator to replace: say so, not its internals
     if problem:
         raise RuntimeError(f"gmlake: cannot install gmlake as PyTorch's CUDA allocator: {problem}")
 
     def factory(device: int) -> Allocator:
+        # the CUDA driver needs libcuda: loaded only when a device is enabled
         from gmlake.drivers import cuda_driver
 
-        made = Allocator(cuda_driver(device), chosen, limit=limit)
+        made = Allocator(cuda_driver(device), chosen, limit=limit if limit else None)     # GMLAKE_LIMIT 0: none
         if _history_settings.get("enabled"):
             made.record_history(True, _history_settings["max_entries"])
         return made
@@ -145,6 +148,7 @@ def install_allocator(torch) -> bool:
     [cacheInfo through a subclass] in gmlake/torch/_torch_allocator.py), or, where it cannot be built, through
     torch.cuda.memory.CUDAPluggableAllocator, warning once that cudnn.benchmark = True then fails. Whether cacheInfo
     is answered."""
+    # links against torch's libraries: loaded only once torch is
     from gmlake.torch import _torch_allocator
 
     path = _torch_bridge.__file__
@@ -160,8 +164,6 @@ def install_allocator(torch) -> bool:
             raise RuntimeError(f"gmlake: this PyTorch ({torch.__version__}) lacks CUDAPluggableAllocator.{setter}")
         hook(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
     torch.cuda.memory.change_current_allocator(pluggable)
-    import warnings
-
     warnings.warn(
         f"gmlake: torch.backends.cudnn.benchmark = True will fail in the first convolution (\"CUDAPluggableAllocator "
         f"does not yet support cacheInfo\"): the shim that answers cacheInfo could not be built against torch "
@@ -174,13 +176,12 @@ def install_oom_error(torch) -> bool:
     gmlake/torch/_torch_oom.py): build or load the shim for the running torch and hand it to the bridge. Where it cannot
     be had, warn once, saying why: the error is then a RuntimeError whose text begins as PyTorch's. Whether the shim
     is in place."""
+    # links against torch's libraries: loaded only once torch is
     from gmlake.torch import _torch_oom
 
     address, why = _torch_oom.thrower(torch)
     _torch_bridge.set_oom_thrower(address)
     if not address:
-        import warnings
-
         warnings.warn(
             f"gmlake: an out-of-memory will be a RuntimeError whose text begins \"CUDA out of memory.\", not "
             f"torch.OutOfMemoryError: the shim that raises torch's type could not be built against torch "

@@ -117,6 +117,7 @@ class MemPool:
     PyTorch caching-allocator features gmlake does not have: asking for them raises ValueError."""
 
     def __init__(self, allocator=None, use_on_oom: bool = False, no_split: bool = False):
+        # torch is optional: loaded on first use, so import gmlake stays light without it
         import torch
 
         unsupported = [name for name, given in (("allocator", allocator is not None), ("use_on_oom", use_on_oom),

@@ -70,6 +70,7 @@ class OutsideSampler:
 
     def sample(self) -> None:
         """One sample, kept by offer() where it is trustworthy."""
+        # torch is optional: loaded on first use, so import gmlake stays light without it
         import torch
 
         if not torch.cuda.is_initialized():

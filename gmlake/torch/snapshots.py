@@ -10,15 +10,13 @@ import sys
 from pathlib import Path
 
 from gmlake.core._allocator import Allocator
-from gmlake.torch import _torch_bridge
+from gmlake.torch import _torch_bridge, outside
 from gmlake.torch.state import _enabled, _history_settings, policy_info
+from gmlake.torch.stats import memory_reserved
 
 
 def record_memory_history(enabled: bool = True, max_entries: int = 10_000_000) -> None:
     """Record allocator events on every device (now and later), as torch.cuda.memory._record_memory_history."""
-    from gmlake.torch import outside
-    from gmlake.torch.stats import memory_reserved
-
     _history_settings.update(enabled=enabled, max_entries=max_entries)
     for a in _torch_bridge.allocators().values():
         a.record_history(enabled, max_entries)
@@ -33,13 +31,12 @@ def snapshot() -> dict:
     `gmlake replay` and torch's memory_viz; what torch.cuda.memory._snapshot() returns under gmlake."""
     allocators = _torch_bridge.allocators()
     out = snapshot_of(allocators, _enabled["choice"].label if _enabled else None, policy_info())
+    # torch is optional: loaded on first use, so import gmlake stays light without it
     import torch
 
     if allocators and torch.cuda.is_available():    # the device, as gmlake.torch.capture records it: replay models its size
         props = torch.cuda.get_device_properties(min(allocators))
         out["gmlake"].update(device_total=props.total_memory, device_name=props.name, torch=str(torch.__version__))
-    from gmlake.torch import outside
-
     held = outside.samples()
     if held:
         out["gmlake"]["outside_allocator"] = held

@@ -21,6 +21,7 @@ def is_enabled() -> bool:
 
 
 def _device(device) -> int:
+    # torch is optional: loaded on first use, so import gmlake stays light without it
     import torch
 
     if device is None:
