@@ -4,16 +4,16 @@ ran out of memory in the allocator, or failed inside a CUDA library."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from bench import edge_fit, report_docs
+from bench import RESULTS, edge_fit
 from bench.__main__ import main as bench_main
+from bench.report_docs import benchmarks
 
 
 def test_replay_says_what_every_gpu_run_did():
-    rows = report_docs.edge_fit_rows()
+    rows = benchmarks.edge_fit_rows()
     assert len(rows) >= 30
     assert {r["gpu"] for r in rows} == {"fit", "oom", "library"}       # every outcome is there to be predicted
     wrong = [r for r in rows if r["replay"] != r["gpu"]]
@@ -21,7 +21,7 @@ def test_replay_says_what_every_gpu_run_did():
 
 
 def test_replay_says_what_the_tail_pages_did_on_the_h100_and_they_train_wherever_expandable_does():
-    rows = report_docs.edge_fit_rows(report_docs.TAIL_EDGE_FIT)
+    rows = benchmarks.edge_fit_rows(benchmarks.TAIL_EDGE_FIT)
     assert len(rows) == 8 and {r["gpu"] for r in rows} == {"fit", "oom", "library"}
     assert [r for r in rows if r["replay"] != r["gpu"]] == []
     expandable = {r["workload"]: r["gpu"] for r in rows if r["policy"] == "expandable"}
@@ -29,7 +29,7 @@ def test_replay_says_what_the_tail_pages_did_on_the_h100_and_they_train_wherever
 
 
 def test_the_default_trains_wherever_expandable_segments_does_in_the_results():
-    rows = report_docs.edge_fit_rows()
+    rows = benchmarks.edge_fit_rows()
     expandable = {(r["workload"], r["k"], r["round"]): r["gpu"] for r in rows if r["policy"] == "expandable"}
     for r in rows:
         if r["policy"] == "gmlake" and expandable.get((r["workload"], r["k"], r["round"])) == "fit":
@@ -76,7 +76,7 @@ def test_a_calibration_from_another_schedule_is_refused(record, complaint, tmp_p
 
 def test_a_calibration_keeps_its_runs_unless_fresh():
     """--calibration continues the record (its runs are not made again); --fresh keeps only its calibrations."""
-    path = Path(report_docs.__file__).parent / "results" / "h200-2026-12-04" / "edge-fit.json"
+    path = RESULTS / "h200-2026-12-04" / "edge-fit.json"
     held = len(json.loads(path.read_text())["runs"])
     for extra, kept in (([], held), (["--fresh"], 0)):
         args = edge_fit.parse_args(["--steps", "12", "--calibration", str(path), "--out", "x", *extra], "bench edge-fit")
@@ -85,7 +85,7 @@ def test_a_calibration_keeps_its_runs_unless_fresh():
 
 def test_the_committed_record_is_a_calibration_its_own_runs_accept():
     """The committed record says its schedule, and passes the check for that schedule."""
-    path = Path(report_docs.__file__).parent / "results" / "h200-2026-12-04" / "edge-fit.json"
+    path = RESULTS / "h200-2026-12-04" / "edge-fit.json"
     record = json.loads(path.read_text())
     args = edge_fit.parse_args(["--steps", str(record["steps"]), "--seed", str(record["seed"]), "--calibration",
                                 str(path), "--out", "x"], "bench edge-fit")
@@ -96,7 +96,7 @@ def test_the_gpu_edge_is_within_half_a_percent_of_p_of_replays():
     """Per workload and allocator, the H200 run just under replay's smallest device failed and the one just over it
     trained, each no more than 0.5 % of P away from it: the GPU's smallest device is within 0.5 % of P of replay's.
     Replay also says what each of those runs did."""
-    pairs = report_docs.edge_bracket_rows()
+    pairs = benchmarks.edge_bracket_rows()
     assert {p["workload"] for p in pairs} == {"rl", "sage", "t5", "bert"}
     assert {p["allocator"] for p in pairs} == {"gmlake", "expandable"}
     for pair in pairs:
@@ -114,7 +114,7 @@ def test_replay_measures_the_libraries_as_the_gpu_did_and_the_default_half_life_
     from gmlake.policies import GMLakePolicy
 
     default = GMLakePolicy().libraries_half_life
-    rows = report_docs.edge_libraries_rows()
+    rows = benchmarks.edge_libraries_rows()
     assert {r["workload"] for r in rows} == {"rl", "sage", "t5", "bert"}
     for row in rows:
         gpu, replayed = row["gpu"], row["replay"]
@@ -122,4 +122,4 @@ def test_replay_measures_the_libraries_as_the_gpu_did_and_the_default_half_life_
         smallest = row["smallest_k"]
         assert smallest[default] <= min(smallest.values()) + 1e-4, row
     rl = next(r for r in rows if r["workload"] == "rl")["smallest_k"]
-    assert rl[report_docs.LIBRARIES_HALF_LIVES[-1]] > rl[default] + 0.01, rl
+    assert rl[benchmarks.LIBRARIES_HALF_LIVES[-1]] > rl[default] + 0.01, rl

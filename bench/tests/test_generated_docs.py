@@ -5,6 +5,7 @@ a result file that moves a figure fails here until the docs are regenerated with
 figure edited by hand inside a generated section."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -15,7 +16,7 @@ ROOT = report_docs.ROOT
 MiB = 1 << 20
 
 
-@pytest.mark.parametrize("doc", [d for d in report_docs.DOCS if d != report_docs.DOC and d.is_file()],
+@pytest.mark.parametrize("doc", [d for d in report_docs.DOCS if d != report_docs.benchmarks.DOC and d.is_file()],
                          ids=lambda d: d.name)
 def test_generated_sections_are_up_to_date(doc):
     text = doc.read_text()
@@ -111,7 +112,7 @@ def test_no_figure_is_written_by_hand(doc):
     """Outside generated sections and code, a document's figures are the code's constants and examples only."""
     stray = _stray_figures(_outside_generated(doc.read_text()), set(ALLOWED) | _automatic())
     assert not stray, f"{doc.name}: figures outside a generated section: {stray} (generate them from their record " \
-                      "in bench/report_docs.py, or drop them)"
+                      "in bench/report_docs/, or drop them)"
 
 
 def test_every_allowed_figure_is_used():
@@ -167,8 +168,8 @@ def test_the_edge_sections_method_figures_are_the_codes():
     from bench import edge
     from gmlake.policies import GMLakePolicy
 
-    text = " ".join(_section(report_docs.DOC.read_text(), "## At the edge of memory, by replay").split())
-    record = report_docs.json.loads(report_docs.EDGE.read_text())
+    text = " ".join(_section(report_docs.benchmarks.DOC.read_text(), "## At the edge of memory, by replay").split())
+    record = json.loads(report_docs.benchmarks.EDGE.read_text())
     assert record["resolution"] == 2e-4 and "bisects, to 0.02 %, the smallest device" in text
     assert edge.MARGINS == (1.02, 1.05) and "at a cap and at a device of 1.02x and 1.05x P" in text
     assert edge.UNBINDING == 2.0 and "replays a cap of 2x P (which never binds)" in text

@@ -7,6 +7,7 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gmlake import policies
 from gmlake.cli.common import (
@@ -21,6 +22,9 @@ from gmlake.cli.common import (
 )
 from gmlake.policies.settings import KNOBS_VARIABLE, env_knobs
 from gmlake.sim import MAX_DEVICE_MEMORY
+
+if TYPE_CHECKING:
+    from gmlake.sim.tune import TuneResult
 
 # The commands below import gmlake.sim's modules (numpy, matplotlib: the optional sim extra) and rich's widgets inside
 # their functions: `gmlake run` and `gmlake capture` need neither, and only a command that replays needs the extra.
@@ -179,6 +183,12 @@ def cmd_explain(args) -> int:
 
 def cmd_tune(args) -> int:
     """`gmlake tune`: replay a search of policies and knobs, print the front and the setting to use."""
+    return show_tune(args, tune_result(args))
+
+
+def tune_result(args) -> TuneResult:
+    """`gmlake tune ARGS`'s search, replayed (its arguments checked first): the gmlake.sim.tune.TuneResult that
+    show_tune prints. The docs generator calls the two in turn, as the command does."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -188,7 +198,8 @@ def cmd_tune(args) -> int:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if not args.within >= 1:        # also NaN
         raise UsageError(f"--within must be a factor of at least 1, got {args.within}")
-    plot = _output_file(args.plot, "--plot") if args.plot else None
+    if args.plot:
+        _output_file(args.plot, "--plot")
     if _policy_choices([tune.DEFAULT_POLICY], []) and env_knobs():     # checked, as every command checks it
         print(f"gmlake: note: tune searches the knobs itself; {KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]} is "
               f"not applied to its replays", file=sys.stderr)
@@ -204,6 +215,14 @@ def cmd_tune(args) -> int:
                            within=args.within, jobs=args.jobs, settings=settings,
                            on_done=lambda o: bar.update(task, advance=1, last=o.policy, refresh=True))
     _note_unsized([trace], args.device_memory)
+    return result
+
+
+def show_tune(args, result: TuneResult) -> int:
+    """Print `result` (tune_result's) as `gmlake tune ARGS` does, write its --plot; the command's exit status."""
+    from gmlake.sim import tune
+
+    plot = _output_file(args.plot, "--plot") if args.plot else None
     if plot:
         _write_atomically({plot: lambda tmp: tune.plot(result, tmp)})
     if args.json:

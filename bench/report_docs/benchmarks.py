@@ -1,33 +1,19 @@
-"""Rewrite the generated tables of the docs: docs/benchmarks.md's from the result files in bench/results, and the
-manual's sample outputs and replayed figures (docs/policies.md) by running the commands they show.
-
-    python -m bench report docs [--check] [--doc docs/policies.md ...]
-
-It also draws docs/training.png, the README's figure, from the training suite's results, and docs/tune.png from the
-tune sample's run (docs/policies.md).
-Each generated table sits between `<!-- generated: NAME -->` and `<!-- end generated -->`; everything else in the
-document is prose and stays as it is. NAME picks the table and the results it is made of (RESULTS below), so the
-figures in the document are the files' and nothing else. --check rewrites nothing and exits 1 if the document is not
-what the files give (a stale table).
-"""
+"""docs/benchmarks.md's generated sections, from the result records in bench/results, and docs/training.png (the
+README's figure) from the training suite's. The README (bench.report_docs.readme) and docs/graphs.md sum up the same
+records."""
 from __future__ import annotations
 
 import json
 import re
 import statistics
-import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 from bench import RESULTS, ROOT
-from bench.cli import OneLineParser
+from bench.report_docs.common import GiB, MiB, _and, _env_line, _fill, _json, _less, _n, _of, _pct, _runs_by_key, _span
 
-GiB = 1 << 30
-MiB = 1 << 20
 DOC = ROOT / "docs" / "benchmarks.md"
 PNG = ROOT / "docs" / "training.png"
-MARK = re.compile(r"(<!-- generated: (?P<name>[a-z-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.DOTALL)
 
 # The training suite's current runs. A relabelling names what a run was in today's terms (None: left out): the FSDP
 # call ran today's default as `gmlake-wait`, next to the default of its day; native's FSDP runs are another call's.
@@ -69,33 +55,6 @@ MICRO = "micro-h200-2026-11-30-2003.json"
 AB = "h200-2026-12-01-ab/ab.json"
 LATENCY_GOAL = 1.1          # torch.empty + del under gmlake: at most this times native's time
 ALLOCATORS = ("native", "expandable", "gmlake")
-
-
-def _json(relative: str) -> dict | list:
-    return json.loads((RESULTS / relative).read_text())
-
-
-def _env_line(envs: list[dict]) -> str:
-    dates = sorted(e.get("date", "?")[:10] for e in envs)
-    span = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
-    first = envs[0]
-    return (f"{first.get('gpu', '?')} (driver {first.get('nvidia_driver', '?')}), torch {first.get('torch', '?')}, "
-            f"{span}.")
-
-
-def _runs_by_key(files: list[tuple[str, dict[str, str | None] | None]]) -> tuple[dict, list[dict]]:
-    runs: dict[tuple[str, str], list[dict]] = {}
-    envs = []
-    for relative, relabel in files:
-        data = _json(relative)
-        envs.append(data["environment"])
-        for run in data["runs"]:
-            if run.get("returncode") != 0:
-                continue
-            label = run["allocator"] if relabel is None else relabel.get(run["allocator"])
-            if label is not None:
-                runs.setdefault((run["workload"], label), []).append(run)
-    return runs, envs
 
 
 def training() -> str:
@@ -513,40 +472,6 @@ def graphs() -> str:
     return "\n".join(lines) + "\n\n" + _fill(text, 115) + "\n"
 
 
-def graphs_measured() -> str:
-    """docs/graphs.md, "Measured": reduce-overhead's graph replays, losses and peaks against native's."""
-    runs = _graph_runs()
-    mode = "reduce-overhead"
-    peak = {a: max(r["max_memory_reserved"] for r in runs[(mode, a)]) for a in ("native", "gmlake")}
-    graph_replays = min(r["graph_replays"] for r in runs[(mode, "gmlake")])
-    return _fill(
-        f"A small transformer under `torch.compile(mode=\"reduce-overhead\")` trains with {graph_replays} graph "
-        f"replays and the losses of native's run to {_sci(_loss_gap(mode, runs))} (relative), and reserves "
-        f"{peak['gmlake'] / GiB:.3f} GiB against native's {peak['native'] / GiB:.3f} (`bench/results/{GRAPHS}/`; "
-        "the table is in [benchmarks.md](benchmarks.md), \"CUDA graphs\").", 115) + "\n"
-
-
-def graphs_replay() -> str:
-    """docs/graphs.md, "Replaying a graph-capturing trace": the reduce-overhead program's trace, replayed."""
-    replays = _graph_replays()
-    caching = replays["caching"]
-    return _fill(
-        "The trace of a `reduce-overhead` training program captured under PyTorch's allocator "
-        f"({caching['events']:,} events) replays to {caching['peak_reserved'] / GiB:.3f} GiB reserved under the "
-        f"caching model and {replays['gmlake']['peak_reserved'] / GiB:.3f} GiB under the default "
-        f"(`bench/results/{GRAPHS}/replay-graphs.jsonl`). The record keeps the replays, not the captured run's own "
-        "peak: `gmlake replay TRACE --policy caching` prints both, the run's in its `captured` column.", 115) + "\n"
-
-
-def capture_query() -> str:
-    """docs/graphs.md: what one capture question (`cuStreamIsCapturing`) costs, from the micro benchmark."""
-    data = _json(MICRO)
-    return _fill(
-        f"`python -m bench micro` times one: {data['stream_call_us']['capture_query']:.3f} µs on the "
-        f"{data['environment']['gpu']} (`bench/results/{MICRO}`), so a cross-stream workload such as FSDP shows "
-        "what they cost.", 115) + "\n"
-
-
 def replayed() -> str:
     """The bundled traces replayed under every built-in policy (computed here: replay is deterministic)."""
     from gmlake import policies
@@ -647,314 +572,8 @@ def plot(png: Path) -> None:
     fig.tight_layout(rect=(0, 0, 1, 0.92))
     fig.savefig(png, dpi=100)
     plt.close(fig)
-
-
-# ------------------------------------------------------------------ docs/policies.md: replayed on the CPU
-
-# The worked TLSF example (docs/policies.md): the traces and policies its `gmlake compare` command names.
-TLSF_TRACES = [("gpt2l-lora-ckpt-native", "gpt2l-lora-ckpt"), ("opt1.3b-lora-native", "opt1.3b-lora"),
-               ("opt350m-full-ckpt-native", "opt350m-full-ckpt"),
-               ("tests/data/results/train/stall-2026-11-30/bert-native.gmtrace", "BERT, dynamic padding"),
-               ("tests/data/results/train/stall-2026-11-30/cnn-native.gmtrace", "ResNet-50, multi-scale")]
-TLSF_POLICIES = ["gmlake", "expandable", "examples/research/tlsf.py:TLSFPlacement",
-                 "examples/research/tlsf.py:TLSFPlacement[sl_bits=2]"]
-# The tune sample (docs/policies.md section 5): the trace and the fit it is run with, and its figure (`--plot`),
-# drawn from the same run as the sample so that the two never disagree.
-TUNE_TRACE, TUNE_FIT = "opt1.3b-lora-native", "18.4GiB"
-TUNE_PNG = ROOT / "docs" / "tune.png"
-_TUNE_RESULTS: list = []
-
-
-def _in_root(spec: str) -> str:
-    return str(ROOT / spec) if "/" in spec else spec
-
-
-def _tlsf_results() -> list[list]:
-    from gmlake.sim import compare
-    from gmlake.sim.trace import load
-
-    out = []
-    for spec, _ in TLSF_TRACES:
-        trace = load(_in_root(spec))
-        out.append(compare.run([trace], [_in_root(p) for p in TLSF_POLICIES], progress=False))
-    return out
-
-
-def tlsf() -> str:
-    """The TLSF example's table and what it shows, replayed (deterministic: the CPU gives the GPU's figures)."""
-    rows = _tlsf_results()
-    lines = [("| trace | peak allocated | gmlake (best fit) | expandable model | TLSF, 16 classes per power of two | "
-              "TLSF, 4 classes |"), "|---|---|---|---|---|---|"]
-    for (_, label), results in zip(TLSF_TRACES, rows):
-        cells = [f"{r.peak_reserved / GiB:.3f} ({r.utilization:.3f}), {r.stats['stitches']}" for r in results]
-        cells[0] = f"**{cells[0].split(' ')[0]}** " + cells[0].split(" ", 1)[1]
-        lines.append(f"| {label} | {results[0].peak_allocated / GiB:.3f} | " + " | ".join(cells) + " |")
-    more = [r[2].peak_reserved / r[0].peak_reserved - 1 for r in rows] + \
-           [r[3].peak_reserved / r[0].peak_reserved - 1 for r in rows]
-    over_expandable = [label for (_, label), r in zip(TLSF_TRACES, rows) if r[2].peak_reserved > r[1].peak_reserved]
-    stitches = [r[k].stats["stitches"] for r in rows for k in (2, 3)]
-    best_stitches = [r[0].stats["stitches"] for r in rows]
-    ratio = [r[k].driver_seconds / r[0].driver_seconds for r in rows for k in (2, 3)]
-    tlsf_s = [r[k].driver_seconds for r in rows for k in (2, 3)]
-    best_s = [r[0].driver_seconds for r in rows]
-    coarse = sum(r[3].peak_reserved <= r[2].peak_reserved for r in rows)
-    n = len(rows)
-    costs = (f"- **TLSF's guarantee costs memory here.** It reserves {100 * min(more):.1f}-{100 * max(more):.1f} % "
-             "more than best fit on the same base.")
-    if over_expandable:
-        costs += (f" On {len(over_expandable)} of the {n} traces ({'; '.join(over_expandable)}) that is more than "
-                  "expandable segments reserve.")
-    gap = ("- **It hands the gap to stitching.** TLSF skips free blocks of the request's own class that would fit, "
-           f"so more requests find no block and stitch: {min(stitches)}-{max(stitches)} stitches where best fit "
-           f"needs {min(best_stitches)}-{max(best_stitches)}, and {min(ratio):.1f}-{max(ratio):.1f}x the driver "
-           f"time (priced {min(tlsf_s):.3f}-{max(tlsf_s):.3f} s per trace against "
-           f"{min(best_s):.3f}-{max(best_s):.3f} s).")
-    coarser = f"- **Coarser classes (4) were no worse than the paper's 16** on {coarse} of the {n} traces."
-    lines += ["", "What it shows:", costs, gap, coarser]
-    return "\n".join(lines) + "\n"
-
-
-def _tune_run() -> tuple[str, object]:
-    """`gmlake tune TUNE_TRACE --fit TUNE_FIT` at 80 columns, as a terminal shows it (without its last line, the
-    time the search took), and the result."""
-    from gmlake.sim import tune as gtune
-
-    captured: dict = {}
-    original = gtune.tune
-
-    def keep(*args, **kwargs):
-        captured["result"] = original(*args, **kwargs)
-        return captured["result"]
-
-    gtune.tune = keep
-    try:
-        _, out, _ = _run_cli(["tune", TUNE_TRACE, "--fit", TUNE_FIT, "--jobs", "2"])
-    finally:
-        gtune.tune = original
-    _TUNE_RESULTS.append(captured["result"])
-    return "\n".join(line.rstrip() for line in out.splitlines()[:-1]), captured["result"]
-
-
-def tune_fit() -> str:
-    """The tune sample: the command, its output, and what it shows in words."""
-    from gmlake.sim import tune as gtune
-
-    text, result = _tune_run()
-    by = {o.spec: o for o in result.outcomes}
-    default, fine = by["gmlake"], by["gmlake[capped_page_large=4MiB]"]
-    plain, _ = gtune.recommend(result.outcomes, None, result.within, result.trace_seconds)
-    fastest = min((o for o in result.outcomes if not o.failed), key=lambda o: o.driver_seconds)
-    return (f"```\n$ gmlake tune {TUNE_TRACE} --fit {TUNE_FIT}\n```\n\n```\n{text}\n```\n\n"
-            f"Under the cap, the default keeps its 20 MiB pages and, at the limit, stitches in 2 MiB pages "
-            f"(`edge_page`; it re-backs nothing: `reback_slot=0`): "
-            f"{default.fit_driver_seconds:.3f} s of driver time there, against {fine.fit_driver_seconds:.3f} s for "
-            f"4 MiB pages from the moment the cap is set (`capped_page_large=4MiB`). Without `--fit` the same trace "
-            f"gets `{plain.policy}`: {plain.peak_reserved / GiB:.3f} GiB at {plain.driver_seconds:.3f} s of driver "
-            f"time, against the fastest setting (`{fastest.policy}`, {fastest.peak_reserved / GiB:.3f} GiB at "
-            f"{fastest.driver_seconds:.3f} s).\n")
-
-
-def tune_search() -> str:
-    """The settings `gmlake tune` replays, from its search (for a trace on one stream)."""
-    import numpy as np
-
-    from gmlake import policies
-    from gmlake.sim import tune as gtune
-    from gmlake.sim.trace import EVENT_DTYPE, Trace
-
-    settings = gtune.search_space(Trace(np.zeros(1, dtype=EVENT_DTYPE), {"name": "one stream"}))
-    builtin = [s.spec for s in settings if not s.knobs]
-    assert builtin == policies.names()
-    return ("The built-in policies at their defaults (" + ", ".join(f"`{s}`" for s in builtin) + "), then "
-            + ", ".join(f"`{s.spec}`" for s in settings if s.knobs) + ".\n")
-
-
-def _fill(text: str, width: int, indent: str = "") -> str:
-    """`text` as a paragraph (or a list item, with `indent`) of `width` columns; names keep their hyphens."""
-    return textwrap.fill(text, width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
-
-
-# The policies section 1 of docs/policies.md writes and sections 3-4 run: the doc's own code blocks, so that the
-# samples are what a reader who copies them gets.
-POLICY_DOC = ROOT / "docs" / "policies.md"
-MAXPIECES_TRACES = ["opt1.3b-lora-native", "gpt2l-lora-ckpt-native"]
-EXPLAIN_TRACE = "gpt2l-lora-ckpt-native"
-
-
-def _doc_policies(folder: Path) -> dict[str, str]:
-    """Write maxpieces.py and neversplit.py, as docs/policies.md shows them, into `folder`; their paths."""
-    blocks = re.findall(r"```python\n(.*?)```", POLICY_DOC.read_text(), flags=re.DOTALL)
-    files = {"maxpieces.py": next(b for b in blocks if "class MaxPieces(" in b),
-             "neversplit.py": next(b for b in blocks if b.startswith("# neversplit.py\n"))}
-    for name, code in files.items():
-        (folder / name).write_text(code)
-    return {name: str(folder / name) for name in files}
-
-
-def _markdown(columns: list[str], rows: list[dict], right: set[str]) -> list[str]:
-    """A markdown table of `rows`' `columns` (rich Text or str cells), numbers right-aligned."""
-    return ["| " + " | ".join(columns) + " |",
-            "|" + "|".join("---:" if c in right else "---" for c in columns) + "|",
-            *("| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows)]
-
-
-def _fail_prose(section: str, claim: str) -> None:
-    """The prose around a generated section says `claim`; the replay no longer shows it."""
-    raise ValueError(f"{section}: the replay no longer shows that {claim}: rewrite the prose and the generator")
-
-
-def compare_maxpieces() -> str:
-    """docs/policies.md section 3: the built-ins and MaxPieces compared on two bundled traces, and what it shows."""
-    import tempfile
-
-    from gmlake.sim import compare
-    from gmlake.sim.trace import load
-
-    with tempfile.TemporaryDirectory() as tmp:
-        files = _doc_policies(Path(tmp))
-        specs = ["gmlake", "gmlake-paper", "caching", "expandable",
-                 f"{files['maxpieces.py']}:MaxPieces[max_pieces=2]", f"{files['maxpieces.py']}:MaxPieces"]
-        results = compare.run([load(t) for t in MAXPIECES_TRACES], specs, progress=False)
-    columns = ["trace", "policy", "reserved", "alloc/res", "ext@growth", "stitches", "driver calls", "driver s"]
-    cells = [compare._cells(r, {}) for r in results]
-    lines = _markdown(columns, cells, set(columns[2:]))
-    lines[0] = lines[0].replace("| reserved |", "| reserved GiB |").replace("| ext@growth |", "| ext@growth GiB |")
-    by = {(r.trace, r.policy): r for r in results}
-    short = {t: t.split("-")[0] for t in MAXPIECES_TRACES}
-    default = {t: by[(t, "gmlake")] for t in MAXPIECES_TRACES}
-    two = {t: by[(t, "MaxPieces(max_pieces=2)")] for t in MAXPIECES_TRACES}
-    sixteen = {t: by[(t, "MaxPieces")] for t in MAXPIECES_TRACES}
-    if any((sixteen[t].peak_reserved, sixteen[t].stats["stitches"], sixteen[t].stats["calls"])
-           != (default[t].peak_reserved, default[t].stats["stitches"], default[t].stats["calls"])
-           for t in MAXPIECES_TRACES):
-        _fail_prose("compare-maxpieces", "MaxPieces at its default of 16 changes nothing")
-    calls = {t: sum(r.stats["calls"].values()) for t, r in default.items()}
-    fewer = [100 * (1 - sum(two[t].stats["calls"].values()) / calls[t]) for t in MAXPIECES_TRACES]
-    text = ("The default policy's stitches already take few pieces: `MaxPieces` at its default of 16 changes nothing "
-            "on either trace (identical bytes, stitches and calls). At most 2 pieces leaves "
-            + " and ".join(f"{two[t].stats['stitches']} of {default[t].stats['stitches']}" for t in MAXPIECES_TRACES)
-            + " of the default's stitches, and memory comes close to the expandable model's: "
-            + ", ".join(f"{(two[t].peak_reserved - default[t].peak_reserved) / GiB:.2f} GiB more than the default on "
-                        f"{short[t]}" for t in MAXPIECES_TRACES)
-            + f", for {_pct(fewer)} % fewer driver calls.")
-    return "\n".join(lines) + "\n\n" + _fill(text, 117) + "\n"
-
-
-def replay_neversplit() -> str:
-    """docs/policies.md section 3: a policy that never splits a large block, against the default."""
-    import tempfile
-
-    from gmlake.sim import compare
-    from gmlake.sim.trace import load
-
-    with tempfile.TemporaryDirectory() as tmp:
-        files = _doc_policies(Path(tmp))
-        results = compare.run([load(MAXPIECES_TRACES[0])], ["gmlake", f"{files['neversplit.py']}:NeverSplit"],
-                              progress=False)
-    columns = ["policy", "reserved", "allocated", "alloc/res", "req/res", "int frag MiB", "ext@peak"]
-    lines = _markdown(columns, [compare._cells(r, {}) for r in results], set(columns[1:]))
-    lines[0] = lines[0].replace("| reserved | allocated |", "| reserved GiB | allocated GiB |").replace(
-        "| ext@peak |", "| ext@peak GiB |")
-    return "\n".join(lines) + "\n"
-
-
-def peak_growth_example() -> str:
-    """docs/policies.md section 3: why the moment of peak growth, shown on gmlake-paper's replay of a trace."""
-    from gmlake.sim.replay import replay
-    from gmlake.sim.trace import load
-
-    trace = load(EXPLAIN_TRACE)
-    r = replay(trace, "gmlake-paper")
-    sizes = trace.requests()["size"]
-    share = 100 * r.reserved_at_peak_growth / r.peak_reserved
-    if r.peak_event == r.peak_growth_event:
-        _fail_prose("peak-growth", "the exact peak comes after the moment of peak growth")
-    return _fill(
-        "Why two moments: the exact peak of reserved memory can come long after the growth that made it. On "
-        f"{EXPLAIN_TRACE}, reserved memory reaches {share:.2f} % of its peak at request #{r.peak_growth_event} (a "
-        f"{sizes[r.peak_growth_event] / MiB:.0f} MiB tensor) under `gmlake-paper`; the exact peak comes at request "
-        f"#{r.peak_event}, a {sizes[r.peak_event] / MiB:.2f} MiB request, when the activations are freed: external "
-        f"fragmentation at that moment is {r.external_fragmentation / GiB:.1f} GiB of {r.peak_reserved / GiB:.1f}, "
-        "which says nothing about the policy. The moment of peak growth is defined as **the first request after "
-        "which reserved memory is within 1 % of its peak** (`gmlake.sim.replay.peak_growth_moment`); growth after it "
-        f"adds less than 1 % of the peak together. There, gmlake-paper holds "
-        f"{r.external_fragmentation_at_growth / GiB:.3f} GiB it could not use.", 117) + "\n"
-
-
-def explain_sample() -> str:
-    """docs/policies.md section 4: `gmlake explain` on a bundled trace as a terminal of 120 columns shows it, and
-    what it says, in words, from the same replay."""
-    import tempfile
-
-    from gmlake.sim.explain import explain
-    from gmlake.sim.trace import load
-
-    spec = "maxpieces.py:MaxPieces[max_pieces=2]"
-    with tempfile.TemporaryDirectory() as tmp:
-        files = _doc_policies(Path(tmp))
-        _, out, _ = _run_cli(["explain", EXPLAIN_TRACE, "--policy", "caching", "--policy", "gmlake", "--policy", spec],
-                             120, Path(tmp))
-        trace = load(EXPLAIN_TRACE)
-        caching, default, two = (explain(trace, p) for p in ("caching", "gmlake",
-                                                              spec.replace("maxpieces.py", files["maxpieces.py"])))
-    text = "\n".join(line.rstrip() for line in out.splitlines())
-    if tmp in text:
-        raise ValueError("explain: the output names the temporary folder the doc's policy was written to")
-    if not (default.request_index == two.request_index == caching.request_index
-            and default.largest_free_before < default.request_size and two.growth >= two.request_size - two.page):
-        _fail_prose("explain", "the three policies explain one request that found no free block large enough, "
-                               "and two pieces grew it whole")
-    read = (f"Read: the {default.request_size / MiB:.0f} MiB request found {default.free_before / GiB:.1f} GiB free "
-            f"in {default.free_pieces_before} pieces, none large enough. The default stitched the free pages and "
-            f"mapped {default.growth // default.page} new ones; capped at two pieces, the stitch was refused and all "
-            f"{two.growth // two.page} pages were new, leaving {two.free_whole_chunks / GiB:.1f} GiB of whole free "
-            f"pages that the request could not use. Caching, with {caching.free_before / GiB:.1f} GiB free in "
-            f"{caching.free_pieces_before} pieces, made a new {caching.growth / GiB:.1f} GiB segment.")
-    return (f"```\n$ gmlake explain {EXPLAIN_TRACE} --policy caching --policy gmlake --policy '{spec}'\n```\n\n"
-            f"```\n{text}\n```\n\n" + _fill(read, 117) + "\n")
-
-
-# ------------------------------------------------------------------ README.md: the summary of the results above
-
-# The README's table: a few workloads of the training and speed suites, as a newcomer would name them.
-README_ROWS = [("gpt2xl-lora-ckpt", "GPT-2 XL size, LoRA + recomputation"),
-               ("opt1.3b-lora-ckpt", "OPT-1.3B, LoRA + recomputation"),
-               ("gpt2xl-ckpt", "GPT-2 XL size, recomputation"), ("opt1.3b-lora", "OPT-1.3B, LoRA"),
-               ("opt1.3b-fsdp-lora-ckpt", "OPT-1.3B, FSDP + LoRA + recomputation, per rank of two GPUs"),
-               ("bert", "BERT-base, dynamic padding")]
 # Fixed probes that settled caps a bisection left tied (`python -m bench cap probe`).
 CAP_PROBES = ["train/cap-probe-2026-12-01/cap-probe.json"]
-
-
-def _pct(values: list[float]) -> str:
-    """Percentages as the README writes them: one figure where the ends agree, tenths below 10 %."""
-    lo, hi = min(values), max(values)
-    digits = 1 if hi < 10 else 0
-    a, b = f"{lo:.{digits}f}", f"{hi:.{digits}f}"
-    return a if a == b else f"{a}-{b}"
-
-
-def _span(values: list[float], digits: int) -> str:
-    a, b = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
-    return a if a == b else f"{a}-{b}"
-
-
-def _less(ours: float, theirs: float) -> float:
-    """How much less `ours` is than `theirs`, in % of theirs."""
-    return 100 * (1 - ours / theirs)
-
-
-_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine",
-          10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen"}
-
-
-def _n(count: int) -> str:
-    return _WORDS.get(count, str(count))
-
-
-def _of(count: int, total: int) -> str:
-    """"all eleven" or "ten of the eleven"."""
-    return f"all {_n(total)}" if count == total else f"{_n(count)} of the {_n(total)}"
 
 
 def _peaks() -> tuple[dict[str, dict[str, tuple[int, float]]], set[str], list[dict]]:
@@ -1026,62 +645,6 @@ def _cap_won(brackets: dict[str, tuple[float | None, float]]) -> bool:
     return fail is not None and brackets["gmlake"][1] < fail
 
 
-def readme_utilization() -> str:
-    """The README's opening: what utilization is, and the range each allocator reached in the suites."""
-    peaks, _, _ = _peaks()
-    util = {a: [p[a][1] for p in peaks.values() if a in p] for a in ALLOCATORS}
-    return _fill(
-        "PyTorch keeps the GPU memory it gets from the driver (*reserved* memory) and serves tensors (*allocated* "
-        "memory) from it. *Utilization* is peak allocated / peak reserved: the share of the memory a job reserved "
-        "that it ever used. On the training jobs measured, whose shapes change every step (LLM fine-tuning with variable lengths, "
-        f"LoRA, recomputation, FSDP, dynamic batches) PyTorch's native allocator reached {_span(util['native'], 2)}"
-        f" and its `expandable_segments` {_span(util['expandable'], 3)}. gmlake reached "
-        f"{_span(util['gmlake'], 3)} by *virtual memory stitching*, after GMLake (Guo et al., ASPLOS'24): when no "
-        "free block is large enough, it maps the free physical pages of several blocks back to back into one new "
-        "virtual range (an *sBlock*, a stitched block) instead of asking the driver for more memory.", 115) + "\n"
-
-
-def readme_table() -> str:
-    """The README's results: how many workloads gmlake reserved less on, and a table of a few of them with the
-    smallest cap each fit under."""
-    peaks, dynamic, envs = _peaks()
-    brackets = _cap_brackets()
-    _, _, cap_envs = _cap_search()
-    less = sum(p["gmlake"][0] < p["expandable"][0] for p in peaks.values())
-    same = sum(p["gmlake"][0] == p["expandable"][0] for p in peaks.values())
-    more = len(peaks) - less - same
-    llm = len(peaks) - len(dynamic)
-    head = (f"On {_n(llm)} LLM fine-tuning workloads and {_n(len(dynamic))} training programs whose shapes change "
-            "every step, each run in a fresh process with the same shapes under every allocator, gmlake reserved "
-            f"less memory than expandable segments on {_n(less)}"
-            + (f", the same on {_n(same)}" if same else "") + (f" and more on {_n(more)}" if more else "") + ":")
-    lines = [_fill(head, 115), "",
-             ("![utilization, peak reserved memory and step time per workload under native, expandable segments and "
-              "gmlake](docs/training.png)"), "",
-             ("| workload (one GPU unless said) | peak reserved GiB: native / expandable / gmlake | utilization: "
-              "expandable / gmlake | under a memory cap, the smallest that 20 steps fit (GiB): expandable / gmlake |"),
-             "|---|---|---|---|"]
-    for workload, label in README_ROWS:
-        p = peaks[workload]
-        least = min(v[0] for v in p.values())
-        reserved = " / ".join(f"**{p[a][0] / GiB:.2f}**" if p[a][0] == least else f"{p[a][0] / GiB:.2f}"
-                              for a in ALLOCATORS)
-        best = max(p["expandable"][1], p["gmlake"][1])
-        util = " / ".join(f"**{p[a][1]:.3f}**" if p[a][1] == best else f"{p[a][1]:.3f}"
-                          for a in ("expandable", "gmlake"))
-        b = brackets[workload]
-        fits = f"{b['expandable'][1]:.3f} / {b['gmlake'][1]:.3f}"
-        if _cap_won(b):
-            fits = f"{b['expandable'][1]:.3f} / **{b['gmlake'][1]:.3f}**"
-        elif b["gmlake"][1] < b["expandable"][1]:
-            fits = "a tie: " + fits       # gmlake's fit lies above a cap where expandable segments failed
-        lines.append(f"| {label} | {reserved} | {util} | {fits} |")
-    env = _env_line(envs + cap_envs)
-    return "\n".join(lines) + "\n\n" + _fill(
-        env + " All workloads, the method, step times and their spread: [docs/benchmarks.md](docs/benchmarks.md).",
-        115) + "\n"
-
-
 def _memory_text(peaks: dict, dynamic: set[str]) -> str:
     """How much less gmlake reserved than expandable segments (and native) on the suites' workloads."""
     llm = {w: p for w, p in peaks.items() if w not in dynamic and "fsdp" not in w}
@@ -1108,101 +671,6 @@ def _cap_wins() -> tuple[dict, dict, list[float]]:
     return single, wins, [100 * (1 - b["gmlake"][1] / b["expandable"][0]) for b in wins.values()]
 
 
-def readme_findings() -> str:
-    """The README's bullets: memory, the device and a cap as the limit, the edge of memory, speed; every figure
-    from the records the benchmark tables are made of."""
-    peaks, dynamic, _ = _peaks()
-    single, wins, by = _cap_wins()
-    record = json.loads(EDGE.read_text())
-    rows: dict[str, dict[str, dict]] = {}
-    for r in record["rows"]:
-        rows.setdefault(r["trace"], {})[r["policy"]] = r
-    over = [(by_policy["gmlake"]["smallest_cap"] - by_policy["expandable"]["smallest_cap"])
-            / by_policy["gmlake"]["peak_allocated"] * 100 for by_policy in rows.values()]
-    worse = [o for o in over if o > 0]
-    goals = record["goals"]
-    met = {k: sum(g[k]["met"] for g in goals) for k in ("smallest_device", "smallest_cap", "unbinding")}
-    cap_text = (f"- **Under a memory cap** (`set_per_process_memory_fraction`): gmlake completed training at caps "
-                f"where expandable segments ran out of memory on {_of(len(wins), len(single))} single-GPU "
-                f"workloads, by {_span(by, 2)} % of the cap, with an earlier default that re-backed live memory at "
-                "the limit.")
-    edge_text = (f"- **At the edge of memory**, today's default moves no live memory. Replayed on {len(over)} traces, "
-                 f"it needs a cap no larger than expandable segments' on {len(over) - len(worse)}, up to "
-                 f"{max(worse, default=0):.1f} % of the peak more on {len(worse)}, and fits within 0.2 % of the "
-                 "peak of the better of expandable segments and GMLake's paper design on "
-                 f"{met['smallest_device']} as the device and {met['smallest_cap']} as a cap (re-backing, "
-                 "`reback_slot=2MiB`, fits more: see Limitations); a cap that never binds cost nothing on "
-                 f"{met['unbinding']} of {len(goals)} (docs/benchmarks.md, \"At the edge of memory\").")
-    runs, _ = _runs_by_key(TRAINING)
-    ratios, spreads, outside = [], [], []
-    for workload in sorted({w for w, _ in runs}):
-        speed = {a: [r["tokens_per_s"] for r in runs.get((workload, a), [])] for a in ALLOCATORS}
-        if not speed["gmlake"] or not speed["expandable"]:
-            continue
-        ratio = statistics.median(speed["gmlake"]) / statistics.median(speed["expandable"])
-        own = [max(v) / min(v) - 1 for v in speed.values() if len(v) > 1]
-        ratios.append(ratio)
-        spreads += own
-        if abs(ratio - 1) > max(own, default=0):
-            outside.append(f"{workload} ({ratio:.2f}x, its runs' spread {100 * max(own, default=0):.0f} %)")
-    speed_text = (f"- **Speed:** gmlake's tokens/s was {_span(ratios, 2)}x expandable segments' (medians); repeats "
-                  f"of one allocator on one workload differed by {_pct([100 * s for s in spreads])} %. "
-                  + ("Every difference lay inside its workload's own spread, so no speed difference either way is "
-                     "claimed." if not outside else
-                     f"The difference lay inside the workload's own spread on {len(ratios) - len(outside)} of "
-                     f"{len(ratios)}, not on {'; '.join(outside)}, with one or two runs a side.")
-                  + " What such runs resolve: docs/benchmarks.md, \"Speed\".")
-    return "\n".join(_fill(t, 115, "  ")
-                     for t in (_memory_text(peaks, dynamic), lazy_text(), cap_text, edge_text, speed_text)) + "\n"
-
-
-def lazy_text() -> str:
-    """The README's bullet on the device as the limit with the libraries loading lazily (the edge-fit table)."""
-    rows = [r for r in edge_fit_rows() if r["policy"] in ("gmlake", "expandable")]
-    by = {(r["workload"], r["k"], r["round"], r["policy"]): r["gpu"] for r in rows}
-    points = {(w, k, rnd) for w, k, rnd, _ in by if (w, k, rnd, "gmlake") in by and (w, k, rnd, "expandable") in by}
-    both = [p for p in points if by[(*p, "expandable")] == "fit"]
-    kept = sum(by[(*p, "gmlake")] == "fit" for p in both)
-    only = [p for p in points if by[(*p, "gmlake")] == "fit" and by[(*p, "expandable")] != "fit"]
-    library = sum(by[(*p, "expandable")] == "library" for p in only)
-    gm_library = sum(by[(*p, "gmlake")] == "library" for p in points)
-    ks = sorted({p[1] for p in points})
-    return (f"- **The device as the limit, the CUDA libraries loading their kernels as the run goes:** on the H200, "
-            f"{len(points)} paired runs of {_n(len({p[0] for p in points}))} programs whose shapes change every "
-            f"step, at {', '.join(f'{k:g}' for k in ks)}x their peak plus the libraries' share: gmlake trained every "
-            f"step in {_of(kept, len(both))} runs where expandable segments did, and in {_n(len(only))} where it did "
-            f"not ({_of(library, len(only))} of those failing inside cuDNN); no gmlake run failed inside a library"
-            + ("" if not gm_library else f" but {gm_library}")
-            + ". Replay, holding the memory the libraries took in a captured run, said what every run did "
-            "(docs/benchmarks.md, \"The device as the limit, libraries loading lazily\").")
-
-
-def readme_limits() -> str:
-    """The README's limitations that carry a figure: jobs where expandable segments already do well, T5's stitches
-    in replay, recomputation workloads' utilization."""
-    peaks, _, _ = _peaks()
-    good = {w: p for w, p in peaks.items() if p["expandable"][1] >= 0.98}
-    saved = [_less(p["gmlake"][0], p["expandable"][0]) for p in good.values()]
-    ckpt = [p["gmlake"][1] for w, p in peaks.items() if "ckpt" in w and "fsdp" not in w]
-    record = json.loads(EDGE.read_text())
-    t5 = {r["policy"]: r for r in record["rows"] if r["trace"] == "t5"}
-    g, e = t5["gmlake"]["uncapped"], t5["expandable"]["uncapped"]
-    lines = [
-        ("- **If you do not run out of memory, or expandable segments already reach about 0.98 utilization on your "
-         f"job**, gmlake saves little ({_pct(saved)} % on the {_n(len(good))} such workloads measured) and cannot "
-         "make training faster."),
-        ("- **Shapes that never settle cost stitches**: on T5 with recomputation, whose source and target lengths "
-         f"change every step, replay has gmlake stitch {g['stitches']} times to reserve "
-         f"{_less(g['peak_reserved'], e['peak_reserved']):.1f} % less, at "
-         f"{g['driver_seconds'] / e['driver_seconds']:.1f}x expandable segments' driver time: each new shape "
-         "stitches, and a size whose stitched ranges were taken apart twice grows instead."),
-        (f"- **Recomputation workloads reach {_span(ckpt, 3)} utilization without a limit**: free space inside "
-         "20 MiB pages that also hold live tensors cannot be stitched (a page maps only whole); it is taken back "
-         "only when a limit binds."),
-    ]
-    return "\n".join(_fill(t, 115, "  ") for t in lines) + "\n"
-
-
 # ------------------------------------------------------------------ docs/benchmarks.md: the prose's figures
 
 LONG = ["train/long-2026-12-01a/speed/summary.json", "train/long-2026-12-01b/speed/summary.json",
@@ -1227,10 +695,6 @@ def versions() -> str:
                  f", measured {dates[0]} to {max(dates[-1], _json(EDGE_FIT)['date'][:10])}, on shared cloud machines "
                  "whose run-to-run noise is large (see \"Speed\"); each table names its records. CPU figures are from "
                  "a 2-core virtual machine.", 115) + "\n"
-
-
-def _and(items: list[str]) -> str:
-    return ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + items[-1]
 
 
 def training_notes() -> str:
@@ -1342,55 +806,6 @@ def stall() -> str:
                  + " ".join(str(Path(p).relative_to(ROOT)) for p in STALL) + "`).", 115) + "\n"
 
 
-def _run_cli(args: list[str], columns: int = 80, cwd: Path | None = None) -> tuple[int, str, str]:
-    """`gmlake ARGS` run here as a terminal of `columns` would: its exit status, stdout and stderr."""
-    import contextlib
-    import io
-    import os
-
-    from gmlake.cli import main as gmlake_main
-
-    out, err, before, here = io.StringIO(), io.StringIO(), os.environ.get("COLUMNS"), Path.cwd()
-    os.environ["COLUMNS"] = str(columns)
-    try:
-        if cwd:
-            os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                rc = gmlake_main(args) or 0
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        os.chdir(here)
-        if before is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = before
-    return rc, out.getvalue(), err.getvalue()
-
-
-# docs/policies.md, "Errors": the commands whose one-line errors it shows (run beside the doc's maxpieces.py).
-POLICY_ERRORS = [["replay", "opt1.3b-lora-native", "--policy", "maxpieces.py:MaxPiece"],
-                 ["replay", "opt1.3b-lora-native", "--policy", "gmlake", "--policy", "maxpieces.py:MaxPieces",
-                  "--set", "max_pieces=2"]]
-
-
-def policy_errors() -> str:
-    """docs/policies.md: each bad spec's error as `gmlake` prints it (a long list of names cut at 115 columns)."""
-    import tempfile
-
-    lines = []
-    with tempfile.TemporaryDirectory() as tmp:
-        _doc_policies(Path(tmp))
-        for args in POLICY_ERRORS:
-            rc, out, err = _run_cli(args, cwd=Path(tmp))
-            if rc != 2 or out or len(err.splitlines()) != 1:
-                raise ValueError(f"gmlake {' '.join(args)}: exit {rc}, not one line on stderr and status 2")
-            line = err.strip()
-            lines += [f"$ gmlake {' '.join(args)}", line if len(line) <= 115 else line[:line.rindex(", ", 0, 110)] + ", ..."]
-    return "```\n" + "\n".join(lines) + "\n```\n"
-
-
 def edge_page_sizes() -> str:
     """The edge goals by the page the default policy maps (records of `python -m bench edge`, each with one page
     judged; 20 MiB is the default's own table): per page how many traces meet each goal, the priced driver time
@@ -1494,90 +909,18 @@ def fine_pages_speed(record: str = FINE_SPEED) -> str:
             f"--warmup {settings['warmup']}`, one call, runs interleaved; a run the deadline cut is not there.\n")
 
 
-def oom_message() -> str:
-    """docs/guide.md: the out-of-memory message a 1 GiB request meets under a 2 GiB cap on an H200 (that device's
-    capacity and free memory), as the torch bridge writes it."""
-    from gmlake.core.errors import OutOfMemoryError
-
-    error = OutOfMemoryError(requested=GiB, reserved=1536 * MiB, allocated=1536 * MiB, cached=0, limit=2 * GiB,
-                             capacity=143156 * MiB)
-    return "```\n" + _fill(error.torch_message(0, device_free=int(137.62 * GiB), stitches=3), 115) + "\n```\n"
-
-
-TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic, "caps": caps, "micro": micro,
-                                        "latency": latency, "replay": replayed, "edge": edge, "edge-fit": edge_fit, "edge-bracket": edge_bracket,
-                                        "edge-libraries": edge_libraries,
-                                        "fine-pages-speed": fine_pages_speed,
-                                        "tail-pages-speed": lambda: fine_pages_speed(TAIL_SPEED),
-                                        "tail-pages-edge-fit": lambda: edge_fit(TAIL_EDGE_FIT),
-                                        "reuse-cuts": reuse_cuts,
-                                        "reuse-cuts-speed": lambda: fine_pages_speed(CUT_SPEED),
-                                        "unlimited-speed": lambda: "\n".join(fine_pages_speed(r) for r in UNLIMITED_SPEED),
-                                        "edge-page-sizes": edge_page_sizes, "tlsf": tlsf, "tune-fit": tune_fit,
-                                        "tune-search": tune_search, "readme-utilization": readme_utilization,
-                                        "readme-results": lambda: readme_table() + "\n" + readme_findings(),
-                                        "readme-limits": readme_limits, "compare-maxpieces": compare_maxpieces,
-                                        "replay-neversplit": replay_neversplit, "peak-growth": peak_growth_example,
-                                        "explain": explain_sample, "graphs": graphs,
-                                        "graphs-measured": graphs_measured, "graphs-replay": graphs_replay,
-                                        "capture-query": capture_query, "edge-missed": edge_missed,
-                                        "fidelity": fidelity, "handle-size": handle_size,
-                                        "versions": versions, "training-notes": training_notes,
-                                        "dynamic-notes": dynamic_notes, "caps-notes": caps_notes, "tune-gpu": tune_gpu,
-                                        "micro-notes": micro_notes, "policy-errors": policy_errors,
-                                        "oom-message": oom_message, "stall": stall}
+TABLES: dict[str, Callable[[], str]] = {
+    "versions": versions, "training": training, "training-notes": training_notes, "dynamic": dynamic,
+    "dynamic-notes": dynamic_notes, "unlimited-speed": lambda: "\n".join(fine_pages_speed(r) for r in UNLIMITED_SPEED),
+    "caps": caps, "caps-notes": caps_notes, "edge": edge, "edge-missed": edge_missed, "edge-page-sizes": edge_page_sizes,
+    "fine-pages-speed": fine_pages_speed, "tail-pages-speed": lambda: fine_pages_speed(TAIL_SPEED),
+    "tail-pages-edge-fit": lambda: edge_fit(TAIL_EDGE_FIT), "reuse-cuts": reuse_cuts,
+    "reuse-cuts-speed": lambda: fine_pages_speed(CUT_SPEED), "edge-fit": edge_fit, "edge-bracket": edge_bracket,
+    "edge-libraries": edge_libraries, "tune-gpu": tune_gpu, "stall": stall, "latency": latency, "micro": micro,
+    "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs}
 
 
-def render(text: str) -> str:
-    """`text` with every generated section rewritten; an unknown NAME raises ValueError."""
-    def one(match: re.Match) -> str:
-        name = match["name"]
-        if name not in TABLES:
-            raise ValueError(f"no generated table {name!r}; one of: {', '.join(TABLES)}")
-        return match.group(1) + TABLES[name]() + match.group(4)
-
-    return MARK.sub(one, text)
-
-
-# The documents whose generated sections this command rewrites: the benchmark docs, and the manual's sample outputs
-# and figures that replay computes.
-DOCS = [DOC, ROOT / "docs" / "policies.md", ROOT / "docs" / "guide.md", ROOT / "docs" / "graphs.md",
-        ROOT / "README.md"]
-
-
-def main(argv: list[str] | None = None, prog: str = "bench report docs") -> int:
-    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--doc", type=Path, action="append",
-                        help="a document to rewrite (repeatable; default: " + ", ".join(
-                            str(d.relative_to(ROOT)) for d in DOCS) + ")")
-    parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if a table is stale")
-    args = parser.parse_args(argv)
-    stale = []
-    for doc in args.doc or DOCS:
-        try:
-            text = doc.read_text()
-            new = render(text)
-        except (OSError, ValueError, KeyError) as exc:
-            parser.error(f"{doc}: {exc}")
-        if args.check:
-            if new != text:
-                stale.append(doc)
-            continue
-        if new != text:
-            doc.write_text(new)
-        print(f"{doc}: {len(MARK.findall(text))} generated sections" + (", rewritten" if new != text else ""))
-    if args.check:
-        for doc in stale:
-            print(f"{doc}: stale: run python -m bench report docs", file=sys.stderr)
-        if not stale:
-            print("up to date")
-        return 1 if stale else 0
-    if args.doc is None or DOC in args.doc:
-        plot(PNG)
-        print(f"drew {PNG}")
-    if _TUNE_RESULTS:                    # the tune sample was run: its figure too
-        from gmlake.sim import tune as gtune
-
-        gtune.plot(_TUNE_RESULTS[-1], TUNE_PNG)
-        print(f"drew {TUNE_PNG}")
-    return 0
+def draw() -> list[Path]:
+    """The figure drawn from this document's records: the README's, training.png."""
+    plot(PNG)
+    return [PNG]
