@@ -25,6 +25,19 @@ SUPPORTED_API_VERSIONS = (12000, 13000)
 MIN_DRIVER_VERSION = 12000
 # Where the driver library is looked for, in order; GMLAKE_LIBCUDA (a test/debug knob) names another.
 LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so")
+# Note [Exporting a chunk]: another process reaches a chunk's physical pages through a POSIX file descriptor that
+# Driver.export_chunk makes (the host driver duplicates the chunk's memfd; the CUDA driver calls
+# cuMemExportToShareableHandle, which works only for chunks created with requestedHandleTypes = POSIX file
+# descriptor). The receiver imports it (cuMemImportFromShareableHandle, or mmap on the host) and maps it into a range
+# of its own; the pages then live while any process holds a handle or mapping of them, so a sender that releases
+# its chunk, or a receiver that dies, leaves the other's view intact (tests/test_ipc_export.py holds this over real
+# processes on the host driver). What the pages live for is not what the allocator may reuse them for: a block a
+# receiver still reads must not be handed to another tensor by the sender, which is the job of the layer that
+# shares it (PyTorch's Note [Sharing CUDA tensors] keeps the sender's storage, hence its block, alive while a
+# receiver's count is held). PyTorch noted slower cuMemCreate for exportable handles on older drivers, so whether
+# chunks are exportable is a setting: GMLAKE_IPC=1 or 0, else EXPORTABLE_DEFAULT, the one line to change once
+# `python -m bench ipc-price` has priced it (docs/benchmarks.md).
+EXPORTABLE_DEFAULT = False
 
 cdef enum:
     CUDA_BASE = 10000
@@ -54,12 +67,14 @@ cdef enum CudaCall:
     CALL_EXCHANGE_CAPTURE_MODE
     CALL_MEMCPY_DTOH
     CALL_MEMCPY_HTOD
+    CALL_MEM_EXPORT
 
 _CALL_NAMES = (
     "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuMemGetAllocationGranularity", "cuMemGetInfo",
     "cuMemCreate", "cuMemRelease", "cuMemAddressReserve", "cuMemAddressFree", "cuMemMap", "cuMemUnmap",
     "cuMemSetAccess", "cuCtxSynchronize", "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventDestroy",
     "cuStreamWaitEvent", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode", "cuMemcpyDtoH", "cuMemcpyHtoD",
+    "cuMemExportToShareableHandle",
 )
 
 
@@ -97,6 +112,16 @@ def requested_api_version() -> int:
     raise CudaDriverError(
         f"gmlake: GMLAKE_CUDA_API_VERSION must be one of {', '.join(map(str, SUPPORTED_API_VERSIONS))} "
         f"(the CUDA versions whose entry points gmlake declares), not {text!r}")
+
+
+def exportable_requested() -> bool:
+    """Whether chunks are created exportable: GMLAKE_IPC=1 or 0, else EXPORTABLE_DEFAULT (Note [Exporting a chunk])."""
+    text = os.environ.get("GMLAKE_IPC", "").strip()
+    if not text:
+        return EXPORTABLE_DEFAULT
+    if text in ("0", "1"):
+        return text == "1"
+    raise CudaDriverError(f"gmlake: GMLAKE_IPC must be 0 or 1 (share CUDA tensors between processes), not {text!r}")
 
 
 def check_versions(int driver_version, int api_version) -> None:
@@ -180,6 +205,8 @@ cdef int _load_api() except -1:
             _resolve(get_proc, "cuCtxSynchronize", <void**>&resolved.cuCtxSynchronize_v2000, requested)
         _resolve(get_proc, "cuMemCreate", <void**>&resolved.cuMemCreate, requested)
         _resolve(get_proc, "cuMemRelease", <void**>&resolved.cuMemRelease, requested)
+        _resolve(get_proc, "cuMemExportToShareableHandle", <void**>&resolved.cuMemExportToShareableHandle,
+                 requested)
         _resolve(get_proc, "cuMemAddressReserve", <void**>&resolved.cuMemAddressReserve, requested)
         _resolve(get_proc, "cuMemAddressFree", <void**>&resolved.cuMemAddressFree, requested)
         _resolve(get_proc, "cuMemMap", <void**>&resolved.cuMemMap, requested)
@@ -211,11 +238,13 @@ cdef int _load_api() except -1:
 
 
 cdef class CudaDriver(Driver):
-    """CudaDriver(device=0)
+    """CudaDriver(device=0, exportable=None)
 --
 
-    CUDA virtual memory management on one device, through driver entry points resolved at run time (nogil)."""
+    CUDA virtual memory management on one device, through driver entry points resolved at run time (nogil).
+    `exportable`: create chunks another process can map (Note [Exporting a chunk]); None reads GMLAKE_IPC."""
     cdef readonly int device
+    cdef readonly bint exportable
     # The CUDA version the driver supports (cuDriverGetVersion, e.g. 13000) and the one whose entry points are used.
     cdef readonly int driver_version
     cdef readonly int api_version
@@ -224,7 +253,7 @@ cdef class CudaDriver(Driver):
     cdef CUmemAllocationProp prop
     cdef CUmemAccessDesc access
 
-    def __init__(self, device: int = 0):
+    def __init__(self, device: int = 0, exportable=None):
         cdef size_t granularity = 0
         cdef size_t free_bytes = 0, total_bytes = 0
         cdef CUresult rc
@@ -242,6 +271,9 @@ cdef class CudaDriver(Driver):
         self.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
         self.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE
         self.prop.location.id = device
+        self.exportable = exportable_requested() if exportable is None else bool(exportable)
+        if self.exportable:
+            self.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
         memset(&self.access, 0, sizeof(self.access))
         self.access.location.type = CU_MEM_LOCATION_TYPE_DEVICE
         self.access.location.id = device
@@ -299,6 +331,20 @@ cdef class CudaDriver(Driver):
         if rc == DRIVER_OK:
             self.live_chunks -= 1
             self.live_chunk_bytes -= size
+        return rc
+
+    cdef int export_chunk(self, uint64_t handle, int* fd) noexcept nogil:
+        # A chunk created without the POSIX handle type cannot be exported: the driver answers
+        # CUDA_ERROR_INVALID_VALUE (or NOT_SUPPORTED), which describe_error names.
+        cdef int shared = -1
+        cdef double started
+        cdef bint pushed = self._enter(&started)
+        cdef int rc = _code(api.cuMemExportToShareableHandle(&shared, <CUmemGenericAllocationHandle>handle,
+                                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                            CALL_MEM_EXPORT)
+        self._leave(pushed, started)
+        if rc == DRIVER_OK:
+            fd[0] = shared
         return rc
 
     cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
