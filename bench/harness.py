@@ -38,8 +38,7 @@ CANDIDATES = {
     "gmlake-cut25": ["--policy", "gmlake[tail_page=2MiB,cut_at_reuse=25]"],
     # Note [Waiting for another stream's free block]: the default now; kept by name for the records that carry it
     "gmlake-wait": ["--policy", "gmlake[cross_stream_wait=true]"],
-    # Note [Exporting a chunk]: the default policy with its chunks exportable (GMLAKE_IPC=1, GMLAKE_ENV below)
-    "gmlake-ipc": [],
+    "gmlake-ipc": [],         # the default, its chunks exportable (Note [Exporting a chunk]; GMLAKE_ENV below)
     "gmlake-nowait": ["--policy", "gmlake[cross_stream_wait=false]"],
 }
 # allocator name -> how a run starts it: torch's environment setting (a dict), or `python -m gmlake run` flags
@@ -63,9 +62,7 @@ def launch(allocator: str, launcher: list[str], script: list[str]) -> tuple[list
     PYTORCH_CUDA_ALLOC_CONF, gmlake's by `python -m gmlake run FLAGS` between the launcher and the script (a name
     not in ALLOCATORS is a gmlake policy: `--policy NAME`)."""
     env = {**child_env(), "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "", **NO_MULTICAST}
-    env.pop("GMLAKE", None)
-    env.pop("GMLAKE_IPC", None)
-    env.update(GMLAKE_ENV.get(allocator, {}))
+    env = {k: v for k, v in env.items() if k not in ("GMLAKE", "GMLAKE_IPC")} | GMLAKE_ENV.get(allocator, {})
     how = ALLOCATORS.get(allocator, ["--policy", allocator])
     if isinstance(how, dict):
         env.update(how)

@@ -13,11 +13,10 @@ import sys
 import textwrap
 
 import pytest
+from test_cuda_build import fake_libcuda, run_gmlake  # noqa: F401 - the fixture, shared
 
 import gmlake
 from gmlake import HostDriver
-
-from test_cuda_build import fake_libcuda, run_gmlake  # noqa: F401 - the fixture, shared
 
 MiB = 1 << 20
 CHUNK = 2 * MiB
