@@ -27,24 +27,30 @@ def _helper():
     return module
 
 
+def _receive(offset: int, units: list) -> None:
+    """Run the receiver on `units` (descriptor, bytes), the block `offset` bytes in; it must print ok."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(offset), *(f"{fd}:{n}" for fd, n in units)],
+                          pass_fds=[fd for fd, _ in units], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+
 @pytest.mark.parametrize("release_first", [False, True], ids=["held", "released-before-the-receiver-maps"])
 def test_an_exported_chunk_is_read_and_written_by_another_process(release_first):
     cu = _helper()
     drv = gmlake.cuda_driver(0, exportable=True)
     assert drv.exportable
     handle = drv.create(SIZE)
-    ptr = cu.map_range(handle, SIZE)
+    ptr = cu.map_range([(handle, SIZE)])
     cu.write(ptr, b"from-parent")
     fd = drv.export(handle)
     if release_first:
         # The sender's handle goes; its mapping and the descriptor keep the pages, which the receiver still imports.
         drv.release(handle, SIZE)
     try:
-        proc = subprocess.run([sys.executable, str(SCRIPT), str(fd), str(SIZE)], pass_fds=(fd,), capture_output=True,
-                              text=True, timeout=120, check=False)
+        _receive(0, [(fd, SIZE)])
     finally:
         os.close(fd)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
     assert cu.read(ptr, 21) == b"from-parentfrom-child", "the receiver's write must land in the sender's pages"
     check = cu.cuda.cuMemUnmap(cu.ctypes.c_uint64(ptr), cu.ctypes.c_size_t(SIZE))
     assert check == 0
@@ -61,3 +67,32 @@ def test_a_plain_chunk_refuses_to_export_in_the_sender():
             drv.export(handle)
     finally:
         drv.release(handle, SIZE)
+
+
+def test_a_stitched_block_is_one_range_in_the_receiver():
+    """A block stitched from three segments' chunks on the GPU (Note [Sharing a block's units]): the receiver maps
+    the units back to back, reads the block at its offset and writes after it; the sender reads the write."""
+    cu = _helper()
+    drv = gmlake.cuda_driver(0, exportable=True)
+    alloc = gmlake.Allocator(drv, gmlake.policies.get("gmlake-paper"))
+    parts = [alloc.malloc(8 << 20) for _ in range(3)]
+    guard = alloc.malloc(3 << 20)
+    for p in parts:
+        alloc.free(p)
+    big = alloc.malloc(24 << 20)
+    assert alloc.stats()["stitches"] == 1
+    cu.write(big, b"from-parent")
+    offset, _, units = alloc.share_units(big)
+    assert len(units) >= 3
+    fds = [(drv.export(handle), n) for handle, n in units]
+    try:
+        _receive(offset, fds)
+    finally:
+        for fd, _ in fds:
+            os.close(fd)
+    assert cu.read(big, 21) == b"from-parentfrom-child"
+    for p in (big, guard):
+        alloc.free(p)
+    alloc.empty_cache()
+    alloc.close()
+    assert set(drv.leaks().values()) == {0}

@@ -1,8 +1,9 @@
 """A chunk's pages seen from another process (Note [Exporting a chunk]), through libcuda alone (ctypes).
 
-`map_range(handle, size)` maps a handle into a new range of this process and returns its address; as a script,
-`python ipc_chunk.py FD SIZE` imports the POSIX file descriptor FD (inherited from the test), maps it, checks that
-it reads b"from-parent", writes b"from-child" after it, and prints "ok".
+`map_range([(handle, bytes), ...])` maps handles back to back into a new range of this process and returns its
+address; as a script, `python ipc_chunk.py OFFSET FD:BYTES...` imports each POSIX file descriptor (inherited from
+the test), maps them back to back (Note [Sharing a block's units]), checks that the block OFFSET bytes in reads
+b"from-parent", writes b"from-child" after it, and prints "ok".
 """
 import ctypes
 import sys
@@ -29,12 +30,16 @@ def current_context() -> None:
     check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
 
 
-def map_range(handle: int, size: int) -> int:
+def map_range(units: list) -> int:
+    size = sum(n for _, n in units)
     ptr = ctypes.c_uint64()
     check(cuda.cuMemAddressReserve(ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_uint64(0),
                                    ctypes.c_uint64(0)), "cuMemAddressReserve")
-    check(cuda.cuMemMap(ptr, ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_uint64(handle), ctypes.c_uint64(0)),
-          "cuMemMap")
+    at = ptr.value
+    for handle, n in units:
+        check(cuda.cuMemMap(ctypes.c_uint64(at), ctypes.c_size_t(n), ctypes.c_size_t(0), ctypes.c_uint64(handle),
+                            ctypes.c_uint64(0)), "cuMemMap")
+        at += n
     access = AccessDesc(1, 0, 3)            # the device, device 0, read and write
     check(cuda.cuMemSetAccess(ptr, ctypes.c_size_t(size), ctypes.byref(access), ctypes.c_size_t(1)), "cuMemSetAccess")
     return ptr.value
@@ -50,12 +55,15 @@ def read(ptr: int, size: int) -> bytes:
     return out.raw
 
 
-def main(fd: int, size: int) -> None:
+def main(offset: int, units: list) -> None:
     current_context()
-    handle = ctypes.c_uint64()
-    check(cuda.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd), HANDLE_TYPE_POSIX_FD),
-          "cuMemImportFromShareableHandle")
-    ptr = map_range(handle.value, size)
+    imported = []
+    for fd, n in units:
+        handle = ctypes.c_uint64()
+        check(cuda.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd), HANDLE_TYPE_POSIX_FD),
+              "cuMemImportFromShareableHandle")
+        imported.append((handle.value, n))
+    ptr = map_range(imported) + offset
     seen = read(ptr, 11)
     assert seen == b"from-parent", seen
     write(ptr + 11, b"from-child")
@@ -63,4 +71,4 @@ def main(fd: int, size: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(int(sys.argv[1]), [tuple(map(int, unit.split(":"))) for unit in sys.argv[2:]])
