@@ -62,6 +62,11 @@ cdef class Driver:
     # for chunks created exportable). The caller owns and closes it. The sim driver has no pages and exports none.
     # Note [Exporting a chunk] in gmlake/drivers/_cuda_driver.pyx.
     cdef int export_chunk(self, uint64_t handle, int* fd) noexcept nogil
+    # The descriptor the driver keeps for chunk `handle` while the chunk lives, for another process to take from
+    # this one (PyTorch's receiver takes it with pidfd_getfd): exported on the first call, the same one after,
+    # closed by release_chunk; the caller must not close it. Note [One descriptor per shared chunk] in
+    # gmlake/drivers/_cuda_driver.pyx.
+    cdef int shared_fd(self, uint64_t handle, int* fd) noexcept nogil
     cdef void count_reservation(self, size_t size, int sign) noexcept nogil
 
 

@@ -90,6 +90,9 @@ cdef class Driver:
     cdef int export_chunk(self, uint64_t handle, int* fd) noexcept nogil:
         return NOT_IMPLEMENTED
 
+    cdef int shared_fd(self, uint64_t handle, int* fd) noexcept nogil:
+        return NOT_IMPLEMENTED
+
     def create(self, size: int) -> int:
         """A new chunk of `size` bytes (a multiple of the granularity), outside any allocator: for tests and
         benchmarks of the driver itself. A RuntimeError naming the driver's reason where it fails."""
@@ -110,6 +113,16 @@ cdef class Driver:
         RuntimeError naming the driver's reason where it cannot export."""
         cdef int fd = -1
         cdef int rc = self.export_chunk(<uint64_t>handle, &fd)
+        if rc != DRIVER_OK:
+            raise RuntimeError(f"gmlake: cannot export chunk {handle}: {self.describe_error(rc)}")
+        return fd
+
+    def shared(self, handle: int) -> int:
+        """The descriptor the driver keeps for chunk `handle` for other processes (Note [One descriptor per shared
+        chunk]): the same one on every call while the chunk lives; not the caller's to close. A RuntimeError naming
+        the driver's reason where it cannot export."""
+        cdef int fd = -1
+        cdef int rc = self.shared_fd(<uint64_t>handle, &fd)
         if rc != DRIVER_OK:
             raise RuntimeError(f"gmlake: cannot export chunk {handle}: {self.describe_error(rc)}")
         return fd

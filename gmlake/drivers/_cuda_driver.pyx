@@ -14,6 +14,9 @@ import os
 
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libc.string cimport memset
+from libcpp.unordered_map cimport unordered_map
+from cython.operator cimport dereference as deref
+from posix.unistd cimport close
 from posix.dlfcn cimport dlopen, dlsym, dlclose, dlerror, RTLD_NOW, RTLD_LOCAL
 from gmlake.drivers._cuda_api cimport *
 from gmlake.core._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
@@ -37,7 +40,20 @@ LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so")
 # receiver's count is held). PyTorch noted slower cuMemCreate for exportable handles on older drivers, so whether
 # chunks are exportable is a setting: GMLAKE_IPC=1 or 0, else EXPORTABLE_DEFAULT, the one line to change once
 # `python -m bench ipc-price` has priced it (docs/benchmarks.md).
-EXPORTABLE_DEFAULT = False
+EXPORTABLE_DEFAULT = True
+
+# Note [One descriptor per shared chunk]: PyTorch's expandable-segment handle (the format gmlake's torch shim writes,
+# gmlake/torch/_torch_allocator_shim.cc) carries the sender's pid and the numbers of its descriptors, not the
+# descriptors themselves: the receiver takes each one from the sender with pidfd_getfd when it opens the handle,
+# which may be long after the handle was made. So the sender keeps one descriptor per shared chunk open for as long as
+# the chunk lives: Driver.shared_fd exports it on the first share and answers the same one after (a chunk shared
+# again costs nothing, and a handle made twice for one block is the same bytes, which PyTorch's receiver caches by),
+# and release_chunk closes it. A receiver that already imported keeps the pages (Note [Exporting a chunk]).
+
+cdef extern from "<mutex>" namespace "std" nogil:
+    cppclass _Mutex "std::mutex":
+        void lock()
+        void unlock()
 
 cdef enum:
     CUDA_BASE = 10000
@@ -252,6 +268,9 @@ cdef class CudaDriver(Driver):
     cdef CUcontext context
     cdef CUmemAllocationProp prop
     cdef CUmemAccessDesc access
+    # Note [One descriptor per shared chunk]: chunk -> the descriptor kept for it, under shared_lock.
+    cdef unordered_map[uint64_t, int] shared_fds
+    cdef _Mutex shared_lock
 
     def __init__(self, device: int = 0, exportable=None):
         cdef size_t granularity = 0
@@ -289,6 +308,8 @@ cdef class CudaDriver(Driver):
             self.capacity = total_bytes
 
     def __dealloc__(self):
+        for entry in self.shared_fds:
+            close(entry.second)
         if self.context != NULL:
             api.cuDevicePrimaryCtxRelease(self.cu_device)
 
@@ -325,6 +346,7 @@ cdef class CudaDriver(Driver):
 
     cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil:
         cdef double started
+        self._forget_shared(handle)
         cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuMemRelease(<CUmemGenericAllocationHandle>handle), CALL_MEM_RELEASE)
         self._leave(pushed, started)
@@ -346,6 +368,31 @@ cdef class CudaDriver(Driver):
         if rc == DRIVER_OK:
             fd[0] = shared
         return rc
+
+    cdef int shared_fd(self, uint64_t handle, int* fd) noexcept nogil:
+        cdef int rc = DRIVER_OK
+        self.shared_lock.lock()
+        it = self.shared_fds.find(handle)
+        if it != self.shared_fds.end():
+            fd[0] = deref(it).second
+        else:
+            rc = self.export_chunk(handle, fd)
+            if rc == DRIVER_OK:
+                self.shared_fds[handle] = fd[0]
+        self.shared_lock.unlock()
+        return rc
+
+    cdef void _forget_shared(self, uint64_t handle) noexcept nogil:
+        self.shared_lock.lock()
+        it = self.shared_fds.find(handle)
+        if it != self.shared_fds.end():
+            close(deref(it).second)
+            self.shared_fds.erase(it)
+        self.shared_lock.unlock()
+
+    def shared_count(self) -> int:
+        """How many chunks have a descriptor kept for other processes now (Note [One descriptor per shared chunk])."""
+        return self.shared_fds.size()
 
     cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
         cdef CUdeviceptr ptr = 0

@@ -191,6 +191,12 @@ cdef class HostDriver(ModelDriver):
         fd[0] = dup
         return DRIVER_OK
 
+    cdef int shared_fd(self, uint64_t handle, int* fd) noexcept nogil:
+        # The chunk's memfd itself, open while the chunk lives and closed by release_chunk (Note [One descriptor per
+        # shared chunk] in gmlake/drivers/_cuda_driver.pyx).
+        fd[0] = <int>handle
+        return DRIVER_OK
+
     def _write_physical(self, handle: int, offset: int, data: bytes) -> None:
         """A queued kernel's write landing: into the chunk's memfd itself, so every mapping of it sees the bytes."""
         os.pwrite(handle, data, offset)
