@@ -584,7 +584,7 @@ def routed_pools() -> list:
 # are the block's units (Note [Sharing a block's units]: whole chunks or slots, a stitched block's in its sBlock's
 # order), each with the descriptor its driver keeps while the chunk lives (Note [One descriptor per shared chunk]).
 # The format has one page size, so a block whose units differ in size (a tail_page or reback_slot slot beside whole
-# pages) cannot be shared: shareIpcHandle raises, in the sender, one error naming the knob. A gmlake receiver opens a
+# pages, an edge_page or capped_page_large page beside a larger one) cannot be shared: shareIpcHandle raises, in the sender, one error naming the knob. A gmlake receiver opens a
 # handle with PyTorch's native caching allocator, which the shim keeps for that (getIpcDevPtr).
 
 cdef int _share_units(Allocator a, uintptr_t ptr, size_t* offset, size_t* unit_size, int* fds, size_t capacity,
@@ -602,8 +602,9 @@ cdef int _share_units(Allocator a, uintptr_t ptr, size_t* offset, size_t* unit_s
 
             raise ValueError(
                 f"its block lies on pages of {len(sizes)} sizes ({', '.join(format_size(n) for n in sizes)}), and "
-                f"PyTorch's handle for sharing CUDA tensors holds pages of one size; the policy's tail_page or "
-                f"reback_slot knob maps pages in parts: set it to 0 to share tensors")
+                f"PyTorch's handle for sharing CUDA tensors holds pages of one size; pages of several sizes come "
+                f"from the policy's tail_page, reback_slot, capped_page_large or edge_page knob: set it to 0 to "
+                f"share tensors")
         count[0] = len(units)
         if count[0] > capacity:
             return 2
