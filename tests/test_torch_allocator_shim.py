@@ -194,14 +194,11 @@ def test_a_shim_whose_sharing_does_not_build_is_installed_without_it_and_one_war
         tried.append(shim)
         if shim is _torch_allocator.ALLOCATOR:
             return None, "g++ failed: no member named 'shareIpcHandle'"
-        entry = types.SimpleNamespace(argtypes=None, restype=None)
-
         def install(names, addresses, count, error, size):
             installed.append([names[i].decode() for i in range(count)])
             return 0
 
-        entry.__call__ = install
-        return types.SimpleNamespace(gmlake_install_torch_allocator=lambda *a: install(*a)), None
+        return types.SimpleNamespace(gmlake_install_torch_allocator=install), None
 
     monkeypatch.setattr(_torch_oom, "load", load)
     fake = types.SimpleNamespace(__version__="9.9.9+fake")
@@ -211,7 +208,7 @@ def test_a_shim_whose_sharing_does_not_build_is_installed_without_it_and_one_war
     assert tried == [_torch_allocator.ALLOCATOR, _torch_allocator.ALLOCATOR_NO_IPC]
     assert _torch_allocator.ALLOCATOR_NO_IPC.defines == ("GMLAKE_NO_IPC",)
     assert installed == [list(_torch_allocator.HOOKS)]
-    assert [str(w.message) for w in caught] == [
+    assert [str(w.message) for w in caught] == [(
         "gmlake: CUDA tensors cannot be shared between processes (torch.multiprocessing raises \"does not yet "
         "support shareIPcHandle\"): the allocator shim's sharing could not be built against torch 9.9.9+fake "
-        "(g++ failed: no member named 'shareIpcHandle')"]
+        "(g++ failed: no member named 'shareIpcHandle')")]

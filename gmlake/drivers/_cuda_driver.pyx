@@ -38,10 +38,10 @@ LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so")
 # receiver still reads must not be handed to another tensor by the sender, which is the job of the layer that
 # shares it (PyTorch's Note [Sharing CUDA tensors] keeps the sender's storage, hence its block, alive while a
 # receiver's count is held). PyTorch noted slower cuMemCreate for exportable handles on older drivers, so whether
-# chunks are exportable is a setting: GMLAKE_IPC=1 or 0, else EXPORTABLE_DEFAULT. Priced on an H100 (driver 580,
-# `python -m bench ipc-price`, docs/guide.md): cuMemCreate with the POSIX handle type costs what it costs without, and
-# mapping, access, unmapping and release are unchanged; only the export (~0.5 ms a chunk) costs, paid once per shared
-# chunk. So chunks are exportable by default, and GMLAKE_IPC=0 turns it off.
+# chunks are exportable is a setting: GMLAKE_IPC=1 or 0, else EXPORTABLE_DEFAULT. `python -m bench ipc-price` found
+# cuMemCreate with the POSIX handle type as fast as without on the GPU, and mapping, access, unmapping and release
+# unchanged; only the export costs, paid once per shared chunk (the figures: docs/guide.md, "Sharing CUDA tensors
+# between processes"). So chunks are exportable by default, and GMLAKE_IPC=0 turns it off.
 EXPORTABLE_DEFAULT = True
 
 # Note [One descriptor per shared chunk]: PyTorch's expandable-segment handle (the format gmlake's torch shim writes,

@@ -20,9 +20,9 @@ if SIDE == "gmlake":
 
     enable_from_env()
 
-import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-from torch.multiprocessing.reductions import reduce_tensor  # noqa: E402
+import torch
+import torch.multiprocessing as mp
+from torch.multiprocessing.reductions import reduce_tensor
 
 MiB = 1 << 20
 WAIT = 120                      # seconds any one wait may take
