@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "micro": ("bench.micro", "the core's cache hits, each driver call, stitching, stream calls"),
     "latency": ("bench.torch_latency", "torch.empty + del under gmlake against native's allocator"),
     "kernels": ("bench.vmm_kernels", "kernels on cudaMalloc memory against VMM memory of 20 MiB and 2 MiB handles"),
+    "ipc-price": ("bench.ipc_price", "cuMemCreate with and without an exportable handle type, and the export"),
     "replay-speed": ("bench.replay_speed", "replay's events per second; --against OLD_CHECKOUT for an A/B"),
     "fsdp-pattern": ("bench.fsdp_pattern", "FSDP's streams modelled on the sim driver"),
     "edge": ("bench.edge", "at the edge of memory, by replay: where each policy fits, what fitting costs there"),

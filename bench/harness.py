@@ -38,6 +38,7 @@ CANDIDATES = {
     "gmlake-cut25": ["--policy", "gmlake[tail_page=2MiB,cut_at_reuse=25]"],
     # Note [Waiting for another stream's free block]: the default now; kept by name for the records that carry it
     "gmlake-wait": ["--policy", "gmlake[cross_stream_wait=true]"],
+    "gmlake-ipc": [],         # the default, its chunks exportable (Note [Exporting a chunk]; GMLAKE_ENV below)
     "gmlake-nowait": ["--policy", "gmlake[cross_stream_wait=false]"],
 }
 # allocator name -> how a run starts it: torch's environment setting (a dict), or `python -m gmlake run` flags
@@ -50,6 +51,8 @@ ALLOCATORS: dict[str, dict[str, str] | list[str]] = {
     "gmlake-paper-8m": ["--policy", "gmlake-paper", "--chunk-size", str(8 << 20)],   # fewer, larger handles
     **CANDIDATES,
 }
+# allocator name -> the environment its gmlake run adds; GMLAKE_IPC is set only here, so "gmlake" runs as its default
+GMLAKE_ENV: dict[str, dict[str, str]] = {"gmlake-ipc": {"GMLAKE_IPC": "1"}}
 # no NVLink multicast for NCCL or symmetric memory: it is off on the machines the results were measured on
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -59,7 +62,7 @@ def launch(allocator: str, launcher: list[str], script: list[str]) -> tuple[list
     PYTORCH_CUDA_ALLOC_CONF, gmlake's by `python -m gmlake run FLAGS` between the launcher and the script (a name
     not in ALLOCATORS is a gmlake policy: `--policy NAME`)."""
     env = {**child_env(), "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "", **NO_MULTICAST}
-    env.pop("GMLAKE", None)
+    env = {k: v for k, v in env.items() if k not in ("GMLAKE", "GMLAKE_IPC")} | GMLAKE_ENV.get(allocator, {})
     how = ALLOCATORS.get(allocator, ["--policy", allocator])
     if isinstance(how, dict):
         env.update(how)

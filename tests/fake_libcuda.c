@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef void *CUcontext;
@@ -44,6 +46,7 @@ static CUcontext current_context;
 #define MAX_HANDLES 4096
 static unsigned long long next_handle = 1, live_bytes;
 static size_t handle_bytes[MAX_HANDLES];        /* by handle; 0 once released */
+static int handle_exportable[MAX_HANDLES];      /* by handle: created with the POSIX handle type */
 static CUdeviceptr next_va = 0x7f0000000000ull;
 
 static void log_call(const char *name) {
@@ -68,7 +71,8 @@ static int driver_version(void) {
 }
 
 static int is_device_prop(const AllocationProp *prop) {
-    return prop && prop->type == 1 && prop->requestedHandleTypes == 0 && prop->location.type == 1 &&
+    return prop && prop->type == 1 && (prop->requestedHandleTypes == 0 || prop->requestedHandleTypes == 1) &&
+           prop->location.type == 1 &&
            prop->location.id == 0 && prop->win32HandleMetaData == NULL;
 }
 
@@ -118,6 +122,7 @@ static CUresult fake_cuMemCreate(unsigned long long *handle, size_t size, const 
     if (!is_device_prop(prop) || flags != 0 || size == 0 || size % GRANULARITY) return INVALID_VALUE;
     if (next_handle == MAX_HANDLES) return 2;    /* CUDA_ERROR_OUT_OF_MEMORY */
     handle_bytes[next_handle] = size;
+    handle_exportable[next_handle] = prop->requestedHandleTypes == 1;
     live_bytes += size;
     *handle = next_handle++;
     return SUCCESS;
@@ -128,6 +133,20 @@ static CUresult fake_cuMemRelease(unsigned long long handle) {
     if (handle == 0 || handle >= next_handle || handle_bytes[handle] == 0) return INVALID_VALUE;
     live_bytes -= handle_bytes[handle];
     handle_bytes[handle] = 0;
+    return SUCCESS;
+}
+
+/* A chunk created with the POSIX handle type exports a descriptor (of /dev/null: the fake has no pages); any other
+   is refused, as the driver refuses it. */
+static CUresult fake_cuMemExportToShareableHandle(void *shared, unsigned long long handle, int type,
+                                                  unsigned long long flags) {
+    ENTER("cuMemExportToShareableHandle");
+    if (handle == 0 || handle >= next_handle || handle_bytes[handle] == 0 || type != 1 || flags != 0 ||
+        !handle_exportable[handle])
+        return INVALID_VALUE;
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return INVALID_VALUE;
+    *(int *)shared = fd;
     return SUCCESS;
 }
 
@@ -268,6 +287,7 @@ static const struct { const char *name; void *function; } entry_points[] = {
     {"cuCtxPopCurrent", fake_cuCtxPopCurrent},
     {"cuMemCreate", fake_cuMemCreate},
     {"cuMemRelease", fake_cuMemRelease},
+    {"cuMemExportToShareableHandle", fake_cuMemExportToShareableHandle},
     {"cuMemAddressReserve", fake_cuMemAddressReserve},
     {"cuMemAddressFree", fake_cuMemAddressFree},
     {"cuMemMap", fake_cuMemMap},

@@ -31,6 +31,7 @@ BAD = [
     ({"GMLAKE": "1", "GMLAKE_POLICY": "gmlake[nosuch=1]"}, ["GMLAKE_POLICY=gmlake[nosuch=1]", "no knob 'nosuch'"]),
     ({"GMLAKE": "on", "GMLAKE_CHUNK_SIZE": "lots"}, ["GMLAKE_CHUNK_SIZE", "whole number"]),
     ({"GMLAKE": "1", "GMLAKE_MAX_CACHED_SBLOCKS": "many"}, ["GMLAKE_MAX_CACHED_SBLOCKS", "whole number"]),
+    ({"GMLAKE": "1", "GMLAKE_IPC": "yes"}, ["GMLAKE_IPC must be 0 or 1", "not 'yes'"]),
 ]
 
 
@@ -54,7 +55,8 @@ def test_traceback_on_request():
 @pytest.mark.parametrize("env", [{"GMLAKE": "1"}, {"GMLAKE": "0", "GMLAKE_LIMIT": "abc"},
                                  {"GMLAKE": "1", "GMLAKE_POLICY": "caching", "GMLAKE_LIMIT": "24GiB"},
                                  {"GMLAKE": "1", "GMLAKE_KNOBS": "min_saved_chunks=0,expandable_page_large=8MiB"},
-                                 {"GMLAKE": "1", "GMLAKE_POLICY": "gmlake-paper", "GMLAKE_CHUNK_SIZE": "8MiB"}])
+                                 {"GMLAKE": "1", "GMLAKE_POLICY": "gmlake-paper", "GMLAKE_CHUNK_SIZE": "8MiB"},
+                                 {"GMLAKE": "1", "GMLAKE_IPC": "1"}])
 def test_good_settings_and_gmlake_off_run_the_program(env):
     proc = python("print('the program ran')", env)
     assert proc.returncode == 0 and proc.stdout == "the program ran\n" and proc.stderr == "", proc.stderr

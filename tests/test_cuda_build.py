@@ -192,7 +192,7 @@ def test_the_driver_runs_on_cuda_12_and_13_drivers(fake_libcuda, driver_version,
     assert got["busy"][0] == 0 < got["busy"][1] < got["busy"][2] and got["sim_busy"] == 0
     log = got["log"].splitlines()
     resolved = [line for line in log if line.startswith("resolve ")]
-    assert len(resolved) == 28 and all(line.endswith(f" {requested} flags=1") for line in resolved), resolved
+    assert len(resolved) == 29 and all(line.endswith(f" {requested} flags=1") for line in resolved), resolved
     # The synchronize variant must be the one the requested version defines (the fake rejects a wrong context).
     wanted, unwanted = ("cuCtxSynchronize(ctx)", "cuCtxSynchronize(void)")[:: 1 if requested >= 13000 else -1]
     assert wanted in log and unwanted not in log

@@ -95,9 +95,11 @@ def test_a_torch_without_cuda_is_refused_with_the_reason(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_shim_compiles_against_the_installed_torchs_headers(tmp_path):
+@pytest.mark.parametrize("defines", [(), ("GMLAKE_NO_IPC",)], ids=["with-sharing", "without-sharing"])
+def test_the_shim_compiles_against_the_installed_torchs_headers(tmp_path, defines):
     """The shim's C++ against the headers of the torch installed here (its subclass overrides what torch declares,
-    its hooks have the types torch's setters take); linking needs libtorch_cuda, which a GPU machine has."""
+    its hooks have the types torch's setters take), with and without its sharing overrides (the fallback build);
+    linking needs libtorch_cuda, which a GPU machine has."""
     torch = _torch()
     cxx = _torch_oom.compiler()
     if torch is None or cxx is None:
@@ -113,7 +115,8 @@ def test_the_shim_compiles_against_the_installed_torchs_headers(tmp_path):
     generated = (Path(includes[0]) / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").is_file()
     proc = subprocess.run(
         [cxx, "-std=c++17", "-fPIC", "-c", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", '-DGMLAKE_TORCH_VERSION="probe"',
-         *([] if generated else ["-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE"]), f"-I{includes[0]}", f"-I{cuda[0]}",
+         *([] if generated else ["-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE"]), *[f"-D{d}" for d in defines],
+         f"-I{includes[0]}", f"-I{cuda[0]}",
          str(_torch_allocator.SOURCE), "-o", str(tmp_path / "shim.o")], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     symbols = subprocess.run(["nm", "-g", "--defined-only", str(tmp_path / "shim.o")], capture_output=True, text=True,
@@ -159,9 +162,9 @@ def test_without_the_shim_torchs_pluggable_allocator_is_installed_with_one_warni
         warnings.simplefilter("always")
         assert install.install_allocator(fake) is False
     expected = ("gmlake: torch.backends.cudnn.benchmark = True will fail in the first convolution "
-                "(\"CUDAPluggableAllocator does not yet support cacheInfo\"): the shim that answers cacheInfo could "
-                f"not be built against torch 0.0.0+fake (torch 0.0.0+fake ships no C++ headers ({root / 'include'}/"
-                "torch/csrc/cuda/CUDAPluggableAllocator.h))")
+                "(\"CUDAPluggableAllocator does not yet support cacheInfo\") and CUDA tensors cannot be shared "
+                "between processes: the shim that answers both could not be built against torch 0.0.0+fake (torch "
+                f"0.0.0+fake ships no C++ headers ({root / 'include'}/torch/csrc/cuda/CUDAPluggableAllocator.h))")
     assert [str(w.message) for w in caught] == [expected]
     (pluggable,) = _FakePluggable.made
     assert pluggable.args == (_torch_bridge.__file__, "gmlake_alloc", "gmlake_free")
@@ -175,7 +178,37 @@ def test_the_shim_and_the_fallback_name_the_same_hooks():
     """The shim is handed every entry point the fallback sets, plus cacheInfo's, and its C++ knows each by name."""
     from gmlake.torch import install
 
-    assert set(_torch_allocator.HOOKS) == {"gmlake_alloc", "gmlake_free", "gmlake_cache_info", *install._HOOKS.values()}
+    assert set(_torch_allocator.HOOKS) == {"gmlake_alloc", "gmlake_free", "gmlake_cache_info", "gmlake_share_ipc",
+                                           *install._HOOKS.values()}
     source = _torch_allocator.SOURCE.read_text()
     for name in _torch_allocator.HOOKS:
         assert source.count(f'"{name}"') == 2, name      # its slot, and the check that it was given
+
+
+def test_a_shim_whose_sharing_does_not_build_is_installed_without_it_and_one_warning(monkeypatch):
+    """Where the overrides of shareIpcHandle and getIpcDevPtr do not compile against a torch, the shim is built
+    without them (GMLAKE_NO_IPC): cacheInfo is still answered, and one warning names what is lost and why."""
+    tried, installed = [], []
+
+    def load(torch, shim):
+        tried.append(shim)
+        if shim is _torch_allocator.ALLOCATOR:
+            return None, "g++ failed: no member named 'shareIpcHandle'"
+        def install(names, addresses, count, error, size):
+            installed.append([names[i].decode() for i in range(count)])
+            return 0
+
+        return types.SimpleNamespace(gmlake_install_torch_allocator=install), None
+
+    monkeypatch.setattr(_torch_oom, "load", load)
+    fake = types.SimpleNamespace(__version__="9.9.9+fake")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _torch_allocator.install(fake, _torch_bridge.__file__) == (True, None)
+    assert tried == [_torch_allocator.ALLOCATOR, _torch_allocator.ALLOCATOR_NO_IPC]
+    assert _torch_allocator.ALLOCATOR_NO_IPC.defines == ("GMLAKE_NO_IPC",)
+    assert installed == [list(_torch_allocator.HOOKS)]
+    assert [str(w.message) for w in caught] == [(
+        "gmlake: CUDA tensors cannot be shared between processes (torch.multiprocessing raises \"does not yet "
+        "support shareIPcHandle\"): the allocator shim's sharing could not be built against torch 9.9.9+fake "
+        "(g++ failed: no member named 'shareIpcHandle')")]

@@ -551,3 +551,8 @@ cdef class Allocator:
         lock is let go, as every Python method does: Python code run under the lock could free memory of this
         allocator (a finalizer run by the garbage collector), whose lock is not reentrant."""
         return _api_segments_info(self)
+
+    def share_units(self, ptr: int) -> tuple:
+        """(offset, size, units) of the live allocation at `ptr`, for sharing it with another process: the (handle,
+        bytes) of each unit under it in the order a range maps them, the allocation `offset` bytes into them."""
+        return _api_share_units(self, ptr)

@@ -121,3 +121,14 @@ cdef object _api_failure(Allocator self, size_t size, Failure* why, int64_t requ
     return OutOfMemoryError(
         requested=size, reserved=why.reserved, allocated=why.allocated, cached=why.reserved - why.allocated,
         limit=None if why.limit == NO_LIMIT else why.limit, capacity=self.driver.capacity)
+
+
+cdef tuple _api_share_units(Allocator self, uintptr_t ptr):
+    cdef vector[pair[uint64_t, size_t]] units
+    cdef size_t offset = 0, size = 0
+    cdef bint found
+    with nogil:
+        found = _copy_units(self, ptr, units, &offset, &size)
+    if not found:
+        raise ValueError(f"gmlake: {ptr:#x} is not a live allocation of this allocator")
+    return offset, size, [(units[i].first, units[i].second) for i in range(units.size())]

@@ -217,3 +217,41 @@ cdef size_t _copy_history(Allocator self, vector[TraceEntry]& copy) noexcept nog
     held.acquire(self.mutex)
     copy = self.trace
     return self.trace_next if self.trace.size() == self.trace_max else 0
+
+
+# Note [Sharing a block's units]: to share a live block with another process, the receiver maps the physical units
+# under it (whole chunks, or the slots of a chunk mapped in slots) back to back into a range of its own, each
+# exported as a file descriptor (Note [Exporting a chunk]), and finds the block `offset` bytes in. A primitive block's
+# units are those its segment maps under it; a stitched block's are its sBlock's, in the order the sBlock maps them,
+# so one block over several segments' chunks is one range in the receiver as well. Units are mapped only whole, so
+# the receiver may also see bytes of the block's neighbours in the first and last unit, as a receiver of PyTorch's
+# expandable segments sees its neighbours in the shared pages. Units need not be one size (a slotted chunk's slots
+# beside whole chunks). Keeping the block from reuse while a receiver holds it is the sharing layer's task.
+cdef bint _copy_units(Allocator self, uintptr_t ptr, vector[pair[uint64_t, size_t]]& units, size_t* offset,
+                      size_t* size) noexcept nogil:
+    """share_units' rows (Note [Sharing a block's units] above): the handle and bytes of each unit under the live block
+    at `ptr`, in the order its range maps them, and where the block starts in them; False where none is live."""
+    cdef ScopedLock held
+    cdef Block* b
+    cdef Segment* seg
+    cdef size_t c, end, i
+    held.acquire(self.mutex)
+    it = self.live.find(ptr)
+    if it == self.live.end():
+        return False
+    b = deref(it).second
+    size[0] = b.size
+    if b.sblock != NULL:                  # stitched: its sBlock's range maps its units back to back
+        offset[0] = b.addr - b.sblock.va
+        for i in range(b.sblock.chunks.size()):
+            units.push_back(pair[uint64_t, size_t](
+                _unit_handle(self, b.sblock.chunks[i].seg, b.sblock.chunks[i].offset), b.sblock.chunks[i].size))
+        return True
+    seg = b.seg
+    c = _unit_floor(self, seg, b.addr - seg.va)
+    end = b.addr + b.size - seg.va
+    offset[0] = b.addr - seg.va - c
+    while c < end:
+        units.push_back(pair[uint64_t, size_t](_unit_handle(self, seg, c), _unit_at(self, seg, c)))
+        c += _unit_at(self, seg, c)
+    return True

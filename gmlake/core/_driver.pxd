@@ -57,6 +57,16 @@ cdef class Driver:
     # test says so (ModelDriver.raw_captures) and have no mode.
     cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil
     cdef int exchange_capture_mode(self, int* mode) noexcept nogil
+    # A new POSIX file descriptor for chunk `handle`, through which another process maps
+    # the same physical pages (the host driver's memfd, duplicated; the CUDA driver's cuMemExportToShareableHandle,
+    # for chunks created exportable). The caller owns and closes it. The sim driver has no pages and exports none.
+    # Note [Exporting a chunk] in gmlake/drivers/_cuda_driver.pyx.
+    cdef int export_chunk(self, uint64_t handle, int* fd) noexcept nogil
+    # The descriptor the driver keeps for chunk `handle` while the chunk lives, for another process to take from
+    # this one (PyTorch's receiver takes it with pidfd_getfd): exported on the first call, the same one after,
+    # closed by release_chunk; the caller must not close it. Note [One descriptor per shared chunk] in
+    # gmlake/drivers/_cuda_driver.pyx.
+    cdef int shared_fd(self, uint64_t handle, int* fd) noexcept nogil
     cdef void count_reservation(self, size_t size, int sign) noexcept nogil
 
 

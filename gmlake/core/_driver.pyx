@@ -87,6 +87,46 @@ cdef class Driver:
     cdef int exchange_capture_mode(self, int* mode) noexcept nogil:
         return DRIVER_OK
 
+    cdef int export_chunk(self, uint64_t handle, int* fd) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    cdef int shared_fd(self, uint64_t handle, int* fd) noexcept nogil:
+        return NOT_IMPLEMENTED
+
+    def create(self, size: int) -> int:
+        """A new chunk of `size` bytes (a multiple of the granularity), outside any allocator: for tests and
+        benchmarks of the driver itself. A RuntimeError naming the driver's reason where it fails."""
+        cdef uint64_t handle = 0
+        cdef int rc = self.create_chunk(<size_t>size, &handle)
+        if rc != DRIVER_OK:
+            raise RuntimeError(f"gmlake: cannot create a chunk of {size} bytes: {self.describe_error(rc)}")
+        return handle
+
+    def release(self, handle: int, size: int) -> None:
+        """Release a chunk create() made."""
+        cdef int rc = self.release_chunk(<uint64_t>handle, <size_t>size)
+        if rc != DRIVER_OK:
+            raise RuntimeError(f"gmlake: cannot release chunk {handle}: {self.describe_error(rc)}")
+
+    def export(self, handle: int) -> int:
+        """A new file descriptor for chunk `handle`'s pages (Note [Exporting a chunk]), owned by the caller; a
+        RuntimeError naming the driver's reason where it cannot export."""
+        cdef int fd = -1
+        cdef int rc = self.export_chunk(<uint64_t>handle, &fd)
+        if rc != DRIVER_OK:
+            raise RuntimeError(f"gmlake: cannot export chunk {handle}: {self.describe_error(rc)}")
+        return fd
+
+    def shared(self, handle: int) -> int:
+        """The descriptor the driver keeps for chunk `handle` for other processes (Note [One descriptor per shared
+        chunk]): the same one on every call while the chunk lives; not the caller's to close. A RuntimeError naming
+        the driver's reason where it cannot export."""
+        cdef int fd = -1
+        cdef int rc = self.shared_fd(<uint64_t>handle, &fd)
+        if rc != DRIVER_OK:
+            raise RuntimeError(f"gmlake: cannot export chunk {handle}: {self.describe_error(rc)}")
+        return fd
+
     cdef void count_reservation(self, size_t size, int sign) noexcept nogil:
         """Book an address range reserved (sign +1) or freed (-1), for stats() and the leak checks."""
         self.live_reservations += sign

@@ -13,12 +13,13 @@ from gmlake.drivers._host_driver import HostDriver
 from gmlake.drivers._sim_driver import SimDriver
 
 
-def cuda_driver(device: int = 0) -> Driver:
-    """The CUDA VMM driver for `device`. Raises CudaDriverError where no CUDA driver or device exists."""
+def cuda_driver(device: int = 0, exportable: bool | None = None) -> Driver:
+    """The CUDA VMM driver for `device`, its chunks exportable to other processes as `exportable` says (None:
+    GMLAKE_IPC, Note [Exporting a chunk]). Raises CudaDriverError where no CUDA driver or device exists."""
     # the CUDA driver needs libcuda: loaded only when a CUDA driver is asked for
     from gmlake.drivers._cuda_driver import CudaDriver
 
-    return CudaDriver(device)
+    return CudaDriver(device, exportable)
 
 
 def cuda_available() -> bool:

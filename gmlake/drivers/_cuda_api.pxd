@@ -24,6 +24,8 @@ cdef enum:
     CU_MEM_LOCATION_TYPE_DEVICE = 1
     CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
     CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0
+    CU_MEM_HANDLE_TYPE_NONE = 0
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
     CU_EVENT_DISABLE_TIMING = 2
     CU_STREAM_CAPTURE_STATUS_NONE = 0
     # cuGetProcAddress flags: the legacy default stream, so stream 0 means what it means to torch and to cuda.h.
@@ -75,6 +77,8 @@ cdef struct CudaApi:
     CUresult (*cuMemCreate)(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                             unsigned long long flags) noexcept nogil
     CUresult (*cuMemRelease)(CUmemGenericAllocationHandle handle) noexcept nogil
+    CUresult (*cuMemExportToShareableHandle)(void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                             int handleType, unsigned long long flags) noexcept nogil
     CUresult (*cuMemAddressReserve)(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                     unsigned long long flags) noexcept nogil
     CUresult (*cuMemAddressFree)(CUdeviceptr ptr, size_t size) noexcept nogil

@@ -14,6 +14,9 @@ import os
 
 from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libc.string cimport memset
+from libcpp.unordered_map cimport unordered_map
+from cython.operator cimport dereference as deref
+from posix.unistd cimport close
 from posix.dlfcn cimport dlopen, dlsym, dlclose, dlerror, RTLD_NOW, RTLD_LOCAL
 from gmlake.drivers._cuda_api cimport *
 from gmlake.core._driver cimport Driver, DRIVER_OK, DRIVER_OOM, EVENT_DONE, EVENT_PENDING
@@ -25,6 +28,34 @@ SUPPORTED_API_VERSIONS = (12000, 13000)
 MIN_DRIVER_VERSION = 12000
 # Where the driver library is looked for, in order; GMLAKE_LIBCUDA (a test/debug knob) names another.
 LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so")
+# Note [Exporting a chunk]: another process reaches a chunk's physical pages through a POSIX file descriptor that
+# Driver.export_chunk makes (the host driver duplicates the chunk's memfd; the CUDA driver calls
+# cuMemExportToShareableHandle, which works only for chunks created with requestedHandleTypes = POSIX file
+# descriptor). The receiver imports it (cuMemImportFromShareableHandle, or mmap on the host) and maps it into a range
+# of its own; the pages then live while any process holds a handle or mapping of them, so a sender that releases
+# its chunk, or a receiver that dies, leaves the other's view intact (tests/test_ipc_export.py holds this over real
+# processes on the host driver). What the pages live for is not what the allocator may reuse them for: a block a
+# receiver still reads must not be handed to another tensor by the sender, which is the job of the layer that
+# shares it (PyTorch's Note [Sharing CUDA tensors] keeps the sender's storage, hence its block, alive while a
+# receiver's count is held). PyTorch noted slower cuMemCreate for exportable handles on older drivers, so whether
+# chunks are exportable is a setting: GMLAKE_IPC=1 or 0, else EXPORTABLE_DEFAULT. `python -m bench ipc-price` found
+# cuMemCreate with the POSIX handle type as fast as without on the GPU, and mapping, access, unmapping and release
+# unchanged; only the export costs, paid once per shared chunk (the figures: docs/guide.md, "Sharing CUDA tensors
+# between processes"). So chunks are exportable by default, and GMLAKE_IPC=0 turns it off.
+EXPORTABLE_DEFAULT = True
+
+# Note [One descriptor per shared chunk]: PyTorch's expandable-segment handle (the format gmlake's torch shim writes,
+# gmlake/torch/_torch_allocator_shim.cc) carries the sender's pid and the numbers of its descriptors, not the
+# descriptors themselves: the receiver takes each one from the sender with pidfd_getfd when it opens the handle,
+# which may be long after the handle was made. So the sender keeps one descriptor per shared chunk open for as long as
+# the chunk lives: Driver.shared_fd exports it on the first share and answers the same one after (a chunk shared
+# again costs nothing, and a handle made twice for one block is the same bytes, which PyTorch's receiver caches by),
+# and release_chunk closes it. A receiver that already imported keeps the pages (Note [Exporting a chunk]).
+
+cdef extern from "<mutex>" namespace "std" nogil:
+    cppclass _Mutex "std::mutex":
+        void lock()
+        void unlock()
 
 cdef enum:
     CUDA_BASE = 10000
@@ -54,12 +85,14 @@ cdef enum CudaCall:
     CALL_EXCHANGE_CAPTURE_MODE
     CALL_MEMCPY_DTOH
     CALL_MEMCPY_HTOD
+    CALL_MEM_EXPORT
 
 _CALL_NAMES = (
     "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuMemGetAllocationGranularity", "cuMemGetInfo",
     "cuMemCreate", "cuMemRelease", "cuMemAddressReserve", "cuMemAddressFree", "cuMemMap", "cuMemUnmap",
     "cuMemSetAccess", "cuCtxSynchronize", "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventDestroy",
     "cuStreamWaitEvent", "cuStreamIsCapturing", "cuThreadExchangeStreamCaptureMode", "cuMemcpyDtoH", "cuMemcpyHtoD",
+    "cuMemExportToShareableHandle",
 )
 
 
@@ -97,6 +130,16 @@ def requested_api_version() -> int:
     raise CudaDriverError(
         f"gmlake: GMLAKE_CUDA_API_VERSION must be one of {', '.join(map(str, SUPPORTED_API_VERSIONS))} "
         f"(the CUDA versions whose entry points gmlake declares), not {text!r}")
+
+
+def exportable_requested() -> bool:
+    """Whether chunks are created exportable: GMLAKE_IPC=1 or 0, else EXPORTABLE_DEFAULT (Note [Exporting a chunk])."""
+    text = os.environ.get("GMLAKE_IPC", "").strip()
+    if not text:
+        return EXPORTABLE_DEFAULT
+    if text in ("0", "1"):
+        return text == "1"
+    raise CudaDriverError(f"gmlake: GMLAKE_IPC must be 0 or 1 (share CUDA tensors between processes), not {text!r}")
 
 
 def check_versions(int driver_version, int api_version) -> None:
@@ -180,6 +223,8 @@ cdef int _load_api() except -1:
             _resolve(get_proc, "cuCtxSynchronize", <void**>&resolved.cuCtxSynchronize_v2000, requested)
         _resolve(get_proc, "cuMemCreate", <void**>&resolved.cuMemCreate, requested)
         _resolve(get_proc, "cuMemRelease", <void**>&resolved.cuMemRelease, requested)
+        _resolve(get_proc, "cuMemExportToShareableHandle", <void**>&resolved.cuMemExportToShareableHandle,
+                 requested)
         _resolve(get_proc, "cuMemAddressReserve", <void**>&resolved.cuMemAddressReserve, requested)
         _resolve(get_proc, "cuMemAddressFree", <void**>&resolved.cuMemAddressFree, requested)
         _resolve(get_proc, "cuMemMap", <void**>&resolved.cuMemMap, requested)
@@ -211,11 +256,13 @@ cdef int _load_api() except -1:
 
 
 cdef class CudaDriver(Driver):
-    """CudaDriver(device=0)
+    """CudaDriver(device=0, exportable=None)
 --
 
-    CUDA virtual memory management on one device, through driver entry points resolved at run time (nogil)."""
+    CUDA virtual memory management on one device, through driver entry points resolved at run time (nogil).
+    `exportable`: create chunks another process can map (Note [Exporting a chunk]); None reads GMLAKE_IPC."""
     cdef readonly int device
+    cdef readonly bint exportable
     # The CUDA version the driver supports (cuDriverGetVersion, e.g. 13000) and the one whose entry points are used.
     cdef readonly int driver_version
     cdef readonly int api_version
@@ -223,8 +270,11 @@ cdef class CudaDriver(Driver):
     cdef CUcontext context
     cdef CUmemAllocationProp prop
     cdef CUmemAccessDesc access
+    # Note [One descriptor per shared chunk]: chunk -> the descriptor kept for it, under shared_lock.
+    cdef unordered_map[uint64_t, int] shared_fds
+    cdef _Mutex shared_lock
 
-    def __init__(self, device: int = 0):
+    def __init__(self, device: int = 0, exportable=None):
         cdef size_t granularity = 0
         cdef size_t free_bytes = 0, total_bytes = 0
         cdef CUresult rc
@@ -242,6 +292,9 @@ cdef class CudaDriver(Driver):
         self.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
         self.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE
         self.prop.location.id = device
+        self.exportable = exportable_requested() if exportable is None else bool(exportable)
+        if self.exportable:
+            self.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
         memset(&self.access, 0, sizeof(self.access))
         self.access.location.type = CU_MEM_LOCATION_TYPE_DEVICE
         self.access.location.id = device
@@ -257,6 +310,8 @@ cdef class CudaDriver(Driver):
             self.capacity = total_bytes
 
     def __dealloc__(self):
+        for entry in self.shared_fds:
+            close(entry.second)
         if self.context != NULL:
             api.cuDevicePrimaryCtxRelease(self.cu_device)
 
@@ -293,6 +348,7 @@ cdef class CudaDriver(Driver):
 
     cdef int release_chunk(self, uint64_t handle, size_t size) noexcept nogil:
         cdef double started
+        self._forget_shared(handle)
         cdef bint pushed = self._enter(&started)
         cdef int rc = _code(api.cuMemRelease(<CUmemGenericAllocationHandle>handle), CALL_MEM_RELEASE)
         self._leave(pushed, started)
@@ -300,6 +356,45 @@ cdef class CudaDriver(Driver):
             self.live_chunks -= 1
             self.live_chunk_bytes -= size
         return rc
+
+    cdef int export_chunk(self, uint64_t handle, int* fd) noexcept nogil:
+        # A chunk created without the POSIX handle type cannot be exported: the driver answers
+        # CUDA_ERROR_INVALID_VALUE (or NOT_SUPPORTED), which describe_error names.
+        cdef int shared = -1
+        cdef double started
+        cdef bint pushed = self._enter(&started)
+        cdef int rc = _code(api.cuMemExportToShareableHandle(&shared, <CUmemGenericAllocationHandle>handle,
+                                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                            CALL_MEM_EXPORT)
+        self._leave(pushed, started)
+        if rc == DRIVER_OK:
+            fd[0] = shared
+        return rc
+
+    cdef int shared_fd(self, uint64_t handle, int* fd) noexcept nogil:
+        cdef int rc = DRIVER_OK
+        self.shared_lock.lock()
+        it = self.shared_fds.find(handle)
+        if it != self.shared_fds.end():
+            fd[0] = deref(it).second
+        else:
+            rc = self.export_chunk(handle, fd)
+            if rc == DRIVER_OK:
+                self.shared_fds[handle] = fd[0]
+        self.shared_lock.unlock()
+        return rc
+
+    cdef void _forget_shared(self, uint64_t handle) noexcept nogil:
+        self.shared_lock.lock()
+        it = self.shared_fds.find(handle)
+        if it != self.shared_fds.end():
+            close(deref(it).second)
+            self.shared_fds.erase(it)
+        self.shared_lock.unlock()
+
+    def shared_count(self) -> int:
+        """How many chunks have a descriptor kept for other processes now (Note [One descriptor per shared chunk])."""
+        return self.shared_fds.size()
 
     cdef int reserve(self, size_t size, size_t alignment, uintptr_t* va) noexcept nogil:
         cdef CUdeviceptr ptr = 0

@@ -22,6 +22,10 @@ cdef extern from "<sys/mman.h>" nogil:
     int MFD_CLOEXEC
     void* MAP_FAILED
 
+cdef extern from "<fcntl.h>" nogil:
+    int fcntl(int fd, int cmd, int arg)
+    int F_DUPFD_CLOEXEC
+
 cdef extern from "<unistd.h>" nogil:
     int ftruncate(int fd, long length)
     int close(int fd)
@@ -177,6 +181,21 @@ cdef class HostDriver(ModelDriver):
         if fault == DRIVER_OK:
             memcpy(<void*>va, host, size)
         return fault
+
+    cdef int export_chunk(self, uint64_t handle, int* fd) noexcept nogil:
+        # The chunk is its memfd: another process that maps the duplicate sees the same pages, and the pages live
+        # while any descriptor or mapping of them does, whichever process holds it (Note [Exporting a chunk]).
+        cdef int dup = fcntl(<int>handle, F_DUPFD_CLOEXEC, 0)
+        if dup < 0:
+            return _errno_code()
+        fd[0] = dup
+        return DRIVER_OK
+
+    cdef int shared_fd(self, uint64_t handle, int* fd) noexcept nogil:
+        # The chunk's memfd itself, open while the chunk lives and closed by release_chunk (Note [One descriptor per
+        # shared chunk] in gmlake/drivers/_cuda_driver.pyx).
+        fd[0] = <int>handle
+        return DRIVER_OK
 
     def _write_physical(self, handle: int, offset: int, data: bytes) -> None:
         """A queued kernel's write landing: into the chunk's memfd itself, so every mapping of it sees the bytes."""

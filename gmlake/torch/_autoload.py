@@ -99,7 +99,9 @@ def check_environment() -> None:
     # cycle: runs while torch is being imported, and gmlake.torch imports torch
     from gmlake import policies
     from gmlake import torch as gtorch
+    from gmlake.drivers._cuda_driver import exportable_requested
 
+    exportable_requested()                  # GMLAKE_IPC: 0 or 1 (Note [Exporting a chunk]); loads no CUDA
     opts = gtorch.options_from_env(load_policy_code=False)
     spec = opts.pop("policy", "gmlake")
     opts.pop("limit", None)

@@ -18,7 +18,11 @@ that matches the running torch where pip installed it (the nvidia-cuda-runtime w
 13, nvidia/cuda_runtime/include for CUDA 12), else a CUDA toolkit (CUDA_HOME or CUDA_PATH first, then nvcc's,
 then /usr/local/cuda). Where it cannot be built (no compiler, no CUDA headers, a torch without CUDA), enable()
 installs torch's plain pluggable allocator as before and warns once saying why: everything works but
-cudnn.benchmark = True, which then fails as it did. The build time is in docs/benchmarks.md ("The shims' builds").
+cudnn.benchmark = True, which then fails as it did, and sharing CUDA tensors between processes. The same subclass
+overrides shareIpcHandle and getIpcDevPtr (Note [Sharing a tensor through PyTorch's handle] in
+gmlake/torch/_torch_bridge.pyx); where only those fail to compile against a torch, the shim is built without them
+(GMLAKE_NO_IPC) and enable() warns once that tensors are not shared. The build time is in docs/benchmarks.md ("The
+shims' builds").
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ INSTALL_SYMBOL = "gmlake_install_torch_allocator"
 # The bridge's entry points the shim hands to torch (gmlake/torch/_torch_bridge.pyx), each by its symbol.
 HOOKS = ("gmlake_alloc", "gmlake_free", "gmlake_init", "gmlake_reset", "gmlake_memory_fraction", "gmlake_base_alloc",
          "gmlake_record_stream", "gmlake_begin_allocate_to_pool", "gmlake_end_allocate_to_pool",
-         "gmlake_release_pool", "gmlake_cache_info")
+         "gmlake_release_pool", "gmlake_cache_info", "gmlake_share_ipc")
 # What the CUDA headers torch's c10/cuda headers include must hold.
 CUDA_HEADERS = ("cuda_runtime_api.h", "cuda.h")
 
@@ -85,15 +89,29 @@ def cuda_includes(torch) -> list[str]:
 
 ALLOCATOR = _torch_oom.Shim("torch_allocator", SOURCE, ("torch_cuda", "c10_cuda", "c10"),
                             "torch/csrc/cuda/CUDAPluggableAllocator.h", "libtorch_cuda.so", cuda_includes)
+# The same without shareIpcHandle and getIpcDevPtr (GMLAKE_NO_IPC), for a torch whose classes they do not fit.
+ALLOCATOR_NO_IPC = _torch_oom.Shim("torch_allocator_noipc", SOURCE, ("torch_cuda", "c10_cuda", "c10"),
+                                   "torch/csrc/cuda/CUDAPluggableAllocator.h", "libtorch_cuda.so", cuda_includes,
+                                   ("GMLAKE_NO_IPC",))
 
 
 def install(torch, bridge_path: str) -> tuple[bool, str | None]:
     """Install gmlake as torch's CUDA allocator through the shim, with cacheInfo answered by the bridge whose library
-    is `bridge_path`: (True, None); (False, why) where the shim cannot be had, nothing changed. A RuntimeError where
-    torch refused the allocator (the shim was had)."""
+    is `bridge_path`, and shareIpcHandle / getIpcDevPtr too (Note [Sharing a tensor through PyTorch's handle] in
+    gmlake/torch/_torch_bridge.pyx), or, where those do not compile against this torch, without them and one warning:
+    (True, None); (False, why) where no shim can be had, nothing changed. A RuntimeError where torch refused the
+    allocator (the shim was had)."""
     lib, why = _torch_oom.load(torch, ALLOCATOR)
     if lib is None:
-        return False, why
+        lib, _ = _torch_oom.load(torch, ALLOCATOR_NO_IPC)
+        if lib is None:
+            return False, why
+        import warnings
+
+        warnings.warn(
+            f"gmlake: CUDA tensors cannot be shared between processes (torch.multiprocessing raises \"does not yet "
+            f"support shareIPcHandle\"): the allocator shim's sharing could not be built against torch "
+            f"{torch.__version__} ({why})", RuntimeWarning, stacklevel=4)
     bridge = ctypes.CDLL(bridge_path)
     names = (ctypes.c_char_p * len(HOOKS))(*(name.encode() for name in HOOKS))
     addresses = (ctypes.c_size_t * len(HOOKS))(*(ctypes.cast(getattr(bridge, n), ctypes.c_void_p).value

@@ -543,3 +543,101 @@ def routed_pools() -> list:
     cdef size_t i
     _copy_routes(devices, pools)
     return [(devices[i], pools[i]) for i in range(pools.size())]
+
+
+# ---------------------------------------------------------------- sharing a tensor with another process
+#
+# Note [Sharing a tensor through PyTorch's handle]: torch.multiprocessing (Queue, Pipe, reduce_tensor) shares a CUDA
+# tensor by asking the allocator for a handle to the block under it (CUDACachingAllocator::shareIpcHandle) and
+# opens it in the receiver with getIpcDevPtr; PyTorch's Note [Sharing CUDA tensors] (the CudaIPCSentData reference
+# count, the limbo, the event the receiver waits on) keeps the sender's block allocated while a receiver holds it.
+# gmlake's shim (gmlake/torch/_torch_allocator_shim.cc) answers shareIpcHandle in PyTorch's own expandable-segment
+# format, so any receiver opens it with torch's own code: the sender's pid, the page size, the number of pages, then
+# one descriptor per page, which the receiver takes from the sender with pidfd_getfd and maps back to back. The pages
+# are the block's units (Note [Sharing a block's units]: whole chunks or slots, a stitched block's in its sBlock's
+# order), each with the descriptor its driver keeps while the chunk lives (Note [One descriptor per shared chunk]).
+# The format has one page size, so a block whose units differ in size (a tail_page or reback_slot slot beside whole
+# pages, an edge_page or capped_page_large page beside a larger one) cannot be shared: shareIpcHandle raises, in the sender, one error naming the knob. A gmlake receiver opens a
+# handle with PyTorch's native caching allocator, which the shim keeps for that (getIpcDevPtr).
+
+cdef int _share_units(Allocator a, uintptr_t ptr, size_t* offset, size_t* unit_size, int* fds, size_t capacity,
+                      size_t* count, ErrorText* why):
+    """gmlake_share_ipc's work under the GIL: 0, 2 where `capacity` is short of *count descriptors, else 1 and the
+    reason in `why`."""
+    cdef int fd = -1
+    cdef int rc
+    cdef size_t i
+    try:
+        start, _, units = a.share_units(ptr)
+        sizes = sorted({n for _, n in units})
+        if len(sizes) != 1:
+            from gmlake.core.errors import format_size
+
+            raise ValueError(
+                f"its block lies on pages of {len(sizes)} sizes ({', '.join(format_size(n) for n in sizes)}), and "
+                f"PyTorch's handle for sharing CUDA tensors holds pages of one size; pages of several sizes come "
+                f"from the policy's tail_page, reback_slot, capped_page_large or edge_page knob: set it to 0 to "
+                f"share tensors")
+        count[0] = len(units)
+        if count[0] > capacity:
+            return 2
+        for i in range(count[0]):
+            rc = a.driver.shared_fd(<uint64_t>units[i][0], &fd)
+            if rc != DRIVER_OK:
+                hint = ("; chunks are exportable only while GMLAKE_IPC is not 0"
+                        if not getattr(a.driver, "exportable", True) else "")
+                raise RuntimeError(f"{a.driver.describe_error(rc)}{hint}")
+            fds[i] = fd
+        offset[0] = start
+        unit_size[0] = sizes[0]
+        return 0
+    except BaseException as exc:
+        msg = f"gmlake: cannot share the CUDA tensor at {ptr:#x} with another process: {exc}".encode()[:500]
+        snprintf(why.text, ERROR_TEXT, "%s", <const char*>msg)
+        return 1
+
+
+cdef public int gmlake_share_ipc(void* ptr, size_t* offset, size_t* unit_size, int* fds, size_t capacity,
+                                 size_t* count, char* error, size_t error_size) noexcept nogil:
+    """The pages under the live block at `ptr`, for PyTorch's shareIpcHandle (Note [Sharing a tensor through
+    PyTorch's handle]): their one size in `unit_size`, their number in `count`, a descriptor for each in `fds` (the
+    driver's, kept open while the chunk lives; the caller must not close them), and where the block starts in them
+    in `offset`. Returns 0; 2 where `capacity` descriptors are too few (then `count` says how many to make room
+    for); 1 with the reason in `error` where the block cannot be shared."""
+    cdef ErrorText why
+    cdef void* owner = NULL
+    cdef int d, rc
+    for d in range(MAX_DEVICES):
+        if _allocators[d] != NULL and (<Allocator>_allocators[d]).block_size_nogil(<uintptr_t>ptr):
+            owner = _allocators[d]
+            break
+    if owner == NULL:
+        if error != NULL and error_size:
+            snprintf(error, error_size, "gmlake: cannot share %p with another process: no allocation of gmlake's "
+                     "starts there", ptr)
+        return 1
+    with gil:
+        rc = _share_units(<Allocator>owner, <uintptr_t>ptr, offset, unit_size, fds, capacity, count, &why)
+    if rc == 1 and error != NULL and error_size:
+        snprintf(error, error_size, "%s", why.text)
+    return rc
+
+
+def share_ipc(ptr: int) -> tuple:
+    """gmlake_share_ipc from Python: (offset, page size, [descriptor, ...]) of the live block at `ptr` (Note [Sharing
+    a tensor through PyTorch's handle]); the descriptors stay the driver's. RuntimeError with the reason where it
+    cannot be shared."""
+    cdef size_t offset = 0, unit = 0, count = 0
+    cdef vector[int] fds
+    cdef char error[ERROR_TEXT]
+    cdef int rc = 2
+    cdef void* p = <void*><uintptr_t>ptr
+    fds.resize(16)
+    while rc == 2:
+        with nogil:
+            rc = gmlake_share_ipc(p, &offset, &unit, fds.data(), fds.size(), &count, error, sizeof(error))
+        if rc == 2:
+            fds.resize(count)
+    if rc:
+        raise RuntimeError((<bytes>error).decode(errors="replace"))
+    return offset, unit, [fds[i] for i in range(count)]

@@ -46,6 +46,7 @@ class Shim:
     library: str | None = None      # a library of torch's it needs, checked before building (None: only libc10)
     # The further include directories it needs (the CUDA runtime's headers), or a RuntimeError saying why none.
     includes: Callable[[Any], list[str]] | None = None
+    defines: tuple[str, ...] = ()   # preprocessor names it is built with (-D)
 
 
 OOM = Shim("torch_oom", SOURCE, ("c10",), "c10/util/Exception.h")
@@ -93,7 +94,7 @@ def library_path(torch, cxx: str, shim: Shim = OOM) -> Path:
     includes = _check(torch, shim)
     key = hashlib.sha256("\0".join([
         shim.source.read_text(), str(torch.__version__), str(libdir), str(abi), os.path.realpath(cxx),
-        platform.machine(), *includes, *shim.libraries,
+        platform.machine(), *includes, *shim.libraries, *shim.defines,
     ]).encode()).hexdigest()[:16]
     return cache_dir() / f"{shim.name}-{str(torch.__version__).replace('+', '_')}-{key}.so"
 
@@ -111,7 +112,8 @@ def build(torch, cxx: str, target: Path, shim: Shim = OOM) -> None:
         for std in ("-std=c++17", "-std=c++20"):
             proc = subprocess.run(
                 [cxx, std, "-O2", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-                 f'-DGMLAKE_TORCH_VERSION="{torch.__version__}"', *[f"-I{p}" for p in includes], str(shim.source),
+                 f'-DGMLAKE_TORCH_VERSION="{torch.__version__}"', *[f"-D{d}" for d in shim.defines],
+                 *[f"-I{p}" for p in includes], str(shim.source),
                  "-o", tmp, f"-L{libdir}", *[f"-l{lib}" for lib in shim.libraries], f"-Wl,-rpath,{libdir}"],
                 capture_output=True, text=True, check=False)
             if proc.returncode == 0:

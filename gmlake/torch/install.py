@@ -146,8 +146,8 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
 def install_allocator(torch) -> bool:
     """Make the bridge PyTorch's CUDA allocator: through the shim whose cacheInfo the bridge answers (Note
     [cacheInfo through a subclass] in gmlake/torch/_torch_allocator.py), or, where it cannot be built, through
-    torch.cuda.memory.CUDAPluggableAllocator, warning once that cudnn.benchmark = True then fails. Whether cacheInfo
-    is answered."""
+    torch.cuda.memory.CUDAPluggableAllocator, warning once that cudnn.benchmark = True then fails and CUDA tensors
+    are not shared between processes. Whether cacheInfo is answered."""
     # links against torch's libraries: loaded only once torch is
     from gmlake.torch import _torch_allocator
 
@@ -166,8 +166,8 @@ def install_allocator(torch) -> bool:
     torch.cuda.memory.change_current_allocator(pluggable)
     warnings.warn(
         f"gmlake: torch.backends.cudnn.benchmark = True will fail in the first convolution (\"CUDAPluggableAllocator "
-        f"does not yet support cacheInfo\"): the shim that answers cacheInfo could not be built against torch "
-        f"{torch.__version__} ({why})", RuntimeWarning, stacklevel=3)
+        f"does not yet support cacheInfo\") and CUDA tensors cannot be shared between processes: the shim that "
+        f"answers both could not be built against torch {torch.__version__} ({why})", RuntimeWarning, stacklevel=3)
     return False
 
 
