@@ -4,7 +4,7 @@
 # _api_steps.pxi and builds Python objects after the lock is let go.
 #
 # API (what the rest of the core calls; every other function here is this file's own):
-#   _api_stats, _api_history, _api_segments_info, _api_spares, _api_failure
+#   _api_stats, _api_history, _api_segments_info, _api_spares, _api_failure, _api_share_units
 
 
 cdef dict _api_stats(Allocator self):

@@ -2,7 +2,7 @@
 #
 # API (what the rest of the core calls; every other function here is this file's own):
 #   _begin_pool_nogil, _retain_pool_nogil, _end_pool_nogil, _release_pool_nogil, _copy_pools, _copy_pool_ids,
-#   _copy_segments, _count_spares, _copy_stats, _reset_peaks, _set_tracing, _copy_history
+#   _copy_segments, _count_spares, _copy_stats, _reset_peaks, _set_tracing, _copy_history, _copy_units
 #
 # Each Python method of the Allocator that needs the lock calls one of these without the GIL: it takes the lock (a
 # ScopedLock, let go when it returns), copies or changes what the method needs, and returns before any Python object

@@ -33,6 +33,7 @@ import threading
 import sys
 import traceback
 import warnings
+from gmlake.core.errors import format_torch_size
 
 _owners: dict = {}
 _factory = None
@@ -571,10 +572,9 @@ cdef int _share_units(Allocator a, uintptr_t ptr, size_t* offset, size_t* unit_s
         start, _, units = a.share_units(ptr)
         sizes = sorted({n for _, n in units})
         if len(sizes) != 1:
-            from gmlake.core.errors import format_size
-
             raise ValueError(
-                f"its block lies on pages of {len(sizes)} sizes ({', '.join(format_size(n) for n in sizes)}), and "
+                f"its block lies on pages of {len(sizes)} sizes ({', '.join(format_torch_size(n) for n in sizes)}), "
+                f"and "
                 f"PyTorch's handle for sharing CUDA tensors holds pages of one size; pages of several sizes come "
                 f"from the policy's tail_page, reback_slot, capped_page_large or edge_page knob: set it to 0 to "
                 f"share tensors")
