@@ -608,3 +608,18 @@ def policies_names() -> list[str]:
     from gmlake import policies
 
     return policies.names()
+
+
+def test_the_guide_says_the_piped_width_the_tables_use():
+    """docs/guide.md tells the width of a piped table: the one the console uses."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from gmlake.cli.common import _console
+
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
+    if not guide.exists():
+        pytest.skip("docs/ is not beside the tests (an installed wheel)")
+    (said,) = re.findall(r"piped, (\d+)", guide.read_text())
+    assert int(said) == inspect.signature(_console).parameters["piped_width"].default

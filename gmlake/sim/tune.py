@@ -47,6 +47,7 @@ import numpy as np
 from gmlake import policies
 from gmlake.policies.settings import format_size
 from gmlake.sim.cap import bisect_fraction, drive
+from gmlake.sim.compare import Name
 from gmlake.sim.plots import BUILTIN_COLORS, pyplot
 from gmlake.sim.replay import driver_seconds, modelled_device_memory, run_requests, step_time_lost
 from gmlake.sim.trace import Trace
@@ -418,7 +419,7 @@ def table(result: TuneResult, every: bool = False, wide: bool = False):
     order = sorted(shown, key=lambda o: (o.failed, o.peak_reserved))
     for o in order:
         mark = (">" if o is result.recommended else " ") + ("*" if o.front else " ")
-        row = [mark, Text(o.policy), "OOM" if o.failed else gib(o.peak_reserved), gib(o.smallest_cap),
+        row = [mark, Name(o.policy), "OOM" if o.failed else gib(o.peak_reserved), gib(o.smallest_cap),
                *([gib(o.smallest_device)] if wide else []), *([f"{o.driver_seconds:.4f}"] if uncapped_time else []),
                *([str(o.stitches)] if wide else [])]
         if result.fit is not None:
