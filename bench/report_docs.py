@@ -420,6 +420,22 @@ def micro() -> str:
                                f"`{AB}`); driver calls (µs): `{MICRO}`. " + _env_line([env]) + "\n")
 
 
+def sync_price() -> str:
+    """The price replay puts on a synchronize: the driver cost table's, with the GPU measurement it came from."""
+    from gmlake.sim.replay import driver_costs
+
+    costs = driver_costs()
+    price, source = costs["per_call"]["synchronize"], costs.get("synchronize_result")
+    if not source:
+        return (f"Replay prices each synchronize at **{price:g} µs**, a placeholder not yet measured "
+                "(`python -m bench sync-price` measures it).\n")
+    data = _json(source)
+    cells = " | ".join(f"{data[k]['median']:.1f} ({data[k]['p10']:.1f}-{data[k]['p90']:.1f})"
+                       for k in ("idle_us", "queued_us", "loaded_us"))
+    return ("| idle | after 8 short kernels | step time in a training-like loop | replay's price |\n|---|---|---|---|\n"
+            f"| {cells} | {price:g} |\n\nµs, median (p10-p90), `{source}`. " + _env_line([data["environment"]]) + "\n")
+
+
 def latency() -> str:
     """torch.empty + del through the whole PyTorch stack, the current core against native, from the same A/B."""
     runs = [r for r in _json(AB) if r["kind"] == "latency" and r["side"] in ("native", "B")]
@@ -1524,7 +1540,7 @@ TABLES: dict[str, Callable[[], str]] = {"training": training, "dynamic": dynamic
                                         "fidelity": fidelity, "handle-size": handle_size,
                                         "versions": versions, "training-notes": training_notes,
                                         "dynamic-notes": dynamic_notes, "caps-notes": caps_notes, "tune-gpu": tune_gpu,
-                                        "micro-notes": micro_notes, "policy-errors": policy_errors,
+                                        "micro-notes": micro_notes, "policy-errors": policy_errors, "sync-price": sync_price,
                                         "oom-message": oom_message, "stall": stall}
 
 
