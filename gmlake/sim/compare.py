@@ -131,6 +131,13 @@ class Name:
     def __init__(self, text: str, style: str | None = None):
         self.text, self.style = text, style
 
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def plain(self) -> str:         # as rich's Text has it
+        return self.text
+
     def __rich_measure__(self, console, options):
         from rich.measure import Measurement
 
