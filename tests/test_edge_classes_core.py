@@ -114,3 +114,62 @@ def _reback_runs(alloc: Allocator, driver_name: str, live_pages: list[list[bool]
         alloc.free(p)
     alloc.empty_cache()
     assert alloc.stats()["reserved_bytes"] == 0
+
+
+# ------------------------------------------------------------------ pressure relief: re-backing asked for first
+
+
+@dataclass(frozen=True)
+class RebackFirst(gmlake.policies.gmlake.GMLakePolicy):
+    """Asks for the re-backing stage at the first attempt (the built-in asks for it last)."""
+
+    name = "reback-first"
+
+    def relieve_pressure(self, size, stream, pool, attempt, default, state):
+        return "reback" if attempt == 0 else default
+
+
+@pytest.mark.parametrize("driver_name", ["host", "sim"])
+@pytest.mark.parametrize("small_pages", [1, 3])
+@pytest.mark.parametrize("policy_kind", ["reback-first", "built-in order"])
+@pytest.mark.parametrize("large_pages, live_mib", [(1, 6), (2, 6), (3, 2)])
+def test_relief_returns_the_small_pools_free_pages_before_it_rebacks(driver_name, small_pages, policy_kind,
+                                                                     large_pages, live_mib):
+    """At the edge with the small pool holding wholly free pages and large pages partly used: whichever attempt
+    asks for re-backing, the small pool's free pages go back to the driver first, then the large pages' free slots
+    (the history's segment_unmap records say in what order), and no live byte moves."""
+    knobs = dict(reback_slot=SLOT, stitch=False)
+    policy = RebackFirst(**knobs) if policy_kind == "reback-first" else gmlake.policies.get("gmlake", **knobs)
+    alloc = make(driver_name, policy=policy)
+    alloc.record_history(True)
+    small = [alloc.malloc(MiB // 2) for _ in range(4 * small_pages)]      # 2 MiB small pages, four blocks each
+    live, gaps = [], []
+    for i in range(large_pages):
+        live.append(alloc.malloc(live_mib * MiB))
+        gaps.append(alloc.malloc(PAGE - live_mib * MiB))
+        if driver_name == "host":
+            _fill(live[-1], i, 0, live_mib * MiB // SLOT)
+    for p in gaps + small:
+        alloc.free(p)
+    segments = alloc.segments_info()
+    small_ranges = [(s["va"], s["va"] + s["size"]) for s in segments if s["pool"] == "small"]
+    assert small_ranges and alloc.stats()["reserved_bytes"] == large_pages * PAGE + small_pages * SLOT
+    alloc.set_limit(alloc.stats()["reserved_bytes"])
+    before = len(alloc.history())
+    try:
+        big = alloc.malloc(PAGE - live_mib * MiB + SLOT)      # no gap holds it; new memory needs what relief frees
+    except OutOfMemoryError:
+        big = None
+    unmaps = [e for e in alloc.history()[before:] if e["action"] == "segment_unmap"]
+    in_small = [any(lo <= e["addr"] < hi for lo, hi in small_ranges) for e in unmaps]
+    assert sum(e["size"] for e, s in zip(unmaps, in_small) if s) == small_pages * SLOT, unmaps
+    assert in_small == sorted(in_small, reverse=True), "a large page was re-backed before the small pool's free " \
+                                                      f"pages went back: {unmaps}"
+    s = alloc.stats()
+    assert s["rebacked_chunks"] == large_pages
+    if driver_name == "host":
+        for i, p in enumerate(live):
+            _check(p, i, 0, live_mib * MiB // SLOT)
+    for p in live + ([big] if big else []):
+        alloc.free(p)
+    alloc.close()
