@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
         "time": ("bench.cap_time", "step time at a cap against uncapped, in A B B A rounds"),
     },
     "micro": ("bench.micro", "the core's cache hits, each driver call, stitching, stream calls"),
+    "sync-price": ("bench.sync_price", "a context synchronize's price, idle and in a training-like loop"),
     "latency": ("bench.torch_latency", "torch.empty + del under gmlake against native's allocator"),
     "kernels": ("bench.vmm_kernels", "kernels on cudaMalloc memory against VMM memory of 20 MiB and 2 MiB handles"),
     "ipc-price": ("bench.ipc_price", "cuMemCreate with and without an exportable handle type, and the export"),

@@ -79,3 +79,38 @@ def test_a_value_that_is_neither_on_nor_off_is_an_error(fake_torch):
 def test_processes_without_torch_run_normally():
     proc = python("print(sum(range(10)))", env={"GMLAKE": "1"})
     assert proc.returncode == 0 and proc.stdout == "45\n" and proc.stderr == ""
+
+
+@pytest.mark.parametrize("torch_version", ["2.13.0+cpu", "2.11.0"])
+def test_a_cpu_only_torch_runs_the_script_with_one_line(tmp_path, torch_version):
+    """GMLAKE=1 carried into a CPU-only script: a build without CUDA has no allocator to replace, so the script runs
+    (see Note [GMLAKE=1 with a CPU-only PyTorch]), with at most one line on stderr and nothing on stdout from gmlake."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(
+        f"__version__ = {torch_version!r}\nclass version:\n    cuda = None\n    hip = None\n"
+        "def zeros(n):\n    return [0.0] * n\n")
+    proc = python("import torch; print(torch.zeros(1))", env={"GMLAKE": "1"}, extra_path=tmp_path)
+    assert proc.returncode == 0 and proc.stdout == "[0.0]\n", proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "GMLAKE=1 ignored" in lines[0] and torch_version in lines[0], proc.stderr
+
+
+def test_a_cpu_only_torch_still_refuses_a_bad_setting(tmp_path):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("__version__ = '2.13.0+cpu'\nclass version:\n    cuda = None\n")
+    proc = python("import torch", env={"GMLAKE": "1", "GMLAKE_POLICY": "no_such_dir/policy.py:Policy"},
+                  extra_path=tmp_path)
+    assert proc.returncode != 0 and "no_such_dir" in proc.stderr
+
+
+def test_the_real_cpu_only_torch_runs_with_gmlake_set():
+    """CI's second run installs a CPU build of PyTorch: `import torch` with GMLAKE=1 works there."""
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("PyTorch is not installed")
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA build of PyTorch: gmlake installs there (tests/test_torch_api_gpu.py)")
+    proc = python("import torch; print(float(torch.zeros(1).sum()))", env={"GMLAKE": "1"})
+    assert proc.returncode == 0 and proc.stdout == "0.0\n", proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "ignored" in proc.stderr

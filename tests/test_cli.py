@@ -570,7 +570,7 @@ def test_gmlake_knobs_reads_alike_for_torch_and_the_commands(monkeypatch):
     from gmlake.torch import options_from_env
 
     monkeypatch.setenv("GMLAKE_KNOBS", " min_saved_chunks=0 , ,stitch=no")
-    assert env_knobs() == _env_knobs(["gmlake"]) == {"min_saved_chunks": "0", "stitch": "no"}
+    assert [env_knobs()] == _env_knobs(["gmlake"]) == [{"min_saved_chunks": "0", "stitch": "no"}]
     assert options_from_env() == {"min_saved_chunks": 0, "stitch": False}
     monkeypatch.setenv("GMLAKE_KNOBS", "stitch")
     with pytest.raises(ValueError) as for_torch:
@@ -579,3 +579,47 @@ def test_gmlake_knobs_reads_alike_for_torch_and_the_commands(monkeypatch):
         _env_knobs(["gmlake"])
     assert str(for_torch.value) == str(for_commands.value) == "GMLAKE_KNOBS=stitch: a knob setting is knob=value, " \
         "got 'stitch'"
+
+
+@pytest.mark.parametrize("command", [["replay", TINY, "--json"], ["compare", TINY, "--out", "{tmp}"]])
+@pytest.mark.parametrize("value, applied", [("tail_page=2MiB", {"gmlake"}),
+                                            ("chunk_size=4MiB", {"gmlake-paper"}),
+                                            ("tail_page=2MiB,min_saved_chunks=0", {"gmlake"})])
+def test_gmlake_knobs_for_one_policy_apply_where_they_mean_something(monkeypatch, capsys, tmp_path, command, value,
+                                                                     applied):
+    """A job exports GMLAKE_KNOBS for the one policy it runs; plain compare and replay run every built-in policy:
+    the knob reaches those that take it, and one line says which it did not reach (no exit 2)."""
+    monkeypatch.setenv("GMLAKE_KNOBS", value)
+    assert main([a.format(tmp=tmp_path / "out") for a in command]) == EXIT_OK
+    out, err = capsys.readouterr()
+    name, setting = value.split(",")[0].split("=")
+    (line,) = [line for line in err.splitlines() if "GMLAKE_KNOBS" in line]
+    skipped = set(line.split("not applied to ", 1)[1].split(" (", 1)[0].split(";")[0].split(", "))
+    assert skipped and not skipped & applied and applied <= set(policies_names()) - skipped
+    if command[0] == "replay":
+        rows = {row["policy"]: row for row in map(json.loads, out.splitlines())}
+        assert set(rows) and {policy.split("(")[0] for policy in rows} == set(policies_names())
+        for policy, row in rows.items():
+            base = policy.split("(")[0]
+            assert (base in skipped) != (f"{name}={setting}" in policy), policy
+
+
+def policies_names() -> list[str]:
+    from gmlake import policies
+
+    return policies.names()
+
+
+def test_the_guide_says_the_piped_width_the_tables_use():
+    """docs/guide.md tells the width of a piped table: the one the console uses."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from gmlake.cli.common import _console
+
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
+    if not guide.exists():
+        pytest.skip("docs/ is not beside the tests (an installed wheel)")
+    (said,) = re.findall(r"piped, (\d+)", guide.read_text())
+    assert int(said) == inspect.signature(_console).parameters["piped_width"].default

@@ -100,3 +100,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, words):
     assert err.count("\n") == 1 and err.startswith("gmlake: error: ") and "Traceback" not in err, err
     assert all(word in err for word in words), err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_long_trace_names_break_between_words_never_inside_one(tmp_path, capsys, tiny, monkeypatch, width):
+    """Where a trace's name is wider than its column, it breaks after a separator: every word of it stands whole
+    on one line of the table (folding used to split 'checkpointing' into 'checkpoi' / 'nting')."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    names = ["llama-finetune-checkpointing-expandable-segments-run3", "opt1.3b_lora_activation.recompute.2026"]
+    paths = [str(save_compact(Trace(tiny.events, {**tiny.meta, "name": name}), tmp_path / f"{i}.gmtrace"))
+             for i, name in enumerate(names)]
+    assert main(["compare", *paths, *POLICIES, "--out", str(tmp_path / "out")]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= width
+    import re
+
+    for name in names:
+        for word in re.split(r"[-_.]", name):
+            assert word in out, (word, out)

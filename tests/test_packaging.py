@@ -86,3 +86,15 @@ def test_the_sdist_holds_the_tests_and_what_they_read(sdist):
         tracked = _tracked(prefix)
         assert tracked and [p for p in tracked if p not in names] == [], prefix
     assert {"README.md", "LICENSE", "setup.py", "pyproject.toml", "MANIFEST.in", ".ci/run"} <= names
+
+
+def test_the_license_is_an_spdx_expression_that_the_required_setuptools_reads():
+    """`project.license` as a TOML table is deprecated (the build warns); the SPDX string form needs setuptools 77,
+    so the build requirement must not admit an older one."""
+    tomllib = pytest.importorskip("tomllib")
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert isinstance(meta["project"]["license"], str), meta["project"]["license"]
+    assert not any(c.startswith("License ::") for c in meta["project"].get("classifiers", []))
+    (floor,) = [int(re.search(r">=\s*(\d+)", r).group(1)) for r in meta["build-system"]["requires"]
+                if r.startswith("setuptools")]
+    assert floor >= 77

@@ -227,3 +227,30 @@ def test_ctrl_c_ends_tune_at_once_every_time(whole_group):
             time.sleep(0.05)
         interrupted += 1
     assert interrupted >= 8
+
+
+def test_a_setting_that_fits_has_its_smallest_cap_at_most_the_fit_and_the_plot_shows_the_tables_time(
+        trace, result, tmp_path, monkeypatch):
+    """--fit inside a setting's bisection bracket (the smallest cap is found to RESOLUTION, above the true one):
+    where it fits, the smallest cap shown is no more than the fit (not 18.408 GiB beside "fits 18.4 GiB: yes"), and
+    the plot's driver times are the table's, under the fit."""
+    gmlake = next(o for o in result.outcomes if o.spec == "gmlake")
+    inside = [gmlake.smallest_cap - k * max(1, (gmlake.smallest_cap - gmlake.largest_failing_cap) // 4)
+              for k in (1, 2, 3)]
+    fit = next((f for f in inside if replay(trace, "gmlake", cap=f, samples=0).ooms == 0), None)
+    if fit is None:
+        pytest.skip("the bracket holds no cap that fits (the bisection ended on the true smallest cap)")
+    got = tune.tune(trace, fit=fit, jobs=1)
+    fitting = [o for o in got.outcomes if o.fits]
+    assert next(o for o in got.outcomes if o.spec == "gmlake") in fitting
+    for o in fitting:
+        assert o.largest_failing_cap < o.smallest_cap <= fit, o.policy
+    import matplotlib.axes
+
+    seen = []
+    real = matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter", lambda ax, x, y, *a, **k: (seen.extend(y), real(ax, x, y, *a, **k))[1])
+    tune.plot(got, tmp_path / "t.png")
+    shown = {o.fit_driver_seconds for o in fitting}
+    assert seen and set(seen) <= shown
+    assert not set(seen) & ({o.driver_seconds for o in got.outcomes} - shown)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import RESULTS, ROOT
+from gmlake.sim.replay import driver_costs
 from bench.report_docs.common import GiB, MiB, _and, _env_line, _fill, _json, _less, _n, _of, _pct, _runs_by_key, _span
 
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -377,6 +378,20 @@ def micro() -> str:
     env = data["environment"]
     return "\n".join(lines) + (f"\n\nCache hits: {len(hits)} runs pinned to one CPU (`scripts/gpu-ab.sh`, "
                                f"`{AB}`); driver calls (µs): `{MICRO}`. " + _env_line([env]) + "\n")
+
+
+def sync_price() -> str:
+    """The price replay puts on a synchronize: the driver cost table's, with the GPU measurement it came from."""
+    costs = driver_costs()
+    price, source = costs["per_call"]["synchronize"], costs.get("synchronize_result")
+    if not source:
+        return (f"Replay prices each synchronize at **{price:g} µs**, a placeholder not yet measured "
+                "(`python -m bench sync-price` measures it).\n")
+    data = _json(source)
+    cells = " | ".join(f"{data[k]['median']:.1f} ({data[k]['p10']:.1f}-{data[k]['p90']:.1f})"
+                       for k in ("idle_us", "queued_us", "loaded_us"))
+    return ("| idle | after 8 short kernels | step time in a training-like loop | replay's price |\n|---|---|---|---|\n"
+            f"| {cells} | {price:g} |\n\nµs, median (p10-p90), `{source}`. " + _env_line([data["environment"]]) + "\n")
 
 
 def latency() -> str:
@@ -917,7 +932,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "tail-pages-edge-fit": lambda: edge_fit(TAIL_EDGE_FIT), "reuse-cuts": reuse_cuts,
     "reuse-cuts-speed": lambda: fine_pages_speed(CUT_SPEED), "edge-fit": edge_fit, "edge-bracket": edge_bracket,
     "edge-libraries": edge_libraries, "tune-gpu": tune_gpu, "stall": stall, "latency": latency, "micro": micro,
-    "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs}
+    "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs,
+    "sync-price": sync_price}
 
 
 def draw() -> list[Path]:

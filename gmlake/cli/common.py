@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gmlake import policies
-from gmlake.policies.settings import KNOBS_VARIABLE, coerce_knobs, env_knobs, parse_size
+from gmlake.policies.settings import KNOBS_VARIABLE, env_knobs, parse_size
 from gmlake.sim import MAX_DEVICE_MEMORY
 
 EXIT_OK = 0
@@ -101,28 +101,50 @@ def _count(text: str) -> int:
     return value
 
 
-def _env_knobs(specs: list[str]) -> dict[str, str]:
-    """GMLAKE_KNOBS, read as `GMLAKE=1` and `gmlake run` read it (env_knobs), each knob typed by every policy of
-    `specs`: a bad value is an error naming the variable, never a replay that quietly keeps the default."""
+def _env_knobs(specs: list[str]) -> list[dict[str, str]]:
+    """GMLAKE_KNOBS, read as `GMLAKE=1` and `gmlake run` read it (env_knobs), for each of `specs` the knobs that mean
+    something to that policy. A job exports the variable for the one policy it runs (GMLAKE_KNOBS=tail_page=2MiB for
+    gmlake), while compare and replay run several: a knob that one of them refuses but another accepts is left out
+    for that one, and one line on stderr says where it was not applied. A knob that none of them accepts (unknown,
+    a bad value, or meaningless to each) is an error naming the variable, never a replay that quietly keeps the
+    default."""
     knobs = env_knobs()
-    for spec in specs if knobs else ():
-        cls = policies.policy_class(policies.split_spec(spec)[0])
+    if not knobs:
+        return [{} for _ in specs]
+
+    def takes(spec: str, name: str) -> str | None:
         try:
-            coerce_knobs(cls, knobs, who=spec)
+            policies.resolve(spec, {name: knobs[name]})
         except ValueError as exc:
-            raise ValueError(f"{KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]}: {error_line(exc)}") from None
-    return knobs
+            return error_line(exc)
+        return None
+
+    per_spec: list[dict[str, str]] = [{} for _ in specs]
+    skipped: dict[str, list[str]] = {}
+    for name, value in knobs.items():
+        refusals = [takes(spec, name) for spec in specs]
+        if all(refusals):
+            raise ValueError(f"{KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]}: {refusals[0]}")
+        for kept, spec, refusal in zip(per_spec, specs, refusals):
+            if refusal:
+                skipped.setdefault(f"{name}={value}", []).append(spec)
+            else:
+                kept[name] = value
+    if skipped:
+        where = "; ".join(f"{knob} not applied to {', '.join(names)}" for knob, names in skipped.items())
+        print(f"gmlake: {KNOBS_VARIABLE}: {where} (no effect there)", file=sys.stderr)
+    return per_spec
 
 
 def _policy_choices(specs: list[str] | None, settings: list[str] | None) -> list[policies.PolicyChoice]:
-    """The chosen policies (default: every built-in one), each with GMLAKE_KNOBS, then its --set knobs, then its
-    inline knobs, validated."""
+    """The chosen policies (default: every built-in one), each with GMLAKE_KNOBS (where it applies), then its --set
+    knobs, then its inline knobs, validated."""
     specs = specs or policies.names()
     knobs = _env_knobs(specs)
     try:
         return policies.choose(specs, settings or [], base_knobs=knobs)
     except ValueError as exc:
-        if not knobs:
+        if not any(knobs):
             raise
         policies.choose(specs, settings or [])    # fails alike without GMLAKE_KNOBS: not the variable's fault
         raise ValueError(f"{KNOBS_VARIABLE}={os.environ[KNOBS_VARIABLE]}: {error_line(exc)}") from None

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -253,9 +253,11 @@ def split_targeted(settings: Iterable[str]) -> tuple[dict[str, str], dict[str, d
     return everywhere, targeted
 
 
-def choose(specs: Iterable[str], settings: Iterable[str] = (), base_knobs: Mapping[str, object] | None = None,
+def choose(specs: Iterable[str], settings: Iterable[str] = (),
+           base_knobs: Mapping[str, object] | Sequence[Mapping[str, object]] | None = None,
            granularity: int | None = 2 << 20) -> list[PolicyChoice]:
-    """The policies `specs` name, each with its knobs: `base_knobs` (typed or text), then `settings` for every
+    """The policies `specs` name, each with its knobs: `base_knobs` (typed or text; a sequence: one mapping per
+    spec), then `settings` for every
     policy (`knob=value`), then those aimed at it (`SPEC.knob=value` or `N.knob=value`, N its position from 1),
     then the spec's own inline knobs `SPEC[knob=value]`: the most specific wins. A knob one of the policies lacks,
     or a target that names none of them, is a ValueError naming it."""
@@ -269,7 +271,8 @@ def choose(specs: Iterable[str], settings: Iterable[str] = (), base_knobs: Mappi
                              f"1..{len(specs)}")
     chosen = []
     for position, (spec, base) in enumerate(zip(specs, bases), start=1):
-        knobs: dict[str, object] = {**(base_knobs or {}), **everywhere}
+        base_of = base_knobs[position - 1] if isinstance(base_knobs, Sequence) else base_knobs
+        knobs: dict[str, object] = {**(base_of or {}), **everywhere}
         for target in (base, spec.strip(), str(position)):
             knobs.update(targeted.get(target, {}))
         chosen.append(resolve(spec, knobs, granularity))

@@ -1,6 +1,7 @@
 """Replay traces under several policies side by side: a table, and a plot of memory over time."""
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -123,6 +124,41 @@ def cap_words(caps: Iterable[int]) -> str:
     return " under memory caps of " + ", ".join(f"{c / GiB:.3f}" if c else "none" for c in distinct) + " GiB"
 
 
+_BREAKS = re.compile(r"(?<=[-_.,/=+\[( ])")
+
+
+class Name:
+    """A name in a table cell (a trace's, a policy's; plain text, never rich markup): whole where the column holds
+    it, else broken after a separator (- _ . , / = + [ ( or a space), never inside a word; only a piece wider than
+    the column is folded."""
+
+    def __init__(self, text: str, style: str | None = None):
+        self.text, self.style = text, style
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def plain(self) -> str:         # as rich's Text has it
+        return self.text
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        longest = max(map(len, _BREAKS.split(self.text)), default=0)
+        return Measurement(min(longest, options.max_width), min(len(self.text), options.max_width))
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text
+
+        lines = [""]
+        for piece in _BREAKS.split(self.text):
+            if lines[-1].strip() and len(lines[-1]) + len(piece) > options.max_width:
+                lines.append("")
+            lines[-1] += piece
+        yield Text("\n".join(lines), style=self.style or "", overflow="fold")
+
+
 # The table's columns: (header, the cell of a result). DEFAULT_COLUMNS fit an 80-column terminal; `--wide` shows
 # them all. By default the trace and policy share a column, GROUPED: each trace's name on a row of its own, with the
 # captured run's own peak reserved in the reserved column, its policies indented under it; long names fold onto more
@@ -139,10 +175,10 @@ def _cells(r: ReplayResult, meta: dict) -> dict:
     s = r.summary()
     captured = meta.get("max_memory_reserved")
     return {
-        "trace": Text(r.trace),
+        "trace": Name(r.trace),
         "captured": f"{captured / GiB:.3f}" if captured else "-",
         "real reserved (under)": Text(f"{captured / GiB:.3f} ({meta.get('allocator', '?')})" if captured else "-"),
-        "policy": Text(r.policy),
+        "policy": Name(r.policy),
         # a library's failure (its memory did not fit beside the allocator's) counts as the run's out-of-memory
         "OOMs": f"[red]{r.ooms + r.library_failures}[/red]" if r.failed else "0",
         "allocated": f"{r.peak_allocated / GiB:.3f}",
@@ -234,10 +270,10 @@ def table(results: list[ReplayResult], traces: list[Trace], wide: bool = False, 
                 if i:
                     t.add_section()
                 row = dict.fromkeys(columns, "")
-                row[GROUPED] = Text(r.trace, style="bold")
+                row[GROUPED] = Name(r.trace, style="bold")
                 row["reserved"] = Text(cells["captured"], style="dim")
                 t.add_row(*(row[col] for col in columns))
-            cells[GROUPED] = Text("  " + r.policy)
+            cells[GROUPED] = Name("  " + r.policy)
         t.add_row(*(cells[col] for col in columns))
     return t
 

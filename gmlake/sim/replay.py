@@ -25,7 +25,8 @@ def driver_costs() -> dict:
 
 
 def driver_seconds(stats: dict, costs: dict | None = None) -> float:
-    """Driver time the calls in `stats` would cost on the GPU the table was measured on."""
+    """Driver time the calls in `stats` would cost on the GPU the table was measured on; each synchronize (a cut at
+    reuse, a stage of pressure relief, empty_cache) at the table's price of one in a training step."""
     costs = costs or driver_costs()
     us = sum(stats["calls"].get(k, 0) * v for k, v in costs["per_call"].items())
     us += sum(stats["handles"].get(k, 0) * v for k, v in costs["per_handle"].items())
@@ -189,7 +190,7 @@ class ReplayResult:
             "sblock_evictions": self.stats["sblock_evictions"],
             "rebacked_chunks": self.stats["rebacked_chunks"],
             "tails_cut_at_reuse": self.stats["tails_cut_at_reuse"],
-            # not in driver_seconds: a synchronize costs what the GPU's queue held, which no price table knows
+            # priced in driver_seconds at the table's per_call.synchronize (its synchronize_note says how measured)
             "synchronizes": self.stats["calls"]["synchronize"],
             "driver_calls": sum(self.stats["calls"].values()),
             "driver_seconds": round(self.driver_seconds, 6),

@@ -44,6 +44,9 @@ _SNAPSHOT_ACTIONS = {
     "segment_unmap": SEGMENT_UNMAP,
 }
 EVENT_DTYPE = np.dtype([("action", "u1"), ("stream", "<i8"), ("size", "<u8"), ("id", "<u4")])
+# What a compressed trace (a gzipped pickle, a .gmtrace) may unpack to: far more than any captured run's snapshot,
+# far less than a crafted file could claim.
+MAX_TRACE_BYTES = 4 << 30
 MAX_HEADER = 1 << 20
 # No GPU holds more (the largest hold 288 GB): a trace event or a device size beyond this is corrupt or hostile, and
 # a replay never models a larger device, so a crafted request cannot make it map billions of chunks.
@@ -139,10 +142,20 @@ def _open_bytes(path: Path) -> bytes:
         raise TraceError(f"{path}: empty file, neither a snapshot pickle nor a .gmtrace")
     if data[:2] == b"\x1f\x8b":
         try:
-            data = gzip.decompress(data)
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+                data = f.read(MAX_TRACE_BYTES + 1)
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceError(f"{path}: corrupted gzip data ({exc})") from None
+        _check_unpacked(data, path)
     return data
+
+
+def _check_unpacked(data: bytes, path: Path) -> None:
+    """Refuse a compressed trace that unpacks to more than MAX_TRACE_BYTES: read that far and no further, so a small
+    crafted file costs one line, never an allocation of what it claims to hold."""
+    if len(data) > MAX_TRACE_BYTES:
+        raise TraceError(f"{path}: unpacks to more than {format_size(MAX_TRACE_BYTES)}, more than any trace gmlake "
+                         f"reads; refusing it")
 
 
 def bundled_traces() -> list[Path]:
@@ -418,9 +431,10 @@ def load_compact(path: str | Path) -> Trace:
     path = Path(path)
     try:
         with lzma.open(path) as f:
-            data = f.read()
+            data = f.read(MAX_TRACE_BYTES + 1)
     except (lzma.LZMAError, OSError, EOFError) as exc:
         raise TraceError(f"{path}: corrupted or truncated .gmtrace ({exc})") from None
+    _check_unpacked(data, path)
     if data[: len(MAGIC)] != MAGIC or len(data) < len(MAGIC) + 8:
         raise TraceError(f"{path}: not a .gmtrace file")
     version, header_len = struct.unpack_from("<II", data, len(MAGIC))

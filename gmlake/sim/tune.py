@@ -48,6 +48,7 @@ import numpy as np
 from gmlake import policies
 from gmlake.policies.settings import format_size
 from gmlake.sim.cap import bisect_fraction, drive
+from gmlake.sim.compare import Name
 from gmlake.sim.plots import BUILTIN_COLORS, pyplot
 from gmlake.sim.replay import driver_seconds, modelled_device_memory, run_requests, step_time_lost
 from gmlake.sim.trace import Trace
@@ -182,6 +183,11 @@ def evaluate(trace: Trace, setting: Setting, device_memory: int, fit: int | None
         if out.fits:
             out.fit_peak_reserved = at_fit["peak_reserved"]
             out.fit_driver_seconds = driver_seconds(at_fit["stats"])
+            if fit < device_memory and out.smallest_cap is not None and fit < out.smallest_cap:
+                # The bisection stops within RESOLUTION above the smallest cap; the fit itself is a cap it completes
+                # under, so the smallest cap is at most that (never 18.408 GiB beside "fits 18.4 GiB: yes").
+                out.smallest_cap = fit
+                out.largest_failing_cap = min(out.largest_failing_cap, fit - 1)
     out.seconds = time.perf_counter() - started
     return out
 
@@ -415,12 +421,12 @@ def table(result: TuneResult, every: bool = False, wide: bool = False):
     order = sorted(shown, key=lambda o: (o.failed, o.peak_reserved))
     for o in order:
         mark = (">" if o is result.recommended else " ") + ("*" if o.front else " ")
-        row = [mark, Text(o.policy), "OOM" if o.failed else gib(o.peak_reserved), gib(o.smallest_cap),
+        row = [mark, Name(o.policy), "OOM" if o.failed else gib(o.peak_reserved), gib(o.smallest_cap),
                *([gib(o.smallest_device)] if wide else []), *([f"{o.driver_seconds:.4f}"] if uncapped_time else []),
                *([str(o.stitches)] if wide else [])]
         if result.fit is not None:
-            row += ["yes" if o.fits else "no",
-                    "-" if o.fit_driver_seconds is None else f"{o.fit_driver_seconds:.4f}"]
+            there = shown_driver_seconds(result, o)
+            row += ["yes" if o.fits else "no", "-" if there is None else f"{there:.4f}"]
         t.add_row(*row, style="bold" if o is result.recommended else None)
     return t
 
@@ -485,36 +491,43 @@ def _python_lines(o: Outcome, limit: int, width: int) -> list[str]:
     return [*lines, "  )"]
 
 
+def shown_driver_seconds(result: TuneResult, o: Outcome) -> float | None:
+    """The driver time the table's last column and the plot show for `o`: with --fit, under that fit (None where it
+    does not fit), else uncapped."""
+    return o.driver_seconds if result.fit is None else o.fit_driver_seconds
+
+
 def plot(result: TuneResult, out: Path) -> Path:
-    """Driver time against peak reserved and against the smallest cap, one point per setting, the front joined and
-    the recommendation ringed."""
+    """Driver time (as the table shows it: under --fit where given) against peak reserved and against the smallest
+    cap, one point per setting, the front joined and the recommendation ringed."""
     plt = pyplot()
-    ok = [o for o in result.outcomes if not o.failed]
+    ok = [o for o in result.outcomes if not o.failed and shown_driver_seconds(result, o) is not None]
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), constrained_layout=True)
     for ax, key, title in ((axes[0], "peak_reserved", "peak reserved (GiB)"),
                            (axes[1], "smallest_cap", "smallest cap it completes under (GiB)")):
         labelled = set()
         for o in sorted(ok, key=lambda o: len(o.knobs)):
-            x, y = getattr(o, key) / GiB, o.driver_seconds
+            x, y = getattr(o, key) / GiB, shown_driver_seconds(result, o)
             color = BUILTIN_COLORS.get(o.base, "tab:gray") if not o.knobs else "tab:gray"
             ax.scatter([x], [y], s=40 if o.front else 18, color=color if o.front or not o.knobs else "0.7",
                        zorder=3)
             if (not o.knobs or o.front) and (x, y) not in labelled:
                 labelled.add((x, y))
                 ax.annotate(o.policy, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
-        front = sorted((getattr(o, key) / GiB, o.driver_seconds) for o in ok if o.front)
+        front = sorted((getattr(o, key) / GiB, shown_driver_seconds(result, o)) for o in ok if o.front)
         if front:
             ax.plot(*zip(*front), color="tab:green", lw=0.8, alpha=0.6, zorder=2)
-        if result.recommended is not None and not result.recommended.failed:
+        if result.recommended is not None and result.recommended in ok:
             best = result.recommended
-            ax.scatter([getattr(best, key) / GiB], [best.driver_seconds], s=160, facecolors="none",
+            ax.scatter([getattr(best, key) / GiB], [shown_driver_seconds(result, best)], s=160, facecolors="none",
                        edgecolors="black", zorder=4, label=f"recommended: {best.policy}")
             ax.legend(fontsize=8, loc="upper right")
         if result.fit is not None and key == "smallest_cap":
             ax.axvline(result.fit / GiB, color="tab:red", ls="--", lw=0.8, label=f"--fit {format_size(result.fit)}")
             ax.legend(fontsize=8, loc="upper right")
         ax.set_xlabel(title)
-        ax.set_ylabel("driver time, priced on an H200 (s)")
+        ax.set_ylabel("driver time, priced on an H200 (s)" if result.fit is None else
+                      f"driver time within {format_size(result.fit)}, priced on an H200 (s)")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
     fig.suptitle(f"{result.trace}: gmlake tune, {len(result.outcomes)} settings")

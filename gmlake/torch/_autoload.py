@@ -76,12 +76,35 @@ def enable_from_environment() -> None:
         # cycle: runs while torch is being imported, and gmlake.torch imports torch
         from gmlake import torch as gtorch
 
-        gtorch.enable_from_env()
+        choice, limit = gtorch.policy_from_env()    # a bad setting is an error with any PyTorch
+        build = _cpu_only_build()
+        if build:
+            # see Note [GMLAKE=1 with a CPU-only PyTorch]
+            sys.stderr.write(f"gmlake: {VARIABLE}={os.environ.get(VARIABLE)} ignored: this PyTorch ({build}) has "
+                             f"no CUDA allocator to replace\n")
+            return
+        gtorch.enable(choice, limit=limit)
     except Exception as exc:
         reason = str(exc).removeprefix("gmlake: ").removeprefix("cannot install gmlake as PyTorch's CUDA allocator: ")
         raise RuntimeError(
             f"gmlake: {VARIABLE}={os.environ.get(VARIABLE)} is set, but gmlake could not be installed as PyTorch's "
             f"CUDA allocator: {reason}. Unset {VARIABLE} to run on PyTorch's own allocator.") from exc
+
+
+def _cpu_only_build() -> str | None:
+    """The version of the imported PyTorch when it is a build without CUDA (nor ROCm), else None.
+
+    Note [GMLAKE=1 with a CPU-only PyTorch]:
+    A job's environment carries GMLAKE=1 into every process it starts, CPU-only helper scripts among them, and
+    some of those run a CPU-only PyTorch. Such a build has no CUDA allocator to replace, so there is nothing for
+    gmlake to do: like PyTorch, which ignores expandable_segments without CUDA, the script runs on (one line on
+    stderr says gmlake was ignored). A CUDA build that finds no GPU is not this case: gmlake installs, unused.
+    A bad GMLAKE_* setting is still refused first, whatever the build."""
+    torch = sys.modules.get("torch")
+    version = getattr(torch, "version", None)
+    if getattr(version, "cuda", None) is not None or getattr(version, "hip", None) is not None:
+        return None
+    return str(getattr(torch, "__version__", "without a version"))
 
 
 def _remove_finder() -> None:
