@@ -4,7 +4,6 @@ classes (re-backing, pressure relief, tail pages, cuts at reuse) are in tests/te
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import lzma
 import pickle
@@ -19,7 +18,8 @@ from gmlake import policies
 from gmlake.cli import EXIT_BAD_INPUT, main
 from gmlake.policies.knobs import format_knob, knob_specs
 from gmlake.policies.settings import parse_size
-from gmlake.sim import MAX_DEVICE_MEMORY, trace as trace_module
+from gmlake.sim import MAX_DEVICE_MEMORY
+from gmlake.sim import trace as trace_module
 from gmlake.sim.trace import EVENT_DTYPE, MAGIC, VERSION, Trace, TraceError, load, save_compact
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from itertools import pairwise
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -84,7 +85,7 @@ def _reback_runs(alloc: Allocator, driver_name: str, live_pages: list[list[bool]
             slot += n
     # laid out in order: each page's runs back to back
     firsts = sorted(blocks + gaps)
-    assert all(a[0] + a[3] * SLOT == b[0] for a, b in zip(firsts, firsts[1:]) if a[1] == b[1])
+    assert all(a[0] + a[3] * SLOT == b[0] for a, b in pairwise(firsts) if a[1] == b[1])
     if driver_name == "host":
         for p, i, slot, n in blocks:
             _fill(p, i, slot, n)
@@ -139,7 +140,7 @@ def test_relief_returns_the_small_pools_free_pages_before_it_rebacks(driver_name
     """At the edge with the small pool holding wholly free pages and large pages partly used: whichever attempt
     asks for re-backing, the small pool's free pages go back to the driver first, then the large pages' free slots
     (the history's segment_unmap records say in what order), and no live byte moves."""
-    knobs = dict(reback_slot=SLOT, stitch=False)
+    knobs = {"reback_slot": SLOT, "stitch": False}
     policy = RebackFirst(**knobs) if policy_kind == "reback-first" else gmlake.policies.get("gmlake", **knobs)
     alloc = make(driver_name, policy=policy)
     alloc.record_history(True)
