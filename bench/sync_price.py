@@ -1,18 +1,11 @@
-"""The price of a context synchronize on the GPU: what a cut at reuse (Note [Fine pages at reuse]), each stage of
-memory pressure relief and empty_cache call, and what replay prices each synchronize at (the driver cost table's
-per_call.synchronize, gmlake/sim/data/driver_costs_h200.json).
+"""The price of a context synchronize (a cut at reuse, each pressure stage, empty_cache), as replay's cost table
+prices it (per_call.synchronize, gmlake/sim/data/driver_costs_h200.json).
 
     python -m bench sync-price [--iterations N] [--steps N] [--rounds N] [--size N] [--out FILE]
 
-idle: one synchronize with nothing queued, the call's own time (median of --iterations).
-queued: a synchronize called right after a few short kernels are queued: the CPU's wait, their drain included.
-loaded: a training-like loop (a chain of matmuls, the CPU running ahead of the GPU) with one synchronize in the
-  middle of each step against none: the step time one synchronize costs, the GPU's idle bubble while the CPU queues
-  the next kernels included (median over --rounds rounds, each timed A B B A). This is the price the table takes: a
-  synchronize costs a training step what the GPU waits, not what the CPU waits (the CPU would have waited anyway).
-
-torch.cuda.synchronize() is cudaDeviceSynchronize, the primary context's synchronize: the call gmlake's CUDA driver
-makes (cuCtxSynchronize) on the same context. Writes JSON (to --out, else stdout); needs CUDA.
+idle: the call alone; queued: right after 8 short kernels; loaded: the extra step time of a chain of matmuls with
+one synchronize mid-step against none (A B B A rounds; the GPU's bubble included): `price_us`, the table's price.
+torch.cuda.synchronize is the primary context's synchronize, as gmlake's CUDA driver makes it. JSON to --out.
 """
 from __future__ import annotations
 
@@ -25,10 +18,9 @@ from pathlib import Path
 from bench.cli import OneLineParser
 
 
-def _stats(values_us: list[float]) -> dict:
-    ordered = sorted(values_us)
-    return {"median": statistics.median(ordered), "p10": ordered[len(ordered) // 10],
-            "p90": ordered[(9 * len(ordered)) // 10], "n": len(ordered)}
+def _stats(us: list[float]) -> dict:
+    us = sorted(us)
+    return {"median": statistics.median(us), "p10": us[len(us) // 10], "p90": us[9 * len(us) // 10], "n": len(us)}
 
 
 def measure(iterations: int = 2000, steps: int = 50, rounds: int = 7, size: int = 4096) -> dict:
@@ -85,10 +77,8 @@ def measure(iterations: int = 2000, steps: int = 50, rounds: int = 7, size: int 
 
 def main(argv: list[str] | None = None, prog: str = "bench sync-price") -> int:
     parser = OneLineParser(prog=prog, description="the price of a context synchronize, idle and under load")
-    parser.add_argument("--iterations", type=int, default=2000)
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--size", type=int, default=4096, help="the matmuls' side")
+    for flag, default in (("--iterations", 2000), ("--steps", 50), ("--rounds", 7), ("--size", 4096)):
+        parser.add_argument(flag, type=int, default=default)
     parser.add_argument("--out", help="JSON file (default: stdout)")
     args = parser.parse_args(argv)
     if min(args.iterations, args.steps, args.rounds, args.size) < 1:
@@ -101,10 +91,5 @@ def main(argv: list[str] | None = None, prog: str = "bench sync-price") -> int:
         parser.error("needs a CUDA device (none found)")
     result = measure(args.iterations, args.steps, args.rounds, args.size)
     text = json.dumps(result, indent=2) + "\n"
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        sys.stdout.write(text)
-    print(f"synchronize: idle {result['idle_us']['median']:.1f} us, queued {result['queued_us']['median']:.1f} us, "
-          f"in a training-like loop {result['price_us']:.1f} us of step time", file=sys.stderr)
+    Path(args.out).write_text(text) if args.out else sys.stdout.write(text)
     return 0

@@ -599,7 +599,7 @@ def test_gmlake_knobs_for_one_policy_apply_where_they_mean_something(monkeypatch
     if command[0] == "replay":
         rows = {row["policy"]: row for row in map(json.loads, out.splitlines())}
         assert set(rows) and {policy.split("(")[0] for policy in rows} == set(policies_names())
-        for policy, row in rows.items():
+        for policy in rows:
             base = policy.split("(")[0]
             assert (base in skipped) != (f"{name}={setting}" in policy), policy
 

@@ -4,7 +4,6 @@ classes (re-backing, pressure relief, tail pages, cuts at reuse) are in tests/te
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import lzma
 import pickle
@@ -19,7 +18,8 @@ from gmlake import policies
 from gmlake.cli import EXIT_BAD_INPUT, main
 from gmlake.policies.knobs import format_knob, knob_specs
 from gmlake.policies.settings import parse_size
-from gmlake.sim import MAX_DEVICE_MEMORY, trace as trace_module
+from gmlake.sim import MAX_DEVICE_MEMORY
+from gmlake.sim import trace as trace_module
 from gmlake.sim.trace import EVENT_DTYPE, MAGIC, VERSION, Trace, TraceError, load, save_compact
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
@@ -208,3 +208,38 @@ def test_a_device_size_larger_than_any_device_is_refused_in_every_format(tmp_pat
                                        "gmlake": meta}))
     with pytest.raises(TraceError, match="more than any device holds"):
         load(path)
+
+
+# ------------------------------------------------------------------ the outside-memory sampler after its exit hook
+
+
+@pytest.mark.parametrize("read", ["samples", "stop"])
+@pytest.mark.parametrize("held", [[0, 5 * MiB, 5 * MiB, 9 * MiB, 9 * MiB], [3 * MiB, 3 * MiB], []])
+def test_the_sampler_keeps_its_samples_after_its_exit_hook(monkeypatch, read, held):
+    """The exit hook stops the sampling thread (Note [The sampler stops before the interpreter does]); what a
+    capture's dump then reads (samples() while a snapshot is taken, stop() at the end) is every change kept before,
+    and no sample comes after."""
+    import threading
+
+    from gmlake.torch import outside
+
+    values = iter(held)
+    done = threading.Event()
+
+    def sample(self):
+        try:
+            self.offer(len(self.samples) + 1, next(values))
+        except StopIteration:
+            done.set()
+
+    monkeypatch.setattr(outside.OutsideSampler, "sample", sample)
+    monkeypatch.setattr(outside, "_active", None)
+    sampler = outside.start(lambda: 0, interval=0.001)
+    assert done.wait(10)
+    kept = [list(s) for s in sampler.samples]
+    outside._halt_at_exit()
+    assert not sampler._thread.is_alive()
+    outside._halt_at_exit()                       # twice: harmless
+    got = outside.samples() if read == "samples" else outside.stop()
+    assert got == kept and [value for _, value in got] == sorted(set(held))
+    assert outside.samples() == (kept if read == "samples" else [])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from itertools import pairwise
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -21,8 +22,9 @@ PAGE = 20 * MiB
 SLOTS = PAGE // SLOT
 
 
-def make(driver_name: str, limit: int = 0, policy: str | gmlake.policies.Policy = "gmlake", **knobs) -> Allocator:
-    driver = HostDriver() if driver_name == "host" else SimDriver()
+def make(driver_name: str, limit: int = 0, policy: str | gmlake.policies.Policy = "gmlake", capacity: int = 0,
+         **knobs) -> Allocator:
+    driver = HostDriver(capacity=capacity) if driver_name == "host" else SimDriver(capacity=capacity)
     chosen = gmlake.policies.get(policy, **knobs) if isinstance(policy, str) else policy
     alloc = Allocator(driver, chosen, limit=limit)
     alloc.debug_checks = True
@@ -83,7 +85,7 @@ def _reback_runs(alloc: Allocator, driver_name: str, live_pages: list[list[bool]
             slot += n
     # laid out in order: each page's runs back to back
     firsts = sorted(blocks + gaps)
-    assert all(a[0] + a[3] * SLOT == b[0] for a, b in zip(firsts, firsts[1:]) if a[1] == b[1])
+    assert all(a[0] + a[3] * SLOT == b[0] for a, b in pairwise(firsts) if a[1] == b[1])
     if driver_name == "host":
         for p, i, slot, n in blocks:
             _fill(p, i, slot, n)
@@ -138,7 +140,7 @@ def test_relief_returns_the_small_pools_free_pages_before_it_rebacks(driver_name
     """At the edge with the small pool holding wholly free pages and large pages partly used: whichever attempt
     asks for re-backing, the small pool's free pages go back to the driver first, then the large pages' free slots
     (the history's segment_unmap records say in what order), and no live byte moves."""
-    knobs = dict(reback_slot=SLOT, stitch=False)
+    knobs = {"reback_slot": SLOT, "stitch": False}
     policy = RebackFirst(**knobs) if policy_kind == "reback-first" else gmlake.policies.get("gmlake", **knobs)
     alloc = make(driver_name, policy=policy)
     alloc.record_history(True)
@@ -173,3 +175,47 @@ def test_relief_returns_the_small_pools_free_pages_before_it_rebacks(driver_name
     for p in live + ([big] if big else []):
         alloc.free(p)
     alloc.close()
+
+
+# ------------------------------------------------------------------ the libraries' rise against the measured reserve
+
+
+def _reserve_model(rises: list[int], half_life: int, floor: int) -> list[int]:
+    """The rule of Note [Leaving the libraries room], written out: after each ask of the device, the reserve."""
+    measured = quiet = 0
+    out = []
+    for rise in rises:
+        quiet += 1
+        if rise and rise >= measured:
+            measured, quiet = rise, 0
+        if quiet >= half_life:
+            measured, quiet = measured // 2, 0
+        out.append(max(measured, floor))
+    return out
+
+
+@pytest.mark.parametrize("half_life", [2, 3, 5])
+@pytest.mark.parametrize("offset_mib", [0, -1, 1])        # the second rise: equal to the measured reserve, or not
+@pytest.mark.parametrize("after_halving", [False, True])
+def test_a_rise_equal_to_the_measured_reserve_sets_it_again(half_life, offset_mib, after_halving):
+    """A rise exactly as large as the reserve measured so far counts as a new measure: the half-life starts over
+    (one MiB less does not restart it). Checked ask by ask against the rule written out."""
+    rises = [64 * MiB] + [0] * (half_life if after_halving else half_life - 1)
+    measured = _reserve_model(rises, half_life, 0)[-1]
+    rises += [measured + offset_mib * MiB] + [0] * (2 * half_life)
+    model = _reserve_model(rises, half_life, 8 * MiB)
+    alloc = make("sim", capacity=8 << 30, device_reserve=8 * MiB, libraries_half_life=half_life)
+
+    def ask(outside: int) -> None:              # each large request a new page: growth asks the device once
+        alloc.driver.set_outside_bytes(outside)
+        n = alloc.stats()["device_asks"]
+        while alloc.stats()["device_asks"] < n + 1:
+            alloc.malloc(21 * MiB)
+
+    ask(0)
+    seen, total = [], 0
+    for rise in rises:
+        total += rise
+        ask(total)
+        seen.append(alloc.stats()["libraries_reserve_bytes"])
+    assert seen == model, ([s // MiB for s in seen], [m // MiB for m in model])
