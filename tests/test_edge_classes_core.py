@@ -22,7 +22,7 @@ PAGE = 20 * MiB
 SLOTS = PAGE // SLOT
 
 
-def make(driver_name: str, limit: int = 0, policy: str | gmlake.policies.Policy = "gmlake", capacity: int = 0,
+def make(driver_name: str, limit: int | None = None, policy: str | gmlake.policies.Policy = "gmlake", capacity: int = 0,
          **knobs) -> Allocator:
     driver = HostDriver(capacity=capacity) if driver_name == "host" else SimDriver(capacity=capacity)
     chosen = gmlake.policies.get(policy, **knobs) if isinstance(policy, str) else policy

@@ -49,7 +49,7 @@ def test_the_default_never_unmaps_a_range_a_live_block_uses(where):
     unmap, copy or remap ever touched the live blocks' bytes (Note [Taking slots back at the edge])."""
     assert GMLakePolicy().reback_slot == 0
     alloc = Allocator(HostDriver(capacity=200 * MiB if where == "device" else 0), GMLakePolicy(),
-                      limit=200 * MiB if where == "cap" else 0)
+                      limit=200 * MiB if where == "cap" else None)
     alloc.debug_checks = True
     alloc.record_history(True)
     live = gapped_pages(alloc)

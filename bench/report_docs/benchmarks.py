@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import RESULTS, ROOT
-from gmlake.sim.replay import driver_costs
 from bench.report_docs.common import GiB, MiB, _and, _env_line, _fill, _json, _less, _n, _of, _pct, _runs_by_key, _span
+from gmlake.sim.replay import driver_costs
 
 DOC = ROOT / "docs" / "benchmarks.md"
 PNG = ROOT / "docs" / "training.png"
@@ -378,6 +378,25 @@ def micro() -> str:
     env = data["environment"]
     return "\n".join(lines) + (f"\n\nCache hits: {len(hits)} runs pinned to one CPU (`scripts/gpu-ab.sh`, "
                                f"`{AB}`); driver calls (µs): `{MICRO}`. " + _env_line([env]) + "\n")
+
+
+IPC_PRICE = "h100-2026-12-06/ipc-price.json"     # relative to bench/results: `python -m bench ipc-price`
+
+
+def ipc_price(record: str = IPC_PRICE) -> str:
+    """What exportable chunks cost: cuMemCreate plain against exportable, the export, an allocator's grow step."""
+    data = _json(record)
+    rows = ["| chunk | cuMemCreate plain (µs) | exportable (µs) | ratio | export + close (µs) |", "|---|---|---|---|---|"]
+    for key in (k for k in data if k.endswith("MiB")):
+        row = data[key]
+        rows.append(f"| {key[:-3]} MiB | {row['plain']['create_us']:.1f} | {row['exportable']['create_us']:.1f} | "
+                    f"{row['create_ratio']:.2f}x | {row['exportable']['export_us']:.0f} |")
+    step = data["step_ms"]
+    env = data["environment"]
+    return ("\n".join(rows) + f"\n\nAn allocator's grow-and-release step: {step['plain']:.2f} ms plain, "
+            f"{step['exportable']:.2f} ms exportable ({step['ratio']:.2f}x). Medians of {env.get('rounds', '?')} "
+            f"rounds of {env.get('calls', '?')} calls, the order alternating, `bench/results/{record}`. "
+            + _env_line([env]) + "\n")
 
 
 def sync_price() -> str:
@@ -933,7 +952,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "reuse-cuts-speed": lambda: fine_pages_speed(CUT_SPEED), "edge-fit": edge_fit, "edge-bracket": edge_bracket,
     "edge-libraries": edge_libraries, "tune-gpu": tune_gpu, "stall": stall, "latency": latency, "micro": micro,
     "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs,
-    "sync-price": sync_price}
+    "sync-price": sync_price, "ipc-price": ipc_price}
 
 
 def draw() -> list[Path]:

@@ -118,7 +118,7 @@ def one_round(alloc: Allocator, r: int) -> tuple[int, list[str], str]:
 def main(knobs: str, where: str, rounds: int, unmap_pause: float = 0.0) -> int:
     policy = policy_of(knobs)
     driver = HostDriver(capacity=LIMIT if where == "device" else 0, unmap_pause=unmap_pause)
-    alloc = Allocator(driver, policy, limit=LIMIT if where == "cap" else 0)
+    alloc = Allocator(driver, policy, limit=LIMIT if where == "cap" else None)
     writes, lost, outcomes = 0, [], []
     for r in range(rounds):
         n, bad, outcome = one_round(alloc, r)
