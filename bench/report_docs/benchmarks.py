@@ -380,25 +380,6 @@ def micro() -> str:
                                f"`{AB}`); driver calls (µs): `{MICRO}`. " + _env_line([env]) + "\n")
 
 
-IPC_PRICE = "h100-2026-12-06/ipc-price.json"     # relative to bench/results: `python -m bench ipc-price`
-
-
-def ipc_price(record: str = IPC_PRICE) -> str:
-    """What exportable chunks cost: cuMemCreate plain against exportable, the export, an allocator's grow step."""
-    data = _json(record)
-    rows = ["| chunk | cuMemCreate plain (µs) | exportable (µs) | ratio | export + close (µs) |", "|---|---|---|---|---|"]
-    for key in (k for k in data if k.endswith("MiB")):
-        row = data[key]
-        rows.append(f"| {key[:-3]} MiB | {row['plain']['create_us']:.1f} | {row['exportable']['create_us']:.1f} | "
-                    f"{row['create_ratio']:.2f}x | {row['exportable']['export_us']:.0f} |")
-    step = data["step_ms"]
-    env = data["environment"]
-    return ("\n".join(rows) + f"\n\nAn allocator's grow-and-release step: {step['plain']:.2f} ms plain, "
-            f"{step['exportable']:.2f} ms exportable ({step['ratio']:.2f}x). Medians of {env.get('rounds', '?')} "
-            f"rounds of {env.get('calls', '?')} calls, the order alternating, `bench/results/{record}`. "
-            + _env_line([env]) + "\n")
-
-
 def sync_price() -> str:
     """The price replay puts on a synchronize: the driver cost table's, with the GPU measurement it came from."""
     costs = driver_costs()
@@ -952,7 +933,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "reuse-cuts-speed": lambda: fine_pages_speed(CUT_SPEED), "edge-fit": edge_fit, "edge-bracket": edge_bracket,
     "edge-libraries": edge_libraries, "tune-gpu": tune_gpu, "stall": stall, "latency": latency, "micro": micro,
     "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs,
-    "sync-price": sync_price, "ipc-price": ipc_price}
+    "sync-price": sync_price}
 
 
 def draw() -> list[Path]:
