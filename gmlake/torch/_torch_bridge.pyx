@@ -584,7 +584,8 @@ cdef int _share_units(Allocator a, uintptr_t ptr, size_t* offset, size_t* unit_s
         for i in range(count[0]):
             rc = a.driver.shared_fd(<uint64_t>units[i][0], &fd)
             if rc != DRIVER_OK:
-                hint = ("; chunks are exportable only while GMLAKE_IPC is not 0"
+                hint = ("; GMLAKE_IPC=0 made its chunks unexportable: start the process with GMLAKE_IPC=1 to share "
+                        "tensors"
                         if not getattr(a.driver, "exportable", True) else "")
                 raise RuntimeError(f"{a.driver.describe_error(rc)}{hint}")
             fds[i] = fd

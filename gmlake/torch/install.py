@@ -10,7 +10,7 @@ from typing import Any
 from gmlake import policies
 from gmlake.core._allocator import Allocator
 from gmlake.policies.settings import coerce_knobs, env_knobs, parse_bool, parse_size
-from gmlake.torch import _torch_bridge
+from gmlake.torch import _torch_bridge, sharing
 from gmlake.torch.capture import torch_cuda_problem
 from gmlake.torch.memory_api import install_memory_api
 from gmlake.torch.state import _enabled, _history_settings
@@ -140,6 +140,7 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
     install_oom_error(torch)
     cache_info = install_allocator(torch)
     install_memory_api(torch)
+    sharing.install(torch, _torch_bridge.share_ipc)     # Note [The sender's check before the feeder]
     _enabled.update(policy=policy, knobs=knobs, limit=limit, cache_info=cache_info, chosen=chosen, choice=choice)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gmlake.core._allocator import Allocator
-from gmlake.torch import _torch_bridge
+from gmlake.torch import _torch_bridge, sharing
 from gmlake.torch.state import _device, _enabled, allocator
 
 # gmlake's own counters in memory_stats(), as gmlake.<name>
@@ -66,7 +66,9 @@ def reset_peak_memory_stats(device=None) -> None:
 
 
 def empty_cache() -> None:
-    """Same as torch.cuda.empty_cache() under gmlake: cached sBlocks and fully free chunks go back to the driver."""
+    """Same as torch.cuda.empty_cache() under gmlake: cached sBlocks and fully free chunks go back to the driver,
+    with the blocks of receivers that died holding them (Note [A receiver's hold the kernel drops])."""
+    sharing.collect()
     for a in _torch_bridge.allocators().values():
         a.empty_cache()
 
