@@ -1,7 +1,8 @@
 """CUDA tensors between processes through torch.multiprocessing, the sender and the receiver each running gmlake or
 PyTorch's native allocator (Note [Sharing a tensor through PyTorch's handle] in gmlake/torch/_torch_bridge.pyx).
 
-Usage: torch_ipc.py SCENARIO, SCENARIO one of queue, reduce, stitch, sender-frees, receiver-killed, mixed-pages.
+Usage: torch_ipc.py SCENARIO, SCENARIO one of queue, reduce, stitch, sender-frees, receiver-killed, mixed-pages,
+refused-put.
 IPC_SENDER and IPC_RECEIVER (gmlake, the default, or native) say which allocator each side runs; gmlake is enabled
 with the GMLAKE_* settings (GMLAKE_POLICY, GMLAKE_KNOBS). Children are spawned; every wait has a timeout, so a
 failure ends the script instead of hanging it. Prints "ok" and a JSON line of what it saw; exits 1 otherwise.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
 import traceback
 
@@ -38,6 +40,14 @@ def child(inbox, outbox, mode: str) -> None:
     """The receiver: take the tensor (from the queue, or rebuild it from reduce_tensor's args), check it holds
     `expect` everywhere, add one and report; in hold mode, then wait for the parent's word and check again."""
     try:
+        if mode == "wait":                  # refused-put: nothing may come, and the get must not hang
+            try:
+                item = inbox.get(timeout=5)
+            except queue.Empty:
+                outbox.put(("empty", {}))
+                return
+            outbox.put(("error", f"the receiver got {item!r}"))
+            return
         item = inbox.get(timeout=WAIT)
         if mode == "reduce":
             rebuild, args, expect = item
@@ -137,6 +147,7 @@ def main(scenario: str) -> dict:
         _answer(outbox, proc, "holding")
         del t                                       # PyTorch keeps the block while the receiver holds it
         torch.cuda.synchronize()
+        torch.cuda.ipc_collect()                    # the receiver's hold is live: nothing released
         again = [full(256 * MiB, 5.0) for _ in range(3)]
         torch.cuda.synchronize()
         report["reused"] = any(u.data_ptr() == old for u in again)
@@ -149,18 +160,52 @@ def main(scenario: str) -> dict:
         del again
         torch.cuda.ipc_collect()
     elif scenario == "receiver-killed":
+        # Note [A receiver's hold the kernel drops] (gmlake/torch/sharing.py): the killed receiver never decrements
+        # torch's counter; the sender's collect finds its hold file taken and unlocked, and releases it.
         t = full(64 * MiB, 4.0)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
         proc, inbox, outbox = _spawn("hold")
         inbox.put((t, 4.0))
         _answer(outbox, proc, "holding")
+        torch.cuda.ipc_collect()                    # a live receiver's hold stays
         inbox.put("sleep")
         proc.kill()
         proc.join(WAIT)
         report["killed"] = proc.exitcode
         del t
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated()        # the block is in torch's limbo
         torch.cuda.ipc_collect()
+        after = torch.cuda.memory_allocated()
+        report.update(before_mib=before / MiB, held_mib=held / MiB, after_mib=after / MiB,
+                      freed=before - after >= 64 * MiB)
+        if SIDE == "gmlake":
+            from gmlake.torch import sharing
+
+            report["holds_left"] = len(sharing.HOLDS)
         u = full(64 * MiB, 6.0)                     # the sender goes on: allocates, and shares again
         round_trip(u, 6.0)
+    elif scenario == "refused-put":
+        # Note [The sender's check before the feeder] (gmlake/torch/sharing.py): under GMLAKE_IPC=0 every way of
+        # sending raises in the sender, in one line, and the receiver's get does not wait forever.
+        t = full(8 * MiB, 2.0)
+        proc, inbox, outbox = _spawn("wait")
+        ctx = mp.get_context("spawn")
+        joinable, simple, (_, pipe_end) = ctx.JoinableQueue(), ctx.SimpleQueue(), ctx.Pipe()
+        errors = {}
+        for name, send in (("Queue", inbox.put), ("JoinableQueue", joinable.put), ("SimpleQueue", simple.put),
+                           ("Pipe", pipe_end.send), ("reduce_tensor", reduce_tensor)):
+            try:
+                send([(t, 2.0)] if name != "reduce_tensor" else t)
+            except RuntimeError as exc:
+                errors[name] = str(exc).splitlines()[0]
+        report["errors"] = errors
+        _answer(outbox, proc, "empty")
+        _finish(proc)
+        assert sorted(errors) == ["JoinableQueue", "Pipe", "Queue", "SimpleQueue", "reduce_tensor"], errors
+        for line in errors.values():
+            assert line.startswith("gmlake: cannot share the CUDA tensor at 0x") and "GMLAKE_IPC=1" in line, line
     elif scenario == "mixed-pages":
         # tail_page maps the last page of a large block in smaller pages: PyTorch's handle cannot hold both sizes,
         # and the sender's reduce_tensor says so itself.
