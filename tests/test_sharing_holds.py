@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import types
+from multiprocessing import queues
 
 import pytest
 
@@ -78,14 +79,48 @@ def test_put_raises_in_the_sender_and_queues_nothing(put_check, kind):
     q.join_thread()
 
 
-def test_restored_puts_are_the_standard_librarys():
-    import multiprocessing.queues as queues
+class Hides:
+    """An object the put check does not walk, whose pickling meets a tensor gmlake refuses (as torch's reducer
+    would raise in the feeder thread)."""
 
-    before = queues.Queue.__dict__["put"], queues.JoinableQueue.__dict__["put"]
+    def __reduce__(self):
+        raise RuntimeError("gmlake: cannot share the CUDA tensor at 0x2000 with another process: hidden\nmore")
+
+
+class Broken:
+    def __reduce__(self):
+        raise TypeError("not gmlake's")
+
+
+@pytest.mark.parametrize("kind", ["Queue", "JoinableQueue"])
+def test_a_refusal_the_check_missed_reaches_the_receivers_get(put_check, kind, capsys):
+    """The feeder thread's refusal goes on to the receiver, whose get raises it instead of waiting forever; any other
+    pickling error is left as the standard library has it (printed, nothing sent); the queue stays usable."""
+    q = getattr(multiprocessing.get_context("spawn"), kind)(maxsize=2)
+    q.put(Hides())
+    with pytest.raises(RuntimeError, match=r"^gmlake: cannot share the CUDA tensor at 0x2000 .*: hidden \(raised in "
+                                           r"the sender's queue feeder thread\)$"):
+        q.get(timeout=10)
+    q.put(Broken())
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.5)
+    assert "not gmlake's" in capsys.readouterr().err
+    for n in range(2):          # the bounded semaphore counts right: two fit, and come back
+        q.put(n)
+    assert [q.get(timeout=10), q.get(timeout=10)] == [0, 1]
+    q.close()
+    q.join_thread()
+
+
+def test_restored_puts_are_the_standard_librarys():
+    names = ("put", "_on_queue_feeder_error")
+    before = [queues.Queue.__dict__[n] for n in names] + [queues.JoinableQueue.__dict__["put"]]
     sharing.install_put_check(is_cuda, refuse)
     assert queues.Queue.__dict__["put"] is not before[0]
     sharing.restore_puts()
-    assert (queues.Queue.__dict__["put"], queues.JoinableQueue.__dict__["put"]) == before
+    after = [queues.Queue.__dict__[n] for n in names] + [queues.JoinableQueue.__dict__["put"]]
+    assert after[0] is before[0] and after[2] is before[2]
+    assert isinstance(after[1], staticmethod) and after[1].__func__ is before[1].__func__
 
 
 # ---------------------------------------------------------------- holds over real processes
@@ -100,7 +135,7 @@ def torch_deleter():                  # what torch's receiver does when its stor
         value = int.from_bytes(f.read(8), "little", signed=True)
         f.seek(64 + 8 * offset)
         f.write((value - 1).to_bytes(8, "little", signed=True))
-fd = sharing.take(%r, offset)
+fd = sharing.take(COUNTER, offset)
 print("taken" if fd is not None else "none", flush=True)
 if mode == "release":                 # the storage dies: the finalizer, then torch's deleter
     sharing.release(fd)
@@ -110,7 +145,7 @@ elif mode == "exit-after-deleter":    # at exit torch's deleter ran, the finaliz
 elif mode == "hold":                  # killed here
     time.sleep(3600)
 # "exit-holding": the storage leaked at exit, neither ran
-""" % COUNTER
+""".replace("COUNTER", repr(COUNTER))
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from multiprocessing import queues, reduction
 from typing import Any
 
 HOLD_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -61,7 +62,8 @@ ARG_DEVICE, ARG_STORAGE, ARG_COUNTER, ARG_OFFSET = 6, 7, 11, 12
 def find_unshareable(obj: Any, is_cuda_tensor: Callable[[Any], bool], check: Callable[[Any], None],
                      depth: int = 0) -> None:
     """Call `check` on each CUDA tensor in `obj` (itself, or inside lists, tuples, sets and dict values to MAX_DEPTH),
-    which raises where gmlake cannot share it (Note [The sender's check before the feeder])."""
+    which raises where gmlake cannot share it (Note [The sender's check before the feeder]). A container of numbers
+    and strings only is passed over at C speed."""
     if is_cuda_tensor(obj):
         check(obj)
     elif depth < MAX_DEPTH:
@@ -69,20 +71,60 @@ def find_unshareable(obj: Any, is_cuda_tensor: Callable[[Any], bool], check: Cal
             obj = obj.values()
         elif not isinstance(obj, (list, tuple, set, frozenset)):
             return
+        if all(map(_LEAVES.__contains__, map(type, obj))):
+            return
         for item in obj:
-            find_unshareable(item, is_cuda_tensor, check, depth + 1)
+            if type(item) not in _LEAVES:
+                find_unshareable(item, is_cuda_tensor, check, depth + 1)
 
 
-_replaced_puts: dict[type, Callable] = {}
+_LEAVES = frozenset({int, float, complex, bool, str, bytes, bytearray, type(None)})
+
+
+_replaced_puts: dict[tuple[Any, str], Callable] = {}     # (class, or "Queue" for the feeder's hook; name)
+REFUSED = "gmlake: cannot share"        # how the bridge's refusals begin
+
+
+def _raise_refused(text: str):
+    raise RuntimeError(f"{text} (raised in the sender's queue feeder thread)")
+
+
+class _Refused:
+    """What a feeder sends in place of an object it could not pickle: its get raises the sender's error."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __reduce__(self):
+        return _raise_refused, (self.text,)
+
+
+def _on_feeder_error(self, e, obj) -> None:
+    """The feeder could not pickle `obj`: where gmlake refused a tensor the put check did not see (inside an object
+    it does not walk), the receiver's get raises the same line instead of waiting forever."""
+    _replaced_puts[("Queue", "_on_queue_feeder_error")](e, obj)
+    if not str(e).startswith(REFUSED) or not self._sem.acquire(False):
+        return
+    with self._wlock if self._wlock is not None else _NO_LOCK:
+        self._send_bytes(reduction.ForkingPickler.dumps(_Refused(str(e).splitlines()[0])))
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_LOCK = _NoLock()
 
 
 def install_put_check(is_cuda_tensor: Callable[[Any], bool], check: Callable[[Any], None]) -> None:
     """Make multiprocessing's Queue.put and JoinableQueue.put (torch.multiprocessing's) check what they are given
-    before their feeder thread pickles it."""
-    import multiprocessing.queues as queues
-
+    before their feeder thread pickles it, and their feeder send a refusal on to the receiver."""
     for cls in (queues.Queue, queues.JoinableQueue):
-        original = _replaced_puts.setdefault(cls, cls.__dict__["put"])
+        original = _replaced_puts.setdefault((cls, "put"), cls.__dict__["put"])
 
         def put(self, obj, block=True, timeout=None, _original=original):
             find_unshareable(obj, is_cuda_tensor, check)
@@ -90,11 +132,16 @@ def install_put_check(is_cuda_tensor: Callable[[Any], bool], check: Callable[[An
 
         put.__doc__ = original.__doc__
         cls.put = put
+    _replaced_puts.setdefault(("Queue", "_on_queue_feeder_error"), queues.Queue._on_queue_feeder_error)
+    queues.Queue._on_queue_feeder_error = _on_feeder_error
 
 
 def restore_puts() -> None:
-    for cls, original in _replaced_puts.items():
-        cls.put = original
+    for (cls, name), original in _replaced_puts.items():
+        if cls == "Queue":
+            queues.Queue._on_queue_feeder_error = staticmethod(original)
+        else:
+            setattr(cls, name, original)
     _replaced_puts.clear()
 
 
@@ -298,14 +345,12 @@ def install(torch, share_check: Callable[[int], Any]) -> None:
     global _sender
     if _sender is not None:
         return
-    import multiprocessing.reduction as mp_reduction
-
     from torch.multiprocessing import reductions
 
     sender = _Sender(torch, reductions.reduce_tensor, share_check)
-    for cls, reducer in list(mp_reduction.ForkingPickler._extra_reducers.items()):
+    for cls, reducer in list(reduction.ForkingPickler._extra_reducers.items()):
         if reducer is reductions.reduce_tensor:
-            mp_reduction.ForkingPickler.register(cls, sender.reduce)
+            reduction.ForkingPickler.register(cls, sender.reduce)
     reductions.reduce_tensor = sender.reduce
     install_put_check(sender.is_cuda_tensor, sender.check)
     torch_ipc_collect, torch_empty_cache = torch._C._cuda_ipc_collect, torch._C._cuda_emptyCache
