@@ -380,6 +380,53 @@ def micro() -> str:
                                f"`{AB}`); driver calls (µs): `{MICRO}`. " + _env_line([env]) + "\n")
 
 
+# `python -m bench ipc-price --out bench/results/<machine-date>/ipc-price.json`: the newest record of that name prices
+# exportable chunks (Note [Exporting a chunk]); while none exists the section says how to make one.
+IPC_PRICE = "ipc-price.json"
+IPC_SAME = 1.05         # cuMemCreate exportable / plain at most this: exportable costs nothing to speak of at create
+
+
+def ipc_price_record() -> str | None:
+    """The newest `*/ipc-price.json` under bench/results (by the date its folder's name ends with), relative to it."""
+    found = sorted(RESULTS.glob(f"*/{IPC_PRICE}"), key=lambda p: (re.sub(r"^.*?(\d{4}-\d\d-\d\d)", r"\1",
+                                                                            p.parent.name), p.parent.name))
+    return str(found[-1].relative_to(RESULTS)) if found else None
+
+
+def ipc_price(record: str | None = None) -> str:
+    """What exportable chunks cost, from `bench ipc-price`'s record: cuMemCreate plain against exportable, the
+    export, an allocator's grow step; and the default that follows."""
+    from gmlake.drivers._cuda_driver import EXPORTABLE_DEFAULT
+
+    record = record or ipc_price_record()
+    default = ("exportable by default (`GMLAKE_IPC=0` turns it off)" if EXPORTABLE_DEFAULT
+               else "not exportable unless `GMLAKE_IPC=1`")
+    if record is None:
+        return (f"Not measured yet: `python -m bench ipc-price --out bench/results/<machine-date>/{IPC_PRICE}` on a "
+                f"GPU measures it. Chunks are {default}.\n")
+    data = _json(record)
+    sizes = [k for k in data if k.endswith("MiB")]
+    rows = ["| chunk | cuMemCreate plain (µs) | exportable (µs) | exportable / plain | export + close (µs) |",
+            "|---|---|---|---|---|"]
+    for key in sizes:
+        row = data[key]
+        rows.append(f"| {key[:-3]} MiB | {row['plain']['create_us']:.2f} | {row['exportable']['create_us']:.2f} | "
+                    f"{row['create_ratio']:.3f} | {row['exportable']['export_us']:.0f} |")
+    step, env = data["step_ms"], data["environment"]
+    ratios = [data[k]["create_ratio"] for k in sizes]
+    span = f"{min(ratios):.3f}" if f"{min(ratios):.3f}" == f"{max(ratios):.3f}" else \
+        f"{min(ratios):.3f}-{max(ratios):.3f}"
+    verdict = (f"cuMemCreate exportable costs {span} times plain, within {(IPC_SAME - 1) * 100:.0f} %, so chunks are {default}; "
+               if max(ratios) <= IPC_SAME else
+               f"cuMemCreate exportable costs {span} times plain, more than {(IPC_SAME - 1) * 100:.0f} % over; chunks are "
+               f"{default}; ")
+    return ("\n".join(rows) + f"\n\nAn allocator's grow-and-release step: {step['plain']:.2f} ms plain, "
+            f"{step['exportable']:.2f} ms exportable ({step['ratio']:.3f}). Medians of {env.get('rounds', '?')} "
+            f"rounds of {env.get('calls', '?')} calls, the order alternating, `bench/results/{record}`: "
+            + verdict + "the export is paid once per shared chunk, when a tensor on it is first shared. "
+            + _env_line([env]) + "\n")
+
+
 def sync_price() -> str:
     """The price replay puts on a synchronize: the driver cost table's, with the GPU measurement it came from."""
     costs = driver_costs()
@@ -933,7 +980,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "reuse-cuts-speed": lambda: fine_pages_speed(CUT_SPEED), "edge-fit": edge_fit, "edge-bracket": edge_bracket,
     "edge-libraries": edge_libraries, "tune-gpu": tune_gpu, "stall": stall, "latency": latency, "micro": micro,
     "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs,
-    "sync-price": sync_price}
+    "sync-price": sync_price, "ipc-price": ipc_price}
 
 
 def draw() -> list[Path]:

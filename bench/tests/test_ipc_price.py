@@ -28,3 +28,67 @@ def test_gmlake_ipc_runs_with_exportable_chunks_and_gmlake_without(monkeypatch):
     monkeypatch.setenv("GMLAKE_IPC", "1")
     assert harness.launch("gmlake-ipc", ["python"], ["x.py"])[1]["GMLAKE_IPC"] == "1"
     assert "GMLAKE_IPC" not in harness.launch("gmlake", ["python"], ["x.py"])[1]
+
+
+# ---------------------------------------------------------------- docs/benchmarks.md's section, from a record
+
+def _record(tmp_path, ratio: float | None = None):
+    """A record as `bench ipc-price --out` writes it (the host driver's, two rounds), its ratios set where asked."""
+    path = tmp_path / "h100-2026-12-07" / "ipc-price.json"
+    ipc_price.main(["--driver", "host", "--rounds", "2", "--calls", "2", "--out", str(path)])
+    if ratio is not None:
+        data = json.loads(path.read_text())
+        for size in ("2MiB", "20MiB"):
+            data[size]["create_ratio"] = ratio
+        path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def benchmarks():
+    return pytest.importorskip("bench.report_docs.benchmarks")
+
+
+def test_the_section_is_rendered_from_the_record(tmp_path, benchmarks):
+    path = _record(tmp_path)
+    data = json.loads(path.read_text())
+    text = benchmarks.ipc_price(str(path))
+    for size in ("2", "20"):
+        row = data[f"{size}MiB"]
+        assert (f"| {size} MiB | {row['plain']['create_us']:.2f} | {row['exportable']['create_us']:.2f} | "
+                f"{row['create_ratio']:.3f} | {row['exportable']['export_us']:.0f} |") in text
+    assert f"{data['step_ms']['plain']:.2f} ms plain" in text and str(path) in text
+    assert "exportable by default (`GMLAKE_IPC=0` turns it off)" in text
+
+
+@pytest.mark.parametrize(("ratio", "said"), [(1.004, "1.004 times plain, within 5 %"),
+                                             (1.2, "1.200 times plain, more than 5 % over")])
+def test_the_section_says_whether_exportable_costs_at_create(tmp_path, benchmarks, ratio, said):
+    assert said in benchmarks.ipc_price(str(_record(tmp_path, ratio)))
+
+
+def test_without_a_record_the_section_says_how_to_make_one(benchmarks, monkeypatch, tmp_path):
+    monkeypatch.setattr(benchmarks, "RESULTS", tmp_path)
+    assert benchmarks.ipc_price_record() is None
+    text = benchmarks.ipc_price()
+    assert text.startswith("Not measured yet: `python -m bench ipc-price --out") and "|" not in text
+
+
+def test_the_newest_record_is_the_one_shown(benchmarks, monkeypatch, tmp_path):
+    for folder in ("h200-2026-12-08", "h100-2026-12-09b", "h100-2026-12-07"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "ipc-price.json").write_text("{}")
+    monkeypatch.setattr(benchmarks, "RESULTS", tmp_path)
+    assert benchmarks.ipc_price_record() == "h100-2026-12-09b/ipc-price.json"
+
+
+def test_the_default_follows_from_the_measured_price(benchmarks):
+    """Chunks are exportable by default exactly where the newest GPU record finds cuMemCreate no dearer for it."""
+    from gmlake.drivers._cuda_driver import EXPORTABLE_DEFAULT
+
+    record = benchmarks.ipc_price_record()
+    if record is None:
+        pytest.skip("no bench/results/*/ipc-price.json yet (`python -m bench ipc-price --out ...` on a GPU)")
+    data = json.loads((benchmarks.RESULTS / record).read_text())
+    worst = max(data[k]["create_ratio"] for k in data if k.endswith("MiB"))
+    assert EXPORTABLE_DEFAULT == (worst <= benchmarks.IPC_SAME), (record, worst)

@@ -40,8 +40,9 @@ LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so")
 # receiver's count is held). PyTorch noted slower cuMemCreate for exportable handles on older drivers, so whether
 # chunks are exportable is a setting: GMLAKE_IPC=1 or 0, else EXPORTABLE_DEFAULT. `python -m bench ipc-price` found
 # cuMemCreate with the POSIX handle type as fast as without on the GPU, and mapping, access, unmapping and release
-# unchanged; only the export costs, paid once per shared chunk (the figures: docs/guide.md, "Sharing CUDA tensors
-# between processes"). So chunks are exportable by default, and GMLAKE_IPC=0 turns it off.
+# unchanged; only the export costs, paid once per shared chunk (the figures, generated from its record:
+# docs/benchmarks.md, "Sharing CUDA tensors: exportable chunks"; bench/tests/test_ipc_price.py holds this default
+# against the newest record). So chunks are exportable by default, and GMLAKE_IPC=0 turns it off.
 EXPORTABLE_DEFAULT = True
 
 # Note [One descriptor per shared chunk]: PyTorch's expandable-segment handle (the format gmlake's torch shim writes,
