@@ -287,3 +287,18 @@ def test_sharing_imports_nothing_of_torch():
     code = "import sys, gmlake.torch.sharing; print(json.dumps('torch' in sys.modules))"
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) is False
+
+
+def test_without_the_shims_sharing_the_sender_refuses_in_one_line(monkeypatch):
+    """Where the allocator shim with shareIpcHandle could not be built, torch's own error would come from the feeder
+    thread: the put check refuses first, saying why."""
+    from gmlake.torch import _torch_allocator, _torch_bridge, install
+
+    fake_torch = types.SimpleNamespace(__version__="9.9")
+    monkeypatch.setattr(_torch_allocator, "no_sharing", None)
+    assert install._share_check(fake_torch) is _torch_bridge.share_ipc
+    monkeypatch.setattr(_torch_allocator, "no_sharing", "no compiler found\ndetails")
+    with pytest.raises(RuntimeError) as info:
+        install._share_check(fake_torch)(0x1000)
+    assert str(info.value) == ("gmlake: cannot share the CUDA tensor at 0x1000 with another process: the allocator "
+                               "shim's sharing could not be built against torch 9.9 (no compiler found)")

@@ -95,14 +95,21 @@ ALLOCATOR_NO_IPC = _torch_oom.Shim("torch_allocator_noipc", SOURCE, ("torch_cuda
                                    ("GMLAKE_NO_IPC",))
 
 
+# Why CUDA tensors cannot be shared between processes (the shim with shareIpcHandle could not be had), once install()
+# has run; None where they can.
+no_sharing: str | None = None
+
+
 def install(torch, bridge_path: str) -> tuple[bool, str | None]:
     """Install gmlake as torch's CUDA allocator through the shim, with cacheInfo answered by the bridge whose library
     is `bridge_path`, and shareIpcHandle / getIpcDevPtr too (Note [Sharing a tensor through PyTorch's handle] in
     gmlake/torch/_torch_bridge.pyx), or, where those do not compile against this torch, without them and one warning:
     (True, None); (False, why) where no shim can be had, nothing changed. A RuntimeError where torch refused the
     allocator (the shim was had)."""
+    global no_sharing
     lib, why = _torch_oom.load(torch, ALLOCATOR)
     if lib is None:
+        no_sharing = why
         lib, _ = _torch_oom.load(torch, ALLOCATOR_NO_IPC)
         if lib is None:
             return False, why

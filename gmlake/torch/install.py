@@ -140,7 +140,7 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
     install_oom_error(torch)
     cache_info = install_allocator(torch)
     install_memory_api(torch)
-    sharing.install(torch, _torch_bridge.share_ipc)     # Note [The sender's check before the feeder]
+    sharing.install(torch, _share_check(torch))     # Note [The sender's check before the feeder]
     _enabled.update(policy=policy, knobs=knobs, limit=limit, cache_info=cache_info, chosen=chosen, choice=choice)
 
 
@@ -170,6 +170,23 @@ def install_allocator(torch) -> bool:
         f"does not yet support cacheInfo\") and CUDA tensors cannot be shared between processes: the shim that "
         f"answers both could not be built against torch {torch.__version__} ({why})", RuntimeWarning, stacklevel=3)
     return False
+
+
+def _share_check(torch):
+    """What raises, in the sender, where gmlake cannot share the block at a pointer: the bridge's share_ipc, or where
+    the allocator shim's sharing could not be built (install_allocator warned), a refusal saying so."""
+    from gmlake.torch import _torch_allocator
+
+    why = _torch_allocator.no_sharing
+    if why is None:
+        return _torch_bridge.share_ipc
+
+    def refuse(ptr: int):
+        raise RuntimeError(f"gmlake: cannot share the CUDA tensor at {ptr:#x} with another process: the allocator "
+                           f"shim's sharing could not be built against torch {torch.__version__} "
+                           f"({why.splitlines()[0] if why else 'unknown'})")
+
+    return refuse
 
 
 def install_oom_error(torch) -> bool:
