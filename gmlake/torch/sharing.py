@@ -11,9 +11,11 @@ prints a traceback and the receiver's get waits forever. So under gmlake their p
 what it is given (the object itself, and lists, tuples, sets and dicts inside it, to MAX_DEPTH) and asks the bridge
 whether gmlake can share each one's block (share_ipc: no call of torch's reducer, which would bump a counter of its
 own; the descriptors it makes are the driver's, kept for the share itself). One it cannot share raises, in put, the
-bridge's one line. A CPU object costs a walk of its containers and no more; a tensor another object hides is still
-refused by the feeder, as before. SimpleQueue.put and Connection.send pickle in the caller, so the reducer raises
-there: it runs the same check first, so the error is the same line.
+bridge's one line. A CPU object costs a walk of its containers and no more (a list of a million numbers: tens of
+ms). A tensor another object hides is met only by the feeder; its hook (_on_feeder_error) then sends the refusal
+on, and the receiver's get raises the same line instead of waiting forever. SimpleQueue.put and Connection.send
+pickle in the caller, so the reducer raises there: it runs the same check first, so the error is the same line.
+Where the allocator shim's sharing could not be built, the check refuses every CUDA tensor, saying so.
 
 Note [A receiver's hold the kernel drops]: PyTorch keeps a shared block allocated while a counter in a shared
 memory file (one int64 per share, torch's CudaIPCSentData) is above zero; the receiver decrements it when its storage
