@@ -302,3 +302,37 @@ def test_without_the_shims_sharing_the_sender_refuses_in_one_line(monkeypatch):
         install._share_check(fake_torch)(0x1000)
     assert str(info.value) == ("gmlake: cannot share the CUDA tensor at 0x1000 with another process: the allocator "
                                "shim's sharing could not be built against torch 9.9 (no compiler found)")
+
+
+INSTALL = """
+import json, torch
+from multiprocessing.reduction import ForkingPickler
+from torch.multiprocessing import reductions
+from gmlake.torch import sharing
+calls = []
+torch._C._cuda_ipc_collect = lambda: calls.append("ipc_collect")        # a CPU build has neither
+torch._C._cuda_emptyCache = lambda: calls.append("empty_cache")
+original = reductions.reduce_tensor
+sharing.install(torch, lambda ptr: None)
+sharing.install(torch, lambda ptr: None)                                # once only
+registered = {cls.__name__: r == sharing._sender.reduce for cls, r in ForkingPickler._extra_reducers.items()
+              if cls in (torch.Tensor, torch.nn.Parameter)}
+t = torch.arange(6.0)
+back = ForkingPickler.loads(ForkingPickler.dumps(t))                    # a CPU tensor: torch's own path
+torch._C._cuda_ipc_collect()                                           # what torch.cuda.ipc_collect calls
+torch._C._cuda_emptyCache()
+print(json.dumps({"registered": registered, "replaced": reductions.reduce_tensor == sharing._sender.reduce,
+                  "original_kept": sharing._sender.reduce_tensor is original, "cpu": back.tolist(), "calls": calls,
+                  "no_original_left": original not in ForkingPickler._extra_reducers.values()}))
+"""
+
+
+def test_install_routes_torchs_reductions_and_collects_through_gmlake():
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, "-c", INSTALL], capture_output=True, text=True, check=False, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["registered"] == {"Tensor": True, "Parameter": True} and got["no_original_left"]
+    assert got["replaced"] and got["original_kept"]
+    assert got["cpu"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert got["calls"] == ["ipc_collect", "empty_cache"]

@@ -9,8 +9,9 @@ Or with no code change: `gmlake run train.py args...` (see README for the GMLAKE
 
 The package by role: install.py (enable(), the GMLAKE_* settings), state.py (what is enabled, each device's
 Allocator), stats.py (memory_stats() and the memory_* functions), snapshots.py (history and snapshots in torch's
-format), memory_api.py (torch.cuda's memory API answered by gmlake), capture.py (`gmlake capture`), and the bridge
-PyTorch calls, _torch_bridge.pyx.
+format), memory_api.py (torch.cuda's memory API answered by gmlake), sharing.py (CUDA tensors sent to other processes: the
+sender's check, a dead receiver's hold released), capture.py (`gmlake capture`), and the bridge PyTorch calls,
+_torch_bridge.pyx.
 """
 from __future__ import annotations
 
