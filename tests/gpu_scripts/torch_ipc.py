@@ -114,6 +114,13 @@ def round_trip(t: torch.Tensor, value: float, mode: str = "queue") -> dict:
     return seen
 
 
+class Holder:
+    """A tensor inside an object: pickled whole by the feeder thread, not looked into by put."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
 def full(nbytes: int, value: float) -> torch.Tensor:
     return torch.full((nbytes // 4,), value, device="cuda", dtype=torch.float32)
 
@@ -200,10 +207,17 @@ def main(scenario: str) -> dict:
                 send([(t, 2.0)] if name != "reduce_tensor" else t)
             except RuntimeError as exc:
                 errors[name] = str(exc).splitlines()[0]
+        hidden = ctx.Queue()                        # a tensor inside an object put does not walk: the feeder meets
+        hidden.put(Holder(t))                       # it, and the get raises the sender's line
+        try:
+            hidden.get(timeout=WAIT)
+        except RuntimeError as exc:
+            errors["hidden (get)"] = str(exc).splitlines()[0]
         report["errors"] = errors
         _answer(outbox, proc, "empty")
         _finish(proc)
-        assert sorted(errors) == ["JoinableQueue", "Pipe", "Queue", "SimpleQueue", "reduce_tensor"], errors
+        assert sorted(errors) == ["JoinableQueue", "Pipe", "Queue", "SimpleQueue", "hidden (get)", "reduce_tensor"], \
+            errors
         for line in errors.values():
             assert line.startswith("gmlake: cannot share the CUDA tensor at 0x") and "GMLAKE_IPC=1" in line, line
     elif scenario == "mixed-pages":
