@@ -84,6 +84,14 @@ def test_a_receiver_killed_mid_hold_has_its_hold_released_by_the_senders_collect
     assert report["holds_left"] == 0, report
 
 
+@pytest.mark.parametrize("sender", ["gmlake", "native"])
+def test_a_sender_exiting_while_its_block_is_held_exits_cleanly(sender):
+    """The receiver is killed holding the block and nothing collects it: torch's limbo frees it from a static
+    destructor after Python has finished, through gmlake's free (Note [Frees after the interpreter]). The sender exits
+    0 (`run` checks the exit status), as under PyTorch's allocator."""
+    assert run("sender-exits-held", IPC_SENDER=sender)["killed"] != 0
+
+
 def test_an_unshareable_tensor_raises_in_the_sender_and_the_receiver_does_not_hang():
     """GMLAKE_IPC=0: Queue and JoinableQueue put (whose feeder thread pickles), SimpleQueue put, Pipe send and
     reduce_tensor each raise one line in the sender naming GMLAKE_IPC=1; the child's get times out, empty. A tensor

@@ -207,6 +207,10 @@ int gmlake_install_torch_allocator(const char* const* names, const uintptr_t* ad
         allocator->set_end_allocate_to_pool_fn(as<void(int, c10::cuda::MempoolId_t)>(hooks.end_allocate_to_pool));
         allocator->set_release_pool(as<void(int, c10::cuda::MempoolId_t)>(hooks.release_pool));
         pluggable::changeCurrentAllocator(allocator);
+        // Never destroyed (Note [Frees after the interpreter] in _torch_bridge.pyx): torch's static destructors
+        // (the limbo of blocks another process still held) free through this object after torch's own pointer to
+        // it is gone; destroyed, that call is a "pure virtual method called" abort at exit.
+        new std::shared_ptr<GmlakeAllocator>(allocator);
     } catch (const c10::Error& e) {
         say(error, error_size, e.what_without_backtrace());
         return 1;

@@ -190,9 +190,24 @@ cdef public void* gmlake_alloc(size_t size, int device, void* stream) noexcept n
     return <void*>ptr
 
 
+# Note [Frees after the interpreter]: PyTorch frees some blocks after Python has finished: a block another process
+# still held when the sender exits sits in torch's CudaIPCSentDataLimbo, whose static destructor frees it, and
+# module teardown frees tensors after gmlake's own module state may be gone. The process's exit returns all device
+# memory anyway, so once Python's exit hooks run (install() registers serve_no_more_frees first, so it runs last) a
+# free does nothing. The shim keeps the allocator object alive past C++'s static destructors for the same reason
+# (gmlake/torch/_torch_allocator_shim.cc).
+cdef bint _exiting = False
+
+
+def serve_no_more_frees() -> None:
+    """From here on a free does nothing (Note [Frees after the interpreter]): the process is exiting."""
+    global _exiting
+    _exiting = True
+
+
 cdef public void gmlake_free(void* ptr, size_t size, int device, void* stream) noexcept nogil:
     cdef void* handle = _allocators[device] if 0 <= device < MAX_DEVICES else NULL
-    if handle != NULL:
+    if handle != NULL and not _exiting:
         (<Allocator>handle).free_nogil(<uintptr_t>ptr)
 
 

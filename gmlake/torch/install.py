@@ -2,6 +2,7 @@
 read (see README and docs/guide.md)."""
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import warnings
@@ -138,6 +139,8 @@ def enable(policy: str | policies.Policy | policies.PolicyChoice = "gmlake", *, 
 
     _torch_bridge.configure(factory)
     install_oom_error(torch)
+    # registered first, so run last: Note [Frees after the interpreter]
+    atexit.register(_torch_bridge.serve_no_more_frees)
     cache_info = install_allocator(torch)
     install_memory_api(torch)
     sharing.install(torch, _share_check(torch))     # Note [The sender's check before the feeder]

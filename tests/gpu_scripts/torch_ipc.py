@@ -1,8 +1,8 @@
 """CUDA tensors between processes through torch.multiprocessing, the sender and the receiver each running gmlake or
 PyTorch's native allocator (Note [Sharing a tensor through PyTorch's handle] in gmlake/torch/_torch_bridge.pyx).
 
-Usage: torch_ipc.py SCENARIO, SCENARIO one of queue, reduce, stitch, sender-frees, receiver-killed, mixed-pages,
-refused-put.
+Usage: torch_ipc.py SCENARIO, SCENARIO one of queue, reduce, stitch, sender-frees, receiver-killed,
+sender-exits-held, mixed-pages, refused-put.
 IPC_SENDER and IPC_RECEIVER (gmlake, the default, or native) say which allocator each side runs; gmlake is enabled
 with the GMLAKE_* settings (GMLAKE_POLICY, GMLAKE_KNOBS). Children are spawned; every wait has a timeout, so a
 failure ends the script instead of hanging it. Prints "ok" and a JSON line of what it saw; exits 1 otherwise.
@@ -193,6 +193,18 @@ def main(scenario: str) -> dict:
             report["holds_left"] = len(sharing.HOLDS)
         u = full(64 * MiB, 6.0)                     # the sender goes on: allocates, and shares again
         round_trip(u, 6.0)
+    elif scenario == "sender-exits-held":
+        # Note [Frees after the interpreter] (gmlake/torch/_torch_bridge.pyx): the receiver dies holding the block
+        # and nothing collects, so torch's limbo still holds it when the sender exits; its static destructor frees
+        # it after Python has finished. The sender must exit 0, as under PyTorch's allocator (which warns).
+        t = full(16 * MiB, 3.0)
+        proc, inbox, outbox = _spawn("hold")
+        inbox.put((t, 3.0))
+        _answer(outbox, proc, "holding")
+        proc.kill()
+        proc.join(WAIT)
+        report["killed"] = proc.exitcode
+        del t
     elif scenario == "refused-put":
         # Note [The sender's check before the feeder] (gmlake/torch/sharing.py): under GMLAKE_IPC=0 every way of
         # sending raises in the sender, in one line, and the receiver's get does not wait forever.
