@@ -38,7 +38,7 @@ CANDIDATES = {
     "gmlake-cut25": ["--policy", "gmlake[tail_page=2MiB,cut_at_reuse=25]"],
     # Note [Waiting for another stream's free block]: the default now; kept by name for the records that carry it
     "gmlake-wait": ["--policy", "gmlake[cross_stream_wait=true]"],
-    "gmlake-ipc": [],         # the default, its chunks exportable (Note [Exporting a chunk]; GMLAKE_ENV below)
+    "gmlake-noipc": [],       # the default, its chunks not exportable (Note [Exporting a chunk]; GMLAKE_ENV below)
     "gmlake-nowait": ["--policy", "gmlake[cross_stream_wait=false]"],
 }
 # allocator name -> how a run starts it: torch's environment setting (a dict), or `python -m gmlake run` flags
@@ -52,7 +52,7 @@ ALLOCATORS: dict[str, dict[str, str] | list[str]] = {
     **CANDIDATES,
 }
 # allocator name -> the environment its gmlake run adds; GMLAKE_IPC is set only here, so "gmlake" runs as its default
-GMLAKE_ENV: dict[str, dict[str, str]] = {"gmlake-ipc": {"GMLAKE_IPC": "1"}}
+GMLAKE_ENV: dict[str, dict[str, str]] = {"gmlake-noipc": {"GMLAKE_IPC": "0"}}
 # no NVLink multicast for NCCL or symmetric memory: it is off on the machines the results were measured on
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 

@@ -2,8 +2,8 @@
 
 Rounds alternate which goes first: per chunk size, chunks created and released by a plain and an exportable driver,
 each exportable one exported (and closed), and an allocator's grow-and-release step over each. Medians, `ratio`
-exportable / plain; JSON to --out or $OUT/ipc_price.json. Training steps, interleaved: `python -m bench speed
---allocators gmlake gmlake-ipc`.
+exportable / plain; JSON to --out or $OUT/ipc_price.json. Training steps, interleaved: `python -m bench speed-ab
+--allocators gmlake-noipc gmlake`.
 """
 from __future__ import annotations
 

@@ -24,9 +24,9 @@ def test_bad_arguments_are_one_line(argv, capsys):
     assert exit_.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def test_gmlake_ipc_runs_with_exportable_chunks_and_gmlake_without(monkeypatch):
+def test_gmlake_noipc_runs_without_exportable_chunks_and_gmlake_with_the_default(monkeypatch):
     monkeypatch.setenv("GMLAKE_IPC", "1")
-    assert harness.launch("gmlake-ipc", ["python"], ["x.py"])[1]["GMLAKE_IPC"] == "1"
+    assert harness.launch("gmlake-noipc", ["python"], ["x.py"])[1]["GMLAKE_IPC"] == "0"
     assert "GMLAKE_IPC" not in harness.launch("gmlake", ["python"], ["x.py"])[1]
 
 
