@@ -111,7 +111,9 @@ cdef inline bint _laying_out(Allocator self) noexcept nogil:
 # A capture on another thread that nobody announced cannot be seen (CUDA has no call that asks whether some stream
 # captures): there the synchronize fails and breaks that capture, as any synchronize during it would (empty_cache,
 # PyTorch's own); the cut is given up and the request served from the block uncut, never failed, since a cut only
-# improves the layout.
+# improves the layout. Growth (cuMemCreate, cuMemMap) is no synchronize, but global mode forbids it on other threads
+# too: a request that finds a pool active runs in relaxed mode (malloc_nogil), as the bridge's routed requests do,
+# which also covers one that the bridge let through unrouted just before the pool began.
 cdef Block* _cut_tail_at_reuse(Allocator self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
     """Before `stream` takes `size` bytes from the head of free, indexed b: where the block would end inside a whole
     page that lies wholly in b, remap that page in slots (Note [Fine pages at reuse]). Returns the free, indexed
