@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from test_torch_gpu import run
 
 pytestmark = pytest.mark.gpu

@@ -76,6 +76,7 @@ def test_no_cut_while_another_thread_captures_an_announced_graph(driver_name):
                 alloc.end_allocate_to_pool(pid)
                 alloc.release_pool(pid)
                 captures[0] += 1
+                time.sleep(0.002)                               # a window between captures, where cuts are made
         except Exception as exc:  # noqa: BLE001 - reported by the test
             errors.append(f"capture thread: {exc!r}")
             capturing.clear()
