@@ -4,6 +4,7 @@ does, so a cut that ignores a capture fails these tests (Note [A cut under anoth
 is tests/test_capture_gpu.py."""
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
@@ -47,57 +48,89 @@ def test_the_model_refuses_a_synchronize_during_a_capture_and_breaks_the_capture
     driver.end_raw_capture(3)                   # nothing synchronized during it: ends cleanly
 
 
+def _capture_loop(alloc: Allocator, rounds: int, between, errors: list[str]) -> None:
+    """Capture graphs into private pools as torch.cuda.graph does (begin the pool, begin the capture, allocate in
+    it, end the capture, end and release the pool), `rounds` times; `between(phase)` is called during each capture
+    ("captured") and after it ("between")."""
+    driver = alloc.driver
+    try:
+        for pid in range(101, 101 + rounds):
+            alloc.begin_allocate_to_pool(pid, [CAPTURE_STREAM], capturing=True)
+            driver.begin_raw_capture(CAPTURE_STREAM)
+            blocks = [alloc.malloc(n * MiB, CAPTURE_STREAM) for n in (1, 3, 25)]
+            between("captured")
+            for p in blocks:
+                alloc.free(p)
+            driver.end_raw_capture(CAPTURE_STREAM)          # raises where a synchronize broke the capture
+            alloc.end_allocate_to_pool(pid)
+            alloc.release_pool(pid)
+            between("between")
+    except Exception as exc:  # noqa: BLE001 - reported by the test
+        errors.append(f"capture thread: {exc!r}")
+
+
 @pytest.mark.parametrize("driver_name", ["sim", "host"])
 def test_no_cut_while_another_thread_captures_an_announced_graph(driver_name):
-    """One thread captures graphs into a private pool, over and over (begun, captured, ended, released, as
-    torch.cuda.graph does); the main thread's requests would cut a page each. No capture is broken, no request
-    fails, and cuts happen between captures."""
+    """One thread captures graphs, over and over; in turn with it, the main thread makes requests that would cut a
+    page each, during each capture and between captures. No capture is broken and no request fails; the requests
+    between captures cut, those during a capture do not."""
     alloc = make(driver_name)
-    driver = alloc.driver
-    stop = threading.Event()
-    capturing = threading.Event()
+    turns: queue.Queue = queue.Queue()
+    done: queue.Queue = queue.Queue()
     errors: list[str] = []
-    captures = [0]
+    rounds = 20
 
-    def capture_graphs() -> None:
-        pid = 100
-        try:
-            while not stop.is_set():
-                pid += 1
-                alloc.begin_allocate_to_pool(pid, [CAPTURE_STREAM], capturing=True)
-                driver.begin_raw_capture(CAPTURE_STREAM)
-                capturing.set()
-                blocks = [alloc.malloc(n * MiB, CAPTURE_STREAM) for n in (1, 3, 25)]
-                time.sleep(0.001)
-                for p in blocks:
-                    alloc.free(p)
-                capturing.clear()
-                driver.end_raw_capture(CAPTURE_STREAM)          # raises where a synchronize broke the capture
-                alloc.end_allocate_to_pool(pid)
-                alloc.release_pool(pid)
-                captures[0] += 1
-                time.sleep(0.002)                               # a window between captures, where cuts are made
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            errors.append(f"capture thread: {exc!r}")
-            capturing.clear()
+    def between(phase: str) -> None:
+        turns.put(phase)
+        done.get(timeout=30)
 
-    thread = threading.Thread(target=capture_graphs)
+    thread = threading.Thread(target=_capture_loop, args=(alloc, rounds, between, errors))
     thread.start()
     keep: list[int] = []
-    during = 0
+    cuts = {"captured": 0, "between": 0}
     try:
-        for _ in range(150 if driver_name == "sim" else 25):
-            was = capturing.is_set()
+        for _ in range(2 * rounds):
+            phase = turns.get(timeout=30)
+            before = alloc.stats()["tails_cut_at_reuse"]
             keep.append(_cut_once(alloc, keep))
-            during += was and capturing.is_set()
+            cuts[phase] += alloc.stats()["tails_cut_at_reuse"] - before
+            done.put(None)
+    finally:
+        thread.join(timeout=60)
+    assert not thread.is_alive() and errors == [], errors
+    assert cuts == {"captured": 0, "between": rounds}, cuts
+    alloc.check()
+    for p in keep:
+        alloc.free(p)
+    alloc.close()
+
+
+@pytest.mark.parametrize("driver_name", ["sim", "host"])
+def test_requests_racing_captures_on_another_thread_break_none(driver_name):
+    """The same, free running: requests and captures interleave as the threads' scheduling makes them. No capture
+    is broken, no request fails, and the invariants hold."""
+    alloc = make(driver_name)
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def between(phase: str) -> None:
+        time.sleep(0.001)
+        if stop.is_set() and phase == "between":          # the loop's way out, between captures
+            raise StopIteration
+
+    thread = threading.Thread(target=_capture_loop, args=(alloc, 10_000, between, errors))
+    thread.start()
+    keep: list[int] = []
+    try:
+        for _ in range(120 if driver_name == "sim" else 25):
+            keep.append(_cut_once(alloc, keep))
             if errors:
                 break
     finally:
         stop.set()
         thread.join(timeout=60)
-    assert not thread.is_alive() and errors == [], errors
-    s = alloc.stats()
-    assert captures[0] > 0 and s["tails_cut_at_reuse"] > 0, (captures, s["tails_cut_at_reuse"], during)
+    assert not thread.is_alive()
+    assert all("StopIteration" in e for e in errors), errors
     alloc.check()
     for p in keep:
         alloc.free(p)

@@ -15,6 +15,7 @@ import gmlake.torch as gt
 
 MiB = 1 << 20
 SECONDS = float(sys.argv[1]) if len(sys.argv) > 1 else 20.0
+ROUNDS = 150                                # the main thread's rounds: 60 MiB of new memory each, 9 GiB in all
 errors: list[str] = []
 stop = threading.Event()
 counts = {"graphs": 0, "replays_checked": 0}
@@ -57,7 +58,7 @@ def main() -> None:
     rounds = 0
     try:
         with torch.cuda.stream(stream):
-            while time.monotonic() < deadline and not errors and rounds < 150:
+            while time.monotonic() < deadline and not errors and rounds < ROUNDS:
                 rounds += 1
                 a = torch.empty(40 * MiB // 4, device="cuda")         # new memory: a new high, the run lays out
                 k = torch.empty(20 * MiB // 4, device="cuda")
@@ -67,7 +68,7 @@ def main() -> None:
                 b = torch.empty(25 * MiB // 4, device="cuda")         # reuses a's run, ends inside its 2nd page: a cut
                 b.fill_(-float(rounds))
                 keep.append((b, -float(rounds)))
-                time.sleep(0.002)
+                time.sleep(SECONDS / ROUNDS)                          # rounds spread over the run's seconds
     finally:
         stop.set()
         thread.join(timeout=120)
