@@ -35,10 +35,11 @@ def capture_graphs() -> None:
                 z = torch.empty(25 * MiB // 4, device="cuda")      # grows the graph's pool inside the capture
                 z.fill_(float(i))
                 w = y.sum() + z[:16].sum()
-            for _ in range(2):
+            for scale in (1.0, 3.0):                       # the second replay reads an input changed since capture
+                x.fill_(scale)
                 g.replay()
                 torch.cuda.current_stream().synchronize()
-                want = (2.0 + i) * (MiB // 4) + 16.0 * i
+                want = (2.0 * scale + i) * (MiB // 4) + 16.0 * i
                 if abs(float(w) - want) > 1e-3 * want:
                     errors.append(f"graph {i}: replay gave {float(w)}, expected {want}")
                     return
