@@ -313,9 +313,12 @@ def run(policy: gmlake.Policy, seed: int, *, threads: int = 4, steps: int = 40, 
             "ooms": s["ooms"]}
 
 
-# Every built-in policy, and the default sharing freed blocks across streams (behind fences, or after a wait).
+# Every built-in policy, the default sharing freed blocks across streams (behind fences, or after a wait), and the
+# default with fine pages at a block's tail and cuts at reuse (no built-in sets them).
 POLICIES = [pytest.param((name, {}), id=name) for name in gmlake.policies.names()] + [
-    pytest.param(("gmlake", {"cross_stream": True, "cross_stream_wait": True}), id="gmlake-cross-stream-wait")]
+    pytest.param(("gmlake", {"cross_stream": True, "cross_stream_wait": True}), id="gmlake-cross-stream-wait"),
+    pytest.param(("gmlake", {"expandable_page_large": 4 * MiB, "tail_page": 2 * MiB, "cut_at_reuse": 1000}),
+                 id="gmlake-tail-cuts")]
 
 
 def run_in_child(name: str, knobs: dict, seed: int, **options) -> dict:

@@ -1,7 +1,8 @@
 """Tests written for classes of bugs in the allocator's code at the edge of memory, on real bytes (host driver), in
 the model (sim) and with the invariant checks on: re-backing pages whose live slots form several runs of any length,
-pressure relief's order when a policy asks for re-backing first, tail pages whose growth is refused and later grown
-into, cuts at reuse when reserved memory comes back to an earlier high and under a policy that places blocks itself.
+pressure relief's order when a policy asks for re-backing first, the libraries' rise against the measured reserve.
+Tail pages whose growth is refused and later grown into, and cuts at reuse (back at an earlier high, under a policy
+that places blocks itself) are in tests/test_edge_classes_tails.py.
 """
 from __future__ import annotations
 

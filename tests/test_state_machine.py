@@ -167,6 +167,14 @@ class CrossStreamWaitMachine(HostAllocatorMachine):
     policy = gmlake.policies.get("gmlake", max_cached_sblocks=6, cross_stream_wait=True)
 
 
+class TailCutMachine(HostAllocatorMachine):
+    """The default with fine pages at a block's tail and cuts at reuse (no built-in sets them): tails grown in
+    slots, refused under the cap and grown into later, pages cut as reuse lays memory out."""
+
+    policy = gmlake.policies.get("gmlake", max_cached_sblocks=6, expandable_page_large=8 * MiB, tail_page=2 * MiB,
+                                    cut_at_reuse=1000)
+
+
 class CachingMachine(HostAllocatorMachine):
     policy = gmlake.policies.get("caching")
 
@@ -289,6 +297,14 @@ class PoolPaperMachine(PoolMachine):
     policy = gmlake.policies.get("gmlake-paper", max_cached_sblocks=3, min_saved_chunks=0)
 
 
+class PoolTailCutMachine(PoolMachine):
+    """Pools beside cuts at reuse: no cut (it synchronizes) while a graph is captured (Note [A cut under another
+    thread's capture])."""
+
+    policy = gmlake.policies.get("gmlake", max_cached_sblocks=3, expandable_page_large=8 * MiB, tail_page=2 * MiB,
+                                    cut_at_reuse=1000)
+
+
 class PoolCachingMachine(PoolMachine):
     policy = gmlake.policies.get("caching")
 
@@ -307,6 +323,7 @@ CachingMachine.TestCase.settings = _settings
 CrossStreamMachine.TestCase.settings = _settings
 CrossStreamWaitMachine.TestCase.settings = _settings
 ExpandableMachine.TestCase.settings = _settings
+TailCutMachine.TestCase.settings = settings(_settings, max_examples=30)        # the suite's time: half the examples
 SeamsPaperMachine.TestCase.settings = _settings
 SeamsGMLakeMachine.TestCase.settings = _settings
 TestHostAllocator = HostAllocatorMachine.TestCase
@@ -314,14 +331,17 @@ TestHostCaching = CachingMachine.TestCase
 TestHostCrossStream = CrossStreamMachine.TestCase
 TestHostCrossStreamWait = CrossStreamWaitMachine.TestCase
 TestHostExpandable = ExpandableMachine.TestCase
+TestHostTailCuts = TailCutMachine.TestCase
 TestHostPaperSeams = SeamsPaperMachine.TestCase
 TestHostGMLakeSeams = SeamsGMLakeMachine.TestCase
 for _machine in (PoolMachine, PoolPaperMachine, PoolCachingMachine, PoolWaitMachine):
     _machine.TestCase.settings = _settings
+PoolTailCutMachine.TestCase.settings = settings(_settings, max_examples=30)
 TestHostPools = PoolMachine.TestCase
 TestHostPoolsPaper = PoolPaperMachine.TestCase
 TestHostPoolsCaching = PoolCachingMachine.TestCase
 TestHostPoolsWait = PoolWaitMachine.TestCase
+TestHostPoolsTailCuts = PoolTailCutMachine.TestCase
 
 
 def test_the_random_seam_policies_reach_every_seam():
@@ -384,7 +404,8 @@ def _run(driver, policy, program) -> list:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(gmlake.policies.names()), ops)
+@given(st.sampled_from([*gmlake.policies.names(), "gmlake[expandable_page_large=4MiB,tail_page=2MiB,cut_at_reuse=1000]"]),
+       ops)
 def test_sim_and_host_agree(policy, program):
     # The expandable model sizes its VA reservation from the device: give both drivers the same capacity.
     assert _run(SimDriver(capacity=1 << 40), policy, program) == _run(HostDriver(capacity=1 << 40), policy, program)

@@ -83,7 +83,13 @@ def run_threads(policy: str, threads: int, seconds: float) -> int:
     return sum(counts)
 
 
-@pytest.mark.parametrize("policy", gmlake.policies.names())
+# Fine pages at a block's tail and cuts at reuse, which no built-in policy sets: growth cuts tails, reuse cuts pages
+# (each synchronizing) while empty_cache makes memory be laid out again. Pages of 4 MiB, so that blocks of a few MiB
+# span whole pages and end inside others.
+TAIL_CUTS = "gmlake[expandable_page_large=4MiB,tail_page=2MiB,cut_at_reuse=1000]"
+
+
+@pytest.mark.parametrize("policy", [*gmlake.policies.names(), TAIL_CUTS])
 def test_eight_threads_with_pattern_checks(policy):
     ops = run_threads(policy, threads=8, seconds=2.0)
     assert ops > 1000
@@ -128,12 +134,17 @@ def random_ops(total: int, seed: int = 0, check_every: int = 10_000, empty_every
     alloc.close()
     assert drv.leaks() == {k: 0 for k in drv.leaks()}
     return {"ops": total, "ooms": ooms, "stitches": stats["stitches"], "sblock_reuses": stats["sblock_reuses"],
-            "empty_caches": empties}
+            "empty_caches": empties, "tails_cut_at_reuse": stats["tails_cut_at_reuse"]}
 
 
 def test_random_operations_short():
     result = random_ops(30_000, empty_every=4_000)
     assert result["stitches"] > 0 and result["empty_caches"] == 7
+
+
+def test_random_operations_short_with_tail_pages_and_cuts_at_reuse():
+    result = random_ops(8_000, empty_every=1_000, policy=TAIL_CUTS)
+    assert result["tails_cut_at_reuse"] > 0 and result["empty_caches"] == 7, result
 
 
 @pytest.mark.slow

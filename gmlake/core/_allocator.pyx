@@ -208,10 +208,20 @@ cdef class Allocator:
         request.stream = stream
         request.target = NULL
         request.capture_check = CAPTURE_UNCHECKED
+        cdef int mode = 2                   # CU_STREAM_CAPTURE_MODE_RELAXED
+        cdef uintptr_t ptr
+        cdef bint relaxed
         held.acquire(self.mutex)
-        if unlikely(_any_pool_active(self)):
-            request.target = _pool_for(self, stream)
-        return _serve(self, &request, size, out)
+        if not unlikely(_any_pool_active(self)):
+            return _serve(self, &request, size, out)
+        # A pool may capture on another thread: growth runs in relaxed mode (Note [A cut under another thread's
+        # capture]), whether or not the caller (the torch bridge, before this lock) saw the pool begin.
+        request.target = _pool_for(self, stream)
+        relaxed = self.driver.exchange_capture_mode(&mode) == DRIVER_OK
+        ptr = _serve(self, &request, size, out)
+        if relaxed:
+            self.driver.exchange_capture_mode(&mode)
+        return ptr
 
     cdef uintptr_t malloc_in_pool_nogil(self, size_t size, int64_t stream, uint64_t pool_id,
                                         Failure* out) noexcept nogil:

@@ -90,6 +90,7 @@ cdef enum FaultKind:
 cdef enum:
     DRIVER_INJECTED = 77      # the code an injected (non-OOM) fault returns
     DRIVER_HAZARD = 78        # hazard tracking refused a call the CUDA driver would make dangerous
+    DRIVER_CAPTURE_ILLEGAL = 79   # a synchronize while a stream captures (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
 
 
 cdef class ModelDriver(Driver):
@@ -114,8 +115,12 @@ cdef class ModelDriver(Driver):
     # judges every map, unmap, release and address free; while off, each of those calls costs one branch.
     cdef bint tracking
     cdef object model
-    # Streams a test has put under a capture the allocator was not told of (begin_raw_capture).
+    # Streams a test has put under a graph capture (begin_raw_capture), each True until a synchronize invalidates
+    # it: as cuCtxSynchronize, the model's synchronize fails while any stream captures (Note [A cut under another
+    # thread's capture]). `sync_hook`, where set, is called (with the GIL) at the start of every synchronize.
     cdef unordered_map[int64_t, bint] raw_captures
+    cdef object sync_hook_fn
+    cdef bint sync_hooked
     # Note [The libraries' memory in replay]: device memory the process holds outside the allocator (CUDA's libraries'
     # kernels, handles and workspaces), which the capacity serves before any chunk.
     cdef readonly size_t outside_bytes

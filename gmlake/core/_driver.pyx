@@ -237,9 +237,18 @@ cdef class ModelDriver(Driver):
 
     cdef int synchronize(self) noexcept nogil:
         cdef pair[int64_t, uint64_t] entry
+        cdef pair[int64_t, bint] capture
         cdef int rc = self.fault(FAULT_SYNC)
         if rc != DRIVER_OK:
             return rc
+        if self.sync_hooked:
+            with gil:
+                self.sync_hook_fn()
+        if not self.raw_captures.empty():
+            # cuCtxSynchronize while a stream of the context captures fails, and the capture is invalidated
+            for capture in self.raw_captures:
+                self.raw_captures[capture.first] = False
+            return DRIVER_CAPTURE_ILLEGAL
         if self.tracking:
             with gil:
                 rc = self._ask_model(self.complete_all, ())
@@ -304,12 +313,29 @@ cdef class ModelDriver(Driver):
         return DRIVER_OK
 
     def begin_raw_capture(self, stream: int) -> None:
-        """Put `stream` under a graph capture the allocator is not told of, as an extension calling
-        cudaStreamBeginCapture itself would (tests of the allocator's refusal to serve it)."""
+        """Put `stream` under a graph capture, as cudaStreamBeginCapture does: one the allocator is not told of (an
+        extension's own), or, after Allocator.begin_allocate_to_pool, the capture torch.cuda.graph announced. Until
+        it ends, synchronize fails (DRIVER_CAPTURE_ILLEGAL) and invalidates it, as cuCtxSynchronize does."""
         self.raw_captures[<int64_t>stream] = True
 
     def end_raw_capture(self, stream: int) -> None:
+        """End `stream`'s capture; a RuntimeError, as cudaStreamEndCapture's, where a synchronize invalidated it."""
+        cdef bint valid = self.raw_captures.count(<int64_t>stream) == 0 or self.raw_captures[<int64_t>stream]
         self.raw_captures.erase(<int64_t>stream)
+        if not valid:
+            raise RuntimeError(f"gmlake: the capture of stream {stream} was invalidated: a synchronize ran during it "
+                               f"(cudaErrorStreamCaptureInvalidated)")
+
+    @property
+    def sync_hook(self):
+        """A callable called at the start of every synchronize, with the GIL, before the capture check (None: none):
+        for tests that act from another thread while the allocator is about to synchronize."""
+        return self.sync_hook_fn
+
+    @sync_hook.setter
+    def sync_hook(self, hook) -> None:
+        self.sync_hook_fn = hook
+        self.sync_hooked = hook is not None
 
     cdef int stream_capturing(self, int64_t stream, bint* capturing) noexcept nogil:
         capturing[0] = self.raw_captures.count(stream) != 0
@@ -466,6 +492,8 @@ cdef class ModelDriver(Driver):
             return "unknown event"
         if code == DRIVER_INJECTED:
             return "injected fault"
+        if code == DRIVER_CAPTURE_ILLEGAL:
+            return "operation not permitted when stream is capturing (a synchronize during a graph capture)"
         if code == DRIVER_HAZARD:
             # Index from the front: this module is compiled with wraparound off.
             found = self.model.hazards if self.model is not None else []

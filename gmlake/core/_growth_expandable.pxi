@@ -99,6 +99,21 @@ cdef inline bint _laying_out(Allocator self) noexcept nogil:
     return self.st.allocs - self.most_reserved_at <= self.most_reserved_at * self.k.cut_at_reuse // 100
 
 
+# Note [A cut under another thread's capture]: a cut synchronizes the device (cuCtxSynchronize), which CUDA forbids
+# while any stream of the context is captured, whichever thread captures and in whatever mode: the call fails and
+# the capture is invalidated, so another thread's torch.cuda.graph would fail at its end. So no cut is made while
+# a capture is announced (_capturing(): torch.cuda.graph begins its pool before cudaStreamBeginCapture and ends it
+# after cudaStreamEndCapture, so its capture lies inside the announcement), nor where the request's own stream
+# captures unannounced (Note [Unannounced capture]); the block serves uncut, as without the knob. The check and
+# the synchronize run under the allocator's lock, which begin_allocate_to_pool takes too: a capture cannot be
+# announced between them, its begin waits until the request is served, and the capture starts after the begin.
+# Releasing the lock around the synchronize, to let other threads allocate while it waits, would open that window.
+# A capture on another thread that nobody announced cannot be seen (CUDA has no call that asks whether some stream
+# captures): there the synchronize fails and breaks that capture, as any synchronize during it would (empty_cache,
+# PyTorch's own); the cut is given up and the request served from the block uncut, never failed, since a cut only
+# improves the layout. Growth (cuMemCreate, cuMemMap) is no synchronize, but global mode forbids it on other threads
+# too: a request that finds a pool active runs in relaxed mode (malloc_nogil), as the bridge's routed requests do,
+# which also covers one that the bridge let through unrouted just before the pool began.
 cdef Block* _cut_tail_at_reuse(Allocator self, Failure* why, Block* b, size_t size, int64_t stream) noexcept nogil:
     """Before `stream` takes `size` bytes from the head of free, indexed b: where the block would end inside a whole
     page that lies wholly in b, remap that page in slots (Note [Fine pages at reuse]). Returns the free, indexed
@@ -133,10 +148,12 @@ cdef Block* _cut_tail_at_reuse(Allocator self, Failure* why, Block* b, size_t si
         return b
     if lo == base and b.prev != NULL and b.prev.state == BLOCK_UNMAPPED:
         return b        # the page's hole would merge with the one before it, and mapping would start there
+    # The check and the synchronize are under the allocator's lock: Note [A cut under another thread's capture].
     if not _laying_out(self) or _capturing(self) or _unannounced_capture(self, why):
         return b
     if b.stream != ANY_STREAM and _sync(self, why) != DRIVER_OK:
-        return NULL
+        why.err = ERR_NONE          # no cut: b serves as it is
+        return b
     if _unmap_units(self, why, seg, lo, lo + C, 1) != DRIVER_OK:
         return NULL
     self.st.reserved -= C
