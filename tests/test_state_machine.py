@@ -323,7 +323,7 @@ CachingMachine.TestCase.settings = _settings
 CrossStreamMachine.TestCase.settings = _settings
 CrossStreamWaitMachine.TestCase.settings = _settings
 ExpandableMachine.TestCase.settings = _settings
-TailCutMachine.TestCase.settings = settings(_settings, max_examples=30)        # the suite's time: half the examples
+TailCutMachine.TestCase.settings = settings(_settings, max_examples=20)        # the suite's time: a third
 SeamsPaperMachine.TestCase.settings = _settings
 SeamsGMLakeMachine.TestCase.settings = _settings
 TestHostAllocator = HostAllocatorMachine.TestCase
@@ -336,7 +336,7 @@ TestHostPaperSeams = SeamsPaperMachine.TestCase
 TestHostGMLakeSeams = SeamsGMLakeMachine.TestCase
 for _machine in (PoolMachine, PoolPaperMachine, PoolCachingMachine, PoolWaitMachine):
     _machine.TestCase.settings = _settings
-PoolTailCutMachine.TestCase.settings = settings(_settings, max_examples=30)
+PoolTailCutMachine.TestCase.settings = settings(_settings, max_examples=20)
 TestHostPools = PoolMachine.TestCase
 TestHostPoolsPaper = PoolPaperMachine.TestCase
 TestHostPoolsCaching = PoolCachingMachine.TestCase
