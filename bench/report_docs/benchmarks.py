@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench import RESULTS, ROOT
 from bench.report_docs.common import GiB, MiB, _and, _env_line, _fill, _json, _less, _n, _of, _pct, _runs_by_key, _span
+from bench.speed_ab import markdown_table
 from gmlake.sim.replay import driver_costs
 
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -383,6 +384,7 @@ def micro() -> str:
 # `python -m bench ipc-price --out bench/results/<machine-date>/ipc-price.json`: the newest record of that name prices
 # exportable chunks (Note [Exporting a chunk]); while none exists the section says how to make one.
 IPC_PRICE = "ipc-price.json"
+IPC_STEPS = "speed-ab-ipc.json"   # training steps without and with exportable chunks, beside the price
 IPC_SAME = 1.05         # cuMemCreate exportable / plain at most this: exportable costs nothing to speak of at create
 
 
@@ -424,7 +426,17 @@ def ipc_price(record: str | None = None) -> str:
             f"{step['exportable']:.2f} ms exportable ({step['ratio']:.3f}). Medians of {env.get('rounds', '?')} "
             f"rounds of {env.get('calls', '?')} calls, the order alternating, `bench/results/{record}`: "
             + verdict + "the export is paid once per shared chunk, when a tensor on it is first shared. "
-            + _env_line([env]) + "\n")
+            + _env_line([env]) + "\n" + ipc_training_steps(record))
+
+
+def ipc_training_steps(record: str) -> str:
+    """Training steps with chunks not exportable (gmlake-noipc, the baseline) against the default, from the speed-ab
+    record beside the ipc-price one, where there is one."""
+    beside = str(Path(record).parent / IPC_STEPS)
+    if not (RESULTS / beside).exists():
+        return ""
+    return ("\nWarm training steps, `gmlake-noipc` (chunks not exportable) as the baseline against the default, "
+            "interleaved (`python -m bench speed-ab`, \"Speed to 2 %\"):\n\n" + markdown_table(_json(beside)) + "\n")
 
 
 def sync_price() -> str:

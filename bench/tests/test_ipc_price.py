@@ -61,6 +61,22 @@ def test_the_section_is_rendered_from_the_record(tmp_path, benchmarks):
     assert "exportable by default (`GMLAKE_IPC=0` turns it off)" in text
 
 
+def test_training_steps_beside_the_record_are_shown(tmp_path, benchmarks):
+    """A speed-ab record of gmlake-noipc against the default, beside the price, becomes a table under it; without one
+    the section has none."""
+    path = _record(tmp_path)
+    assert "Warm training steps" not in benchmarks.ipc_price(str(path))
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "nvidia_driver": "580", "torch": "2.11.0", "python": "3.12",
+           "date": "2026-12-07T00:00:00", "command": "bench speed-ab --allocators gmlake-noipc gmlake"}
+    rows = [{"workload": "bert", "allocator": "gmlake-noipc", "warm_sum_s": [1.5, 1.51], "spread_pct": 0.7},
+            {"workload": "bert", "allocator": "gmlake", "warm_sum_s": [1.505, 1.5], "spread_pct": 0.3, "ratio": 0.998,
+             "ratio_spread_pct": 1.0, "verdict": "within 2%"}]
+    (path.parent / benchmarks.IPC_STEPS).write_text(json.dumps({"environment": env, "rows": rows}))
+    text = benchmarks.ipc_price(str(path))
+    assert "| bert | gmlake | 1.50 / 1.50 | 0.3 % | 0.998 (1.0 %) | within 2% |" in text
+    assert "| bert | gmlake-noipc | 1.50 / 1.51 | 0.7 % | baseline |" in text
+
+
 @pytest.mark.parametrize(("ratio", "said"), [(1.004, "1.004 times plain, within 5 %"),
                                              (1.2, "1.200 times plain, more than 5 % over")])
 def test_the_section_says_whether_exportable_costs_at_create(tmp_path, benchmarks, ratio, said):
