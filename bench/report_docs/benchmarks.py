@@ -422,8 +422,11 @@ def ipc_price(record: str | None = None) -> str:
                if max(ratios) <= IPC_SAME else
                f"cuMemCreate exportable costs {span} times plain, more than {(IPC_SAME - 1) * 100:.0f} % over; chunks are "
                f"{default}; ")
+    dearer = (" Every request of that step maps new handles and create and release cost the same, so mapping and "
+              "unmapping exportable handles costs more: a price paid by the steps that map new memory, not by a warm "
+              "step that maps none." if step["ratio"] > IPC_SAME else "")
     return ("\n".join(rows) + f"\n\nAn allocator's grow-and-release step: {step['plain']:.2f} ms plain, "
-            f"{step['exportable']:.2f} ms exportable ({step['ratio']:.3f}). Medians of {env.get('rounds', '?')} "
+            f"{step['exportable']:.2f} ms exportable ({step['ratio']:.3f}).{dearer} Medians of {env.get('rounds', '?')} "
             f"rounds of {env.get('calls', '?')} calls, the order alternating, `bench/results/{record}`: "
             + verdict + "the export is paid once per shared chunk, when a tensor on it is first shared. "
             + _env_line([env]) + "\n" + ipc_training_steps(record))
