@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "replay-speed": ("bench.replay_speed", "replay's events per second; --against OLD_CHECKOUT for an A/B"),
     "fsdp-pattern": ("bench.fsdp_pattern", "FSDP's streams modelled on the sim driver"),
     "edge": ("bench.edge", "at the edge of memory, by replay: where each policy fits, what fitting costs there"),
+    "plan-goals": ("bench.plan_goals", "the replay goals of a policy, on tuning and held-out validation traces"),
     "edge-fit": ("bench.edge_fit", "the device as the limit, libraries loading lazily: who trains at k x P + L"),
     "report": {
         "docs": ("bench.report_docs", ("rewrite the generated sections of the docs (benchmarks.md from "

@@ -58,10 +58,11 @@ def cell(value, fmt: str, unit: str = "") -> str:
 
 
 def render_table(title: str, columns: list[str], rows: list, left: tuple[str, ...] = (),
-                 no_wrap: tuple[str, ...] = (), width: int = 200, borders: bool = True) -> str:
+                 no_wrap: tuple[str, ...] = (), width: int = 200, borders: bool = True,
+                 fold: tuple[str, ...] = ()) -> str:
     """A result table as text: rich's, `width` columns wide, where rich is installed (`left` columns flush left, the
-    rest right; `no_wrap` never folded; `borders=False`: columns two spaces apart, no lines), else one plain line a
-    row."""
+    rest right; `no_wrap` never folded; `fold` folded anywhere rather than cut short; `borders=False`: columns two
+    spaces apart, no lines), else one plain line a row."""
     try:
         from rich.console import Console
         from rich.table import Table
@@ -69,7 +70,8 @@ def render_table(title: str, columns: list[str], rows: list, left: tuple[str, ..
         return "\n".join([title, *("  ".join(row) for row in [columns, *rows])])
     table = Table(title=title) if borders else Table(title=title, box=None)
     for name in columns:
-        table.add_column(name, justify="left" if name in left else "right", no_wrap=name in no_wrap)
+        table.add_column(name, justify="left" if name in left else "right", no_wrap=name in no_wrap,
+                         overflow="fold" if name in fold else "ellipsis")
     for row in rows:
         table.add_row(*row)
     console = Console(width=width, record=True)
