@@ -46,6 +46,8 @@ EDGE_TAIL = RESULTS / "edge-figures-tail2m.json"
 # and on traces no setting was chosen on, with the default and the tail pages alone beside
 EDGE_CUT = RESULTS / "edge-figures-cut25.json"
 EDGE_CUT_HELDOUT = RESULTS / "edge-figures-cut25-heldout.json"
+# The replay goals of the default on the tuning and the held-out traces (`python -m bench plan-goals`)
+REPLAY_GOALS = RESULTS / "replay-goals-default.json"
 TAIL_SPEED = "h200-2026-12-05/speed-tail2m.json"
 TAIL_EDGE_FIT = "h100-2026-12-05/edge-fit-tail2m.json"
 CUT_SPEED = "h100-2026-12-06/speed-cut25.json"
@@ -966,6 +968,31 @@ def reuse_cuts() -> str:
 CUT_LABEL = "gmlake(tail_page=2MiB, cut_at_reuse=25)"
 
 
+def replay_goals() -> str:
+    """The default's replay goals per trace of the tuning and the held-out validation sets (`python -m bench
+    plan-goals`, held by bench/tests/test_plan_goals.py): peak reserved without a limit beside the references', the
+    excess over the better of them, the priced driver time against the budget; then each set's counts and the edge
+    fit from the bench edge record."""
+    record = json.loads(REPLAY_GOALS.read_text())
+    goal = record["goals"]
+    lines = [("| set | trace | reserved GiB: expandable / paper / default | excess over the better | priced driver s: "
+              "default / budget | driver calls per 1000 requests |"), "|---|---|---|---|---|---|"]
+    for name, chosen in record["sets"].items():
+        for r in chosen["traces"]:
+            c = r["candidate"]
+            lines.append(f"| {name} | {r['trace']} | {r['expandable']['peak_reserved'] / GiB:.2f} / "
+                         f"{r['paper']['peak_reserved'] / GiB:.2f} / {c['peak_reserved'] / GiB:.2f} | "
+                         f"{r['excess_pct']:+.2f} %{'' if r['memory_met'] else ' (missed)'} | "
+                         f"{c['driver_seconds']:.3f} / {r['time_budget']:.3f}{'' if r['time_met'] else ' (missed)'} | "
+                         f"{1000 * c['driver_calls'] / c['requests']:.1f} |")
+    env = record["environment"]
+    command = env["command"].split(" plan-goals", 1)[-1]
+    return ("\n".join(lines) + f"\n\nGoals: reserved at most the better reference's + {goal['memory_excess_pct']} %; "
+            f"priced driver time at most expandable's + {goal['time_share']} of the paper design's extra. "
+            + "; ".join(record["summary"]) + f". Replayed on the CPU ({env['cpu']}, Python {env['python']}, gmlake "
+            f"sources {env['gmlake_source_sha256']}), {env['date'][:10]}: `python -m bench plan-goals{command}`.\n")
+
+
 def fine_pages_speed(record: str = FINE_SPEED) -> str:
     """The speed runs of a candidate (2 MiB pages; 2 MiB tail slots) beside the default's and expandable segments'
     (bench speed, interleaved): each run's timed seconds after warm-up, the spread, and the driver's calls and time
@@ -992,6 +1019,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "caps": caps, "caps-notes": caps_notes, "edge": edge, "edge-missed": edge_missed, "edge-page-sizes": edge_page_sizes,
     "fine-pages-speed": fine_pages_speed, "tail-pages-speed": lambda: fine_pages_speed(TAIL_SPEED),
     "tail-pages-edge-fit": lambda: edge_fit(TAIL_EDGE_FIT), "reuse-cuts": reuse_cuts,
+    "replay-goals": replay_goals,
     "reuse-cuts-speed": lambda: fine_pages_speed(CUT_SPEED), "edge-fit": edge_fit, "edge-bracket": edge_bracket,
     "edge-libraries": edge_libraries, "tune-gpu": tune_gpu, "stall": stall, "latency": latency, "micro": micro,
     "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs,

@@ -10,7 +10,7 @@ import pytest
 
 plan_goals = pytest.importorskip("bench.plan_goals")
 
-from bench import edge
+from bench import RESULTS, ROOT, edge
 from gmlake.sim.trace import ALLOC, EVENT_DTYPE, FREE, Trace, load, save_compact
 
 MiB = 1 << 20
@@ -175,3 +175,15 @@ def test_a_references_file_that_is_not_a_json_object_is_refused(tiny_sets, tmp_p
     with pytest.raises(SystemExit) as exit_:
         plan_goals.main(["--references", str(tmp_path / "bad.json")])
     assert exit_.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_recorded_figures_are_what_replay_gives_today():
+    """bench/results/replay-goals-default.json (docs/benchmarks.md's table) on two cheap traces, one of each set: a
+    change that moves the default's or a reference's figures reruns `python -m bench plan-goals` (seconds)."""
+    record = json.loads((RESULTS / "replay-goals-default.json").read_text())
+    rows = {r["path"]: r for chosen in record["sets"].values() for r in chosen["traces"]}
+    for key in ("tests/data/edge/sage-edge.gmtrace", "tests/data/results/traces/cnn-20steps-native.gmtrace"):
+        for policy, column in (("gmlake", "candidate"), ("expandable", "expandable"), ("gmlake-paper", "paper")):
+            assert plan_goals.replay_one(str(ROOT / key), policy) == rows[key][column], (key, policy)
+    saved = json.loads((RESULTS / "replay-goals-references.json").read_text())["references"]
+    assert saved == record["references"]
