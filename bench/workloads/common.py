@@ -5,16 +5,35 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NoReturn
 
 import torch
+from torch import nn
 
 # gmlake's event counters that say how hard it worked (kept in every summary)
 GMLAKE_COUNTERS = ("stitches", "stitched_handles", "sblock_reuses", "sblock_evictions", "cached_sblocks",
                    "segments_created", "chunks_released", "stream_migrations", "stream_waits", "ooms")
+
+
+@dataclass
+class Workload:
+    """A model and how one step's inputs are drawn, made and turned into a loss."""
+    model: nn.Module
+    draw_shape: Callable[[random.Random], dict]              # one step's shape, from the schedule's generator
+    make_inputs: Callable[[dict, torch.device], dict]        # the tensors for that shape, on the device
+    loss: Callable[[nn.Module, dict], torch.Tensor]
+    tokens: Callable[[dict], int]                            # tokens (or patches) a step of that shape carries
+
+
+def draw_range(rng: random.Random, bounds: tuple[int, int], step: int) -> int:
+    """A value in [lo, hi] in steps of `step` from lo, uniformly."""
+    lo, hi = bounds
+    return rng.randrange(lo, hi + 1, step)
 
 
 def allocator_name() -> str:

@@ -20,19 +20,21 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from bench.cli import OneLineParser
+from bench.workloads import edge_programs
 from bench.workloads.common import (  # noqa: F401 - OOM_EXIT, parse_fraction, out_of_memory: tests read them here
     OOM_EXIT,
     MachineProbe,
+    Workload,
     add_run_arguments,
     allocator_name,
     cap_fields,
     counters_since,
+    draw_range,
     dump_snapshot,
     exit_failed,
     gmlake_policy_name,
@@ -78,22 +80,6 @@ PRESETS: dict[str, dict[str, dict]] = {
                   "batch": (2, 4), "batch_step": 1, "shape": (32, 64), "shape_step": 16},
     },
 }
-
-
-@dataclass
-class Workload:
-    """A model and how one step's inputs are drawn, made and turned into a loss."""
-    model: nn.Module
-    draw_shape: Callable[[random.Random], dict]              # one step's shape, from the schedule's generator
-    make_inputs: Callable[[dict, torch.device], dict]        # the tensors for that shape, on the device
-    loss: Callable[[nn.Module, dict], torch.Tensor]
-    tokens: Callable[[dict], int]                            # tokens (or patches) a step of that shape carries
-
-
-def draw_range(rng: random.Random, bounds: tuple[int, int], step: int) -> int:
-    """A value in [lo, hi] in steps of `step` from lo, uniformly."""
-    lo, hi = bounds
-    return rng.randrange(lo, hi + 1, step)
 
 
 def draw_batch(rng: random.Random, cfg: dict) -> int:
@@ -250,8 +236,6 @@ def build_cnn(cfg: dict, device: torch.device) -> Workload:
 
     return Workload(model, draw, make, loss, lambda s: 0)
 
-
-from bench.workloads import edge_programs
 
 PRESETS.update(edge_programs.PRESETS)
 BUILDERS: dict[str, Callable[[dict, torch.device], Workload]] = {

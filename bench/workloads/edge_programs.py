@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from bench.workloads.common import Workload, draw_range
+
 PRESETS = {
     "rl": {
         "full": {"hidden": 1024, "layers": 8, "heads": 16, "ffn": 4096, "vocab": 32000,
@@ -87,8 +89,6 @@ class Decoder(nn.Module):
 
 
 def build_rl(cfg: dict, device: torch.device):
-    from bench.workloads.dynamic import Workload, draw_range
-
     with torch.device(device):
         model = Decoder(cfg)
 
@@ -135,8 +135,6 @@ class Sage(nn.Module):
 
 
 def build_sage(cfg: dict, device: torch.device):
-    from bench.workloads.dynamic import Workload, draw_range
-
     with torch.device(device):
         model = Sage(cfg)
 
