@@ -1,9 +1,18 @@
-"""The price of exportable chunks (Note [Exporting a chunk]): cuMemCreate with and without the POSIX handle type.
+"""The price of exportable chunks (Note [Exporting a chunk]): each VMM call per handle, and an allocator's step.
 
-Rounds alternate which goes first: per chunk size, chunks created and released by a plain and an exportable driver,
-each exportable one exported (and closed), and an allocator's grow-and-release step over each. Medians, `ratio`
-exportable / plain; JSON to --out or $OUT/ipc_price.json. Training steps, interleaved: `python -m bench speed-ab
---allocators gmlake-noipc gmlake`.
+    python -m bench ipc-price [--driver cuda|host] [--rounds N] [--calls N] [--steps N] [--out FILE]
+
+Three kinds of chunk: plain (no handle type), exportable (created with the POSIX file descriptor handle type and never
+exported: every chunk, by default) and exported (exported once created and its descriptor closed: a shared chunk).
+Two phases, steps first so that no export comes before them:
+- steps: per round, `--steps` grow-and-release steps (every request maps new chunks) of a fresh allocator over a
+  plain and over an exportable driver, interleaved (A B B A ..., the first kind alternating by round), after one
+  untimed step of each;
+- per-handle prices: per round, bench._bench.time_driver_calls over `--calls` chunks of each size for each kind
+  (create, map, set_access, unmap, release, and the export), the order of kinds alternating by round.
+A ratio is the median over rounds of each round's exportable / plain (or exported / plain), with its quartiles and
+range. `decide` says whether exportable chunks are free: the default follows (docs/benchmarks.md). JSON to --out or
+$OUT/ipc_price.json.
 """
 from __future__ import annotations
 
@@ -21,20 +30,20 @@ from gmlake import Allocator
 
 MiB, SIZES_MIB = 1 << 20, (2, 20)
 STEP_MIB = (6, 20, 64, 2, 40, 128, 20, 8)
+KINDS = ("plain", "exportable", "exported")
+# time_driver_calls' names -> the cost table's per_handle names (gmlake/sim/data/driver_costs_h200.json)
+CALLS = {"create_chunk": "create_chunk", "map": "map", "set_access_per_handle": "set_access",
+         "unmap_per_handle": "unmap", "release_chunk": "release_chunk"}
+# Exportable / plain at most this, judged by the median over rounds, and a spread between the rounds' quartiles
+# no wider than IPC_SAME - 1: exportable chunks cost nothing to speak of there. A wider spread cannot decide.
+IPC_SAME = 1.05
+TABLE_SIZE = "2MiB"     # the cost table prices 2 MiB handles
 
 
-def time_calls(driver, size: int, calls: int, export: bool) -> dict:
-    """us per create, release and (where `export`) export+close, over `calls` chunks of `size`."""
-    t0 = time.perf_counter_ns()
-    handles = [driver.create(size) for _ in range(calls)]
-    t1 = time.perf_counter_ns()
-    for handle in handles if export else ():
-        os.close(driver.export(handle))
-    t2 = time.perf_counter_ns()
-    for handle in handles:
-        driver.release(handle, size)
-    out = {"create_us": (t1 - t0) / calls / 1e3, "release_us": (time.perf_counter_ns() - t2) / calls / 1e3}
-    return {**out, "export_us": (t2 - t1) / calls / 1e3} if export else out
+def spread(values: list[float]) -> dict:
+    """Median, quartiles and range of `values` (two or more)."""
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return {"median": statistics.median(values), "q1": q1, "q3": q3, "min": min(values), "max": max(values)}
 
 
 def time_step(driver) -> float:
@@ -48,48 +57,118 @@ def time_step(driver) -> float:
     return (time.perf_counter_ns() - started) / 1e6
 
 
-def measure(kind: str, rounds: int, calls: int) -> dict:
+def measure_steps(drivers: dict, rounds: int, steps: int) -> dict:
+    """Per round, `steps` steps of each kind interleaved A B B A ...; the ratio of the rounds' medians."""
+    for name in ("plain", "exportable"):
+        time_step(drivers[name])                                # untimed: first touches of the driver
+    samples: dict = {"plain": [], "exportable": []}
+    for r in range(rounds):
+        order = ("plain", "exportable")[::1 if r % 2 == 0 else -1]
+        taken: dict = {"plain": [], "exportable": []}
+        for i in range(steps):
+            for name in order[::1 if i % 2 == 0 else -1]:
+                taken[name].append(time_step(drivers[name]))
+        for name, values in taken.items():
+            samples[name].append(values)
+    medians = {name: [statistics.median(v) for v in by_round] for name, by_round in samples.items()}
+    return {"median_ms": {name: statistics.median(v) for name, v in medians.items()},
+            "ratio": spread([e / p for e, p in zip(medians["exportable"], medians["plain"])]),
+            "samples_ms": samples}
+
+
+def measure_prices(drivers: dict, rounds: int, calls: int) -> dict:
+    """Per round and size, each kind's per-handle prices (its order alternating by round); medians, ratios to plain
+    (paired within a round) and the extra µs per handle."""
+    from bench.native import load
+    time_driver_calls = load().time_driver_calls
+    samples: dict = {f"{mib}MiB": {k: {} for k in KINDS} for mib in SIZES_MIB}
+    for r in range(rounds):
+        for kind in KINDS[::1 if r % 2 == 0 else -1]:
+            driver = drivers["plain" if kind == "plain" else "exportable"]
+            for mib in SIZES_MIB:
+                got = time_driver_calls(driver, mib * MiB, calls, export=kind == "exported", copies=False)
+                names = {**CALLS, "export": "export"} if kind == "exported" else CALLS
+                for key, name in names.items():
+                    samples[f"{mib}MiB"][kind].setdefault(name, []).append(got[key])
+    out = {}
+    for size, by_kind in samples.items():
+        plain = by_kind["plain"]
+        out[size] = {
+            "median_us": {kind: {c: statistics.median(v) for c, v in by_call.items()} for kind, by_call in by_kind.items()},
+            "ratio": {kind: {c: spread([a / b for a, b in zip(by_kind[kind][c], plain[c])]) for c in plain}
+                      for kind in KINDS[1:]},
+            "extra_us": {kind: {c: statistics.median([a - b for a, b in zip(by_kind[kind][c], plain[c])])
+                                for c in plain} for kind in KINDS[1:]},
+            "samples_us": by_kind}
+    return out
+
+
+def measure(kind: str, rounds: int, calls: int, steps: int) -> dict:
     drivers = ({"plain": gmlake.cuda_driver(0, False), "exportable": gmlake.cuda_driver(0, True)} if kind == "cuda"
                else {"plain": gmlake.HostDriver(), "exportable": gmlake.HostDriver()})
-    samples: dict = {"step": {"plain": [], "exportable": []}}
-    for r in range(rounds):
-        for name in ("plain", "exportable")[::1 if r % 2 == 0 else -1]:
-            for mib in SIZES_MIB:
-                for key, value in time_calls(drivers[name], mib * MiB, calls, name == "exportable").items():
-                    samples.setdefault(f"{mib}MiB", {}).setdefault(name, {}).setdefault(key, []).append(value)
-            samples["step"][name].append(time_step(drivers[name]))
-    result: dict = {}
-    for mib in SIZES_MIB:
-        row = {name: {k: statistics.median(v) for k, v in by_call.items()}
-               for name, by_call in samples[f"{mib}MiB"].items()}
-        result[f"{mib}MiB"] = {**row, "create_ratio": row["exportable"]["create_us"] / row["plain"]["create_us"]}
-    step = {name: statistics.median(v) for name, v in samples["step"].items()}
-    result["step_ms"] = {**step, "ratio": step["exportable"] / step["plain"], "samples": samples["step"]}
-    return result
+    steps_out = measure_steps(drivers, rounds, steps)
+    return {"steps": steps_out, "per_handle": measure_prices(drivers, rounds, calls)}
+
+
+def judge(ratio: dict) -> str:
+    """'free', 'dearer' or 'cannot decide' (the quartiles further apart than the threshold) for a ratio's spread."""
+    if ratio["q3"] - ratio["q1"] > IPC_SAME - 1:
+        return "cannot decide"
+    return "free" if ratio["median"] <= IPC_SAME else "dearer"
+
+
+def decide(record: dict) -> dict:
+    """Whether chunks should be exportable by default, from an ipc-price record: only if creating, mapping,
+    setting access to, unmapping and releasing an exportable (not exported) chunk, at every size, and the
+    grow-and-release step all judge 'free'. {"exportable": True, False, or None where the record cannot decide,
+    "judged": {what: verdict}, "lacks": the fields an older record lacks}."""
+    lacks = [key for key in ("per_handle", "steps") if key not in record]
+    if lacks:
+        return {"exportable": None, "judged": {}, "lacks": lacks}
+    judged = {f"{call} ({size[:-3]} MiB)": judge(ratio) for size, row in record["per_handle"].items()
+              for call, ratio in row["ratio"]["exportable"].items()}
+    judged["grow-and-release step"] = judge(record["steps"]["ratio"])
+    verdicts = set(judged.values())
+    return {"exportable": None if "cannot decide" in verdicts else verdicts == {"free"}, "judged": judged, "lacks": []}
+
+
+def table_extra(record: dict) -> dict:
+    """The cost table's per_handle_exportable_extra from a record: the extra µs per 2 MiB exportable handle, per
+    call, rounded as the table keeps it."""
+    return {call: round(us, 3) for call, us in record["per_handle"][TABLE_SIZE]["extra_us"]["exportable"].items()}
 
 
 def main(argv: list[str] | None = None, prog: str = "bench ipc-price") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--driver", choices=["cuda", "host"], default="cuda")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--calls", type=int, default=64)
+    parser.add_argument("--calls", type=int, default=128, help="chunks per size, kind and round")
+    parser.add_argument("--steps", type=int, default=20, help="grow-and-release steps per kind and round")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    if args.rounds < 2 or args.calls < 1:
-        parser.error("need --rounds >= 2 (the order alternates) and --calls >= 1")
+    if args.rounds < 2 or args.calls < 1 or args.steps < 1:
+        parser.error("need --rounds >= 2 (the order alternates), --calls >= 1 and --steps >= 1")
     out = args.out or (Path(os.environ["OUT"]) / "ipc_price.json" if os.environ.get("OUT") else None)
     try:
-        measured = measure(args.driver, args.rounds, args.calls)
-    except RuntimeError as exc:                 # no CUDA driver or device, or a driver call refused
+        measured = measure(args.driver, args.rounds, args.calls, args.steps)
+    except (RuntimeError, ImportError) as exc:      # no CUDA driver or device, a driver call refused, or no build
         sys.exit(f"{prog}: {error_line(exc)}")
-    result = {"environment": environment(driver_kind=args.driver, rounds=args.rounds, calls=args.calls), **measured}
+    result = {"environment": environment(driver_kind=args.driver, rounds=args.rounds, calls=args.calls,
+                                         steps=args.steps), **measured}
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
-    rows = [[f"{mib} MiB", *(f"{result[f'{mib}MiB'][k]['create_us']:.1f}" for k in ("plain", "exportable")),
-             f"{result[f'{mib}MiB']['create_ratio']:.2f}x", f"{result[f'{mib}MiB']['exportable']['export_us']:.1f}"]
-            for mib in SIZES_MIB]
-    print(render_table("cuMemCreate plain against exportable (us per call, medians)",
-                       ["chunk", "plain", "exportable", "ratio", "export+close"], rows))
-    print("grow-and-release step (ms): {plain:.2f} plain, {exportable:.2f} exportable ({ratio:.2f}x)".format(
-        **result["step_ms"]))
+    for size, row in result["per_handle"].items():
+        med, ratio = row["median_us"], row["ratio"]
+        rows = [[call, *(f"{med[k][call]:.2f}" for k in KINDS),
+                 *(f"{ratio[k][call]['median']:.3f} ({ratio[k][call]['q1']:.3f}-{ratio[k][call]['q3']:.3f})"
+                   for k in KINDS[1:])] for call in med["plain"]]
+        rows.append(["export", "", "", f"{med['exported']['export']:.1f}", "", ""])
+        print(render_table(f"{size[:-3]} MiB chunks: µs per handle, medians over rounds",
+                           ["call", *KINDS, "exportable / plain (q1-q3)", "exported / plain (q1-q3)"], rows))
+    steps, decision = result["steps"], decide(result)
+    print("grow-and-release step (ms): {plain:.3f} plain, {exportable:.3f} exportable".format(**steps["median_ms"])
+          + " ({median:.3f}x, quartiles {q1:.3f}-{q3:.3f})".format(**steps["ratio"]))
+    dearer = [what for what, verdict in decision["judged"].items() if verdict != "free"]
+    print({True: "exportable chunks are free: exportable by default", False: "exportable chunks cost more",
+           None: "cannot decide"}[decision["exportable"]] + (f" ({', '.join(dearer)})" if dearer else ""))
