@@ -1,6 +1,7 @@
 """The price of exportable chunks (Note [Exporting a chunk]): each VMM call per handle, and an allocator's step.
 
     python -m bench ipc-price [--driver cuda|host] [--rounds N] [--calls N] [--steps N] [--out FILE]
+    python -m bench ipc-price --price-table bench/results/<machine-date>/ipc-price.json
 
 Three kinds of chunk: plain (no handle type), exportable (created with the POSIX file descriptor handle type and never
 exported: every chunk, by default) and exported (exported once created and its descriptor closed: a shared chunk).
@@ -12,7 +13,8 @@ Two phases, steps first so that no export comes before them:
   (create, map, set_access, unmap, release, and the export), the order of kinds alternating by round.
 A ratio is the median over rounds of each round's exportable / plain (or exported / plain), with its quartiles and
 range. `decide` says whether exportable chunks are free: the default follows (docs/benchmarks.md). JSON to --out or
-$OUT/ipc_price.json.
+$OUT/ipc_price.json. --price-table writes a record's extra µs per exportable 2 MiB handle into replay's cost table
+(per_handle_exportable_extra, gmlake/sim/data/driver_costs_h200.json) and names the record there.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 import gmlake
+from bench import RESULTS, ROOT
 from bench.cli import OneLineParser, error_line, render_table
 from bench.harness import environment
 from gmlake import Allocator
@@ -38,6 +41,15 @@ CALLS = {"create_chunk": "create_chunk", "map": "map", "set_access_per_handle": 
 # no wider than IPC_SAME - 1: exportable chunks cost nothing to speak of there. A wider spread cannot decide.
 IPC_SAME = 1.05
 TABLE_SIZE = "2MiB"     # the cost table prices 2 MiB handles
+TABLE = ROOT / "gmlake" / "sim" / "data" / "driver_costs_h200.json"
+TABLE_NOTE = ("µs each handle of an exportable chunk (created with the POSIX file descriptor handle type, as chunks "
+              "are by default, Note [Exporting a chunk]) costs beyond per_handle's while it is not exported; replay "
+              "adds them to every handle where the sim driver's chunks are exportable (SimDriver.exportable). "
+              "Measured by `python -m bench ipc-price` on {gpu} (driver {nvidia_driver}), torch {torch}, {day}: "
+              "{rounds} rounds of {calls} 2 MiB handles of each kind, the order alternating; the median over rounds "
+              "of exportable less plain in the same round (per_handle_exportable_result; docs/benchmarks.md, "
+              "\"Sharing CUDA tensors: exportable chunks\", shows all its prices, exported chunks' included, which "
+              "replay does not use: it exports nothing). Measured on that GPU and added to per_handle's H200 prices.")
 
 
 def spread(values: list[float]) -> dict:
@@ -138,6 +150,31 @@ def table_extra(record: dict) -> dict:
     return {call: round(us, 3) for call, us in record["per_handle"][TABLE_SIZE]["extra_us"]["exportable"].items()}
 
 
+def write_table(record: Path, table: Path | None = None) -> dict:
+    """Put `record`'s table_extra into the cost table at `table` (default TABLE), with a note saying where it came from and the
+    record's name (relative to bench/results) in per_handle_exportable_result. Returns the extras; ValueError for
+    a record without per-handle prices."""
+    data = json.loads(record.read_text())
+    if "per_handle" not in data:
+        raise ValueError(f"{record} has no per-handle prices (a record from before they were measured)")
+    env = data.get("environment", {})
+    table = table or TABLE
+    costs, extra = json.loads(table.read_text()), table_extra(data)
+    note = TABLE_NOTE.format(
+        day=env.get("date", "?")[:10], **{k: env.get(k, "?") for k in ("gpu", "nvidia_driver", "torch", "rounds", "calls")})
+    name = str(record.resolve().relative_to(RESULTS)) if record.resolve().is_relative_to(RESULTS) else str(record)
+    out: dict = {}
+    for key, value in costs.items():
+        if key.startswith("per_handle_exportable_"):
+            continue
+        out[key] = value
+        if key == "per_handle":
+            out.update(per_handle_exportable_extra=extra, per_handle_exportable_note=note,
+                       per_handle_exportable_result=name)
+    table.write_text(json.dumps(out, indent=2) + "\n")
+    return extra
+
+
 def main(argv: list[str] | None = None, prog: str = "bench ipc-price") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--driver", choices=["cuda", "host"], default="cuda")
@@ -145,7 +182,16 @@ def main(argv: list[str] | None = None, prog: str = "bench ipc-price") -> None:
     parser.add_argument("--calls", type=int, default=128, help="chunks per size, kind and round")
     parser.add_argument("--steps", type=int, default=20, help="grow-and-release steps per kind and round")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--price-table", type=Path, metavar="RECORD",
+                        help="write RECORD's extra per exportable handle into replay's cost table, and measure nothing")
     args = parser.parse_args(argv)
+    if args.price_table:
+        try:
+            extra = write_table(args.price_table)
+        except (OSError, ValueError) as exc:        # no such file, not JSON, or an older record
+            parser.error(error_line(exc))
+        print(f"{TABLE}: per_handle_exportable_extra = {extra} (µs per 2 MiB handle)")
+        return
     if args.rounds < 2 or args.calls < 1 or args.steps < 1:
         parser.error("need --rounds >= 2 (the order alternates), --calls >= 1 and --steps >= 1")
     out = args.out or (Path(os.environ["OUT"]) / "ipc_price.json" if os.environ.get("OUT") else None)
@@ -169,6 +215,9 @@ def main(argv: list[str] | None = None, prog: str = "bench ipc-price") -> None:
     steps, decision = result["steps"], decide(result)
     print("grow-and-release step (ms): {plain:.3f} plain, {exportable:.3f} exportable".format(**steps["median_ms"])
           + " ({median:.3f}x, quartiles {q1:.3f}-{q3:.3f})".format(**steps["ratio"]))
-    dearer = [what for what, verdict in decision["judged"].items() if verdict != "free"]
-    print({True: "exportable chunks are free: exportable by default", False: "exportable chunks cost more",
-           None: "cannot decide"}[decision["exportable"]] + (f" ({', '.join(dearer)})" if dearer else ""))
+    said = {True: "exportable chunks are free: exportable by default", False: "exportable chunks cost more",
+            None: "cannot decide"}[decision["exportable"]]
+    for verdict in ("dearer", "cannot decide"):
+        named = [what for what, v in decision["judged"].items() if v == verdict]
+        said += f"; {verdict}: {', '.join(named)}" if named else ""
+    print(said)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench import RESULTS, ROOT
 from bench.report_docs.common import GiB, MiB, _and, _env_line, _fill, _json, _less, _n, _of, _pct, _runs_by_key, _span
+from bench.ipc_price import IPC_SAME, decide
 from bench.speed_ab import markdown_table
 from gmlake.sim.replay import driver_costs
 
@@ -382,10 +383,10 @@ def micro() -> str:
 
 
 # `python -m bench ipc-price --out bench/results/<machine-date>/ipc-price.json`: the newest record of that name prices
-# exportable chunks (Note [Exporting a chunk]); while none exists the section says how to make one.
+# exportable chunks (Note [Exporting a chunk]) and decides the default (bench.ipc_price.decide); while none exists the
+# section says how to make one.
 IPC_PRICE = "ipc-price.json"
 IPC_STEPS = "speed-ab-ipc.json"   # training steps without and with exportable chunks, beside the price
-IPC_SAME = 1.05         # cuMemCreate exportable / plain at most this: exportable costs nothing to speak of at create
 
 
 def ipc_price_record() -> str | None:
@@ -395,9 +396,25 @@ def ipc_price_record() -> str | None:
     return str(found[-1].relative_to(RESULTS)) if found else None
 
 
+def _ratio(r: dict) -> str:
+    return f"{r['median']:.3f} ({r['q1']:.3f}-{r['q3']:.3f})"
+
+
+def ipc_replay_price() -> str:
+    """What replay adds per handle of an exportable chunk, from the cost table, and where the table has it from."""
+    costs = driver_costs()
+    extra = ", ".join(f"{call} {us:+g}" for call, us in costs["per_handle_exportable_extra"].items())
+    source = costs.get("per_handle_exportable_result")
+    return (f"Replay prices each handle of an exportable chunk at the cost table's per-handle price plus ({extra}) µs "
+            + (f"(`{source}`)." if source else "(provisional: a raw measurement on an H100 that the table's note "
+               "describes, until a record with per-handle prices is written into it with `python -m bench ipc-price "
+               "--price-table RECORD`)."))
+
+
 def ipc_price(record: str | None = None) -> str:
-    """What exportable chunks cost, from `bench ipc-price`'s record: cuMemCreate plain against exportable, the
-    export, an allocator's grow step; and the default that follows."""
+    """What exportable chunks cost, from `bench ipc-price`'s record: each VMM call per handle for plain, exportable
+    and exported chunks, an allocator's grow-and-release step; the default that follows (bench.ipc_price.decide),
+    and what replay prices."""
     from gmlake.drivers._cuda_driver import EXPORTABLE_DEFAULT
 
     record = record or ipc_price_record()
@@ -405,30 +422,53 @@ def ipc_price(record: str | None = None) -> str:
                else "not exportable unless `GMLAKE_IPC=1`")
     if record is None:
         return (f"Not measured yet: `python -m bench ipc-price --out bench/results/<machine-date>/{IPC_PRICE}` on a "
-                f"GPU measures it. Chunks are {default}.\n")
-    data = _json(record)
-    sizes = [k for k in data if k.endswith("MiB")]
-    rows = ["| chunk | cuMemCreate plain (µs) | exportable (µs) | exportable / plain | export + close (µs) |",
-            "|---|---|---|---|---|"]
-    for key in sizes:
-        row = data[key]
-        rows.append(f"| {key[:-3]} MiB | {row['plain']['create_us']:.2f} | {row['exportable']['create_us']:.2f} | "
-                    f"{row['create_ratio']:.3f} | {row['exportable']['export_us']:.0f} |")
-    step, env = data["step_ms"], data["environment"]
-    ratios = [data[k]["create_ratio"] for k in sizes]
-    span = f"{min(ratios):.3f}" if f"{min(ratios):.3f}" == f"{max(ratios):.3f}" else \
-        f"{min(ratios):.3f}-{max(ratios):.3f}"
-    verdict = (f"cuMemCreate exportable costs {span} times plain, within {(IPC_SAME - 1) * 100:.0f} %, so chunks are {default}; "
-               if max(ratios) <= IPC_SAME else
-               f"cuMemCreate exportable costs {span} times plain, more than {(IPC_SAME - 1) * 100:.0f} % over; chunks are "
-               f"{default}; ")
-    dearer = (" Every request of that step maps new handles and create and release cost the same, so mapping and "
-              "unmapping exportable handles costs more: a price paid by the steps that map new memory, not by a warm "
-              "step that maps none." if step["ratio"] > IPC_SAME else "")
-    return ("\n".join(rows) + f"\n\nAn allocator's grow-and-release step: {step['plain']:.2f} ms plain, "
-            f"{step['exportable']:.2f} ms exportable ({step['ratio']:.3f}).{dearer} Medians of {env.get('rounds', '?')} "
-            f"rounds of {env.get('calls', '?')} calls, the order alternating, `bench/results/{record}`: "
-            + verdict + "the export is paid once per shared chunk, when a tensor on it is first shared. "
+                f"GPU measures it. Chunks are {default}. " + ipc_replay_price() + "\n")
+    data, same = _json(record), f"{(IPC_SAME - 1) * 100:.0f} %"
+    env, decision = data["environment"], decide(data)
+    if decision["lacks"]:
+        sizes = [k for k in data if k.endswith("MiB") and "create_ratio" in data[k]]
+        ratios = _and([f"{data[k]['create_ratio']:.3f} at {k[:-3]} MiB" for k in sizes]) if sizes else ""
+        return (f"The newest record, `bench/results/{record}`, lacks {_and([f'`{k}`' for k in decision['lacks']])}: "
+                "it predates the per-handle prices and the sampled step, so it cannot decide the default"
+                + (f" (it found cuMemCreate exportable / plain {ratios}, the other calls unmeasured)" if ratios
+                   else "") + f". Chunks are {default}. `python -m bench ipc-price --out "
+                f"bench/results/<machine-date>/{IPC_PRICE}` on a GPU makes a record that decides. "
+                + ipc_replay_price() + " " + _env_line([env]) + "\n" + ipc_training_steps(record))
+    rows = ["| chunk | call | plain (µs) | exportable (µs) | exportable / plain (q1-q3) | judged | exported (µs) | "
+            "exported / plain (q1-q3) |", "|---|---|---|---|---|---|---|---|"]
+    for size, row in data["per_handle"].items():
+        med, ratio = row["median_us"], row["ratio"]
+        for call in med["plain"]:
+            rows.append(f"| {size[:-3]} MiB | {call} | {med['plain'][call]:.2f} | {med['exportable'][call]:.2f} | "
+                        f"{_ratio(ratio['exportable'][call])} | {decision['judged'][f'{call} ({size[:-3]} MiB)']} | "
+                        f"{med['exported'][call]:.2f} | {_ratio(ratio['exported'][call])} |")
+        rows.append(f"| {size[:-3]} MiB | export | | | | | {med['exported']['export']:.0f} | |")
+    steps = data["steps"]
+    step = (f"An allocator's grow-and-release step (every request maps new chunks), {env.get('steps', '?')} of each "
+            f"kind per round, interleaved, before any chunk is exported: {steps['median_ms']['plain']:.3f} ms plain, "
+            f"{steps['median_ms']['exportable']:.3f} ms exportable, exportable / plain {_ratio(steps['ratio'])}, "
+            f"range {steps['ratio']['min']:.3f}-{steps['ratio']['max']:.3f}: "
+            f"{decision['judged']['grow-and-release step']}.")
+    named = {v: [w for w, x in decision["judged"].items() if x == v] for v in ("dearer", "cannot decide")}
+    dearer = [call for call in data["per_handle"][next(iter(data["per_handle"]))]["ratio"]["exported"]
+              if any(row["ratio"]["exported"][call]["median"] > IPC_SAME for row in data["per_handle"].values())]
+    exported = (f"An exported chunk (a shared one) costs more than {same} over plain at {_and(dearer)}." if dearer
+                else f"An exported chunk (a shared one) costs within {same} of plain at every call.")
+    if decision["exportable"]:
+        verdict = (f"Creating, mapping, setting access to, unmapping and releasing a chunk that is exportable but not "
+                   f"exported, and the step, are each within {same} of plain, their quartiles no further apart: free, "
+                   f"so the default is exportable; chunks are {default}.")
+    elif decision["exportable"] is False:
+        verdict = (f"{_and(named['dearer'])} cost more than {same} over plain, so the default is not exportable; "
+                   f"chunks are {default}.")
+    else:
+        verdict = (f"{_and(named['cannot decide'])} cannot decide (their quartiles further apart than {same} of "
+                   f"plain), so the record does not decide the default; chunks are {default}.")
+    return ("\n".join(rows) + f"\n\nµs per handle, medians of {env.get('rounds', '?')} rounds of "
+            f"{env.get('calls', '?')} chunks of each kind (the order alternating); a ratio is the median over rounds "
+            f"of the round's own, with its quartiles, judged free within {same}. {step} `bench/results/{record}`. "
+            + verdict + f" {exported} The export is paid once per shared chunk, when a tensor on it is first shared. "
+            + ipc_replay_price() + " "
             + _env_line([env]) + "\n" + ipc_training_steps(record))
 
 
