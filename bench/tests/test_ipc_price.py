@@ -7,33 +7,41 @@ import pytest
 import gmlake
 from bench import harness, ipc_price
 
-
 CALLS = {"create_chunk", "map", "set_access", "unmap", "release_chunk"}
 
 
-def test_it_writes_every_price_and_the_step(tmp_path, capsys):
+def test_it_writes_every_sample_and_prints_the_verdict(tmp_path, capsys):
     ipc_price.main(["--driver", "host", "--rounds", "3", "--calls", "2", "--steps", "4", "--out", str(tmp_path / "p.json")])
     got = json.loads((tmp_path / "p.json").read_text())
     assert got["environment"]["steps"] == 4 and got["environment"]["calls"] == 2
     for size in ("2MiB", "20MiB"):
         row = got["per_handle"][size]
-        assert set(row["samples_us"]["plain"]) == CALLS == set(row["samples_us"]["exportable"]), "only one is exported"
-        assert set(row["samples_us"]["exported"]) == CALLS | {"export"}
-        for kind in ("plain", "exportable", "exported"):
-            assert all(len(v) == 3 for v in row["samples_us"][kind].values()), "one sample per round"
-        for call in CALLS:                   # a ratio and an extra are each round's own, exportable against plain
-            pairs = list(zip(row["samples_us"]["exportable"][call], row["samples_us"]["plain"][call]))
+        assert set(row["plain"]) == CALLS == set(row["exportable"]), "only the exported kind is exported"
+        assert set(row["exported"]) == CALLS | {"export"}
+        assert all(len(v) == 3 for kind in ("plain", "exportable", "exported") for v in row[kind].values()), \
+            "one sample per round"
+    assert [len(r) for r in got["steps"]["samples_ms"]["plain"]] == [4, 4, 4] == \
+        [len(r) for r in got["steps"]["samples_ms"]["exportable"]]
+    out = capsys.readouterr().out
+    assert "| 20 MiB | export |" in out and "grow-and-release step" in out and "the default" in out
+
+
+def test_the_summary_pairs_each_round_with_plain(tmp_path, benchmarks):
+    """A ratio and an extra are each round's own, exportable against plain; the step's ratio is of the rounds'
+    medians."""
+    got = json.loads(_record(tmp_path).read_text())
+    summary = benchmarks.ipc_summary(got)
+    for size in ("2MiB", "20MiB"):
+        row, samples = summary["per_handle"][size], got["per_handle"][size]
+        for call in CALLS:
+            pairs = list(zip(samples["exportable"][call], samples["plain"][call]))
             assert row["ratio"]["exportable"][call]["median"] == pytest.approx(statistics.median(a / b for a, b in pairs))
             assert row["extra_us"]["exportable"][call] == pytest.approx(statistics.median(a - b for a, b in pairs))
             spread = row["ratio"]["exportable"][call]
             assert spread["min"] <= spread["q1"] <= spread["median"] <= spread["q3"] <= spread["max"]
-    steps = got["steps"]
-    assert [len(r) for r in steps["samples_ms"]["plain"]] == [4, 4, 4] == [len(r) for r in steps["samples_ms"]["exportable"]]
-    per_round = [statistics.median(e) / statistics.median(p)
-                 for e, p in zip(steps["samples_ms"]["exportable"], steps["samples_ms"]["plain"])]
-    assert steps["ratio"]["median"] == pytest.approx(statistics.median(per_round))
-    out = capsys.readouterr().out
-    assert "exported / plain" in out and "grow-and-release step" in out
+    steps = got["steps"]["samples_ms"]
+    per_round = [statistics.median(e) / statistics.median(p) for e, p in zip(steps["exportable"], steps["plain"])]
+    assert summary["steps"]["ratio"]["median"] == pytest.approx(statistics.median(per_round))
 
 
 def test_rounds_alternate_the_order_of_kinds_and_steps_come_first(monkeypatch):
@@ -54,7 +62,8 @@ def test_rounds_alternate_the_order_of_kinds_and_steps_come_first(monkeypatch):
     drivers = {"plain": gmlake.HostDriver(), "exportable": gmlake.HostDriver()}
     drivers_by_id = {id(d): name for name, d in drivers.items()}
     monkeypatch.setattr(ipc_price, "time_step", lambda driver: seen.append(("step", drivers_by_id[id(driver)])) or 1.0)
-    monkeypatch.setattr(ipc_price.gmlake, "HostDriver", lambda it=iter(drivers.values()): next(it))
+    made = iter(drivers.values())
+    monkeypatch.setattr(ipc_price.gmlake, "HostDriver", lambda: next(made))
     ipc_price.measure("host", 2, 1, 2)
     steps = [name for what, name in seen if what == "step"]
     assert steps == ["plain", "exportable"] + ["plain", "exportable", "exportable", "plain"] + \
@@ -81,18 +90,21 @@ def test_gmlake_noipc_runs_without_exportable_chunks_and_gmlake_with_the_default
 
 # ---------------------------------------------------------------- docs/benchmarks.md's section, from a record
 
-def _record(tmp_path, ratio: float | None = None, step: dict | None = None, folder: str = "h100-2026-12-07"):
-    """A record as `bench ipc-price --out` writes it (the host driver's, two rounds): every exportable / plain ratio
-    set to `ratio` with quartiles that close, and the step's spread to `step`, where asked."""
+def _record(tmp_path, ratio: float | None = None, step: tuple[float, float] | None = None,
+            folder: str = "h100-2026-12-07"):
+    """A record as `bench ipc-price --out` writes it (the host driver's, two rounds). Where asked, each exportable
+    sample is its round's plain one times `ratio` less and more 1 % (quartiles 1 % of `ratio` apart), and the step's
+    exportable samples are plain's times step[0] in the first round and step[1] in the second."""
     path = tmp_path / folder / "ipc-price.json"
     ipc_price.main(["--driver", "host", "--rounds", "2", "--calls", "2", "--steps", "2", "--out", str(path)])
     data = json.loads(path.read_text())
     if ratio is not None:
         for row in data["per_handle"].values():
-            for call in row["ratio"]["exportable"]:
-                row["ratio"]["exportable"][call] = {"median": ratio, "q1": ratio - 0.01, "q3": ratio + 0.01,
-                                                    "min": ratio - 0.02, "max": ratio + 0.02}
-        data["steps"]["ratio"] = step or {"median": ratio, "q1": ratio, "q3": ratio, "min": ratio, "max": ratio}
+            for call, plain in row["plain"].items():
+                row["exportable"][call] = [plain[0] * ratio * 0.99, plain[1] * ratio * 1.01]
+        step = step or (ratio, ratio)
+        samples = data["steps"]["samples_ms"]
+        samples["exportable"] = [[ms * factor for ms in plain] for plain, factor in zip(samples["plain"], step)]
     path.write_text(json.dumps(data))
     return path
 
@@ -109,20 +121,20 @@ def _old_record(tmp_path):
 
 
 @pytest.mark.parametrize(("ratio", "step", "exportable"), [
-    (1.004, None, True),                                                         # all within 5 %
-    (1.06, None, False),                                                         # each call 6 % dearer
-    (1.0, {"median": 1.0, "q1": 0.98, "q3": 1.02, "min": 0.9, "max": 1.1}, True),   # a spread inside the threshold
-    (1.0, {"median": 1.0, "q1": 0.96, "q3": 1.04, "min": 0.9, "max": 1.1}, None),   # quartiles 8 points apart
-    (1.0, {"median": 1.07, "q1": 1.06, "q3": 1.08, "min": 1.0, "max": 1.1}, False),  # only the step dearer
+    (1.004, None, True),                   # all within 5 %
+    (1.06, None, False),                   # each call 6 % dearer
+    (1.0, (0.96, 1.04), True),             # the step's rounds 8 points apart: quartiles 4 points apart, inside
+    (1.0, (0.94, 1.06), None),             # quartiles 6 points apart: cannot decide
+    (1.0, (1.07, 1.08), False),            # only the step dearer
 ])
-def test_the_rule_weighs_every_call_and_the_step_with_its_spread(tmp_path, ratio, step, exportable):
-    decision = ipc_price.decide(json.loads(_record(tmp_path, ratio, step).read_text()))
+def test_the_rule_weighs_every_call_and_the_step_with_its_spread(tmp_path, benchmarks, ratio, step, exportable):
+    decision = benchmarks.decide(json.loads(_record(tmp_path, ratio, step).read_text()))
     assert decision["exportable"] is exportable and not decision["lacks"]
     assert len(decision["judged"]) == 2 * 5 + 1, "five calls at each of two sizes, and the step"
 
 
-def test_an_older_record_cannot_decide_and_says_what_it_lacks(tmp_path):
-    assert ipc_price.decide(json.loads(_old_record(tmp_path).read_text())) == {
+def test_an_older_record_cannot_decide_and_says_what_it_lacks(tmp_path, benchmarks):
+    assert benchmarks.decide(json.loads(_old_record(tmp_path).read_text())) == {
         "exportable": None, "judged": {}, "lacks": ["per_handle", "steps"]}
 
 
@@ -133,15 +145,15 @@ def benchmarks():
 
 def test_the_section_is_rendered_from_the_record(tmp_path, benchmarks):
     path = _record(tmp_path)
-    data = json.loads(path.read_text())
+    summary = benchmarks.ipc_summary(json.loads(path.read_text()))
     text = benchmarks.ipc_price(str(path))
     for size in ("2", "20"):
-        med, ratio = data["per_handle"][f"{size}MiB"]["median_us"], data["per_handle"][f"{size}MiB"]["ratio"]
+        med, ratio = summary["per_handle"][f"{size}MiB"]["median_us"], summary["per_handle"][f"{size}MiB"]["ratio"]
         r = ratio["exportable"]["map"]
         assert (f"| {size} MiB | map | {med['plain']['map']:.2f} | {med['exportable']['map']:.2f} | "
                 f"{r['median']:.3f} ({r['q1']:.3f}-{r['q3']:.3f}) |") in text
         assert f"| {size} MiB | export | | | | | {med['exported']['export']:.0f} | |" in text
-    steps = data["steps"]
+    steps = summary["steps"]
     assert f"{steps['median_ms']['plain']:.3f} ms plain" in text and f"range {steps['ratio']['min']:.3f}" in text
     assert str(path) in text and "chunks are exportable by default (`GMLAKE_IPC=0` turns it off)" in text
 
@@ -165,8 +177,7 @@ def test_training_steps_beside_the_record_are_shown(tmp_path, benchmarks):
 @pytest.mark.parametrize(("ratio", "step", "said"), [
     (1.004, None, "are each within 5 % of plain, their quartiles no further apart: free, so the default is exportable"),
     (1.2, None, "cost more than 5 % over plain, so the default is not exportable"),
-    (1.0, {"median": 1.0, "q1": 0.9, "q3": 1.1, "min": 0.9, "max": 1.1},
-     "grow-and-release step cannot decide (their quartiles further apart than 5 % of plain)")])
+    (1.0, (0.9, 1.1), "grow-and-release step cannot decide (their quartiles further apart than 5 % of plain)")])
 def test_the_section_says_what_the_record_decides(tmp_path, benchmarks, ratio, step, said):
     assert said in benchmarks.ipc_price(str(_record(tmp_path, ratio, step)))
 
@@ -199,13 +210,13 @@ def test_the_newest_record_is_the_one_shown(benchmarks, monkeypatch, tmp_path):
 
 def test_the_default_follows_from_the_measured_price(benchmarks):
     """Chunks are exportable by default exactly where the newest GPU record finds every call of an exportable chunk
-    that is not exported, and the grow-and-release step, free (bench.ipc_price.decide)."""
+    that is not exported, and the grow-and-release step, free (bench/report_docs/benchmarks.py, decide)."""
     from gmlake.drivers._cuda_driver import EXPORTABLE_DEFAULT
 
     record = benchmarks.ipc_price_record()
     if record is None:
         pytest.skip("no bench/results/*/ipc-price.json yet (`python -m bench ipc-price --out ...` on a GPU)")
-    decision = ipc_price.decide(json.loads((benchmarks.RESULTS / record).read_text()))
+    decision = benchmarks.decide(json.loads((benchmarks.RESULTS / record).read_text()))
     if decision["exportable"] is None:
         pytest.skip(f"{record} cannot decide: lacks {decision['lacks']}" if decision["lacks"] else
                     f"{record} cannot decide: {decision['judged']}")
@@ -224,18 +235,18 @@ def test_the_cost_table_prices_exportable_handles_from_the_newest_record(benchma
         assert set(costs["per_handle_exportable_extra"]) == set(costs["per_handle"])
         return
     assert costs.get("per_handle_exportable_result") == record, "run `python -m bench ipc-price --price-table`"
-    assert costs["per_handle_exportable_extra"] == ipc_price.table_extra(data)
+    assert costs["per_handle_exportable_extra"] == benchmarks.table_extra(data)
 
 
-def test_price_table_writes_a_records_extras_into_the_table(tmp_path, monkeypatch, capsys):
+def test_price_table_writes_a_records_extras_into_the_table(tmp_path, monkeypatch, capsys, benchmarks):
     table = tmp_path / "costs.json"
-    table.write_text((ipc_price.TABLE).read_text())
-    monkeypatch.setattr(ipc_price, "TABLE", table)
-    monkeypatch.setattr(ipc_price, "RESULTS", tmp_path)
+    table.write_text(benchmarks.COST_TABLE.read_text())
+    monkeypatch.setattr(benchmarks, "COST_TABLE", table)
+    monkeypatch.setattr(benchmarks, "RESULTS", tmp_path)
     path = _record(tmp_path)
     ipc_price.main(["--price-table", str(path)])
     costs = json.loads(table.read_text())
-    assert costs["per_handle_exportable_extra"] == ipc_price.table_extra(json.loads(path.read_text()))
+    assert costs["per_handle_exportable_extra"] == benchmarks.table_extra(json.loads(path.read_text()))
     assert costs["per_handle_exportable_result"] == "h100-2026-12-07/ipc-price.json"
     assert "Provisional" not in costs["per_handle_exportable_note"] and "2 rounds of 2 2 MiB handles" in \
         costs["per_handle_exportable_note"]
@@ -244,3 +255,11 @@ def test_price_table_writes_a_records_extras_into_the_table(tmp_path, monkeypatc
     with pytest.raises(SystemExit) as exit_:         # an older record has no per-handle prices: one line
         ipc_price.main(["--price-table", str(_old_record(tmp_path))])
     assert exit_.value.code == 2 and "no per-handle prices" in capsys.readouterr().err
+
+
+def test_without_a_gpu_it_says_so_in_one_line(capsys):
+    if gmlake.cuda_available():
+        pytest.skip("a CUDA driver is here")
+    with pytest.raises(SystemExit) as exit_:
+        ipc_price.main(["--rounds", "2", "--calls", "1", "--steps", "1"])
+    assert str(exit_.value.code).startswith("bench ipc-price: ") and "\n" not in str(exit_.value.code)
