@@ -42,9 +42,9 @@ def default_traces() -> list[Path]:
 def run(trace, policy, *, device: int | None = None, cap: int = 0) -> dict:
     """One replay's figures (no timeline, no second pass to the peak: only what the table needs)."""
     alloc, out = run_requests(trace, policy, device_memory=device, samples=1, cap=cap)
-    stats, ex = alloc.stats(), alloc.driver.exportable      # exportable chunks priced as replay prices them
+    stats = alloc.stats()
     return {"ooms": out["ooms"], "peak_allocated": out["peak_allocated"], "peak_reserved": out["peak_reserved"],
-            "driver_calls": sum(stats["calls"].values()), "driver_seconds": driver_seconds(stats, exportable=ex),
+            "driver_calls": sum(stats["calls"].values()), "driver_seconds": driver_seconds(stats),
             "stitches": stats["stitches"], "stitched_handles": stats["stitched_handles"],
             # unpriced: a synchronize drains the GPU's queue, a cost no per-call price holds
             "synchronizes": stats["calls"]["synchronize"], "tails_cut_at_reuse": stats["tails_cut_at_reuse"]}
