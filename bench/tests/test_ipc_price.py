@@ -263,3 +263,15 @@ def test_without_a_gpu_it_says_so_in_one_line(capsys):
     with pytest.raises(SystemExit) as exit_:
         ipc_price.main(["--rounds", "2", "--calls", "1", "--steps", "1"])
     assert str(exit_.value.code).startswith("bench ipc-price: ") and "\n" not in str(exit_.value.code)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_each_kind_is_priced_and_only_exported_chunks_export(tmp_path, benchmarks):
+    """A short run on the CUDA driver: every call of every kind timed, the export costing something, and a verdict
+    (any) that the section renders."""
+    path = tmp_path / "ipc-price.json"
+    ipc_price.main(["--rounds", "2", "--calls", "4", "--steps", "2", "--out", str(path)])
+    data = json.loads(path.read_text())
+    assert all(us > 0 for row in data["per_handle"].values() for kind in row.values() for v in kind.values()
+               for us in v)
+    assert benchmarks.decide(data)["judged"] and "| 2 MiB | export |" in benchmarks.ipc_price(str(path))
