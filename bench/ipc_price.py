@@ -44,14 +44,12 @@ def measure(kind: str, rounds: int, calls: int, steps: int) -> dict:
                else {"plain": gmlake.HostDriver(), "exportable": gmlake.HostDriver()})
     for name in ("plain", "exportable"):
         time_step(drivers[name])                                # untimed: first touches of each driver
-    taken: dict = {"plain": [], "exportable": []}
+    taken: dict = {"plain": [[] for _ in range(rounds)], "exportable": [[] for _ in range(rounds)]}
     for r in range(rounds):
         order = ("plain", "exportable")[::1 if r % 2 == 0 else -1]
-        for values in taken.values():
-            values.append([])
         for i in range(steps):
             for name in order[::1 if i % 2 == 0 else -1]:
-                taken[name][-1].append(time_step(drivers[name]))
+                taken[name][r].append(time_step(drivers[name]))
     result = {"steps": {"samples_ms": taken}, "per_handle": {f"{mib}MiB": {k: {} for k in KINDS} for mib in SIZES_MIB}}
     time_driver_calls = load().time_driver_calls
     for r in range(rounds):
@@ -73,9 +71,9 @@ def main(argv: list[str] | None = None, prog: str = "bench ipc-price") -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--price-table", type=Path, metavar="RECORD", help="write RECORD into replay's cost table")
     args = parser.parse_args(argv)
-    from bench.report_docs.benchmarks import ipc_section, write_table
     if args.price_table:
         try:
+            from bench.report_docs.benchmarks import write_table
             print(f"per_handle_exportable_extra = {write_table(args.price_table)} (µs per 2 MiB handle)")
         except (OSError, ValueError) as exc:        # no such file, not JSON, or an older record
             parser.error(error_line(exc))
@@ -92,4 +90,8 @@ def main(argv: list[str] | None = None, prog: str = "bench ipc-price") -> None:
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
-    print(ipc_section(result, str(out or "(not written)")))
+    try:
+        from bench.report_docs.benchmarks import ipc_section  # needs the sim extra (numpy)
+        print(ipc_section(result, str(out or "(not written)")))
+    except ImportError as exc:
+        print(f"{prog}: {out or 'nothing'} written; the verdict needs {error_line(exc)}")
