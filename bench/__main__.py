@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "sync-price": ("bench.sync_price", "a context synchronize's price, idle and in a training-like loop"),
     "latency": ("bench.torch_latency", "torch.empty + del under gmlake against native's allocator"),
     "kernels": ("bench.vmm_kernels", "kernels on cudaMalloc memory against VMM memory of 20 MiB and 2 MiB handles"),
-    "ipc-price": ("bench.ipc_price", "cuMemCreate with and without an exportable handle type, and the export"),
+    "ipc-price": ("bench.ipc_price", "each VMM call per handle and a step, with and without exportable chunks"),
     "replay-speed": ("bench.replay_speed", "replay's events per second; --against OLD_CHECKOUT for an A/B"),
     "fsdp-pattern": ("bench.fsdp_pattern", "FSDP's streams modelled on the sim driver"),
     "edge": ("bench.edge", "at the edge of memory, by replay: where each policy fits, what fitting costs there"),

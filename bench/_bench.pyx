@@ -7,6 +7,7 @@ from gmlake.core._allocator cimport Allocator
 from gmlake.core._driver cimport Driver, DRIVER_OK, EVENT_DONE
 
 from gmlake.core._clock cimport monotonic_ns
+from posix.unistd cimport close
 
 
 cdef inline double now_us() noexcept nogil:
@@ -18,19 +19,26 @@ def _check(Driver driver, int rc, str what):
         raise RuntimeError(f"{what} failed: {driver.describe_error(rc)}")
 
 
-def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles) -> dict:
+def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles, bint export=False,
+                      bint copies=True) -> dict:
     """Microseconds per call for each VMM call, over `handles` chunks of `chunk_size` bytes.
 
     set_access and unmap are timed once over a range holding all the handles, and reported per handle, because the
-    CUDA driver charges them per handle mapped in the range. Returns {call: µs per call or per handle}.
+    CUDA driver charges them per handle mapped in the range. `export`: export each chunk once all are created
+    (Driver.export_chunk, timed: "export") and close its descriptor, before any is mapped, so that the calls after
+    are those of an exported chunk (bench ipc-price). `copies`: time re-backing's copies of the whole range.
+    Returns {call: µs per call or per handle}.
     """
     cdef vector[uint64_t] hs
     cdef uint64_t h = 0
     cdef uintptr_t va = 0, va2 = 0
     cdef size_t i, span = chunk_size * handles
     cdef double t0, t_create, t_reserve, t_map, t_access, t_unmap, t_release, t_free, t_map_one, t_access_one
-    cdef double t_copy_out, t_copy_in
+    cdef double t_copy_out = 0, t_copy_in = 0
+    cdef double t_export = 0
     cdef vector[char] host
+    cdef vector[int] fds
+    cdef int fd = -1
     cdef int rc = DRIVER_OK
     _check(driver, driver.synchronize(), "synchronize")
     with nogil:
@@ -41,7 +49,25 @@ def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles)
                 break
             hs.push_back(h)
         t_create = now_us() - t0
+    if rc != DRIVER_OK:
+        for i in range(hs.size()):
+            driver.release_chunk(hs[i], chunk_size)
     _check(driver, rc, "create_chunk")
+    if export:
+        with nogil:
+            t0 = now_us()
+            for i in range(handles):
+                rc = driver.export_chunk(hs[i], &fd)
+                if rc != DRIVER_OK:
+                    break
+                fds.push_back(fd)
+            t_export = now_us() - t0
+            for i in range(fds.size()):
+                close(fds[i])
+        if rc != DRIVER_OK:
+            for i in range(handles):
+                driver.release_chunk(hs[i], chunk_size)
+        _check(driver, rc, "export_chunk")
     with nogil:
         t0 = now_us()
         rc = driver.reserve(span, driver.granularity, &va)
@@ -62,17 +88,18 @@ def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles)
     _check(driver, rc, "set_access")
     # The copies re-backing makes (Note [Taking slots back at the edge]): the whole range to pageable host memory
     # and back, as one call each.
-    host.resize(span)
-    with nogil:
-        t0 = now_us()
-        rc = driver.copy_out(&host[0], va, span)
-        t_copy_out = now_us() - t0
-    _check(driver, rc, "copy_out")
-    with nogil:
-        t0 = now_us()
-        rc = driver.copy_in(va, &host[0], span)
-        t_copy_in = now_us() - t0
-    _check(driver, rc, "copy_in")
+    if copies:
+        host.resize(span)
+        with nogil:
+            t0 = now_us()
+            rc = driver.copy_out(&host[0], va, span)
+            t_copy_out = now_us() - t0
+        _check(driver, rc, "copy_out")
+        with nogil:
+            t0 = now_us()
+            rc = driver.copy_in(va, &host[0], span)
+            t_copy_in = now_us() - t0
+        _check(driver, rc, "copy_in")
     # One handle alone, for the fixed part of set_access.
     _check(driver, driver.reserve(chunk_size, driver.granularity, &va2), "reserve")
     with nogil:
@@ -101,7 +128,7 @@ def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles)
             rc = driver.release_chunk(hs[i], chunk_size)
         t_release = now_us() - t0
     _check(driver, rc, "release_chunk")
-    return {
+    out = {
         "create_chunk": t_create / handles,
         "reserve": t_reserve,
         "map": t_map / handles,
@@ -110,11 +137,15 @@ def time_driver_calls(Driver driver not None, size_t chunk_size, size_t handles)
         "unmap_per_handle": t_unmap / handles,
         "free_va": t_free,
         "release_chunk": t_release / handles,
-        "copy_out_per_mib": t_copy_out * (1 << 20) / span,
-        "copy_in_per_mib": t_copy_in * (1 << 20) / span,
         "chunk_size": chunk_size,
         "handles": handles,
     }
+    if copies:
+        out["copy_out_per_mib"] = t_copy_out * (1 << 20) / span
+        out["copy_in_per_mib"] = t_copy_in * (1 << 20) / span
+    if export:
+        out["export"] = t_export / handles
+    return out
 
 
 def time_stream_calls(Driver driver not None, int64_t stream, size_t iterations) -> dict:

@@ -1,40 +1,30 @@
-"""The price of exportable chunks (Note [Exporting a chunk]): cuMemCreate with and without the POSIX handle type.
+"""The price of exportable chunks (Note [Exporting a chunk]): each VMM call per handle, and an allocator's step.
 
-Rounds alternate which goes first: per chunk size, chunks created and released by a plain and an exportable driver,
-each exportable one exported (and closed), and an allocator's grow-and-release step over each. Medians, `ratio`
-exportable / plain; JSON to --out or $OUT/ipc_price.json. Training steps, interleaved: `python -m bench speed-ab
---allocators gmlake-noipc gmlake`.
+Chunks plain, exportable (the POSIX handle type, never exported: every chunk, by default) and exported (exported, its
+descriptor closed: a shared chunk). Steps first, before any export: per round, --steps grow-and-release steps of a
+fresh allocator over a plain and an exportable driver, interleaved A B B A, the first kind alternating by round. Then
+per round, bench._bench.time_driver_calls over --calls chunks of each size and kind, the kinds' order alternating.
+Samples as JSON to --out or $OUT/ipc_price.json; docs/benchmarks.md's generator judges them and prints the verdict.
+--price-table RECORD writes a record's extra per exportable handle into replay's cost table instead.
 """
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import gmlake
-from bench.cli import OneLineParser, error_line, render_table
+from bench.cli import OneLineParser, error_line
 from bench.harness import environment
 from gmlake import Allocator
 
-MiB, SIZES_MIB = 1 << 20, (2, 20)
+MiB, SIZES_MIB, KINDS = 1 << 20, (2, 20), ("plain", "exportable", "exported")
 STEP_MIB = (6, 20, 64, 2, 40, 128, 20, 8)
-
-
-def time_calls(driver, size: int, calls: int, export: bool) -> dict:
-    """us per create, release and (where `export`) export+close, over `calls` chunks of `size`."""
-    t0 = time.perf_counter_ns()
-    handles = [driver.create(size) for _ in range(calls)]
-    t1 = time.perf_counter_ns()
-    for handle in handles if export else ():
-        os.close(driver.export(handle))
-    t2 = time.perf_counter_ns()
-    for handle in handles:
-        driver.release(handle, size)
-    out = {"create_us": (t1 - t0) / calls / 1e3, "release_us": (time.perf_counter_ns() - t2) / calls / 1e3}
-    return {**out, "export_us": (t2 - t1) / calls / 1e3} if export else out
+# time_driver_calls' names -> the cost table's per_handle names (gmlake/sim/data/driver_costs_h200.json)
+CALLS = {"create_chunk": "create_chunk", "map": "map", "set_access_per_handle": "set_access",
+         "unmap_per_handle": "unmap", "release_chunk": "release_chunk"}
 
 
 def time_step(driver) -> float:
@@ -48,23 +38,27 @@ def time_step(driver) -> float:
     return (time.perf_counter_ns() - started) / 1e6
 
 
-def measure(kind: str, rounds: int, calls: int) -> dict:
+def measure(kind: str, rounds: int, calls: int, steps: int) -> dict:
+    from bench.native import load
     drivers = ({"plain": gmlake.cuda_driver(0, False), "exportable": gmlake.cuda_driver(0, True)} if kind == "cuda"
                else {"plain": gmlake.HostDriver(), "exportable": gmlake.HostDriver()})
-    samples: dict = {"step": {"plain": [], "exportable": []}}
+    for name in ("plain", "exportable"):
+        time_step(drivers[name])                                # untimed: first touches of each driver
+    taken: dict = {"plain": [[] for _ in range(rounds)], "exportable": [[] for _ in range(rounds)]}
     for r in range(rounds):
-        for name in ("plain", "exportable")[::1 if r % 2 == 0 else -1]:
+        order = ("plain", "exportable")[::1 if r % 2 == 0 else -1]
+        for i in range(steps):
+            for name in order[::1 if i % 2 == 0 else -1]:
+                taken[name][r].append(time_step(drivers[name]))
+    result = {"steps": {"samples_ms": taken}, "per_handle": {f"{mib}MiB": {k: {} for k in KINDS} for mib in SIZES_MIB}}
+    time_driver_calls = load().time_driver_calls
+    for r in range(rounds):
+        for chunks in KINDS[::1 if r % 2 == 0 else -1]:
             for mib in SIZES_MIB:
-                for key, value in time_calls(drivers[name], mib * MiB, calls, name == "exportable").items():
-                    samples.setdefault(f"{mib}MiB", {}).setdefault(name, {}).setdefault(key, []).append(value)
-            samples["step"][name].append(time_step(drivers[name]))
-    result: dict = {}
-    for mib in SIZES_MIB:
-        row = {name: {k: statistics.median(v) for k, v in by_call.items()}
-               for name, by_call in samples[f"{mib}MiB"].items()}
-        result[f"{mib}MiB"] = {**row, "create_ratio": row["exportable"]["create_us"] / row["plain"]["create_us"]}
-    step = {name: statistics.median(v) for name, v in samples["step"].items()}
-    result["step_ms"] = {**step, "ratio": step["exportable"] / step["plain"], "samples": samples["step"]}
+                us = time_driver_calls(drivers["plain" if chunks == "plain" else "exportable"], mib * MiB, calls,
+                                       export=chunks == "exported", copies=False)
+                for key, name in [*CALLS.items(), *([("export", "export")] if chunks == "exported" else [])]:
+                    result["per_handle"][f"{mib}MiB"][chunks].setdefault(name, []).append(us[key])
     return result
 
 
@@ -72,24 +66,32 @@ def main(argv: list[str] | None = None, prog: str = "bench ipc-price") -> None:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--driver", choices=["cuda", "host"], default="cuda")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--calls", type=int, default=64)
+    parser.add_argument("--calls", type=int, default=128, help="chunks per size, kind and round")
+    parser.add_argument("--steps", type=int, default=20, help="grow-and-release steps per kind and round")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--price-table", type=Path, metavar="RECORD", help="write RECORD into replay's cost table")
     args = parser.parse_args(argv)
-    if args.rounds < 2 or args.calls < 1:
-        parser.error("need --rounds >= 2 (the order alternates) and --calls >= 1")
+    if args.price_table:
+        try:
+            from bench.report_docs.benchmarks import write_table
+            print(f"per_handle_exportable_extra = {write_table(args.price_table)} (µs per 2 MiB handle)")
+        except (OSError, ValueError) as exc:        # no such file, not JSON, or an older record
+            parser.error(error_line(exc))
+        return
+    if args.rounds < 2 or args.calls < 1 or args.steps < 1:
+        parser.error("need --rounds >= 2 (the order alternates), --calls >= 1 and --steps >= 1")
     out = args.out or (Path(os.environ["OUT"]) / "ipc_price.json" if os.environ.get("OUT") else None)
     try:
-        measured = measure(args.driver, args.rounds, args.calls)
-    except RuntimeError as exc:                 # no CUDA driver or device, or a driver call refused
+        measured = measure(args.driver, args.rounds, args.calls, args.steps)
+    except (RuntimeError, ImportError) as exc:      # no CUDA driver or device, a driver call refused, or no build
         sys.exit(f"{prog}: {error_line(exc)}")
-    result = {"environment": environment(driver_kind=args.driver, rounds=args.rounds, calls=args.calls), **measured}
+    result = {"environment": environment(driver_kind=args.driver, rounds=args.rounds, calls=args.calls,
+                                         steps=args.steps), **measured}
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
-    rows = [[f"{mib} MiB", *(f"{result[f'{mib}MiB'][k]['create_us']:.1f}" for k in ("plain", "exportable")),
-             f"{result[f'{mib}MiB']['create_ratio']:.2f}x", f"{result[f'{mib}MiB']['exportable']['export_us']:.1f}"]
-            for mib in SIZES_MIB]
-    print(render_table("cuMemCreate plain against exportable (us per call, medians)",
-                       ["chunk", "plain", "exportable", "ratio", "export+close"], rows))
-    print("grow-and-release step (ms): {plain:.2f} plain, {exportable:.2f} exportable ({ratio:.2f}x)".format(
-        **result["step_ms"]))
+    try:
+        from bench.report_docs.benchmarks import ipc_section  # needs the sim extra (numpy)
+        print(ipc_section(result, str(out or "(not written)")))
+    except ImportError as exc:
+        print(f"{prog}: {out or 'nothing'} written; the verdict needs {error_line(exc)}")

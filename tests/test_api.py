@@ -26,7 +26,7 @@ def test_all_holds_the_policies_and_no_benchmark_code():
 
 
 @pytest.mark.parametrize("cls, params", [
-    (gmlake.SimDriver, ["capacity", "granularity"]),
+    (gmlake.SimDriver, ["capacity", "granularity", "exportable"]),
     (gmlake.HostDriver, ["capacity", "granularity", "unmap_pause"]),
     (gmlake.Allocator, ["driver", "policy", "limit"]),
 ])

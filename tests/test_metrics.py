@@ -191,3 +191,28 @@ def test_the_timeline_is_sampled_as_the_replay_loop_samples_it():
         _, own = run_requests(trace, "gmlake", samples=samples)
         for key in ("event", "reserved", "allocated"):
             assert np.array_equal(r.timeline[key], own["timeline"][key]), (samples, key)
+
+
+def test_replay_prices_exportable_chunks_at_the_tables_extra(monkeypatch):
+    """Chunks are exportable by default (GMLAKE_IPC=0 turns it off, Note [Exporting a chunk]), and the sim driver
+    follows the same setting: replay then prices each handle at per_handle plus per_handle_exportable_extra."""
+    from gmlake.drivers._cuda_driver import EXPORTABLE_DEFAULT
+    from gmlake.drivers._sim_driver import SimDriver
+    from gmlake.sim.replay import driver_costs, driver_seconds
+
+    costs = {**driver_costs(), "per_handle_exportable_extra": {"map": 1.0, "set_access": 2.0, "create_chunk": 0.5}}
+    monkeypatch.setattr("gmlake.sim.replay.driver_costs", lambda: costs)
+    trace = synthetic((ALLOC, 30 * MiB, 0), (FREE, 30 * MiB, 0), (ALLOC, 50 * MiB, 1), (FREE, 50 * MiB, 1))
+    monkeypatch.setenv("GMLAKE_IPC", "0")
+    plain = replay(trace, "gmlake")
+    monkeypatch.setenv("GMLAKE_IPC", "1")
+    exportable = replay(trace, "gmlake")
+    monkeypatch.delenv("GMLAKE_IPC")
+    assert SimDriver().exportable == EXPORTABLE_DEFAULT and SimDriver(exportable=True).exportable
+    assert (plain.exportable, exportable.exportable) == (False, True) and exportable.summary()["exportable"]
+    handles = exportable.stats["handles"]
+    assert plain.stats["handles"] == handles and handles["map"] > 0 and handles["create_chunk"] > 0
+    added = (handles["map"] * 1.0 + handles["set_access"] * 2.0 + handles["create_chunk"] * 0.5) * 1e-6
+    assert exportable.driver_seconds - plain.driver_seconds == pytest.approx(added)
+    assert driver_seconds(exportable.stats, costs, exportable=True) == pytest.approx(exportable.driver_seconds)
+    assert exportable.step_time_lost == pytest.approx(exportable.driver_seconds * costs["stall_factor"])

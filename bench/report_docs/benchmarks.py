@@ -384,10 +384,24 @@ def micro() -> str:
 
 
 # `python -m bench ipc-price --out bench/results/<machine-date>/ipc-price.json`: the newest record of that name prices
-# exportable chunks (Note [Exporting a chunk]); while none exists the section says how to make one.
+# exportable chunks (Note [Exporting a chunk]) and decides the default (`decide`); while none exists the section says
+# how to make one. `python -m bench ipc-price --price-table RECORD` writes its extras into replay's cost table.
 IPC_PRICE = "ipc-price.json"
 IPC_STEPS = "speed-ab-ipc.json"   # training steps without and with exportable chunks, beside the price
-IPC_SAME = 1.05         # cuMemCreate exportable / plain at most this: exportable costs nothing to speak of at create
+# Exportable / plain at most this, judged by the median over rounds, with the rounds' quartiles no further apart
+# than IPC_SAME - 1: exportable chunks cost nothing to speak of there. A wider spread cannot decide.
+IPC_SAME = 1.05
+IPC_KINDS = ("plain", "exportable", "exported")
+COST_TABLE = ROOT / "gmlake" / "sim" / "data" / "driver_costs_h200.json"
+TABLE_SIZE = "2MiB"     # the cost table prices 2 MiB handles
+TABLE_NOTE = ("µs each handle of an exportable chunk (created with the POSIX file descriptor handle type, as chunks "
+              "are by default, Note [Exporting a chunk]) costs beyond per_handle's while it is not exported; replay "
+              "adds them to every handle where the sim driver's chunks are exportable (SimDriver.exportable). "
+              "Measured by `python -m bench ipc-price` on {gpu} (driver {nvidia_driver}), torch {torch}, {day}: "
+              "{rounds} rounds of {calls} 2 MiB handles of each kind, the order alternating; the median over rounds "
+              "of exportable less plain in the same round (per_handle_exportable_result; docs/benchmarks.md, "
+              "\"Sharing CUDA tensors: exportable chunks\", shows all its prices, exported chunks' included, which "
+              "replay does not use: it exports nothing). Measured on that GPU and added to per_handle's H200 prices.")
 
 
 def ipc_price_record() -> str | None:
@@ -397,41 +411,164 @@ def ipc_price_record() -> str | None:
     return str(found[-1].relative_to(RESULTS)) if found else None
 
 
-def ipc_price(record: str | None = None) -> str:
-    """What exportable chunks cost, from `bench ipc-price`'s record: cuMemCreate plain against exportable, the
-    export, an allocator's grow step; and the default that follows."""
-    from gmlake.drivers._cuda_driver import EXPORTABLE_DEFAULT
+def _spread(values: list[float]) -> dict:
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return {"median": statistics.median(values), "q1": q1, "q3": q3, "min": min(values), "max": max(values)}
 
+
+def ipc_summary(record: dict) -> dict:
+    """From an ipc-price record's samples: per size, each kind's median µs per call, and against plain each round's
+    ratio and extra µs (the ratio's median, quartiles and range over rounds; the extra's median); the step's median ms
+    per kind (of the rounds' medians) and the rounds' ratios."""
+    out: dict = {"per_handle": {}}
+    for size, by_kind in record["per_handle"].items():
+        plain = by_kind["plain"]
+        pairs = {(k, c): list(zip(by_kind[k][c], plain[c])) for k in IPC_KINDS[1:] for c in plain}
+        out["per_handle"][size] = {
+            "median_us": {k: {c: statistics.median(v) for c, v in calls.items()} for k, calls in by_kind.items()},
+            "ratio": {k: {c: _spread([a / b for a, b in pairs[k, c]]) for c in plain} for k in IPC_KINDS[1:]},
+            "extra_us": {k: {c: statistics.median([a - b for a, b in pairs[k, c]]) for c in plain}
+                         for k in IPC_KINDS[1:]}}
+    steps = {k: [statistics.median(r) for r in rounds] for k, rounds in record["steps"]["samples_ms"].items()}
+    out["steps"] = {"median_ms": {k: statistics.median(v) for k, v in steps.items()},
+                    "ratio": _spread([e / p for e, p in zip(steps["exportable"], steps["plain"])])}
+    return out
+
+
+def judge(ratio: dict) -> str:
+    """'free', 'dearer' or 'cannot decide' (the quartiles further apart than the threshold) for a ratio's spread."""
+    if ratio["q3"] - ratio["q1"] > IPC_SAME - 1:
+        return "cannot decide"
+    return "free" if ratio["median"] <= IPC_SAME else "dearer"
+
+
+def decide(record: dict) -> dict:
+    """Whether chunks should be exportable by default, from an ipc-price record: only if creating, mapping, setting
+    access to, unmapping and releasing an exportable (not exported) chunk, at every size, and the grow-and-release
+    step all judge 'free'. {"exportable": True, False, or None where the record cannot decide, "judged": {what:
+    verdict}, "lacks": the fields an older record lacks}."""
+    lacks = [key for key in ("per_handle", "steps") if key not in record]
+    if lacks:
+        return {"exportable": None, "judged": {}, "lacks": lacks}
+    summary = ipc_summary(record)
+    judged = {f"{call} ({size[:-3]} MiB)": judge(ratio) for size, row in summary["per_handle"].items()
+              for call, ratio in row["ratio"]["exportable"].items()}
+    judged["grow-and-release step"] = judge(summary["steps"]["ratio"])
+    verdicts = set(judged.values())
+    return {"exportable": None if "cannot decide" in verdicts else verdicts == {"free"}, "judged": judged, "lacks": []}
+
+
+def table_extra(record: dict) -> dict:
+    """The cost table's per_handle_exportable_extra from a record: the extra µs per 2 MiB exportable handle, per
+    call, rounded as the table keeps it."""
+    extra = ipc_summary(record)["per_handle"][TABLE_SIZE]["extra_us"]["exportable"]
+    return {call: round(us, 3) for call, us in extra.items()}
+
+
+def write_table(record: Path, table: Path | None = None) -> dict:
+    """Put `record`'s table_extra into the cost table at `table` (default COST_TABLE), with a note saying where it
+    came from and the record's name (relative to bench/results) in per_handle_exportable_result. Returns the extras;
+    ValueError for a record without per-handle prices."""
+    data = json.loads(record.read_text())
+    if "per_handle" not in data:
+        raise ValueError(f"{record} has no per-handle prices (a record from before they were measured)")
+    env, table = data.get("environment", {}), table or COST_TABLE
+    costs, extra = json.loads(table.read_text()), table_extra(data)
+    note = TABLE_NOTE.format(day=env.get("date", "?")[:10],
+                             **{k: env.get(k, "?") for k in ("gpu", "nvidia_driver", "torch", "rounds", "calls")})
+    name = str(record.resolve().relative_to(RESULTS)) if record.resolve().is_relative_to(RESULTS) else str(record)
+    out: dict = {}
+    for key, value in costs.items():
+        if not key.startswith("per_handle_exportable_"):
+            out[key] = value
+        if key == "per_handle":
+            out.update(per_handle_exportable_extra=extra, per_handle_exportable_note=note,
+                       per_handle_exportable_result=name)
+    table.write_text(json.dumps(out, indent=2) + "\n")
+    return extra
+
+
+def _ratio(r: dict) -> str:
+    return f"{r['median']:.3f} ({r['q1']:.3f}-{r['q3']:.3f})"
+
+
+def ipc_replay_price() -> str:
+    """What replay adds per handle of an exportable chunk, from the cost table, and where the table has it from."""
+    costs = driver_costs()
+    extra = ", ".join(f"{call} {us:+g}" for call, us in costs["per_handle_exportable_extra"].items())
+    source = costs.get("per_handle_exportable_result")
+    return (f"Replay prices each handle of an exportable chunk at the cost table's per-handle price plus ({extra}) µs "
+            + (f"(`{source}`)." if source else "(provisional: a raw measurement on an H100 that the table's note "
+               "describes, until a record with per-handle prices is written into it with `python -m bench ipc-price "
+               "--price-table RECORD`)."))
+
+
+def ipc_price(record: str | None = None) -> str:
+    """What exportable chunks cost, from `bench ipc-price`'s newest record (or `record`), and the default."""
     record = record or ipc_price_record()
-    default = ("exportable by default (`GMLAKE_IPC=0` turns it off)" if EXPORTABLE_DEFAULT
-               else "not exportable unless `GMLAKE_IPC=1`")
     if record is None:
         return (f"Not measured yet: `python -m bench ipc-price --out bench/results/<machine-date>/{IPC_PRICE}` on a "
-                f"GPU measures it. Chunks are {default}.\n")
-    data = _json(record)
-    sizes = [k for k in data if k.endswith("MiB")]
-    rows = ["| chunk | cuMemCreate plain (µs) | exportable (µs) | exportable / plain | export + close (µs) |",
-            "|---|---|---|---|---|"]
-    for key in sizes:
-        row = data[key]
-        rows.append(f"| {key[:-3]} MiB | {row['plain']['create_us']:.2f} | {row['exportable']['create_us']:.2f} | "
-                    f"{row['create_ratio']:.3f} | {row['exportable']['export_us']:.0f} |")
-    step, env = data["step_ms"], data["environment"]
-    ratios = [data[k]["create_ratio"] for k in sizes]
-    span = f"{min(ratios):.3f}" if f"{min(ratios):.3f}" == f"{max(ratios):.3f}" else \
-        f"{min(ratios):.3f}-{max(ratios):.3f}"
-    verdict = (f"cuMemCreate exportable costs {span} times plain, within {(IPC_SAME - 1) * 100:.0f} %, so chunks are {default}; "
-               if max(ratios) <= IPC_SAME else
-               f"cuMemCreate exportable costs {span} times plain, more than {(IPC_SAME - 1) * 100:.0f} % over; chunks are "
-               f"{default}; ")
-    dearer = (" Every request of that step maps new handles and create and release cost the same, so mapping and "
-              "unmapping exportable handles costs more: a price paid by the steps that map new memory, not by a warm "
-              "step that maps none." if step["ratio"] > IPC_SAME else "")
-    return ("\n".join(rows) + f"\n\nAn allocator's grow-and-release step: {step['plain']:.2f} ms plain, "
-            f"{step['exportable']:.2f} ms exportable ({step['ratio']:.3f}).{dearer} Medians of {env.get('rounds', '?')} "
-            f"rounds of {env.get('calls', '?')} calls, the order alternating, `bench/results/{record}`: "
-            + verdict + "the export is paid once per shared chunk, when a tensor on it is first shared. "
-            + _env_line([env]) + "\n" + ipc_training_steps(record))
+                f"GPU measures it. Chunks are {_ipc_default()}. " + ipc_replay_price() + "\n")
+    return ipc_section(_json(record), f"bench/results/{record}") + ipc_training_steps(record)
+
+
+def _ipc_default() -> str:
+    from gmlake.drivers._cuda_driver import EXPORTABLE_DEFAULT
+
+    return ("exportable by default (`GMLAKE_IPC=0` turns it off)" if EXPORTABLE_DEFAULT
+            else "not exportable unless `GMLAKE_IPC=1`")
+
+
+def ipc_section(data: dict, name: str) -> str:
+    """The section for one ipc-price record, `data`, called `name`: each VMM call per handle for plain, exportable
+    and exported chunks, the grow-and-release step, the default that follows (`decide`), and what replay prices. An
+    older record is named with the fields it lacks."""
+    default, same, env, decision = _ipc_default(), f"{(IPC_SAME - 1) * 100:.0f} %", data["environment"], decide(data)
+    if decision["lacks"]:
+        sizes = [k for k in data if k.endswith("MiB") and "create_ratio" in data[k]]
+        ratios = _and([f"{data[k]['create_ratio']:.3f} at {k[:-3]} MiB" for k in sizes]) if sizes else ""
+        return (f"The newest record, `{name}`, lacks {_and([f'`{k}`' for k in decision['lacks']])}: it predates the "
+                "per-handle prices and the sampled step, so it cannot decide the default"
+                + (f" (it found cuMemCreate exportable / plain {ratios}, the other calls unmeasured)" if ratios
+                   else "") + f". Chunks are {default}. `python -m bench ipc-price --out "
+                f"bench/results/<machine-date>/{IPC_PRICE}` on a GPU makes a record that decides. "
+                + ipc_replay_price() + " " + _env_line([env]) + "\n")
+    summary = ipc_summary(data)
+    rows = [("| chunk | call | plain (µs) | exportable (µs) | exportable / plain (q1-q3) | judged | exported (µs) | "
+             "exported / plain (q1-q3) |"), "|---|---|---|---|---|---|---|---|"]
+    for size, row in summary["per_handle"].items():
+        med, ratio = row["median_us"], row["ratio"]
+        for call in med["plain"]:
+            rows.append(f"| {size[:-3]} MiB | {call} | {med['plain'][call]:.2f} | {med['exportable'][call]:.2f} | "
+                        f"{_ratio(ratio['exportable'][call])} | {decision['judged'][f'{call} ({size[:-3]} MiB)']} | "
+                        f"{med['exported'][call]:.2f} | {_ratio(ratio['exported'][call])} |")
+        rows.append(f"| {size[:-3]} MiB | export | | | | | {med['exported']['export']:.0f} | |")
+    steps = summary["steps"]
+    step = (f"An allocator's grow-and-release step (every request maps new chunks), {env.get('steps', '?')} of each "
+            f"kind per round, interleaved, before any chunk is exported: {steps['median_ms']['plain']:.3f} ms plain, "
+            f"{steps['median_ms']['exportable']:.3f} ms exportable, exportable / plain {_ratio(steps['ratio'])}, "
+            f"range {steps['ratio']['min']:.3f}-{steps['ratio']['max']:.3f}: "
+            f"{decision['judged']['grow-and-release step']}.")
+    named = {v: [w for w, x in decision["judged"].items() if x == v] for v in ("dearer", "cannot decide")}
+    dearer = [call for call in next(iter(summary["per_handle"].values()))["ratio"]["exported"]
+              if any(row["ratio"]["exported"][call]["median"] > IPC_SAME for row in summary["per_handle"].values())]
+    exported = (f"An exported chunk (a shared one) costs more than {same} over plain at {_and(dearer)}." if dearer
+                else f"An exported chunk (a shared one) costs within {same} of plain at every call.")
+    if decision["exportable"]:
+        verdict = (f"Creating, mapping, setting access to, unmapping and releasing a chunk that is exportable but not "
+                   f"exported, and the step, are each within {same} of plain, their quartiles no further apart: free, "
+                   f"so the default is exportable; chunks are {default}.")
+    elif decision["exportable"] is False:
+        verdict = (f"{_and(named['dearer'])} cost more than {same} over plain, so the default is not exportable; "
+                   f"chunks are {default}.")
+    else:
+        verdict = (f"{_and(named['cannot decide'])} cannot decide (their quartiles further apart than {same} of "
+                   f"plain), so the record does not decide the default; chunks are {default}.")
+    return ("\n".join(rows) + f"\n\nµs per handle, medians of {env.get('rounds', '?')} rounds of "
+            f"{env.get('calls', '?')} chunks of each kind (the order alternating); a ratio is the median over rounds "
+            f"of the round's own, with its quartiles, judged free within {same}. {step} `{name}`. "
+            + verdict + f" {exported} The export is paid once per shared chunk, when a tensor on it is first shared. "
+            + ipc_replay_price() + " " + _env_line([env]) + "\n")
 
 
 def ipc_training_steps(record: str) -> str:

@@ -6,17 +6,21 @@ from gmlake.core._driver cimport FAULT_RESERVE, FAULT_MAP, FAULT_SET_ACCESS, FAU
 
 
 cdef class SimDriver(ModelDriver):
-    """SimDriver(capacity=0, granularity=2097152)
+    """SimDriver(capacity=0, granularity=2097152, exportable=None)
 --
 
-    Pretends to be a device with `capacity` bytes (0: unbounded) and allocation `granularity`.
+    Pretends to be a device with `capacity` bytes (0: unbounded) and allocation `granularity`. `exportable`: whether
+    the chunks it models are exportable, as CudaDriver's would be (None: GMLAKE_IPC, else the default; Note [Exporting
+    a chunk]). It changes nothing here but their price: replay prices each handle of an exportable chunk at the cost
+    table's per_handle plus per_handle_exportable_extra.
 
     Addresses are handed out by a bump pointer and never reused, so a stale pointer can never alias a new range.
     """
     cdef uintptr_t next_va
     cdef uint64_t next_handle
+    cdef readonly bint exportable
 
-    def __init__(self, capacity: int = 0, granularity: int = 2 << 20):
+    def __init__(self, capacity: int = 0, granularity: int = 2 << 20, exportable=None):
         if granularity <= 0 or granularity & (granularity - 1):
             raise ValueError(f"granularity must be a positive power of two, got {granularity}")
         if capacity < 0:
@@ -25,6 +29,10 @@ cdef class SimDriver(ModelDriver):
         self.capacity = capacity
         self.next_va = <uintptr_t>1 << 44
         self.next_handle = 1
+        if exportable is None:
+            from gmlake.drivers._cuda_driver import exportable_requested    # reads GMLAKE_IPC; loads no CUDA
+            exportable = exportable_requested()
+        self.exportable = bool(exportable)
 
     cdef int create_chunk(self, size_t size, uint64_t* handle) noexcept nogil:
         cdef int rc = self.enter_create(size)

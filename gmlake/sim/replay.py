@@ -24,24 +24,27 @@ def driver_costs() -> dict:
     return json.loads(resources.files("gmlake.sim").joinpath("data/driver_costs_h200.json").read_text())
 
 
-def driver_seconds(stats: dict, costs: dict | None = None) -> float:
+def driver_seconds(stats: dict, costs: dict | None = None, exportable: bool = False) -> float:
     """Driver time the calls in `stats` would cost on the GPU the table was measured on; each synchronize (a cut at
-    reuse, a stage of pressure relief, empty_cache) at the table's price of one in a training step."""
+    reuse, a stage of pressure relief, empty_cache) at the table's price of one in a training step. `exportable`:
+    the chunks were exportable (SimDriver.exportable), each handle priced at per_handle plus the table's
+    per_handle_exportable_extra (its note says where that came from)."""
     costs = costs or driver_costs()
     us = sum(stats["calls"].get(k, 0) * v for k, v in costs["per_call"].items())
-    us += sum(stats["handles"].get(k, 0) * v for k, v in costs["per_handle"].items())
+    extra = costs.get("per_handle_exportable_extra", {}) if exportable else {}
+    us += sum(stats["handles"].get(k, 0) * (v + extra.get(k, 0.0)) for k, v in costs["per_handle"].items())
     us += sum(stats.get(k, 0) / (1 << 20) * v for k, v in costs.get("per_mib", {}).items())
     return us * 1e-6
 
 
-def step_time_lost(stats: dict, costs: dict | None = None) -> float:
+def step_time_lost(stats: dict, costs: dict | None = None, exportable: bool = False) -> float:
     """Training time the calls in `stats` would cost on that GPU: their priced driver time times the table's
     stall factor. Note [the stall]: a driver call blocks the CPU thread that feeds the GPU, whose queue drains
     meanwhile, so a run can lose more than the calls' own time. Measured after warm-up on an H200, the loss per
     priced second ranged 0.85-2.5x over six runs of the paper policy (by workload and run); the factor is their
     geometric mean, and predicts 4 of the 6 within +-30 % (docs/benchmarks.md, "Speed")."""
     costs = costs or driver_costs()
-    return driver_seconds(stats, costs) * costs["stall_factor"]
+    return driver_seconds(stats, costs, exportable) * costs["stall_factor"]
 
 
 @dataclass
@@ -88,6 +91,7 @@ class ReplayResult:
     # the request at which the replay first failed, and how: "oom" (the allocator) or "library" (None: it did not)
     first_failure: int | None = None
     failure_kind: str | None = None
+    exportable: bool = False   # the sim driver's chunks were exportable, and priced so (SimDriver.exportable)
 
     @property
     def failed(self) -> bool:
@@ -195,6 +199,7 @@ class ReplayResult:
             "driver_calls": sum(self.stats["calls"].values()),
             "driver_seconds": round(self.driver_seconds, 6),
             "step_time_lost_seconds": round(self.step_time_lost, 6),
+            "exportable": self.exportable,      # the handles priced as exportable ones
         }
 
 
@@ -263,8 +268,9 @@ def replay(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device_
         peak_reserved=out["peak_reserved"],
         allocated_at_peak_reserved=out["allocated_at_peak_reserved"],
         peak_event=out["peak_event"],
-        driver_seconds=driver_seconds(stats),
-        step_time_lost=step_time_lost(stats),
+        driver_seconds=driver_seconds(stats, exportable=alloc.driver.exportable),
+        step_time_lost=step_time_lost(stats, exportable=alloc.driver.exportable),
+        exportable=alloc.driver.exportable,
         stats=stats,
         timeline=out["timeline"],
         event_lag=event_lag,

@@ -141,7 +141,7 @@ class Outcome:
 def _replay(trace: Trace, policy: policies.Policy, device_memory: int, event_lag: int, cap: int = 0) -> dict:
     """One replay's result, with the allocator's statistics (no timeline, no second pass: what tune needs)."""
     alloc, out = run_requests(trace, policy, device_memory, samples=1, event_lag=event_lag, cap=cap)
-    out["stats"] = alloc.stats()
+    out["stats"], out["exportable"] = alloc.stats(), alloc.driver.exportable    # priced as replay prices them
     return out
 
 
@@ -164,7 +164,8 @@ def evaluate(trace: Trace, setting: Setting, device_memory: int, fit: int | None
     stats = full["stats"]
     out = Outcome(policy=choice.label, spec=setting.spec, base=setting.policy, knobs=dict(setting.knobs),
                   failed=full["ooms"] > 0, peak_reserved=full["peak_reserved"], peak_allocated=full["peak_allocated"],
-                  driver_seconds=driver_seconds(stats), step_time_lost=step_time_lost(stats),
+                  driver_seconds=driver_seconds(stats, exportable=full["exportable"]),
+                  step_time_lost=step_time_lost(stats, exportable=full["exportable"]),
                   stitches=stats["stitches"], driver_calls=sum(stats["calls"].values()))
     if not out.failed:
         under_cap = lambda cap: _replay(trace, policy, device_memory, event_lag, cap=cap)["ooms"] == 0
@@ -182,7 +183,7 @@ def evaluate(trace: Trace, setting: Setting, device_memory: int, fit: int | None
         out.fits = at_fit["ooms"] == 0
         if out.fits:
             out.fit_peak_reserved = at_fit["peak_reserved"]
-            out.fit_driver_seconds = driver_seconds(at_fit["stats"])
+            out.fit_driver_seconds = driver_seconds(at_fit["stats"], exportable=at_fit["exportable"])
             if fit < device_memory and out.smallest_cap is not None and fit < out.smallest_cap:
                 # The bisection stops within RESOLUTION above the smallest cap; the fit itself is a cap it completes
                 # under, so the smallest cap is at most that (never 18.408 GiB beside "fits 18.4 GiB: yes").
