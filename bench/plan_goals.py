@@ -73,9 +73,13 @@ def judge(candidate: dict, expandable: dict, paper: dict) -> dict:
 
 def read_json(path: str, what: str) -> dict:
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+        text = Path(path).read_text()
+    except OSError as exc:
         raise ValueError(f"{what} {error_line(exc)}") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{what} {path}: not JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise TypeError(f"{what} {path}: not a JSON object")
     return data
