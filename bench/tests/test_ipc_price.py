@@ -127,10 +127,28 @@ def _old_record(tmp_path):
     (1.0, (0.94, 1.06), None),             # quartiles 6 points apart: cannot decide
     (1.0, (1.07, 1.08), False),            # only the step dearer
 ])
-def test_the_rule_weighs_every_call_and_the_step_with_its_spread(tmp_path, benchmarks, ratio, step, exportable):
+def test_the_rule_weighs_a_handles_life_and_the_step_with_their_spread(tmp_path, benchmarks, ratio, step,
+                                                                        exportable):
     decision = benchmarks.decide(json.loads(_record(tmp_path, ratio, step).read_text()))
     assert decision["exportable"] is exportable and not decision["lacks"]
-    assert len(decision["judged"]) == 2 * 5 + 1, "five calls at each of two sizes, and the step"
+    assert len(decision["judged"]) == 2 + 1, "a handle's life at each of two sizes, and the step"
+
+
+def test_a_cheap_calls_noise_alone_does_not_stop_the_decision(tmp_path, benchmarks):
+    """map costs half a µs on the GPU: its ratio moving by a fifth, while the handle's life moves by under 1 %,
+    still decides (free), and the table shows map's own ratio beside it."""
+    path = _record(tmp_path, 1.0)
+    data = json.loads(path.read_text())
+    for row in data["per_handle"].values():
+        for kind in ("plain", "exportable"):
+            row[kind] = {call: [100.0, 100.0] for call in row[kind]}
+            row[kind]["map"] = [0.5, 0.5]
+        row["exportable"]["map"] = [0.4, 0.6]
+    path.write_text(json.dumps(data))
+    decision = benchmarks.decide(data)
+    assert decision["exportable"] is True, decision["judged"]
+    text = benchmarks.ipc_price(str(path))
+    assert "| 2 MiB | map | 0.50 | 0.50 | 1.000 (0.900-1.100) |" in text and "a handle's life" in text
 
 
 def test_an_older_record_cannot_decide_and_says_what_it_lacks(tmp_path, benchmarks):

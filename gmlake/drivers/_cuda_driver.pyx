@@ -39,10 +39,10 @@ LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so")
 # shares it (PyTorch's Note [Sharing CUDA tensors] keeps the sender's storage, hence its block, alive while a
 # receiver's count is held). PyTorch noted slower cuMemCreate for exportable handles on older drivers, so whether
 # chunks are exportable is a setting: GMLAKE_IPC=1 or 0, else EXPORTABLE_DEFAULT. The default follows the price:
-# exportable only if creating, mapping, setting access to, unmapping and releasing a chunk created with the POSIX
-# handle type but never exported, and an allocator's grow-and-release step, each cost no more than plain ones on the
-# GPU, within the threshold bench/report_docs/benchmarks.py's `decide` applies to `python -m bench ipc-price`'s
-# newest record (bench/tests/test_ipc_price.py holds this default against it; docs/benchmarks.md, "Sharing CUDA
+# exportable only if a handle's whole life (creating, mapping, setting access to, unmapping and releasing a chunk
+# created with the POSIX handle type but never exported) and an allocator's grow-and-release step each cost no more
+# than plain ones on the GPU, within the threshold bench/report_docs/benchmarks.py's `decide` applies to
+# `python -m bench ipc-price`'s newest record (bench/tests/test_ipc_price.py holds this default against it; docs/benchmarks.md, "Sharing CUDA
 # tensors: exportable chunks", shows the figures). An exported chunk costs more per call, and the export itself, but
 # only shared chunks pay that. Replay prices exportable chunks with the cost table's per_handle_exportable_extra
 # (SimDriver.exportable). So chunks are exportable by default, and GMLAKE_IPC=0 turns it off.
