@@ -6,6 +6,7 @@ import pytest
 
 import gmlake
 from bench import harness, ipc_price
+from gmlake.sim.replay import driver_costs
 
 CALLS = {"create_chunk", "map", "set_access", "unmap", "release_chunk"}
 
@@ -244,8 +245,6 @@ def test_the_default_follows_from_the_measured_price(benchmarks):
 def test_the_cost_table_prices_exportable_handles_from_the_newest_record(benchmarks):
     """Replay's extra per exportable handle is the newest record's, where that record has per-handle prices;
     until one does, the provisional values say so."""
-    from gmlake.sim.replay import driver_costs
-
     costs, record = driver_costs(), benchmarks.ipc_price_record()
     data = json.loads((benchmarks.RESULTS / record).read_text()) if record else {}
     if "per_handle" not in data:
@@ -257,8 +256,8 @@ def test_the_cost_table_prices_exportable_handles_from_the_newest_record(benchma
 
 
 def test_price_table_writes_a_records_extras_into_the_table(tmp_path, monkeypatch, capsys, benchmarks):
-    table = tmp_path / "costs.json"
-    table.write_text(benchmarks.COST_TABLE.read_text())
+    table = tmp_path / "costs.json"          # a copy of the installed table (a wheel's tree has no source copy)
+    table.write_text(json.dumps(driver_costs(), indent=2) + "\n")
     monkeypatch.setattr(benchmarks, "COST_TABLE", table)
     monkeypatch.setattr(benchmarks, "RESULTS", tmp_path)
     path = _record(tmp_path)
