@@ -47,11 +47,13 @@ def test_live_blocks_beside_shared_free_pieces_are_counted_once_by_size_against_
         (45 * MiB, 15 * MiB, "free", 0, 0),                     # the rest of chunk 2, shared with the large one
         (60 * MiB, 20 * MiB, "free", 0, 0),                     # chunk 3, whole
         (80 * MiB, 20 * MiB, "allocated", 0, 20 * MiB),         # chunk 4: no free piece in it
+        (100 * MiB, 10 * MiB, "free", 0, 0),                    # chunk 5's head, beside the range's unmapped tail
+        (110 * MiB, 4 << 30, "unmapped", 0, 0),                 # no live bytes: pins nothing
     ]}
     small = {"pool": "small", "chunk_size": 2 * MiB, "blocks": [(0, MiB, "free", 0, 0), (MiB, MiB, "allocated", 0, 1)]}
     free_small, whole, shared, _, pinning = _free_bytes([large, small])
     assert free_small == MiB
-    assert whole == 20 * MiB and shared == 6 * MiB + 15 * MiB
+    assert whole == 20 * MiB and shared == 6 * MiB + 15 * MiB + 10 * MiB
     assert pinning == {"smaller than a chunk": (1, 4 * MiB), "a chunk or more": (1, 35 * MiB)}
 
 

@@ -167,7 +167,8 @@ def _free_bytes(segments: list[dict]) -> tuple[int, int, int, dict, dict]:
         if seg["pool"] == "small" or not partly_free:
             continue
         for offset, size, state, _stream, _requested in seg["blocks"]:
-            if state != "free" and not partly_free.isdisjoint(_chunks_of(offset, size, chunk)):
+            # Only live bytes pin a chunk: an unmapped hole (an expandable range's unreserved tail) holds none.
+            if state in ("allocated", "claimed") and not partly_free.isdisjoint(_chunks_of(offset, size, chunk)):
                 label = PINNING_CLASSES[size >= chunk]
                 pinning[label][0] += 1
                 pinning[label][1] += size
