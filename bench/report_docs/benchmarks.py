@@ -743,6 +743,56 @@ def fidelity() -> str:
                  + f" (`tests/test_replay.py`; goal {goal}).", 115) + "\n"
 
 
+# GPU fidelity: records `*/fidelity-<program>.json`, each a program run on the GPU under gmlake and under expandable
+# segments with a snapshot, and both snapshots replayed under both policies (their commands are in the record).
+FIDELITY_RECORDS = "*/fidelity-*.json"
+
+
+def gpu_fidelity() -> str:
+    """Each GPU fidelity record: the runs' max_memory_reserved beside replay's peak for every snapshot and policy."""
+    lines = ["| program | allocator | GPU reserved GiB | replayed from its own snapshot | from the other's | machine, date |",
+             "|---|---|---|---|---|---|"]
+    for path in sorted(RESULTS.glob(FIDELITY_RECORDS)):
+        record = _json(str(path.relative_to(RESULTS)))
+        program = path.stem.removeprefix("fidelity-")
+        gpu_name = record["machine"].split(",")[0]
+        for allocator, run in record["gpu"].items():
+            real = run["max_memory_reserved"]
+            mine = [r for r in record["replay"] if r["policy"] == allocator]
+            own = [r for r in mine if r["trace"].endswith(f"-{allocator}")]
+            other = [r for r in mine if r not in own]
+
+            def off(rows: list[dict], real: int = real) -> str:
+                return " / ".join("exact" if r["peak_reserved"] == real
+                                  else f"{100 * (r['peak_reserved'] / real - 1):+.2f} %" for r in rows) or "-"
+            lines.append(f"| {program} | {allocator} | {real / GiB:.3f} | {off(own)} | {off(other)} | "
+                         f"{gpu_name}, {record['date']} (`{path.relative_to(RESULTS)}`) |")
+    return "\n".join(lines) + "\n"
+
+
+# A change to the core checked against the core before it: the newest records of these names under bench/results.
+CORE_CHANGE_REPLAY = "replay-speed-refactor.txt"      # replay's events/s per trace and policy, old and new core
+CORE_CHANGE_STEPS = "speed-ab-refactor-*.json"        # GPU warm steps, the old core as baseline, interleaved
+
+
+def _newest(pattern: str) -> list[Path]:
+    """The files matching `pattern` in the newest folder (by the date its name ends with) that has any."""
+    found = sorted(RESULTS.glob(f"*/{pattern}"), key=lambda p: re.sub(r"^.*?(\d{4}-\d\d-\d\d)", r"\1", p.parent.name))
+    return [p for p in found if found and p.parent == found[-1].parent]
+
+
+def core_change() -> str:
+    """The last change to the core's structure, checked against the core before it: replay's speed and GPU steps."""
+    parts = []
+    for path in _newest(CORE_CHANGE_REPLAY):
+        text = path.read_text().splitlines()
+        mean = next((line for line in text if line.startswith("geometric mean")), "")
+        parts.append(f"Replay speed, {text[0].split(' (')[0]}: {mean} (`{path.relative_to(RESULTS)}`).")
+    for path in _newest(CORE_CHANGE_STEPS):
+        parts.append("\n" + markdown_table(_json(str(path.relative_to(RESULTS)))))
+    return "\n".join(parts) + "\n"
+
+
 # The handle-size table: gmlake-paper's chunk_size over the bundled workloads (one capture each: both make the same
 # requests).
 HANDLE_TRACES = ["gpt2l-lora-ckpt-native", "opt1.3b-lora-native", "opt350m-full-ckpt-native"]
@@ -1172,7 +1222,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "reuse-cuts-speed": lambda: fine_pages_speed(CUT_SPEED), "edge-fit": edge_fit, "edge-bracket": edge_bracket,
     "edge-libraries": edge_libraries, "tune-gpu": tune_gpu, "stall": stall, "latency": latency, "micro": micro,
     "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs,
-    "sync-price": sync_price, "ipc-price": ipc_price}
+    "sync-price": sync_price, "ipc-price": ipc_price,
+    "gpu-fidelity": gpu_fidelity, "core-change": core_change}
 
 
 def draw() -> list[Path]:
