@@ -88,6 +88,12 @@ class Knobs:
         handles), but only while the run lays out its memory: while the requests since reserved memory last reached
         a new high are at most this many percent of those before (0: never; no built-in policy sets it). Never
         unmaps or moves live memory. Note [Fine pages at reuse] (gmlake/core/_growth_expandable.pxi).
+      plan: with `tail_page`, growth cuts only the tails of request sizes the run has shown to fragment: each time
+        reserved memory reaches a new high, the sizes of live blocks that share a page with a free run join the plan;
+        a request that must grow has its tail cut where its size is planned (a plan hit), else grows whole pages (a
+        miss). Counted in Allocator.stats()["plan"]. Note [A plan learned from the run] (gmlake/core/_planner.pxi).
+      plan_settle: the plan settles (stops looking) after this many requests on the miss path in a row add no size,
+        and looks again after a request larger than any before, or this many misses once settled.
       reback_slot: under "expandable", as the last pressure stage, re-back each partly used chunk in handles of
         this many bytes, one per slot that holds live bytes (copied through the host, pointers unchanged), giving
         its free slots back to the driver (0: never, every built-in policy). Hazard: while a chunk is re-backed its
@@ -167,6 +173,8 @@ class Knobs:
     expandable_reserve: int = knob(0, unit="bytes", minimum=0, growths=("expandable",))
     tail_page: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     cut_at_reuse: int = knob(0, unit="percent", minimum=0, growths=("expandable",))
+    plan: bool = knob(False, growths=("expandable",))
+    plan_settle: int = knob(64, unit="count", minimum=1, growths=("expandable",))
     reback_slot: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     device_reserve: int = knob(0, unit="bytes", minimum=0)
     libraries_half_life: int = knob(0, unit="count", minimum=0)
@@ -242,6 +250,9 @@ class Knobs:
                                   if getattr(self, page_name))
                 raise ValueError(f"gmlake: policy {self.name}: {name} {format_knob(part, 'bytes')} must divide the "
                                  f"large pages it cuts ({sizes})")
+        if self.plan and not self.tail_page:
+            raise ValueError(f"gmlake: policy {self.name}: plan decides which tails growth cuts into tail_page slots, "
+                             f"so it needs tail_page set too (e.g. tail_page=2MiB)")
         if self.cut_at_reuse and not self.tail_page:
             raise ValueError(f"gmlake: policy {self.name}: cut_at_reuse cuts pages into tail_page slots, so it needs "
                              f"tail_page set too (e.g. tail_page=2MiB)")
