@@ -321,7 +321,8 @@ cdef struct Knobs:
     size_t tail_page              # 0: whole pages at a block's tail (Note [Fine pages at a block's tail])
     size_t cut_at_reuse           # percent; 0: reuse never cuts a page (Note [Fine pages at reuse])
     bint plan                     # RunPlanner decides which tails growth cuts (Note [A plan learned from the run])
-    size_t plan_settle            # misses in a row without a new size that settle the plan
+    size_t plan_tail_share        # percent of a page a cut tail may need (Note [A plan learned from the run])
+    size_t plan_settle            # miss-path requests in a row of known sizes that settle the plan
     size_t reback_slot            # 0: never re-back (Note [Taking slots back at the edge])
     size_t slot                   # the unit of a page mapped in parts: reback_slot, else tail_page
     size_t device_reserve         # 0: growth may take the device's last byte (Note [Leaving the libraries room])
@@ -491,30 +492,27 @@ cdef class ExpandableGrowth(Growth):
 
 
 cdef class Planner:
-    """What the run has shown decides where growth maps fine pages (_planner.pxi, Note [A plan learned from the
-    run]): chosen once when the allocator is made (Policy.cython_planner(), else the `plan` knob), asked only on a
-    large request's miss path, with the allocator's lock held. This base plans nothing. A subclass compiled against
-    this .pxd overrides the three methods, nogil; it reads the allocator's structures and never changes them."""
+    """What the run shows decides where growth maps fine pages (_planner.pxi, Note [A plan learned from the run]):
+    chosen once when the allocator is made (Policy.cython_planner(), else the `plan` knob), asked only on a large
+    request's miss path and when reserved memory reaches a new high, with the allocator's lock held. This base plans
+    nothing. A subclass compiled against this .pxd overrides the three methods, nogil; it reads the allocator's
+    structures and never changes them."""
     cdef public size_t request                  # the large request on the miss path now (0: none yet)
     # A large request of `size` bytes reached the miss path (it stitches or grows).
     cdef void on_miss(self, Allocator a, size_t size) noexcept nogil
-    # Whether growth maps the last page it partly covers, needing `need` bytes of it, in tail_page slots for
-    # `request` (where the knobs let it cut: Note [Fine pages at a block's tail]).
-    cdef bint fine_tail(self, Allocator a, size_t need) noexcept nogil
-    # Reserved memory reached a new high.
+    # Whether growth maps the last `page`-byte page it partly covers, needing `need` bytes of it, in tail_page slots
+    # for `request` (only asked where the knobs let it cut: Note [Fine pages at a block's tail]).
+    cdef bint fine_tail(self, Allocator a, size_t need, size_t page) noexcept nogil
+    # Growth took reserved memory to a new high.
     cdef void on_new_high(self, Allocator a) noexcept nogil
 
 
 cdef class RunPlanner(Planner):
-    cdef unordered_set[size_t] sizes            # the plan: request sizes (tail_page buckets) whose tails are cut
-    cdef readonly size_t largest                # the largest request seen on the miss path
-    cdef readonly uint64_t hits, misses, replans, settles, walks, walks_adding
+    cdef unordered_set[size_t] seen             # request sizes (tail_page buckets) seen on the miss path
+    cdef readonly size_t largest                # the largest request seen there
+    cdef readonly uint64_t hits, misses, replans, settles, highs_settled
     cdef readonly bint settled
-    cdef size_t settle_after, quiet, misses_settled
-    cdef uint64_t calls_at_settle, calls_settled
-    cdef unordered_map[size_t, size_t] seen
-    cdef public size_t x_mode, x_maxtenths, x_budget, x_minsize
-    cdef void _replan(self, Allocator a) noexcept nogil
+    cdef uint64_t quiet, misses_settled, calls_at_settle, calls_settled
 
 
 cdef class Seams:

@@ -82,7 +82,7 @@ cdef inline bint _cuts_tail(Allocator self, Segment* seg, size_t at, size_t need
     cdef size_t C = seg.chunk_size
     cdef size_t S = self.k.tail_page
     return S != 0 and not self.edge_pages and seg.owner == NULL and seg.size_class == SIZE_LARGE and C > S and \
-        at % C == 0 and round_up(need, S) < C and not _slotted(seg, at // C) and _plan_fine_tail(self, need)
+        at % C == 0 and round_up(need, S) < C and not _slotted(seg, at // C) and _plan_fine_tail(self, need, C)
 
 
 cdef inline void _note_most_reserved(Allocator self) noexcept nogil:
@@ -184,7 +184,7 @@ cdef inline size_t _grown_bytes(Allocator self, int size_class, size_t need, siz
     if need == whole:
         return need
     if S != 0 and size_class == SIZE_LARGE and page > S and round_up(need - whole, S) < page and \
-            _plan_fine_tail(self, need - whole):
+            _plan_fine_tail(self, need - whole, page):
         return whole + round_up(need - whole, S)
     return whole + page
 

@@ -1,8 +1,8 @@
-# The allocator core, room "plan": what the run has shown decides where growth maps fine pages. A Planner (declared
-# in _allocator.pxd) is chosen once when the allocator is made: the policy's cython_planner(), else the built-in
-# the `plan` knob names (RunPlanner where set, else the base Planner, which plans nothing and leaves every decision
-# to the knobs as before). It is asked only on a large request's miss path (stitch or grow), never on the cache
-# hit, so a warm step that fits in what is mapped pays nothing for it. Included into _allocator.pyx.
+# The allocator core, room "plan": what the run shows decides where growth maps fine pages. A Planner (declared in
+# _allocator.pxd) is chosen once when the allocator is made: the policy's cython_planner(), else RunPlanner where
+# the `plan` knob is set, else the base Planner, which plans nothing and leaves every decision to the knobs as before.
+# It is asked only on a large request's miss path (stitch or grow) and when growth takes reserved memory to a new
+# high, never on the cache hit: a step that fits in what is mapped pays nothing for it. Included into _allocator.pyx.
 #
 # API (what the rest of the core calls; every other function here is this file's own):
 #   _planner_of, _plan_request, _plan_fine_tail, _plan_new_high
@@ -10,7 +10,7 @@
 
 cdef Planner _planner_of(policy):
     """The planner a policy chose: its cython_planner(), else RunPlanner where its `plan` knob is set, else the base
-    Planner (no plan: every decision as the knobs say)."""
+    Planner (no plan)."""
     planner = policy.cython_planner()
     if planner is None:
         return RunPlanner() if getattr(policy, "plan", False) else Planner()
@@ -22,38 +22,39 @@ cdef Planner _planner_of(policy):
 
 cdef inline void _plan_request(Allocator self, size_t size) noexcept nogil:
     """A large request of `size` bytes reached the miss path (it stitches or grows): the planner sees it first, and
-    what growth does for it next is decided for this request (Planner.request)."""
+    what growth maps for it next is decided for this request (Planner.request)."""
     self.planner.request = size
     self.planner.on_miss(self, size)
 
 
-cdef inline bint _plan_fine_tail(Allocator self, size_t need) noexcept nogil:
-    """Whether growth maps the last page it partly covers, of which it needs `need` bytes, in `tail_page` slots for
-    the request being served (the knob's other conditions are checked by the caller: _cuts_tail)."""
-    return self.planner.fine_tail(self, need)
+cdef inline bint _plan_fine_tail(Allocator self, size_t need, size_t page) noexcept nogil:
+    """Whether growth maps the last `page`-byte page it partly covers, of which it needs `need` bytes, in `tail_page`
+    slots for the request being served (the knob's own conditions are checked by the caller)."""
+    return self.planner.fine_tail(self, need, page)
 
 
 cdef inline void _plan_new_high(Allocator self) noexcept nogil:
-    """Reserved memory just reached a new high: the planner may look at the layout that got it there."""
+    """Growth just took reserved memory to a new high."""
     self.planner.on_new_high(self)
 
 
-cdef inline size_t _calls_made(Allocator self) noexcept nogil:
-    cdef size_t i, n = 0
+cdef inline uint64_t _calls_made(Allocator self) noexcept nogil:
+    cdef uint64_t n = 0
+    cdef int i
     for i in range(<int>NUM_CALLS):
         n += self.st.calls[i]
     return n
 
 
 cdef class Planner:
-    """No plan: growth cuts every tail `tail_page` lets it cut, as without a planner; nothing is counted. Subclass it
-    (RunPlanner below, or a policy's own, from Policy.cython_planner(), compiled against gmlake's .pxd files) to
+    """No plan: growth cuts every tail `tail_page` lets it cut, as without a planner, and nothing is counted. Subclass
+    it (RunPlanner below, or a policy's own from Policy.cython_planner(), compiled against gmlake's .pxd files) to
     decide from the run."""
 
     cdef void on_miss(self, Allocator a, size_t size) noexcept nogil:
         pass
 
-    cdef bint fine_tail(self, Allocator a, size_t need) noexcept nogil:
+    cdef bint fine_tail(self, Allocator a, size_t need, size_t page) noexcept nogil:
         return True
 
     cdef void on_new_high(self, Allocator a) noexcept nogil:
@@ -66,120 +67,64 @@ cdef class Planner:
 
 
 cdef class RunPlanner(Planner):
-    """Note [A plan learned from the run]: a handle costs the driver per handle, whatever its size (cuMemSetAccess
-    ~24 us, cuMemUnmap ~17 us), so pages fine everywhere reach the free bytes that share pages with live blocks at
-    ten times the growth's calls, and `tail_page` on every tail still misses the time goal on most traces. Fine pages
-    pay only where a block's tail would otherwise leave a free run inside a page that a live block keeps, at the
-    moment that decides memory: when reserved memory reaches a new high (an uncapped run never unmaps, so its peak
-    is the last such moment, and the layout of the first steps is what later steps reuse).
+    """Note [A plan learned from the run]: the driver charges per handle, whatever its size (cuMemSetAccess ~24 us,
+    cuMemUnmap ~17, cuMemCreate ~10), so pages fine everywhere reach the free bytes that share pages with live blocks
+    at about ten times the growth's calls, and `tail_page` on every tail still misses the replay time goal on most
+    bundled traces. The planner decides where fine pages pay, and watches the run to say when its layout settled.
 
-    So the plan is learned there. Each time growth takes reserved memory to a new high, the planner walks the free
-    blocks of the default pool's large class and notes every free run that shares its first or last page with a live
-    block: the live block's size (in `tail_page` buckets) is a size whose tail fragments. The plan is that set of
-    sizes. A later large request that must grow (the miss path: no free block or cached sBlock fits) is a plan hit
-    where its size is in the set: growth maps its tail page in slots (Note [Fine pages at a block's tail]); a size
-    not in the set is a plan miss and grows in whole pages, as the default does without a plan. Requests served from
-    free memory never reach the planner: the cache hit is unchanged, and nothing live is ever moved or unmapped.
+    What it decides: growth maps a block's last page in `tail_page` slots only where the block covers at least one
+    whole page and its tail needs at most `plan_tail_share` percent of that page. A large block's tail then costs a
+    few handles and leaves most of a page unmapped instead of free beside live bytes (Note [Fine pages at a block's
+    tail]); a block smaller than a page, or a tail that fills most of its page, grows whole pages as without a plan:
+    cutting those maps nearly a page's worth of slots, one handle each, for little memory (the next block grown
+    there maps the rest of the page slot by slot). In replay (`python -m bench plan-goals`) this rule met the memory
+    goal on 4 more of the 20 tuning traces than the default without a plan, at no time goal lost; restricting it to
+    sizes the run showed (the sizes of live blocks sharing a page with a free run at each new high of reserved
+    memory, or sizes seen twice), or to the run's first steps, met fewer goals (docs/design.md, "The plan").
 
-    The plan settles once `plan_settle` requests in a row reached the miss path without adding a size; then it stops
-    looking (no walks) and only counts. It re-plans (looks again) on drift: a request larger than any seen before,
-    or `plan_settle` misses after it settled. Counted: hits, misses, re-plans, and the driver calls made while
-    settled (the target: close to none), reported by Allocator.stats()["plan"], `gmlake replay --json` and `gmlake
-    explain`."""
-
-    def __cinit__(self):
-        self.settle_after = 64
-        import os
-        self.x_mode = int(os.environ.get("PLAN_MODE", "0"))
-        self.x_maxtenths = int(os.environ.get("PLAN_MAXTENTHS", "10"))
-        self.x_budget = int(os.environ.get("PLAN_BUDGET", "0"))
-        self.x_minsize = int(os.environ.get("PLAN_MINSIZE", "0"))
+    What it watches: each large request on the miss path is a plan hit where its size (in `tail_page` buckets) was
+    seen there before, else a miss (a size the run had not shown). The plan settles once `plan_settle` requests in a
+    row reached the miss path with sizes seen before; it re-plans on drift: a request larger than any before, or
+    `plan_settle` misses once settled. Counted: hits, misses, re-plans, new highs of reserved memory after it
+    settled, and the driver calls made while settled (a warm step's calls: the target is none). Requests served
+    from free memory never reach the planner, and nothing live is ever moved or unmapped. Allocator.stats()["plan"],
+    `gmlake replay --json` and `gmlake explain` report them."""
 
     cdef void on_miss(self, Allocator a, size_t size) noexcept nogil:
-        cdef size_t S = a.k.tail_page
-        cdef bint known = S != 0 and self.sizes.count(round_up(size, S)) != 0
-        if a.k.plan_settle:
-            self.settle_after = a.k.plan_settle
-        if S:
-            self.seen[round_up(size, S)] += 1
+        cdef size_t bucket = round_up(size, a.k.tail_page) if a.k.tail_page else size
+        cdef bint known = self.seen.count(bucket) != 0
         if known:
             self.hits += 1
+            self.quiet += 1
         else:
             self.misses += 1
-            self.misses_settled += self.settled
+            self.quiet = 0
+            self.seen.insert(bucket)
+            if self.settled:
+                self.misses_settled += 1
+        if self.settled and (size > self.largest or self.misses_settled >= a.k.plan_settle):
+            self.calls_settled += _calls_made(a) - self.calls_at_settle
+            self.settled = False
+            self.replans += 1
+            self.quiet = 0
         if size > self.largest:
-            if self.largest != 0 and self.settled:
-                self._replan(a)
             self.largest = size
-        elif self.settled and self.misses_settled >= self.settle_after:
-            self._replan(a)
-        if not self.settled:
-            self.quiet += 1
-            if self.quiet >= self.settle_after:
-                self.settled = True
-                self.settles += 1
-                self.misses_settled = 0
-                self.calls_at_settle = _calls_made(a)
+        if not self.settled and self.quiet >= a.k.plan_settle:
+            self.settled = True
+            self.settles += 1
+            self.misses_settled = 0
+            self.calls_at_settle = _calls_made(a)
 
-    cdef void _replan(self, Allocator a) noexcept nogil:
-        self.calls_settled += _calls_made(a) - self.calls_at_settle
-        self.settled = False
-        self.quiet = 0
-        self.replans += 1
-
-    cdef bint fine_tail(self, Allocator a, size_t need) noexcept nogil:
-        cdef size_t S = a.k.tail_page
-        cdef size_t C = a.k.expandable_page_large
-        cdef size_t coarse, fine
-        if self.request == 0:
-            return False
-        if self.request < self.x_minsize:
-            return False
-        if round_up(need, S) * 10 > C * self.x_maxtenths:
-            return False
-        if self.x_budget:
-            fine = a.st.handles[<int>CALL_MAP]
-            if fine * 100 > self.x_budget * (a.st.reserved // C + 1):
-                return False
-        if self.x_mode == 1:
-            return True
-        if self.x_mode == 4:
-            return not self.settled
-        if self.x_mode == 2:
-            return self.seen[round_up(self.request, S)] >= 2
-        if self.x_mode == 3:
-            return self.seen[round_up(self.request, S)] <= 1
-        return self.sizes.count(round_up(self.request, S)) != 0
+    cdef bint fine_tail(self, Allocator a, size_t need, size_t page) noexcept nogil:
+        return self.request >= page and round_up(need, a.k.tail_page) * 100 <= page * a.k.plan_tail_share
 
     cdef void on_new_high(self, Allocator a) noexcept nogil:
-        cdef FreeIndex* index
-        cdef FreeIndex.iterator it
-        cdef Block* f
-        cdef size_t C, o, e, added = 0
-        cdef size_t S = a.k.tail_page
-        if self.settled or S == 0:
-            return
-        index = free_index(a, SIZE_LARGE)
-        it = index.begin()
-        while it != index.end():
-            f = deref(it).second
-            inc(it)
-            if f.seg == NULL or f.seg.owner != NULL or f.seg.chunk_size <= S:
-                continue
-            C = f.seg.chunk_size
-            o = f.addr - f.seg.va
-            e = o + f.size
-            if o % C and f.prev != NULL and f.prev.state == BLOCK_ALLOCATED and f.prev.sblock == NULL:
-                added += self.sizes.insert(round_up(f.prev.size, S)).second
-            if e % C and f.next != NULL and f.next.state == BLOCK_ALLOCATED and f.next.sblock == NULL:
-                added += self.sizes.insert(round_up(f.next.size, S)).second
-        if added:
-            self.quiet = 0
-            self.walks_adding += 1
-        self.walks += 1
+        if self.settled:
+            self.highs_settled += 1
 
     def report(self, calls):
-        settled_calls = self.calls_settled + (calls - self.calls_at_settle if self.settled else 0)
         return {"planner": type(self).__name__, "hits": self.hits, "misses": self.misses, "replans": self.replans,
-                "settled": bool(self.settled), "settles": self.settles, "calls_after_settled": settled_calls,
-                "planned_sizes": len(self.sizes), "largest_request": self.largest, "walks": self.walks}
+                "settled": bool(self.settled), "settles": self.settles,
+                "calls_after_settled": self.calls_settled + (calls - self.calls_at_settle if self.settled else 0),
+                "new_highs_after_settled": self.highs_settled, "sizes_seen": self.seen.size(),
+                "largest_request": self.largest}
