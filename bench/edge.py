@@ -47,8 +47,7 @@ def run(trace, policy, *, device: int | None = None, cap: int = 0) -> dict:
             "driver_calls": sum(stats["calls"].values()), "driver_seconds": driver_seconds(stats),
             "stitches": stats["stitches"], "stitched_handles": stats["stitched_handles"],
             # unpriced: a synchronize drains the GPU's queue, a cost no per-call price holds
-            "synchronizes": stats["calls"]["synchronize"], "tails_cut_at_reuse": stats["tails_cut_at_reuse"],
-            **({"plan": stats["plan"]} if stats.get("plan") else {})}
+            "synchronizes": stats["calls"]["synchronize"], "tails_cut_at_reuse": stats["tails_cut_at_reuse"]}
 
 
 def measure(trace, policy, resolution: float, peak: int) -> dict:

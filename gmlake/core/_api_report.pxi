@@ -14,7 +14,7 @@ cdef dict _api_stats(Allocator self):
     with nogil:
         _copy_stats(self, &c)
     s = c.st
-    # Note [A plan learned from the run]: the planner's counters, read beside the copy (plain integers that only the
+    # the planner's counters (Note [A plan learned from the run]), read beside the copy (plain integers that only the
     # lock holder writes; a report may be a request behind), with the driver calls as the copy counted them
     plan = self.planner.report(sum(s.calls[i] for i in range(len(CALL_NAMES))))
     return {

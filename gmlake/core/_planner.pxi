@@ -5,7 +5,7 @@
 # high, never on the cache hit: a step that fits in what is mapped pays nothing for it. Included into _allocator.pyx.
 #
 # API (what the rest of the core calls; every other function here is this file's own):
-#   _planner_of, _plan_request, _plan_fine_tail, _plan_new_high
+#   _planner_of, _plan_request, _plan_fine_tail, _plan_new_high, RunPlanner
 
 
 cdef Planner _planner_of(policy):
