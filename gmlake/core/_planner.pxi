@@ -78,9 +78,9 @@ cdef class RunPlanner(Planner):
     tail]); a block smaller than a page, or a tail that fills most of its page, grows whole pages as without a plan:
     cutting those maps nearly a page's worth of slots, one handle each, for little memory (the next block grown
     there maps the rest of the page slot by slot). In replay (`python -m bench plan-goals`) this rule met the memory
-    goal on 4 more of the 20 tuning traces than the default without a plan, at no time goal lost; restricting it to
-    sizes the run showed (the sizes of live blocks sharing a page with a free run at each new high of reserved
-    memory, or sizes seen twice), or to the run's first steps, met fewer goals (docs/design.md, "The plan").
+    goal on more tuning traces than the default without a plan, at no time goal lost; restricting it to sizes the
+    run showed (the sizes of live blocks sharing a page with a free run at each new high of reserved memory, or
+    sizes seen twice), or to the run's first steps, met fewer goals (docs/benchmarks.md, "Where fine pages pay").
 
     What it watches: each large request on the miss path is a plan hit where its size (in `tail_page` buckets) was
     seen there before, else a miss (a size the run had not shown). The plan settles once `plan_settle` requests in a
