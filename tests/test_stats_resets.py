@@ -29,7 +29,7 @@ COUNTERS = {"allocated_bytes", "requested_bytes", "reserved_bytes", "active_byte
             "pending_frees", "orphans", "orphan_chunk_bytes", "cached_sblocks", "allocs", "frees", "stitches",
             "stitched_handles", "sblock_reuses", "sblock_evictions", "segments_created", "chunks_released", "ooms",
             "stream_migrations", "stream_waits", "capture_queries", "rebacked_chunks", "copied_bytes",
-            "tails_cut_at_reuse", "calls", "handles",
+            "tails_cut_at_reuse", "calls", "handles", "plan",
             "libraries_reserve_bytes", "libraries_largest_rise_bytes", "libraries_rises", "device_asks"}
 
 

@@ -134,7 +134,7 @@ def random_ops(total: int, seed: int = 0, check_every: int = 10_000, empty_every
     alloc.close()
     assert drv.leaks() == {k: 0 for k in drv.leaks()}
     return {"ops": total, "ooms": ooms, "stitches": stats["stitches"], "sblock_reuses": stats["sblock_reuses"],
-            "empty_caches": empties, "tails_cut_at_reuse": stats["tails_cut_at_reuse"]}
+            "empty_caches": empties, "tails_cut_at_reuse": stats["tails_cut_at_reuse"], "plan": stats["plan"]}
 
 
 def test_random_operations_short():
@@ -145,6 +145,14 @@ def test_random_operations_short():
 def test_random_operations_short_with_tail_pages_and_cuts_at_reuse():
     result = random_ops(8_000, empty_every=1_000, policy=TAIL_CUTS)
     assert result["tails_cut_at_reuse"] > 0 and result["empty_caches"] == 7, result
+
+
+def test_random_operations_short_with_a_plan():
+    """The planner's tails (Note [A plan learned from the run]) on 4 MiB pages, under a limit: blocks of 1-6 MiB span
+    whole pages and cut tails, with pressure and empty_cache between."""
+    result = random_ops(8_000, empty_every=1_000,
+                        policy="gmlake[expandable_page_large=4MiB,tail_page=2MiB,plan=true,plan_tail_share=50]")
+    assert result["plan"]["hits"] > 0 and result["plan"]["misses"] > 0 and result["empty_caches"] == 7, result
 
 
 @pytest.mark.slow

@@ -38,6 +38,13 @@ EDGE = RESULTS / "edge-figures.json"
 # calibration runs' traces (tests/data/edge) that replay predicts each run from.
 EDGE_FIT = "h200-2026-12-04/edge-fit.json"
 FINE_SPEED = "h200-2026-12-04/speed-page2m.json"
+# `python -m bench plan-goals` of each variant of where fine pages go, one record each, and bench edge of the plan
+PLAN_VARIANTS = RESULTS / "plan-variants"
+EDGE_BY_POLICY = {"gmlake": EDGE, "gmlake[tail_page=2MiB,plan=true]": RESULTS / "edge-figures-plan.json"}
+EDGE_GOALS = {"smallest_device": "smallest device within 0.2 % of P of the better reference",
+              "smallest_cap": "smallest cap, the same", "cap_1.02": "priced time at a cap of 1.02x P, at most 1.5x "
+              "expandable's", "device_1.02": "the same at a device of 1.02x P", "cap_1.05": "at a cap of 1.05x P",
+              "device_1.05": "at a device of 1.05x P", "unbinding": "a cap of 2x P costs nothing"}
 # `python -m bench edge` with finer pages judged, by page in MiB (held by bench/tests/test_edge.py)
 EDGE_PAGES = {page: RESULTS / f"edge-figures-page{page}m.json" for page in (2, 4, 10)}
 # 20 MiB pages with the page a block's tail partly covers in 2 MiB slots (`tail_page=2MiB`), the same method
@@ -1192,6 +1199,31 @@ def replay_goals() -> str:
             f"sources {env['gmlake_source_sha256']}), {env['date'][:10]}: `python -m bench plan-goals{command}`.\n")
 
 
+def plan_variants() -> str:
+    """Where fine pages go, variant by variant (`python -m bench plan-goals`, one record each in
+    bench/results/plan-variants/): each set's goal counts; then the bench edge goals of the default and of the plan
+    (Note [A plan learned from the run])."""
+    lines = ["| policy | tuning: memory, time, both | validation: memory, time, both |", "|---|---|---|"]
+    env = None
+    for path in sorted(PLAN_VARIANTS.glob("*.json")):
+        record = json.loads(path.read_text())
+        env = record["environment"]
+        counts = [", ".join(re.findall(r"(\d+/\d+)", line)) for line in record["summary"]]
+        lines.append(f"| `{record['spec']}` | {counts[0]} | {counts[1]} |")
+    edge_lines = ["| bench edge goal | " + " | ".join(f"`{label}`" for label in EDGE_BY_POLICY) + " |",
+                  "|---|" + "---|" * len(EDGE_BY_POLICY)]
+    met = {label: {k: sum(g[k]["met"] for g in json.loads(path.read_text())["goals"]) for k in EDGE_GOALS}
+           for label, path in EDGE_BY_POLICY.items()}
+    total = len(json.loads(EDGE.read_text())["goals"])
+    edge_lines += [f"| {EDGE_GOALS[k]} | " + " | ".join(f"{met[label][k]}/{total}" for label in met) + " |"
+                   for k in EDGE_GOALS]
+    return ("\n".join(lines) + f"\n\nReplayed on the CPU ({env['cpu']}, Python {env['python']}, gmlake sources "
+            f"{env['gmlake_source_sha256']}), {env['date'][:10]}: `python -m bench plan-goals --sets all --policy SPEC "
+            "--references bench/results/replay-goals-references.json --json bench/results/plan-variants/NN.json`, "
+            "one per row.\n\n" + "\n".join(edge_lines) + "\n\nFrom `python -m bench edge --policy SPEC --policy "
+            "expandable --policy gmlake-paper --json FILE`, its goals for the first policy (bench/edge.py).\n")
+
+
 def fine_pages_speed(record: str = FINE_SPEED) -> str:
     """The speed runs of a candidate (2 MiB pages; 2 MiB tail slots) beside the default's and expandable segments'
     (bench speed, interleaved): each run's timed seconds after warm-up, the spread, and the driver's calls and time
@@ -1218,7 +1250,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "caps": caps, "caps-notes": caps_notes, "edge": edge, "edge-missed": edge_missed, "edge-page-sizes": edge_page_sizes,
     "fine-pages-speed": fine_pages_speed, "tail-pages-speed": lambda: fine_pages_speed(TAIL_SPEED),
     "tail-pages-edge-fit": lambda: edge_fit(TAIL_EDGE_FIT), "reuse-cuts": reuse_cuts,
-    "replay-goals": replay_goals,
+    "replay-goals": replay_goals, "plan-variants": plan_variants,
     "reuse-cuts-speed": lambda: fine_pages_speed(CUT_SPEED), "edge-fit": edge_fit, "edge-bracket": edge_bracket,
     "edge-libraries": edge_libraries, "tune-gpu": tune_gpu, "stall": stall, "latency": latency, "micro": micro,
     "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs,

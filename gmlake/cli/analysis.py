@@ -139,7 +139,7 @@ def cmd_explain(args) -> int:
     status = EXIT_OUT_OF_MEMORY if any(b.ooms for b in found) else EXIT_OK
     if args.json:
         for b in found:
-            print(json.dumps({**asdict(b), "why": b.why, "words": b.words}))
+            print(json.dumps({**asdict(b), "why": b.why, "words": b.words, "plan_words": b.plan_words}))
         return status
     console = _console()
     for b in found:                               # why, in words, before the account
@@ -178,6 +178,8 @@ def cmd_explain(args) -> int:
     console.print(table)
     for b in found:
         console.print(Text(f"{b.policy}: {b.why}"))
+        if b.plan_words:
+            console.print(Text(f"{b.policy}: {b.plan_words}"))
     return status
 
 

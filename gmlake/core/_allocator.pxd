@@ -3,6 +3,7 @@ from libc.stdint cimport uint64_t, int64_t, uintptr_t
 from libcpp.vector cimport vector
 from libcpp.map cimport map as cmap
 from libcpp.unordered_map cimport unordered_map
+from libcpp.unordered_set cimport unordered_set
 from libcpp.pair cimport pair
 from gmlake.core._driver cimport Driver
 from cython.operator cimport dereference as deref, predecrement as dec
@@ -319,6 +320,9 @@ cdef struct Knobs:
     size_t expandable_reserve     # 9/8 of the device's memory where 0
     size_t tail_page              # 0: whole pages at a block's tail (Note [Fine pages at a block's tail])
     size_t cut_at_reuse           # percent; 0: reuse never cuts a page (Note [Fine pages at reuse])
+    bint plan                     # RunPlanner decides which tails growth cuts (Note [A plan learned from the run])
+    size_t plan_tail_share        # percent of a page a cut tail may need (Note [A plan learned from the run])
+    size_t plan_settle            # miss-path requests in a row of known sizes that settle the plan
     size_t reback_slot            # 0: never re-back (Note [Taking slots back at the edge])
     size_t slot                   # the unit of a page mapped in parts: reback_slot, else tail_page
     size_t device_reserve         # 0: growth may take the device's last byte (Note [Leaving the libraries room])
@@ -369,6 +373,7 @@ cimport cython
 
 cdef class Seams
 cdef class Growth
+cdef class Planner
 
 
 @cython.final
@@ -377,6 +382,7 @@ cdef class Allocator:
     cdef readonly object policy
     cdef readonly Seams seams                            # how an overridden seam is decided (Python or Cython)
     cdef readonly Growth growth                          # how new memory is laid out (chosen once, from the policy)
+    cdef readonly Planner planner                        # what the run has shown decides (_planner.pxi)
     cdef Knobs k
     cdef std_mutex mutex
     cdef size_t limit_bytes                              # the cap on memory held; NO_LIMIT: none, 0: nothing fits
@@ -483,6 +489,30 @@ cdef class ExpandableGrowth(Growth):
     cdef bint new_piece(self, Allocator a, Failure* why, size_t shortfall, int64_t stream, Piece* piece,
                         Segment** undo) noexcept nogil
     cdef size_t whole_pages(self, Allocator a, size_t room, bint binds) noexcept nogil
+
+
+cdef class Planner:
+    """What the run shows decides where growth maps fine pages (_planner.pxi, Note [A plan learned from the run]):
+    chosen once when the allocator is made (Policy.cython_planner(), else the `plan` knob), asked only on a large
+    request's miss path and when reserved memory reaches a new high, with the allocator's lock held. This base plans
+    nothing. A subclass compiled against this .pxd overrides the three methods, nogil; it reads the allocator's
+    structures and never changes them."""
+    cdef public size_t request                  # the large request on the miss path now (0: none yet)
+    # A large request of `size` bytes reached the miss path (it stitches or grows).
+    cdef void on_miss(self, Allocator a, size_t size) noexcept nogil
+    # Whether growth maps the last `page`-byte page it partly covers, needing `need` bytes of it, in tail_page slots
+    # for `request` (only asked where the knobs let it cut: Note [Fine pages at a block's tail]).
+    cdef bint fine_tail(self, Allocator a, size_t need, size_t page) noexcept nogil
+    # Growth took reserved memory to a new high.
+    cdef void on_new_high(self, Allocator a) noexcept nogil
+
+
+cdef class RunPlanner(Planner):
+    cdef unordered_set[size_t] seen             # request sizes (tail_page buckets) seen on the miss path
+    cdef readonly size_t largest                # the largest request seen there
+    cdef readonly uint64_t hits, misses, replans, settles, highs_settled
+    cdef readonly bint settled
+    cdef uint64_t quiet, misses_settled, calls_at_settle, calls_settled
 
 
 cdef class Seams:

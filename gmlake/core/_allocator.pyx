@@ -85,6 +85,7 @@ include "_growth_chunks.pxi"
 include "_growth_pytorch.pxi"
 include "_growth_expandable.pxi"
 include "_sblocks.pxi"
+include "_planner.pxi"
 include "_streams.pxi"
 include "_pools.pxi"
 include "_hooks.pxi"
@@ -135,6 +136,7 @@ cdef class Allocator:
         # Every knob the core reads, as the policy derives it (Policy.core_knobs: each rule lives there), copied by
         # name into its C struct. How memory grows is chosen here, once; the rooms read only what the growth says.
         self.growth = _growth_of(policy)
+        self.planner = _planner_of(policy)
         knobs = dict(policy.core_knobs(driver.capacity))
         knobs["fit_counts_unmapped"] = self.growth.fit_counts_unmapped
         self.seams = _seams_of(policy, knobs)

@@ -14,6 +14,9 @@ cdef dict _api_stats(Allocator self):
     with nogil:
         _copy_stats(self, &c)
     s = c.st
+    # the planner's counters (Note [A plan learned from the run]), read beside the copy (plain integers that only the
+    # lock holder writes; a report may be a request behind), with the driver calls as the copy counted them
+    plan = self.planner.report(sum(s.calls[i] for i in range(len(CALL_NAMES))))
     return {
         "allocated_bytes": s.allocated,
         "peak_allocated_bytes": s.peak_allocated,
@@ -52,6 +55,7 @@ cdef dict _api_stats(Allocator self):
         "device_asks": c.measure.asks,
         "calls": {name: s.calls[i] for i, name in enumerate(CALL_NAMES)},
         "handles": {name: s.handles[i] for i, name in enumerate(CALL_NAMES)},
+        "plan": plan,
     }
 
 

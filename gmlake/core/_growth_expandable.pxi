@@ -82,7 +82,7 @@ cdef inline bint _cuts_tail(Allocator self, Segment* seg, size_t at, size_t need
     cdef size_t C = seg.chunk_size
     cdef size_t S = self.k.tail_page
     return S != 0 and not self.edge_pages and seg.owner == NULL and seg.size_class == SIZE_LARGE and C > S and \
-        at % C == 0 and round_up(need, S) < C and not _slotted(seg, at // C)
+        at % C == 0 and round_up(need, S) < C and not _slotted(seg, at // C) and _plan_fine_tail(self, need, C)
 
 
 cdef inline void _note_most_reserved(Allocator self) noexcept nogil:
@@ -91,6 +91,7 @@ cdef inline void _note_most_reserved(Allocator self) noexcept nogil:
     if self.st.reserved > self.most_reserved:
         self.most_reserved = self.st.reserved
         self.most_reserved_at = self.st.allocs
+        _plan_new_high(self)
 
 
 cdef inline bint _laying_out(Allocator self) noexcept nogil:
@@ -182,7 +183,8 @@ cdef inline size_t _grown_bytes(Allocator self, int size_class, size_t need, siz
     cdef size_t whole = need - need % page
     if need == whole:
         return need
-    if S != 0 and size_class == SIZE_LARGE and page > S and round_up(need - whole, S) < page:
+    if S != 0 and size_class == SIZE_LARGE and page > S and round_up(need - whole, S) < page and \
+            _plan_fine_tail(self, need - whole, page):
         return whole + round_up(need - whole, S)
     return whole + page
 

@@ -380,6 +380,7 @@ cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t s
     cdef SBlock* sb
     if self.growth.refuses(self, why, SIZE_LARGE, size):
         return NULL
+    _plan_request(self, size)
     wanted = _may_stitch(self, size, stream, &sb)
     if sb != NULL and not self.k.hook_place:     # a policy that places was offered the cached sBlocks already
         self.st.sblock_reuses += 1

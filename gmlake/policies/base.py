@@ -110,6 +110,13 @@ class Policy(Knobs):
         made."""
         return None
 
+    def cython_planner(self) -> object | None:
+        """What the run has shown decides, in Cython: a `gmlake.core._allocator.Planner` subclass instance (subclass
+        Planner or RunPlanner and override what changes), compiled against gmlake's .pxd files. None (the default):
+        RunPlanner where the `plan` knob is set, else the base Planner, which plans nothing. Asked once, when the
+        Allocator is made (Note [A plan learned from the run], gmlake/core/_planner.pxi)."""
+        return None
+
     def growth(self) -> object:
         """A Growth as the Allocator makes one for this policy (its `cython_growth()`, else its `growth_class()`),
         for asking what the growth says of itself (Growth.page, Growth.oom_pages) without an allocator."""

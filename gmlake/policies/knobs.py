@@ -88,6 +88,15 @@ class Knobs:
         handles), but only while the run lays out its memory: while the requests since reserved memory last reached
         a new high are at most this many percent of those before (0: never; no built-in policy sets it). Never
         unmaps or moves live memory. Note [Fine pages at reuse] (gmlake/core/_growth_expandable.pxi).
+      plan: with `tail_page`, a planner (RunPlanner) decides which tails growth cuts: only those of blocks of at
+        least one whole page whose tail needs at most `plan_tail_share` percent of a page; it also counts the run's
+        large requests that stitch or grow as plan hits (a size seen there before) or misses, when the plan settles
+        and re-plans, and the driver calls made after it settled (Allocator.stats()["plan"]). A policy's
+        `cython_planner()` may supply its own planner instead. Note [A plan learned from the run]
+        (gmlake/core/_planner.pxi).
+      plan_tail_share: with `plan`, the most of a page, in percent, that a cut tail may need (the default policy: 30).
+      plan_settle: with `plan`, the plan settles after this many requests in a row stitch or grow with sizes seen
+        before, and re-plans after a request larger than any before, or this many unseen sizes once settled.
       reback_slot: under "expandable", as the last pressure stage, re-back each partly used chunk in handles of
         this many bytes, one per slot that holds live bytes (copied through the host, pointers unchanged), giving
         its free slots back to the driver (0: never, every built-in policy). Hazard: while a chunk is re-backed its
@@ -167,6 +176,9 @@ class Knobs:
     expandable_reserve: int = knob(0, unit="bytes", minimum=0, growths=("expandable",))
     tail_page: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     cut_at_reuse: int = knob(0, unit="percent", minimum=0, growths=("expandable",))
+    plan: bool = knob(False, growths=("expandable",))
+    plan_tail_share: int = knob(30, unit="percent", minimum=0, growths=("expandable",))
+    plan_settle: int = knob(16, unit="count", minimum=1, growths=("expandable",))
     reback_slot: int = knob(0, unit="bytes", minimum=0, granular=True, growths=("expandable",))
     device_reserve: int = knob(0, unit="bytes", minimum=0)
     libraries_half_life: int = knob(0, unit="count", minimum=0)
@@ -242,6 +254,9 @@ class Knobs:
                                   if getattr(self, page_name))
                 raise ValueError(f"gmlake: policy {self.name}: {name} {format_knob(part, 'bytes')} must divide the "
                                  f"large pages it cuts ({sizes})")
+        if self.plan and not self.tail_page:
+            raise ValueError(f"gmlake: policy {self.name}: plan decides which tails growth cuts into tail_page slots, "
+                             f"so it needs tail_page set too (e.g. tail_page=2MiB)")
         if self.cut_at_reuse and not self.tail_page:
             raise ValueError(f"gmlake: policy {self.name}: cut_at_reuse cuts pages into tail_page slots, so it needs "
                              f"tail_page set too (e.g. tail_page=2MiB)")

@@ -73,6 +73,8 @@ class PeakBreakdown:
     # The same request under other policies, each replayed on its own up to it: {policy label: (what it is,
     # bytes it grew reserved by, its page)}
     elsewhere: dict = field(default_factory=dict)
+    # The whole replay's plan (Allocator.stats()["plan"], Note [A plan learned from the run]); None: no plan
+    plan: dict | None = None
 
     @property
     def words(self) -> str:
@@ -113,6 +115,17 @@ class PeakBreakdown:
             text += (f"; later growth adds {self.later_growth / MiB:.1f} MiB, the exact peak "
                      f"{self.peak_reserved / 2**30:.3f} GiB is reached at request #{self.peak_request_index}")
         return text
+
+    @property
+    def plan_words(self) -> str | None:
+        """What the plan did over the whole replay, in a sentence (None: no plan)."""
+        p = self.plan
+        if not p:
+            return None
+        state = "settled" if p["settled"] else "not settled"
+        return (f"plan ({p['planner']}): {p['hits']} hits, {p['misses']} misses over {p['sizes_seen']} sizes, "
+                f"{p['replans']} re-plans, {state} at the end; {p['calls_after_settled']} driver calls and "
+                f"{p['new_highs_after_settled']} new highs of reserved memory while settled")
 
     @property
     def lost(self) -> int:
@@ -224,7 +237,8 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
     n = len(trace.requests())
     # One timeline sample per request: the replay samples each window's maximum, and a window of one request is
     # the reserved bytes right after it.
-    _, full = run_requests(trace, policy, device_memory, samples=max(1, n), cap=cap, event_lag=event_lag)
+    replayed, full = run_requests(trace, policy, device_memory, samples=max(1, n), cap=cap, event_lag=event_lag)
+    plan = replayed.stats().get("plan")
     if full["peak_reserved"] == 0:
         if not (trace.requests()["action"] == 0).any():
             raise NothingToExplain(f"{trace.name}: the trace has no allocations to explain")
@@ -264,4 +278,4 @@ def explain(trace: Trace, policy: Policy | str | PolicyChoice = "gmlake", device
         peak_reserved=full["peak_reserved"], peak_request_index=full["peak_event"], growth=int(growths[moment]),
         later_growth=int(growths[moment + 1:].clip(min=0).sum()), within=within, cap=cap, event_lag=event_lag,
         policy_spec=choice.spec, knobs=choice.policy.knob_values(), free_before=free_before,
-        free_pieces_before=pieces, largest_free_before=largest, page=page, elsewhere=elsewhere)
+        free_pieces_before=pieces, largest_free_before=largest, page=page, elsewhere=elsewhere, plan=plan)

@@ -194,6 +194,8 @@ class ReplayResult:
             "sblock_evictions": self.stats["sblock_evictions"],
             "rebacked_chunks": self.stats["rebacked_chunks"],
             "tails_cut_at_reuse": self.stats["tails_cut_at_reuse"],
+            # the plan's hits, misses, re-plans, driver calls after it settled (Note [A plan learned from the run]; None: none)
+            "plan": self.stats.get("plan"),
             # priced in driver_seconds at the table's per_call.synchronize (its synchronize_note says how measured)
             "synchronizes": self.stats["calls"]["synchronize"],
             "driver_calls": sum(self.stats["calls"].values()),
