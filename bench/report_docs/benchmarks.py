@@ -777,6 +777,24 @@ def gpu_fidelity() -> str:
     return "\n".join(lines) + "\n"
 
 
+RESTITCH_SNAPSHOT = "h100-2026-12-07/fidelity-sage-gmlake.pickle.gz"   # the GNN-like program's, under the old limit
+
+
+def restitch_share() -> str:
+    """The GNN-like program's GPU snapshot replayed with the restitch limit on every request and as the default
+    spares large ones, beside expandable segments and the paper design (Note [Stitching a size again])."""
+    from gmlake.sim.replay import replay
+    from gmlake.sim.trace import load
+
+    trace = load(str(RESULTS / RESTITCH_SNAPSHOT))
+    lines = ["| policy | reserved GiB | utilization | stitches | driver calls |", "|---|---|---|---|---|"]
+    for policy in ("gmlake[restitch_share=0]", "gmlake", "expandable", "gmlake-paper"):
+        r = replay(trace, policy)
+        lines.append(f"| `{policy}` | {r.peak_reserved / GiB:.2f} | {r.utilization:.3f} | {r.stats['stitches']} | "
+                     f"{sum(r.stats['calls'].values())} |")
+    return "\n".join(lines) + "\n"
+
+
 # A change to the core checked against the core before it: the newest records of these names under bench/results.
 CORE_CHANGE_REPLAY = "replay-speed-refactor.txt"      # replay's events/s per trace and policy, old and new core
 CORE_CHANGE_STEPS = "speed-ab-refactor-*.json"        # GPU warm steps, the old core as baseline, interleaved
@@ -1255,7 +1273,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "edge-libraries": edge_libraries, "tune-gpu": tune_gpu, "stall": stall, "latency": latency, "micro": micro,
     "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs,
     "sync-price": sync_price, "ipc-price": ipc_price,
-    "gpu-fidelity": gpu_fidelity, "core-change": core_change}
+    "gpu-fidelity": gpu_fidelity, "core-change": core_change, "restitch-share": restitch_share}
 
 
 def draw() -> list[Path]:

@@ -303,6 +303,7 @@ cdef struct Knobs:
     size_t sblock_search_depth
     bint sblock_first
     size_t restitch_limit         # 0: no limit (Note [Stitching a size again])
+    size_t restitch_share         # percent of reserved: restitch_limit spares a request this large (0: none)
     size_t restitch_room          # percent of reserved: less room under the limit lifts restitch_limit (0: never)
     size_t large_split_min
     size_t max_split_size

@@ -344,7 +344,14 @@ cdef bint _may_stitch(Allocator self, size_t size, int64_t stream, SBlock** reus
     with more cached free bytes than it asked for). Far from any limit nothing changes. The device's free memory is asked
     (cuMemGetInfo) only where the limit would apply, instead of a growth that calls the driver more. What each limit
     and room costs and saves is measured in docs/benchmarks.md, "At the edge of memory" and "The device itself as
-    the limit, libraries loading lazily"."""
+    the limit, libraries loading lazily".
+
+    The limit is for sizes that stitch again "for little memory": a request of at least `restitch_share` percent of
+    what is reserved is spared it. Growing such a request raises the peak by a fifth or more at once, for the sake of
+    a stitch whose calls cost a few ms; on a GNN-like program whose multi-GiB blocks change size every step, the
+    limit grew a 2.3 GiB request that free pieces could serve and the default reserved a quarter more than
+    expandable segments (docs/benchmarks.md, "Replay on CPU"). A smaller share spends stitches on the
+    encoder-decoder's recurring sizes for no memory; at a fifth no bundled or kept trace changes."""
     cdef cmap[SBlockKey, SBlock*].iterator it
     cdef SBlockKey key
     cdef size_t held = 0
@@ -362,7 +369,8 @@ cdef bint _may_stitch(Allocator self, size_t size, int64_t stream, SBlock** reus
             return True
         held += 1
         inc(it)
-    return held < self.k.restitch_limit or _room_is_short(self)
+    return held < self.k.restitch_limit or _room_is_short(self) or (
+        self.k.restitch_share != 0 and size * 100 >= self.st.reserved * self.k.restitch_share)
 
 
 cdef Block* _stitch_or_grow(Allocator self, Failure* why, size_t size, int64_t stream) noexcept nogil:

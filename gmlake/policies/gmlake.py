@@ -58,6 +58,7 @@ class GMLakePolicy(Policy):
     reback_slot: int = 0                    # off: Note [Taking slots back at the edge] (gmlake/core/_rebacking.pxi)
     restitch_limit: int = 2                 # Note [Stitching a size again] (gmlake/core/_sblocks.pxi)
     restitch_room: int = 50                 # the limit lifted where the room under the limit is less than this percent
+    restitch_share: int = 20                # ... and for a request of at least this percent of reserved
     device_reserve: int = 8 * MiB           # Note [Leaving the libraries room] (gmlake/core/_vmm.pxi)
     libraries_half_life: int = 16           # the reserve follows the libraries' rises, halving after 16 quiet asks
     edge_page: int = 2 * MiB                # Note [Stitching at the edge] (gmlake/core/_growth_expandable.pxi)

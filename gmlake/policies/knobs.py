@@ -150,6 +150,9 @@ class Knobs:
         device's free memory) is at least this many percent of the reserved bytes (0: always; the default policy:
         50). Near a limit a size stitches again instead of growing pages that stay partly used. Note [Stitching a
         size again].
+      restitch_share: restitch_limit applies only to requests smaller than this many percent of the reserved bytes
+        (0: to every request; the default policy: 20): a request that large stitches again instead of growing by a
+        fifth of memory at once. Note [Stitching a size again].
     """
 
     round_to: int = knob(512, unit="bytes", minimum=1)
@@ -187,6 +190,7 @@ class Knobs:
     sblock_first: bool = knob(True, growths=STITCHING)
     restitch_limit: int = knob(0, unit="count", minimum=0, growths=STITCHING)
     restitch_room: int = knob(0, unit="percent", minimum=0, growths=STITCHING)
+    restitch_share: int = knob(0, unit="percent", minimum=0, growths=STITCHING)
 
     def growth_class(self) -> type:
         """The core's Growth class of the built-in growth `segment_rule` names (the table of growths,
