@@ -74,12 +74,17 @@ def test_a_stitch_must_save_min_saved_chunks_pages(driver):
     strict.check()
 
 
-@pytest.mark.parametrize("limit", [None, 0])
-def test_a_size_whose_cached_sblocks_lost_their_pieces_grows_instead_of_stitching_again(driver, limit):
+@pytest.mark.parametrize("limit, ballast, stitches", [(None, 1024, 2), (0, 1024, 3), (None, 0, 3)])
+def test_a_size_whose_cached_sblocks_lost_their_pieces_grows_instead_of_stitching_again(driver, limit, ballast,
+                                                                                           stitches):
     """Note [Stitching a size again]: once other blocks hold the pieces of `restitch_limit` (the default's: 2) cached
-    sBlocks of a request's size, the request grows instead of stitching a third time; 0 stitches every time."""
+    sBlocks of a request's size, the request grows instead of stitching a third time; 0 stitches every time. A
+    request of at least `restitch_share` (the default's: 20) percent of reserved memory is spared the limit: without
+    the ballast the 180 MiB request is a third of what is reserved, and stitches again."""
     policy = gmlake.policies.get("gmlake") if limit is None else gmlake.policies.get("gmlake", restitch_limit=limit)
     alloc = Allocator(driver, policy)
+    if ballast:
+        alloc.malloc(ballast * MiB)                 # live throughout: the request becomes a small share of reserved
     blocks = [alloc.malloc(n * MiB) for n in (80, 20, 100, 20, 120, 20, 140, 20)]
     for p in blocks[::2]:
         alloc.free(p)                               # free runs of 80, 100, 120 and 140 MiB between live blocks
@@ -91,7 +96,7 @@ def test_a_size_whose_cached_sblocks_lost_their_pieces_grows_instead_of_stitchin
         held.append(alloc.malloc(hold * MiB))       # ... until best fit gives its largest piece to another block
     assert alloc.stats()["cached_sblocks"] == 2
     alloc.malloc(180 * MiB)                         # the same size a third time
-    assert alloc.stats()["stitches"] == (2 if limit is None else 3)
+    assert alloc.stats()["stitches"] == stitches
     for p in held:
         alloc.free(p)
     alloc.check()
