@@ -31,7 +31,7 @@ from bench.cli import OneLineParser
 from bench.harness import launch, run_process
 
 WORKLOAD_MODULE = "bench.workloads.dynamic"
-WORKLOADS = ("rl", "sage", "t5", "bert", "vit", "cnn")    # bench/workloads/dynamic.py's BUILDERS
+WORKLOADS = ("rl", "sage", "t5", "bert", "vit", "cnn", "moe")    # bench/workloads/dynamic.py's BUILDERS
 LEAVE_FREE_ENV = "GMLAKE_BENCH_LEAVE_FREE"      # bench/workloads/common.py's (importing it would import torch)
 OOM_EXIT, LIBRARY_FAILURE_EXIT = 3, 4           # bench/workloads/common.py's exit statuses
 

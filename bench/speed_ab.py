@@ -30,14 +30,14 @@ from bench.cli import cell, render_table
 from bench.cli import parser as make_parser
 from bench.harness import ALLOCATORS, Results, environment, launch, measured_run, run_in_order, run_order, source_digest
 
-WORKLOADS = ("vit", "bert", "t5", "cnn", "rl", "sage")
+WORKLOADS = ("vit", "bert", "t5", "cnn", "rl", "sage", "moe")
 DEFAULT_WORKLOADS = ("t5", "bert", "sage")
 DEFAULT_ALLOCATORS = ("expandable", "gmlake", "gmlake-paper")
 # A run's length on an H100, read off the speed suites' runs there: (seconds to start the process and build the
 # model, a step of a shape new to the run, a warm step). The first estimate of a call's length; the deadline then
 # goes by the runs' own wall times.
 RUN_COST = {"vit": (12, 0.2, 0.07), "bert": (12, 0.25, 0.12), "t5": (12, 0.45, 0.28), "cnn": (10, 0.2, 0.05),
-            "rl": (12, 1.4, 1.4), "sage": (10, 0.05, 0.04)}
+            "rl": (12, 1.4, 1.4), "sage": (10, 0.05, 0.04), "moe": (12, 0.3, 0.15)}
 CPU_RUN_COST = (4, 0.05, 0.02)
 
 

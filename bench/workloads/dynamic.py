@@ -1,10 +1,10 @@
 """Train a model at random init (no downloads) on shapes drawn per step: the dynamic-shape speed workloads.
 
-    python -m bench.workloads.dynamic --workload {vit,bert,t5,cnn,rl,sage} [--steps 60] [--seed 0]
+    python -m bench.workloads.dynamic --workload {vit,bert,t5,cnn,rl,sage,moe} [--steps 60] [--seed 0]
         [--device cuda|cpu] [--size small|full] [--warmup N] [--json OUT] [--memory-fraction F]
 
 vit (ViT-B/16, mixed resolution), bert (BERT-base, dynamic padding), t5 (T5-base with recomputation), cnn (ResNet-50,
-channels-last); rl and sage live in workloads/edge_programs.py. The shape schedule is drawn from --seed before the
+channels-last); rl, sage and moe live in workloads/edge_programs.py. The shape schedule is drawn from --seed before the
 model is built, so every allocator sees the same sequence (`schedule_sha256`); docs/benchmarks.md ("Speed suite")
 holds the method. --memory-fraction caps the process from the first byte; a step out of memory under it exits 3
 (OOM_EXIT) with an `oom` summary, on which bench cap search bisects. --size small is a smoke test on the CPU.
@@ -240,7 +240,7 @@ def build_cnn(cfg: dict, device: torch.device) -> Workload:
 PRESETS.update(edge_programs.PRESETS)
 BUILDERS: dict[str, Callable[[dict, torch.device], Workload]] = {
     "vit": build_vit, "bert": build_bert, "t5": build_t5, "cnn": build_cnn,
-    "rl": edge_programs.build_rl, "sage": edge_programs.build_sage}
+    "rl": edge_programs.build_rl, "sage": edge_programs.build_sage, "moe": edge_programs.build_moe}
 
 
 # ---- the run -------------------------------------------------------------------------------------------------

@@ -6,6 +6,10 @@ bench/workloads/dynamic.py (`--workload rl` and `--workload sage`):
           groups, group size, prompt length and completion length drawn per step
     sage  full-batch GraphSAGE (mean aggregation by index_add_) on a random graph whose node count and degree are
           drawn per step: multi-GB gathered messages that change size every step
+    moe   a decoder whose feed-forward layers are top-2 mixtures of experts, routed by data (each expert's share of
+          the tokens, and so its buffers, differs per step and per layer), with a large vocabulary whose logits are
+          taken in float32: multi-GB logits and their gradients whose size follows the batch and sequence length
+          drawn per step. Kept out of every tuning decision (bench/plan_goals.py's validation set)
 """
 from __future__ import annotations
 
@@ -33,6 +37,12 @@ PRESETS = {
                  "nodes": (50_000, 400_000), "nodes_step": 10_000, "degree": (6, 14)},
         "small": {"features": 8, "hidden": 16, "layers": 2, "classes": 4,
                   "nodes": (50, 200), "nodes_step": 10, "degree": (2, 4)},
+    },
+    "moe": {
+        "full": {"hidden": 768, "layers": 6, "heads": 12, "experts": 8, "expert_ffn": 1536, "vocab": 50304,
+                 "batch": (2, 12), "shape": (256, 1536), "shape_step": 64},
+        "small": {"hidden": 32, "layers": 2, "heads": 2, "experts": 4, "expert_ffn": 32, "vocab": 100,
+                  "batch": (1, 3), "shape": (8, 32), "shape_step": 4},
     },
 }
 
@@ -151,3 +161,64 @@ def build_sage(cfg: dict, device: torch.device):
         return F.cross_entropy(m(inputs["x"], inputs["src"], inputs["dst"]).float(), inputs["labels"])
 
     return Workload(model, draw, make, loss, lambda s: s["batch"])
+
+
+class MoEBlock(nn.Module):
+    """A pre-norm decoder block whose feed-forward part is a top-2 mixture of experts: each expert runs on the tokens
+    routed to it (gathered with index_select, scattered back with index_add_), so its buffers' sizes follow the data."""
+
+    def __init__(self, hidden: int, heads: int, experts: int, ffn: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv, self.out = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.router = nn.Linear(hidden, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
+                                     for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        x = x + self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, n, h))
+        tokens = self.norm2(x).reshape(b * n, h)
+        weights, chosen = torch.softmax(self.router(tokens), dim=-1).topk(2, dim=-1)
+        mixed = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (chosen == e).nonzero(as_tuple=True)
+            if rows.numel():
+                mixed = mixed.index_add(0, rows, expert(tokens.index_select(0, rows)) * weights[rows, slot, None])
+        return x + mixed.view(b, n, h)
+
+
+class MoEDecoder(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.embed = nn.Embedding(cfg["vocab"], cfg["hidden"])
+        self.blocks = nn.ModuleList(MoEBlock(cfg["hidden"], cfg["heads"], cfg["experts"], cfg["expert_ffn"])
+                                    for _ in range(cfg["layers"]))
+        self.norm = nn.LayerNorm(cfg["hidden"])
+        self.head = nn.Linear(cfg["hidden"], cfg["vocab"], bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)).float()          # float32 logits: batch x length x vocab, the big tensors
+
+
+def build_moe(cfg: dict, device: torch.device):
+    with torch.device(device):
+        model = MoEDecoder(cfg)
+
+    def draw(rng: random.Random) -> dict:
+        return {"batch": draw_range(rng, cfg["batch"], 1), "length": draw_range(rng, cfg["shape"], cfg["shape_step"])}
+
+    def make(shape: dict, dev: torch.device) -> dict:
+        return {"ids": torch.randint(0, cfg["vocab"], (shape["batch"], shape["length"] + 1), device=dev)}
+
+    def loss(m: nn.Module, inputs: dict) -> torch.Tensor:
+        ids = inputs["ids"]
+        logits = m(ids[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+    return Workload(model, draw, make, loss, lambda s: s["batch"] * s["length"])
