@@ -31,9 +31,9 @@ from gmlake.sim.trace import TraceError, load
 
 # The trace sets, declared once. TUNING: the traces the default's settings were and may be chosen on (the bundled
 # ones, and the training runs kept as fixtures). VALIDATION: programs no setting was chosen on -- the edge programs
-# (bert, rl, sage, t5: sage's multi-GiB blocks change size every step, rl alternates generation and training) and
-# the runs of the stall calibration -- held out of every tuning decision, so that they show whether a choice made on
-# the tuning set carries over. A trace in both would make the split meaningless (bench/tests/test_plan_goals.py).
+# (bert, moe, rl, sage, t5: moe's and sage's multi-GiB blocks change size every step, rl alternates generation and
+# training) and the runs of the stall calibration -- held out of every tuning decision, so that they show whether a
+# choice made on the tuning set carries over. A trace in both would make the split meaningless (bench/tests/test_plan_goals.py).
 TUNING = (ROOT / "tests" / "data" / "results" / "traces", "*.gmtrace")            # and bundled_traces()
 VALIDATION = ((ROOT / "tests" / "data" / "edge", "*.gmtrace"),
               (ROOT / "tests" / "data" / "results" / "train" / "stall-2026-11-30", "*.gmtrace"))

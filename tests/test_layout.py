@@ -185,8 +185,8 @@ def test_the_size_check_reads_every_room():
 # (bench/report_docs/, one module per document, renders the result records), stays under this many lines, so that it
 # cannot grow back into a second product unseen. Read as text: the product's tests never import bench.
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-BENCH_MAX_LINES = 5010     # 4300 until bench speed-ab (about 390 lines), ipc-price (95) and sync-price (100) came;
-#                            4800 until bench plan-goals (about 205) came
+BENCH_MAX_LINES = 5070     # 4300 until bench speed-ab (about 390 lines), ipc-price (95) and sync-price (100) came;
+#                            4800 until bench plan-goals (about 205) came; 5010 until the moe program (about 55) came
 
 
 @pytest.mark.skipif(not BENCH.is_dir(), reason="reads bench/, which only a checkout carries")

@@ -818,6 +818,42 @@ def core_change() -> str:
     return "\n".join(parts) + "\n"
 
 
+# The default against both references on the GPU, without a limit and at a device of 1.02x P: the newest records.
+GPU_GOALS_STEPS = "speed-ab-goals-*.json"        # interleaved warm steps: expandable (baseline), default, paper
+GPU_GOALS_EDGE = "edge-fit.json"                 # edge-fit at 1.02x P, the same three, beside replay
+# Programs no setting was chosen on (bench/plan_goals.py's validation set holds their traces); the rest are tuned on.
+VALIDATION_PROGRAMS = ("rl", "sage", "moe")
+
+
+def gpu_goals() -> str:
+    """Per program of the newest goal records: peak reserved of expandable segments, the paper design and the
+    default, the default's excess over the better of the two, its warm step time against expandable's with the
+    spread, its driver calls per warm step and the verdict; then the edge-fit runs at 1.02x P beside replay."""
+    header = ("| program | set | reserved GiB: expandable / paper / default | excess over the better | "
+              "default's step vs expandable (ratio spread) | driver calls per warm step: default / paper | verdict |")
+    lines = [header, "|---|---|---|---|---|---|---|"]
+    notes, edge = [], ""
+    for path in _newest(GPU_GOALS_STEPS):
+        record = _json(str(path.relative_to(RESULTS)))
+        rows = {(r["workload"], r["allocator"]): r for r in record["rows"]}
+        for workload in dict.fromkeys(r["workload"] for r in record["rows"]):
+            exp, paper, mine = (rows[(workload, a)] for a in ("expandable", "gmlake-paper", "gmlake"))
+            better = min(exp["peak_reserved_gib"], paper["peak_reserved_gib"])
+            lines.append(
+                f"| {workload} | {'validation' if workload in VALIDATION_PROGRAMS else 'tuning'} | "
+                f"{exp['peak_reserved_gib']:.2f} / {paper['peak_reserved_gib']:.2f} / {mine['peak_reserved_gib']:.2f} | "
+                f"{100 * (mine['peak_reserved_gib'] / better - 1):+.1f} % | "
+                f"{mine['ratio']:.3f}x ({mine['ratio_spread_pct']:.1f} %) | "
+                f"{mine['driver_calls_per_warm_step']:.1f} / {paper['driver_calls_per_warm_step']:.1f} | "
+                f"{mine['verdict']} |")
+        env = record["environment"]
+        notes.append(f"{env['gpu']} (driver {env['nvidia_driver']}), torch {env['torch']}, Python {env['python']}, "
+                     f"{env['date'][:10]}: `{env['command'].split('__main__.py ')[-1]}` (`{path.relative_to(RESULTS)}`)")
+    for path in _newest(GPU_GOALS_EDGE)[:1]:
+        edge = "\n" + edge_fit(str(path.relative_to(RESULTS)))
+    return "\n".join(lines) + "\n\n" + ";\n".join(notes) + ".\n" + edge
+
+
 # The handle-size table: gmlake-paper's chunk_size over the bundled workloads (one capture each: both make the same
 # requests).
 HANDLE_TRACES = ["gpt2l-lora-ckpt-native", "opt1.3b-lora-native", "opt350m-full-ckpt-native"]
@@ -1273,7 +1309,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "edge-libraries": edge_libraries, "tune-gpu": tune_gpu, "stall": stall, "latency": latency, "micro": micro,
     "micro-notes": micro_notes, "replay": replayed, "fidelity": fidelity, "handle-size": handle_size, "graphs": graphs,
     "sync-price": sync_price, "ipc-price": ipc_price,
-    "gpu-fidelity": gpu_fidelity, "core-change": core_change, "restitch-share": restitch_share}
+    "gpu-fidelity": gpu_fidelity, "core-change": core_change, "restitch-share": restitch_share,
+    "gpu-goals": gpu_goals}
 
 
 def draw() -> list[Path]:

@@ -56,7 +56,8 @@ class Block(nn.Module):
         self.heads = heads
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.qkv, self.out = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
-        self.up, self.down = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+        if ffn:         # 0: a subclass brings its own feed-forward part (feed)
+            self.up, self.down = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
 
     def forward(self, x: torch.Tensor, cache: tuple | None = None) -> tuple[torch.Tensor, tuple]:
         b, n, h = x.shape
@@ -65,14 +66,18 @@ class Block(nn.Module):
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None and n > 1)
         x = x + self.out(a.transpose(1, 2).reshape(b, n, h))
-        return x + self.down(F.gelu(self.up(self.norm2(x)))), (k, v)
+        return x + self.feed(self.norm2(x)), (k, v)
+
+    def feed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, block: type[Block] | None = None):
         super().__init__()
         self.embed = nn.Embedding(cfg["vocab"], cfg["hidden"])
-        self.blocks = nn.ModuleList(Block(cfg["hidden"], cfg["heads"], cfg["ffn"]) for _ in range(cfg["layers"]))
+        self.blocks = nn.ModuleList(block(cfg) if block else Block(cfg["hidden"], cfg["heads"], cfg["ffn"])
+                                    for _ in range(cfg["layers"]))
         self.norm = nn.LayerNorm(cfg["hidden"])
         self.head = nn.Linear(cfg["hidden"], cfg["vocab"], bias=False)
 
@@ -163,52 +168,31 @@ def build_sage(cfg: dict, device: torch.device):
     return Workload(model, draw, make, loss, lambda s: s["batch"])
 
 
-class MoEBlock(nn.Module):
-    """A pre-norm decoder block whose feed-forward part is a top-2 mixture of experts: each expert runs on the tokens
-    routed to it (gathered with index_select, scattered back with index_add_), so its buffers' sizes follow the data."""
+class MoEBlock(Block):
+    """Block whose feed-forward part is a top-2 mixture of experts: each expert runs on the tokens routed to it
+    (gathered with index_select, scattered back with index_add), so its buffers' sizes follow the data."""
 
-    def __init__(self, hidden: int, heads: int, experts: int, ffn: int):
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.qkv, self.out = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
-        self.router = nn.Linear(hidden, experts, bias=False)
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
-                                     for _ in range(experts))
+    def __init__(self, cfg: dict):
+        super().__init__(cfg["hidden"], cfg["heads"], 0)
+        self.router = nn.Linear(cfg["hidden"], cfg["experts"], bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(cfg["hidden"], cfg["expert_ffn"]), nn.GELU(),
+                                                   nn.Linear(cfg["expert_ffn"], cfg["hidden"]))
+                                     for _ in range(cfg["experts"]))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, h = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        x = x + self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, n, h))
-        tokens = self.norm2(x).reshape(b * n, h)
+    def feed(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
         weights, chosen = torch.softmax(self.router(tokens), dim=-1).topk(2, dim=-1)
         mixed = torch.zeros_like(tokens)
         for e, expert in enumerate(self.experts):
             rows, slot = (chosen == e).nonzero(as_tuple=True)
             if rows.numel():
                 mixed = mixed.index_add(0, rows, expert(tokens.index_select(0, rows)) * weights[rows, slot, None])
-        return x + mixed.view(b, n, h)
-
-
-class MoEDecoder(nn.Module):
-    def __init__(self, cfg: dict):
-        super().__init__()
-        self.embed = nn.Embedding(cfg["vocab"], cfg["hidden"])
-        self.blocks = nn.ModuleList(MoEBlock(cfg["hidden"], cfg["heads"], cfg["experts"], cfg["expert_ffn"])
-                                    for _ in range(cfg["layers"]))
-        self.norm = nn.LayerNorm(cfg["hidden"])
-        self.head = nn.Linear(cfg["hidden"], cfg["vocab"], bias=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x)).float()          # float32 logits: batch x length x vocab, the big tensors
+        return mixed.view_as(x)
 
 
 def build_moe(cfg: dict, device: torch.device):
     with torch.device(device):
-        model = MoEDecoder(cfg)
+        model = Decoder(cfg, MoEBlock)
 
     def draw(rng: random.Random) -> dict:
         return {"batch": draw_range(rng, cfg["batch"], 1), "length": draw_range(rng, cfg["shape"], cfg["shape_step"])}
@@ -218,7 +202,7 @@ def build_moe(cfg: dict, device: torch.device):
 
     def loss(m: nn.Module, inputs: dict) -> torch.Tensor:
         ids = inputs["ids"]
-        logits = m(ids[:, :-1])
+        logits = m.head(m.hidden(ids[:, :-1], recompute=False)).float()     # batch x length x vocab in float32
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
     return Workload(model, draw, make, loss, lambda s: s["batch"] * s["length"])
