@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import NoReturn
 
@@ -28,6 +29,17 @@ def error_line(exc: BaseException) -> str:
     else:
         text = str(exc) or type(exc).__name__
     return " ".join(text.split())
+
+
+def json_object(text: str | bytes, where: str, what: str = "a JSON object") -> dict:
+    """The JSON object in `text`; ValueError (not JSON) or TypeError (not an object: not `what`) naming `where`."""
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{where}: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise TypeError(f"{where}: not {what} (a JSON {type(data).__name__})")
+    return data
 
 
 def add_run_options(parser: argparse.ArgumentParser, steps: int, size: str | None = "full") -> None:

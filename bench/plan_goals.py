@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from bench import ROOT, edge
-from bench.cli import error_line, render_table
+from bench.cli import error_line, json_object, render_table
 from bench.cli import parser as command_parser
 from gmlake.policies import choice_of
 from gmlake.sim.replay import bundled_traces
@@ -76,13 +76,7 @@ def read_json(path: str, what: str) -> dict:
         text = Path(path).read_text()
     except OSError as exc:
         raise ValueError(f"{what} {error_line(exc)}") from exc
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{what} {path}: not JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise TypeError(f"{what} {path}: not a JSON object")
-    return data
+    return json_object(text, f"{what} {path}")
 
 
 def edge_summary(record: dict, label: str, sets: dict[str, list[Path]]) -> dict:

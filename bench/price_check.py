@@ -14,20 +14,14 @@ import statistics
 import tarfile
 from pathlib import Path
 
-from bench.cli import OneLineParser, cell, error_line, render_table
+from bench.cli import OneLineParser, cell, error_line, json_object, render_table
 from bench.stall_check import load_runs
 from gmlake.sim.replay import driver_costs, driver_seconds
 
 
 def parse(text: str | bytes, where: str) -> dict:
-    """The JSON object in `text`; ValueError (not JSON) or TypeError (not an object) naming `where`."""
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise ValueError(f"{where}: not JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise TypeError(f"{where}: not a workload summary (a JSON {type(data).__name__})")
-    return data
+    """The workload summary in `text`; ValueError (not JSON) or TypeError (not an object) naming `where`."""
+    return json_object(text, where, "a workload summary")
 
 
 def cap_runs(folder: Path) -> list[dict]:
