@@ -17,7 +17,6 @@ import hashlib
 import json
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
@@ -374,7 +373,7 @@ def main() -> None:
         parser.error("--snapshot records the CUDA allocator's events: it needs --device cuda")
     fraction = memory_fraction("dynamic.py", args.memory_fraction, args.device)
     if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("dynamic.py: CUDA is not available here; use --device cpu (with --size small) for a smoke test")
+        parser.error("CUDA is not available here; use --device cpu (with --size small) for a smoke test")
 
     device = torch.device(args.device)
     filler = 0
