@@ -33,7 +33,8 @@ from gmlake.sim.trace import TraceError, load
 # ones, and the training runs kept as fixtures). VALIDATION: programs no setting was chosen on -- the edge programs
 # (bert, moe, rl, sage, t5: moe's and sage's multi-GiB blocks change size every step, rl alternates generation and
 # training) and the runs of the stall calibration -- held out of every tuning decision, so that they show whether a
-# choice made on the tuning set carries over. A trace in both would make the split meaningless (bench/tests/test_plan_goals.py).
+# choice made on the tuning set carries over. A trace in both would make the split meaningless
+# (bench/tests/test_plan_goals.py).
 TUNING = (ROOT / "tests" / "data" / "results" / "traces", "*.gmtrace")            # and bundled_traces()
 VALIDATION = ((ROOT / "tests" / "data" / "edge", "*.gmtrace"),
               (ROOT / "tests" / "data" / "results" / "train" / "stall-2026-11-30", "*.gmtrace"))

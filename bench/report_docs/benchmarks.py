@@ -166,8 +166,8 @@ def edge_fit_rows(path: str = EDGE_FIT) -> list[dict]:
         got = replay(traces[run["workload"]], _replay_policy(policy), device_memory=run["free_after_filler"],
                      samples=1)
         rows.append({"workload": run["workload"], "k": run["k"], "policy": policy, "round": run["round"],
-                     "gpu": run["outcome"], "gpu_text": _gpu_outcome(run),
-                     "replay": got.failure_kind or "fit"})
+                     "gpu": run["outcome"], "gpu_text": _gpu_outcome(run), "gpu_reserved": run["max_memory_reserved"],
+                     "replay": got.failure_kind or "fit", "replay_reserved": got.peak_reserved})
     return rows
 
 

@@ -40,19 +40,14 @@ def test_the_goal_record_replays_each_run_to_its_outcome_and_each_fit_to_its_pea
     """The newest goal record (docs/benchmarks.md, "The default against both references on the GPU"): replay of each
     program's calibration trace on a device of the bytes the run had says what it did, and where it trained, its
     peak reserved within 1 %; the default trains wherever expandable segments train."""
-    from gmlake.sim.replay import replay
-    from gmlake.sim.trace import load
-
     path = benchmarks._newest(benchmarks.GPU_GOALS_EDGE)[0]
-    record = json.loads(path.read_text())
-    traces = {w: load(str(benchmarks.ROOT / t)) for w, t in record["traces"].items()}
-    assert len(record["runs"]) >= 15 and "moe" in traces
-    for run in record["runs"]:
-        got = replay(traces[run["workload"]], run["allocator"], device_memory=run["free_after_filler"], samples=1)
-        assert (got.failure_kind or "fit") == run["outcome"], run
-        if run["outcome"] == "fit":
-            assert abs(got.peak_reserved / run["max_memory_reserved"] - 1) <= 0.01, run
-    outcome = {(r["workload"], r["allocator"]): r["outcome"] for r in record["runs"]}
+    rows = benchmarks.edge_fit_rows(str(path.relative_to(RESULTS)))
+    assert len(rows) >= 15 and "moe" in {r["workload"] for r in rows}
+    for row in rows:
+        assert row["replay"] == row["gpu"], row
+        if row["gpu"] == "fit":
+            assert abs(row["replay_reserved"] / row["gpu_reserved"] - 1) <= 0.01, row
+    outcome = {(r["workload"], r["policy"]): r["gpu"] for r in rows}
     assert all(outcome[(w, "gmlake")] == "fit" for (w, a), o in outcome.items() if a == "expandable" and o == "fit")
 
 

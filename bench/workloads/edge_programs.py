@@ -1,5 +1,5 @@
-"""Two dynamic-shape programs of the kinds that run at a device's edge, in plain torch (no downloads), for
-bench/workloads/dynamic.py (`--workload rl` and `--workload sage`):
+"""Three dynamic-shape programs of the kinds that run at a device's edge, in plain torch (no downloads), for
+bench/workloads/dynamic.py (`--workload rl`, `sage` and `moe`):
 
     rl    an RL-style loop: sample completions for groups of prompts with a KV cache (SDPA attention, which picks
           flash or cuDNN kernels by shape), then a policy-gradient step over prompt + completion with recomputation;
